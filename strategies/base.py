@@ -1,0 +1,201 @@
+"""The Strategy interface: where tensors go, how gradients are synced, how processes agree.
+
+The trainer talks to a strategy only through these methods and never asks which strategy it holds.
+Every method has a working single-process default, so a new strategy overrides only what differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import nn
+
+from strategies.precision import Precision, make_precision
+from trainer.utils import move_to_device
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+
+__all__ = ["Strategy"]
+
+T = TypeVar("T")
+
+
+class Strategy:
+    """Base strategy: one process, one device (CPU unless a subclass says otherwise).
+
+    Args:
+        precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"`` or a
+            :class:`~strategies.precision.Precision` instance.
+        device: the device to train on; ``None`` picks the best available (CUDA, MPS, CPU).
+    """
+
+    #: Name used in the registry and in ``Trainer(strategy=...)``.
+    name = "base"
+
+    def __init__(self, precision: str | Precision = "32-true", device: str | torch.device | None = None):
+        self._device = torch.device(device) if device is not None else None
+        self._precision_arg = precision
+        self.precision: Precision = make_precision(precision, self.root_device.type)
+        self.module: nn.Module | None = None  # the user's module after setup
+        self.model: nn.Module | None = None  # what forward runs through (a wrapper, or the module)
+
+    # ----------------------------------------------------------------- topology
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+        if self._device is None:
+            self._device = default_device()
+        return self._device
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes taking part in training."""
+        return 1
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank among all processes."""
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node."""
+        return 0
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True on the process that writes logs, checkpoints and the console."""
+        return self.global_rank == 0
+
+    # ----------------------------------------------------------------- lifecycle
+    def launch(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in every process this strategy needs; returns rank 0's result.
+
+        The default runs it here, in this process. Multi-process strategies start (or join) their
+        workers instead.
+        """
+        return fn(*args)
+
+    def setup_environment(self) -> None:
+        """Prepare this process (process groups, device selection). Called once per ``fit``/``test``."""
+
+    def setup(self, module: TrainModule) -> nn.Module:
+        """Place ``module`` on the device (and wrap it where the strategy needs). Returns the module."""
+        converted = self.precision.convert_module(module.to(self.root_device))
+        self.module = converted
+        self.model = converted
+        return converted
+
+    def setup_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
+        """Give the strategy a chance to wrap or re-create optimizers (default: unchanged)."""
+        return optimizers
+
+    def teardown(self) -> None:
+        """Release what :meth:`setup_environment` acquired."""
+
+    # ----------------------------------------------------------------- data
+    def process_dataloader(self, dataloader: Iterable[Any], *, train: bool) -> Iterable[Any]:
+        """Shard ``dataloader`` across processes where the strategy has several (default: as is)."""
+        return dataloader
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move the tensors nested in ``batch`` to :attr:`root_device` and the precision's dtype."""
+        return self.precision.convert_input(move_to_device(batch, self.root_device))
+
+    # ----------------------------------------------------------------- the step
+    def forward_context(self) -> contextlib.AbstractContextManager[None]:
+        """Context around ``training_step`` and the evaluation steps (autocast under mixed precision)."""
+        return self.precision.forward_context()
+
+    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
+        """Context that, when ``skip`` is true, defers gradient sync (accumulating micro-batches)."""
+        return contextlib.nullcontext()
+
+    def step(self, hook: str, *args: Any) -> Any:
+        """Call the user's ``hook`` (``"training_step"``, ``"validation_step"``, ...) with ``args``.
+
+        Wrapping strategies (DDP, DataParallel) route this through their wrapper's ``forward`` so the
+        wrapper sees the call.
+        """
+        assert self.module is not None, "Strategy.setup() must run before steps"
+        return getattr(self.module, hook)(*args)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` (scaled under fp16)."""
+        self.precision.backward(loss)
+
+    def clip_gradients(
+        self, optimizer: torch.optim.Optimizer, value: float | None, algorithm: str = "norm"
+    ) -> torch.Tensor | None:
+        """Unscale gradients (exactly once) and clip them by total ``"norm"`` or by ``"value"``.
+
+        Returns the total norm before clipping for ``"norm"``, else ``None``.
+        """
+        if value is None:
+            return None
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if algorithm == "norm":
+            return torch.nn.utils.clip_grad_norm_(params, value)
+        if algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, value)
+            return None
+        raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {algorithm!r}")
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step ``optimizer``; False when the precision skipped it (fp16 overflow)."""
+        return self.precision.optimizer_step(optimizer)
+
+    # ----------------------------------------------------------------- collectives
+    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce ``tensor`` over processes with ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``."""
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack ``tensor`` from every process along a new first dimension."""
+        return tensor.unsqueeze(0)
+
+    def barrier(self, name: str = "") -> None:
+        """Wait until every process reaches this point."""
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Return process ``src``'s ``obj`` on every process."""
+        return obj
+
+    # ----------------------------------------------------------------- state
+    def model_state_dict(self) -> dict[str, Any]:
+        """The full, unwrapped model state dict (no ``module.`` prefixes), as every rank agrees."""
+        assert self.module is not None
+        return self.module.state_dict()
+
+    def load_model_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load a full model state dict into the user's module."""
+        assert self.module is not None
+        from trainer.checkpoint import load_module_state
+
+        load_module_state(self.module, state, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's full state dict (sharded strategies gather it)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Restore an optimizer from :meth:`optimizer_state_dict`'s output."""
+        optimizer.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"
+
+
+def default_device() -> torch.device:
+    """CUDA if present, else Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")

@@ -1,0 +1,147 @@
+"""Precision plugins: how the forward runs (autocast), how backward and the optimizer step are done.
+
+Each plugin is an object that does nothing where its feature is off, so the trainer never branches on
+precision. ``"32-true"`` is plain PyTorch; ``"16-mixed"`` is autocast float16 with a GradScaler;
+``"bf16-mixed"`` is autocast bfloat16 (no scaler needed: bf16 has float32's exponent range);
+``"bf16-true"`` casts the module's floating point parameters to bfloat16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["PRECISIONS", "HalfPrecision", "MixedPrecision", "Precision", "make_precision"]
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
+
+
+class Precision:
+    """Full float32 precision: autocast off, plain ``backward`` and ``optimizer.step``."""
+
+    name = "32-true"
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Cast the module's parameters if this precision trains in a lower dtype (default: no-op)."""
+        return module
+
+    def convert_input(self, batch: Any) -> Any:
+        """Cast floating point inputs if this precision needs it (default: unchanged)."""
+        return batch
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """Context for forward passes (autocast in mixed precision)."""
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss``."""
+        loss.backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients to their true scale before clipping (default: they already are)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step ``optimizer``; return False when the step was skipped (e.g. fp16 overflow)."""
+        optimizer.step()
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint (the GradScaler's, when there is one)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class MixedPrecision(Precision):
+    """Autocast to ``float16`` or ``bfloat16``; float16 gets a ``torch.amp.GradScaler``.
+
+    The scaler multiplies the loss before backward so small float16 gradients do not flush to zero,
+    unscales them exactly once per optimizer step (before clipping, so clipping sees true values), and
+    skips the step when they overflowed. ``optimizer_step`` then returns False so step-interval
+    schedulers do not advance.
+    """
+
+    def __init__(self, dtype: torch.dtype, device_type: str, scaler: torch.amp.GradScaler | None = None):
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"MixedPrecision dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        self.dtype = dtype
+        self.device_type = device_type
+        self.name = "16-mixed" if dtype == torch.float16 else "bf16-mixed"
+        if scaler is None and dtype == torch.float16:
+            scaler = torch.amp.GradScaler(device_type)
+        self.scaler = scaler
+        self._unscaled: set[int] = set()  # ids of optimizers already unscaled in this step
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None and id(optimizer) not in self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        self._unscaled.discard(id(optimizer))
+        # get_scale() reads a device scalar: one host-device sync per fp16 step, needed to tell a
+        # skipped step from a taken one.
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return not self.scaler.get_scale() < before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+class HalfPrecision(Precision):
+    """Train entirely in ``bfloat16``: parameters and floating point inputs are cast."""
+
+    name = "bf16-true"
+
+    def __init__(self, dtype: torch.dtype = torch.bfloat16):
+        self.dtype = dtype
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.dtype)
+
+    def convert_input(self, batch: Any) -> Any:
+        from trainer.utils import apply_to_tensors
+
+        return apply_to_tensors(batch, lambda t: t.to(self.dtype) if t.is_floating_point() else t)
+
+
+def make_precision(precision: str | Precision, device_type: str) -> Precision:
+    """Build the precision plugin for a name in :data:`PRECISIONS` (or return an instance as is)."""
+    if isinstance(precision, Precision):
+        return precision
+    aliases = {"32": "32-true", 32: "32-true", "16": "16-mixed", 16: "16-mixed", "bf16": "bf16-mixed"}
+    name = aliases.get(precision, precision)
+    if name == "32-true":
+        return Precision()
+    if name == "16-mixed":
+        return MixedPrecision(torch.float16, device_type)
+    if name == "bf16-mixed":
+        return MixedPrecision(torch.bfloat16, device_type)
+    if name == "bf16-true":
+        return HalfPrecision()
+    raise ValueError(f"Unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")

@@ -1,0 +1,198 @@
+"""Checkpoint files: atomic writes, safe loads, clear errors, and state-dict loading without prefixes.
+
+A checkpoint is one dict of tensors and plain containers of numbers and strings, so it loads with
+``torch.load(path, weights_only=True)``: loading never runs pickled code. What goes into it is
+assembled in one place, ``Trainer._checkpoint_state``; this module only reads and writes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "load_checkpoint",
+    "load_module_state",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "strip_wrapper_prefixes",
+    "to_plain",
+]
+
+FORMAT_NAME = "geartrain"
+FORMAT_VERSION = 1
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, read, or applied; the message says which file and why."""
+
+
+def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``state`` to ``path`` atomically: temporary file in the same folder, fsync, rename.
+
+    A crash at any point leaves either the old file or the complete new one under ``path``, never a
+    partial file. A failed write (disk full, ...) raises :class:`CheckpointError` and removes the
+    temporary file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(dict(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise CheckpointError(f"Could not write checkpoint {path}: {err}") from err
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
+    """Read a geartrain checkpoint with ``weights_only=True`` and check its format and version."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        text = str(err)
+        if "Weights only load failed" in text or "Unsupported global" in text:
+            raise CheckpointError(
+                f"Checkpoint {path} holds pickled Python objects, which could run code when loaded; "
+                "refusing it. geartrain checkpoints hold only tensors and plain containers."
+            ) from err
+        raise CheckpointError(
+            f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {err}"
+        ) from err
+    if not isinstance(state, dict) or state.get("format") != FORMAT_NAME:
+        keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(
+            f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
+            "To load plain weights use module.load_state_dict(torch.load(path))."
+        )
+    version = state.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"Checkpoint {path} has format version {version}, newer than this geartrain reads "
+            f"({FORMAT_VERSION}); upgrade geartrain to load it."
+        )
+    return state
+
+
+def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop the ``module.`` / ``_orig_mod.`` prefixes DataParallel, DDP and torch.compile add to keys."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        changed = True
+        while changed:
+            changed = False
+            for prefix in _WRAPPER_PREFIXES:
+                if key.startswith(prefix):
+                    key, changed = key[len(prefix) :], True
+        out[key] = value
+    return out
+
+
+def load_module_state(module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
+    """Load ``state`` into ``module``, ignoring wrapper prefixes; on mismatch, list what differs."""
+    state = strip_wrapper_prefixes(state)
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in sorted(set(own) & set(state))
+        if isinstance(state[k], torch.Tensor) and state[k].shape != own[k].shape
+    ]
+    if shapes or (strict and (missing or unexpected)):
+        lines = [f"The checkpoint does not match {type(module).__name__}:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:20])}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}")
+        if shapes:
+            lines.append(f"  shape mismatches ({len(shapes)}): {'; '.join(shapes[:20])}")
+        raise CheckpointError("\n".join(lines))
+    module.load_state_dict(state, strict=strict)
+
+
+def to_plain(obj: Any) -> Any:
+    """Turn ``obj`` into tensors, numbers, strings and plain containers (others become their repr)."""
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    try:  # OmegaConf containers
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(obj, (DictConfig, ListConfig)):
+            return to_plain(OmegaConf.to_container(obj, resolve=True))
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        pass
+    return repr(obj)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's Python, NumPy, torch CPU and CUDA generator states, as plain data."""
+    import numpy as np
+
+    version, mt, gauss = random.getstate()
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(mt), gauss],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    import numpy as np
+
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,424 @@
+"""The loops. Each function's docstring is its hook order; read ``fit_loop`` first.
+
+Hooks named ``hook`` below call the module's method first, then every callback that overrides it.
+Where metrics are computed at an epoch's end, that happens between the two, so callbacks (checkpoint,
+early stopping, loggers) see what the module logged in its own epoch-end hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.metrics import MetricStore
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = ["ManualOptimizer", "eval_loop", "fit_loop", "predict_loop"]
+
+_STEP_DEFAULTS = (True, False)  # (on_step, on_epoch) for self.log in training steps
+_EPOCH_DEFAULTS = (False, True)  # ... in epoch-end hooks and evaluation
+
+
+def fit_loop(trainer: Trainer) -> None:
+    """Train until ``max_epochs``, ``max_steps`` or ``should_stop``.
+
+    Hook order::
+
+        on_fit_start
+        on_sanity_check_start, validation loop on num_sanity_val_steps batches, on_sanity_check_end
+        on_train_start
+        for each epoch:
+            on_train_epoch_start
+            for each batch:                                 (train_batch)
+                on_train_batch_start(batch, i)              (module returning -1 ends the epoch)
+                batch = strategy.batch_to_device(batch)
+                with no_backward_sync(unless last micro-batch):
+                    with forward_context(): out = training_step(batch, i)
+                    on_before_backward(loss); strategy.backward(loss / k); on_after_backward
+                if last micro-batch of the step:
+                    on_before_optimizer_step(optimizer)
+                    strategy.clip_gradients(...)            (unscales exactly once first)
+                    stepped = strategy.optimizer_step(optimizer)
+                    if stepped: step-interval schedulers
+                    on_before_zero_grad(optimizer); optimizer.zero_grad(set_to_none=True)
+                    global_step += 1
+                on_train_batch_end(out, batch, i)
+                step values to loggers every log_every_n_steps steps
+                validation loop when val_check_interval says so
+            validation loop at the epoch's end (if it did not just run)
+            module.on_train_epoch_end; epoch values computed and logged
+            epoch-interval schedulers; callbacks' on_train_epoch_end
+        on_train_end
+        on_fit_end
+
+    Validation loop: see :func:`eval_loop`.
+    """
+    p = trainer.progress
+    trainer._hook("on_fit_start")
+    if _validation_enabled(trainer) and trainer.num_sanity_val_steps != 0 and not trainer.fast_dev_run:
+        _sanity_check(trainer)
+    assert trainer.module is not None
+    trainer.module.train()
+    trainer._hook("on_train_start")
+    while not _should_stop_training(trainer):
+        if p.epoch_finished:
+            p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
+            if _should_stop_training(trainer):
+                break
+        train_epoch(trainer)
+    trainer._hook("on_train_end")
+    trainer._hook("on_fit_end")
+
+
+def train_epoch(trainer: Trainer) -> None:
+    """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order."""
+    p = trainer.progress
+    loader = trainer._loaders["fit"]
+    assert loader is not None
+    num = trainer._num_batches("fit", loader)
+    trainer.num_training_batches = num
+    _set_sampler_epoch(loader, p.epoch)
+    store = MetricStore(trainer.strategy.reduce)
+    val_every = _val_every(trainer, num)
+    validate_this_epoch = _validation_enabled(trainer) and (p.epoch + 1) % trainer.check_val_every_n_epoch == 0
+    last_val_at = -1
+    with _logging(trainer, store, _EPOCH_DEFAULTS):
+        trainer._hook("on_train_epoch_start")
+    with _logging(trainer, store, _STEP_DEFAULTS):
+        for batch_idx, batch, is_last in _iterate(loader, num, start=p.batch_in_epoch):
+            steps_before = p.global_step
+            if train_batch(trainer, batch, batch_idx, is_last) == -1:
+                break
+            p.batch_in_epoch = batch_idx + 1
+            if p.global_step != steps_before:
+                if p.global_step % trainer.log_every_n_steps == 0:
+                    trainer._emit(dict(store.pending_step), p.global_step - 1)
+                store.pending_step.clear()
+            if validate_this_epoch and val_every and (batch_idx + 1) % val_every == 0:
+                _validate_during_fit(trainer)
+                last_val_at = p.batch_in_epoch
+            if _should_stop_training(trainer):
+                break
+    if validate_this_epoch and last_val_at != p.batch_in_epoch and not p.should_stop and p.batch_in_epoch:
+        _validate_during_fit(trainer)
+    with _logging(trainer, store, _EPOCH_DEFAULTS):
+        trainer._call_module("on_train_epoch_end")
+        values = store.epoch_values()
+        trainer._remember(values, store)
+        trainer._emit(values, max(p.global_step - 1, 0))
+        _step_schedulers(trainer, "epoch")
+        p.epoch_finished = True
+        trainer._call_callbacks("on_train_epoch_end")
+    store.reset()
+
+
+def train_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
+    """One training batch: hooks, forward, and (automatic optimisation) backward and step."""
+    strategy, module = trainer.strategy, trainer.module
+    assert module is not None
+    trainer._current_batch = batch
+    if trainer._hook("on_train_batch_start", batch, batch_idx) == -1:
+        return -1
+    batch = strategy.batch_to_device(batch)
+    trainer._current_batch = batch
+    if module.automatic_optimization:
+        out = _automatic_step(trainer, batch, batch_idx, is_last)
+    else:
+        with strategy.forward_context():
+            out = strategy.step("training_step", batch, batch_idx)
+    trainer._hook("on_train_batch_end", out, batch, batch_idx)
+    return out
+
+
+def _automatic_step(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
+    strategy, p = trainer.strategy, trainer.progress
+    k = trainer.accumulate_grad_batches
+    boundary = (batch_idx + 1) % k == 0 or is_last
+    with strategy.no_backward_sync(not boundary):
+        with strategy.forward_context():
+            out = strategy.step("training_step", batch, batch_idx)
+        loss = _loss_of(out)
+        if loss is not None:
+            trainer._hook("on_before_backward", loss)
+            strategy.backward(loss / k if k > 1 else loss)
+            trainer._hook("on_after_backward")
+            trainer._window_has_loss = True
+    if boundary and trainer._window_has_loss:
+        optimizer = trainer.optimizers[0]
+        trainer._hook("on_before_optimizer_step", optimizer)
+        strategy.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        if strategy.optimizer_step(optimizer):
+            _step_schedulers(trainer, "step", steps_done=p.global_step + 1)
+        else:
+            p.skipped_steps += 1
+        trainer._hook("on_before_zero_grad", optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        p.global_step += 1
+        trainer._window_has_loss = False
+    return out
+
+
+def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) -> dict[str, torch.Tensor]:
+    """One pass over ``stage``'s data (``"validate"`` or ``"test"``) without gradients.
+
+    Hook order (``X`` is ``validation`` or ``test``)::
+
+        on_X_start, on_X_epoch_start
+        for each batch: on_X_batch_start(batch, i); X_step(batch, i) under forward_context;
+                        on_X_batch_end(out, batch, i)
+        module.on_X_epoch_end; epoch values computed and logged; callbacks' on_X_epoch_end
+        on_X_end
+
+    Returns the epoch-level values (tensors).
+    """
+    prefix = "validation" if stage == "validate" else "test"
+    module, strategy = trainer.module, trainer.strategy
+    assert module is not None
+    if not hasattr(module, f"{prefix}_step"):
+        raise NotImplementedError(f"{type(module).__name__} does not define {prefix}_step(self, batch, batch_idx)")
+    loader = trainer._loaders[stage]
+    assert loader is not None
+    num = trainer._num_batches(stage, loader)
+    if max_batches is not None:
+        num = min(num, max_batches)
+    trainer.num_val_batches = num
+    was_training = module.training
+    module.eval()
+    store = MetricStore(strategy.reduce)
+    try:
+        with _logging(trainer, store, _EPOCH_DEFAULTS), torch.no_grad():
+            trainer._hook(f"on_{prefix}_start")
+            trainer._hook(f"on_{prefix}_epoch_start")
+            for batch_idx, batch, _ in _iterate(loader, num):
+                trainer._current_batch = batch
+                trainer._hook(f"on_{prefix}_batch_start", batch, batch_idx)
+                batch = strategy.batch_to_device(batch)
+                trainer._current_batch = batch
+                with strategy.forward_context():
+                    out = strategy.step(f"{prefix}_step", batch, batch_idx)
+                trainer._hook(f"on_{prefix}_batch_end", out, batch, batch_idx)
+            trainer._call_module(f"on_{prefix}_epoch_end")
+            values = store.epoch_values()
+            trainer._remember(values, store)
+            trainer._emit(values, max(trainer.progress.global_step - 1, 0))
+            trainer._call_callbacks(f"on_{prefix}_epoch_end")
+            trainer._hook(f"on_{prefix}_end")
+    finally:
+        store.reset()
+        module.train(was_training)
+    return values
+
+
+def predict_loop(trainer: Trainer) -> list[Any]:
+    """``predict_step`` over the predict data; returns the outputs in order.
+
+    Hook order: on_predict_start, on_predict_epoch_start, per batch on_predict_batch_start /
+    predict_step / on_predict_batch_end, on_predict_epoch_end, on_predict_end.
+    """
+    module, strategy = trainer.module, trainer.strategy
+    assert module is not None
+    loader = trainer._loaders["predict"]
+    assert loader is not None
+    num = trainer._num_batches("predict", loader)
+    outputs: list[Any] = []
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            trainer._hook("on_predict_start")
+            trainer._hook("on_predict_epoch_start")
+            for batch_idx, batch, _ in _iterate(loader, num):
+                trainer._hook("on_predict_batch_start", batch, batch_idx)
+                batch = strategy.batch_to_device(batch)
+                with strategy.forward_context():
+                    out = strategy.step("predict_step", batch, batch_idx)
+                outputs.append(out)
+                trainer._hook("on_predict_batch_end", out, batch, batch_idx)
+            trainer._hook("on_predict_epoch_end")
+            trainer._hook("on_predict_end")
+    finally:
+        module.train(was_training)
+    return outputs
+
+
+class ManualOptimizer:
+    """What ``self.optimizers()`` returns under manual optimisation.
+
+    ``step()`` goes through the strategy (GradScaler under fp16) and counts a global step;
+    everything else is the wrapped ``optimizer``'s.
+    """
+
+    def __init__(self, trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
+        self._trainer = trainer
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
+        return self.optimizer.param_groups
+
+    def step(self, closure: Any = None) -> bool:
+        """Run ``closure`` if given, then step; returns False if the precision skipped the step."""
+        if closure is not None:
+            closure()
+        trainer = self._trainer
+        trainer._hook("on_before_optimizer_step", self.optimizer)
+        stepped = trainer.strategy.optimizer_step(self.optimizer)
+        trainer.progress.global_step += 1
+        if not stepped:
+            trainer.progress.skipped_steps += 1
+        return stepped
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of the wrapped optimizer."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state."""
+        return self.optimizer.state_dict()
+
+
+# ----------------------------------------------------------------- helpers
+def _loss_of(out: Any) -> torch.Tensor | None:
+    if out is None or isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        if "loss" not in out:
+            raise KeyError(f"training_step returned a dict without a 'loss' entry (keys: {sorted(out)})")
+        loss = out["loss"]
+        if loss is None or isinstance(loss, torch.Tensor):
+            return loss
+    raise TypeError(f"training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}")
+
+
+def _step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None) -> None:
+    """Advance the schedulers of ``interval`` whose ``frequency`` divides the count just reached."""
+    count = steps_done if steps_done is not None else trainer.progress.epoch + 1
+    assert trainer.module is not None
+    if not trainer.module.automatic_optimization:
+        return  # under manual optimisation the user steps schedulers
+    for cfg in trainer.lr_scheduler_configs:
+        if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if cfg.monitor is None:
+            cfg.scheduler.step()
+            continue
+        value = trainer.callback_metrics.get(cfg.monitor)
+        if value is None:
+            if cfg.strict:
+                logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
+                raise KeyError(
+                    f"{type(cfg.scheduler).__name__} monitors {cfg.monitor!r}, which was not logged "
+                    f"(logged: {logged}); log it with self.log({cfg.monitor!r}, value)"
+                )
+            continue
+        cfg.scheduler.step(float(value))  # a sync, once per interval
+
+
+def _validation_enabled(trainer: Trainer) -> bool:
+    return (
+        trainer._loaders.get("validate") is not None
+        and hasattr(trainer.module, "validation_step")
+        and trainer.limits["validate"] not in (0, 0.0)
+    )
+
+
+def _val_every(trainer: Trainer, num_batches: float) -> int | None:
+    """Training batches between validation runs within an epoch (None: only at the epoch's end)."""
+    interval = trainer.val_check_interval
+    if isinstance(interval, int):
+        return interval
+    if math.isinf(num_batches):
+        return None
+    if interval is None:
+        return int(num_batches) or None
+    return max(1, int(num_batches * interval))
+
+
+def _validate_during_fit(trainer: Trainer) -> None:
+    eval_loop(trainer, "validate")
+
+
+def _sanity_check(trainer: Trainer) -> None:
+    """Run a few validation batches before training to surface bugs early; their values are dropped."""
+    snapshot = (
+        dict(trainer.callback_metrics),
+        dict(trainer.progress_bar_metrics),
+        dict(trainer.logged_metrics),
+    )
+    trainer.sanity_checking = True
+    try:
+        trainer._call_callbacks("on_sanity_check_start")
+        steps = trainer.num_sanity_val_steps
+        eval_loop(trainer, "validate", max_batches=math.inf if steps < 0 else steps)
+        trainer._call_callbacks("on_sanity_check_end")
+    finally:
+        trainer.sanity_checking = False
+        trainer.callback_metrics, trainer.progress_bar_metrics, trainer.logged_metrics = snapshot
+
+
+def _should_stop_training(trainer: Trainer) -> bool:
+    p = trainer.progress
+    if p.should_stop:
+        return True
+    if trainer.max_steps != -1 and p.global_step >= trainer.max_steps:
+        return True
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and max_epochs != -1:
+        return p.epoch + (1 if p.epoch_finished else 0) >= max_epochs
+    return False
+
+
+@contextlib.contextmanager
+def _logging(trainer: Trainer, store: MetricStore, defaults: tuple[bool, bool]) -> Iterator[None]:
+    """Route ``self.log`` to ``store`` with ``defaults`` for (on_step, on_epoch) inside the block."""
+    previous = trainer._store, trainer._log_defaults
+    trainer._store, trainer._log_defaults = store, defaults
+    try:
+        yield
+    finally:
+        trainer._store, trainer._log_defaults = previous
+
+
+def _iterate(loader: Iterable[Any], num: float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:
+    """Yield ``(index, batch, is_last)`` for the first ``num`` batches, from index ``start``.
+
+    ``is_last`` comes from the length when known, else from looking one batch ahead.
+    """
+    if num <= start:
+        return
+    iterator = iter(loader)
+    if start:
+        # Skips by fetching; the exact-resume issue replaces this with a sampler that starts at `start`.
+        for _ in itertools.islice(iterator, start):
+            pass
+    if not math.isinf(num):
+        last = int(num) - 1
+        for idx, batch in zip(range(start, int(num)), iterator):
+            yield idx, batch, idx == last
+        return
+    sentinel = object()
+    current = next(iterator, sentinel)
+    idx = start
+    while current is not sentinel:
+        following = next(iterator, sentinel)
+        yield idx, current, following is sentinel
+        current, idx = following, idx + 1
+
+
+def _set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
+    """Tell a distributed (or any epoch-aware) sampler which epoch it is, so shuffles differ per epoch."""
+    for sampler in (
+        getattr(loader, "sampler", None),
+        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    ):
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)

@@ -1,0 +1,153 @@
+"""What ``self.log`` records: per-step values and per-epoch aggregates, for one stage at a time.
+
+Values stay tensors on their device until a logger asks for numbers, so logging every step does not
+force a host-device sync. Epoch aggregates are batch-size-weighted sums, reduced over processes only
+when the user asked (``sync_dist=True``); torchmetrics objects aggregate and sync themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["MetricStore"]
+
+_REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+def is_metric(value: Any) -> bool:
+    """True for a torchmetrics ``Metric`` (duck-typed, so torchmetrics is imported only by users)."""
+    return callable(getattr(value, "compute", None)) and callable(getattr(value, "reset", None))
+
+
+@dataclass
+class _Entry:
+    name: str
+    on_step: bool
+    on_epoch: bool
+    prog_bar: bool
+    sync_dist: bool
+    reduce_fx: str
+    metric: Any = None
+    step_value: torch.Tensor | None = None
+    total: torch.Tensor | None = None  # weighted sum (mean/sum) or running max/min
+    weight: float = 0.0
+
+    def update(self, value: torch.Tensor, batch_size: int) -> None:
+        if self.total is None:
+            self.total = value * batch_size if self.reduce_fx == "mean" else value.clone()
+        elif self.reduce_fx == "mean":
+            self.total = self.total + value * batch_size
+        elif self.reduce_fx == "sum":
+            self.total = self.total + value
+        elif self.reduce_fx == "max":
+            self.total = torch.maximum(self.total, value)
+        else:
+            self.total = torch.minimum(self.total, value)
+        self.weight += batch_size
+
+    def compute(self, reduce: Callable[[torch.Tensor, str], torch.Tensor]) -> torch.Tensor | None:
+        if self.metric is not None:
+            return torch.as_tensor(self.metric.compute()).detach()
+        if self.total is None:
+            return None
+        total = self.total
+        if self.reduce_fx == "mean":
+            weight = torch.tensor(self.weight, dtype=torch.float64, device=total.device)
+            if self.sync_dist:
+                total = reduce(total.double(), "sum")
+                weight = reduce(weight, "sum")
+            return (total.double() / weight).to(torch.get_default_dtype())
+        return reduce(total, self.reduce_fx) if self.sync_dist else total
+
+
+@dataclass
+class MetricStore:
+    """Everything logged during one stage (``"train"``, ``"validate"``, ``"test"``).
+
+    Args:
+        reduce: the strategy's cross-process reduction, used for ``sync_dist=True``.
+    """
+
+    reduce: Callable[[torch.Tensor, str], torch.Tensor]
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    #: Step-level values logged since the loggers were last given them.
+    pending_step: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def log(
+        self,
+        name: str,
+        value: Any,
+        *,
+        on_step: bool,
+        on_epoch: bool,
+        prog_bar: bool,
+        sync_dist: bool,
+        reduce_fx: str,
+        batch_size: Callable[[], int],
+    ) -> dict[str, torch.Tensor]:
+        """Record ``value``; return the step-level keys it produced (for ``callback_metrics``)."""
+        if reduce_fx not in _REDUCE_FX:
+            raise ValueError(f"self.log({name!r}): reduce_fx must be one of {_REDUCE_FX}, got {reduce_fx!r}")
+        entry = self.entries.get(name)
+        if entry is None:
+            entry = _Entry(name, on_step, on_epoch, prog_bar, sync_dist, reduce_fx)
+            self.entries[name] = entry
+        metric = value if is_metric(value) else None
+        entry.metric = metric
+        if metric is not None:
+            # The batch value torchmetrics cached when the user called metric(preds, target).
+            step_value = getattr(metric, "_forward_cache", None)
+            tensor = torch.as_tensor(step_value).detach() if step_value is not None else None
+        else:
+            tensor = torch.as_tensor(value).detach()
+            if tensor.numel() != 1:
+                raise ValueError(
+                    f"self.log({name!r}) needs a scalar (one-element tensor or number), "
+                    f"got a tensor of shape {tuple(tensor.shape)}"
+                )
+            tensor = tensor.reshape(())
+            if not tensor.is_floating_point():
+                tensor = tensor.to(torch.get_default_dtype())
+            if on_epoch:
+                entry.update(tensor, batch_size() if reduce_fx == "mean" else 1)
+        out: dict[str, torch.Tensor] = {}
+        if on_step and tensor is not None:
+            if sync_dist and metric is None:
+                tensor = self.reduce(tensor, "mean" if reduce_fx == "mean" else reduce_fx)
+            key = f"{name}_step" if on_epoch else name
+            entry.step_value = tensor
+            self.pending_step[key] = tensor
+            out[key] = tensor
+        return out
+
+    def epoch_values(self) -> dict[str, torch.Tensor]:
+        """Compute every epoch-level value (syncing where asked), keyed as loggers should see them."""
+        out: dict[str, torch.Tensor] = {}
+        for entry in self.entries.values():
+            if not entry.on_epoch:
+                continue
+            value = entry.compute(self.reduce)
+            if value is not None:
+                out[f"{entry.name}_epoch" if entry.on_step else entry.name] = value
+        return out
+
+    def prog_bar_keys(self) -> set[str]:
+        """Names of values logged with ``prog_bar=True`` (with their suffixes)."""
+        keys = set()
+        for e in self.entries.values():
+            if e.prog_bar:
+                both = e.on_step and e.on_epoch
+                keys.update({f"{e.name}_step", f"{e.name}_epoch"} if both else {e.name})
+        return keys
+
+    def reset(self) -> None:
+        """Forget the epoch's aggregates and reset logged torchmetrics objects."""
+        for entry in self.entries.values():
+            if entry.metric is not None and entry.on_epoch:
+                entry.metric.reset()
+        self.entries.clear()
+        self.pending_step.clear()

@@ -1,0 +1,115 @@
+"""Turn what ``configure_optimizers`` returned into optimizers and scheduler configs, or say why not."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["SchedulerConfig", "parse_optimizers"]
+
+_ACCEPTED = (
+    "configure_optimizers() must return an optimizer, a list/tuple of optimizers, "
+    "a (optimizers, schedulers) pair of lists, a dict {'optimizer': ..., 'lr_scheduler': ...}, "
+    "or a list of such dicts"
+)
+
+
+@dataclass
+class SchedulerConfig:
+    """One learning-rate scheduler and when to step it.
+
+    ``interval``: ``"step"`` (after every optimizer step that was taken) or ``"epoch"`` (after each
+    training epoch, validation included); ``frequency``: every n intervals; ``monitor``: the logged
+    metric passed to ``ReduceLROnPlateau.step``; ``strict``: raise if that metric is missing.
+    """
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+    strict: bool = True
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.interval not in ("step", "epoch"):
+            raise ValueError(
+                f"lr_scheduler 'interval' must be 'step' or 'epoch', got {self.interval!r} "
+                f"(scheduler {type(self.scheduler).__name__})"
+            )
+        if not isinstance(self.frequency, int) or self.frequency < 1:
+            raise ValueError(f"lr_scheduler 'frequency' must be a positive int, got {self.frequency!r}")
+        if not callable(getattr(self.scheduler, "step", None)):
+            raise TypeError(
+                f"lr_scheduler 'scheduler' must be a learning-rate scheduler with .step(), "
+                f"got {type(self.scheduler).__name__}"
+            )
+        if self.needs_metric and self.monitor is None:
+            raise ValueError(
+                f"{type(self.scheduler).__name__} steps on a metric: give it one with "
+                "{'scheduler': ..., 'monitor': 'val/loss'} in configure_optimizers()"
+            )
+
+    @property
+    def needs_metric(self) -> bool:
+        """True for ReduceLROnPlateau, whose ``step`` takes the monitored value."""
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+_SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+
+
+def _scheduler_config(value: Any, monitor: str | None = None) -> SchedulerConfig:
+    if isinstance(value, Mapping):
+        unknown = set(value) - _SCHEDULER_KEYS
+        if unknown:
+            raise ValueError(f"Unknown lr_scheduler keys {sorted(unknown)}; accepted: {sorted(_SCHEDULER_KEYS)}")
+        if "scheduler" not in value:
+            raise ValueError("An lr_scheduler dict needs a 'scheduler' entry")
+        options = dict(value)
+        options.setdefault("monitor", monitor)
+        return SchedulerConfig(**options)
+    return SchedulerConfig(scheduler=value, monitor=monitor)
+
+
+def _is_optimizer(value: Any) -> bool:
+    return isinstance(value, torch.optim.Optimizer)
+
+
+def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    """Accept every form DESIGN.md lists; otherwise raise naming what was returned."""
+    if _is_optimizer(returned):
+        return [returned], []
+    if isinstance(returned, Mapping):
+        returned = [returned]
+    if isinstance(returned, Sequence) and not isinstance(returned, str) and len(returned) > 0:
+        items = list(returned)
+        if all(_is_optimizer(o) for o in items):
+            return items, []
+        if all(isinstance(d, Mapping) for d in items):
+            optimizers, schedulers = [], []
+            for d in items:
+                unknown = set(d) - {"optimizer", "lr_scheduler", "monitor"}
+                if "optimizer" not in d or unknown:
+                    raise TypeError(
+                        f"{_ACCEPTED}; got a dict with keys {sorted(d)} "
+                        "(expected 'optimizer' and optionally 'lr_scheduler', 'monitor')"
+                    )
+                if not _is_optimizer(d["optimizer"]):
+                    raise TypeError(f"{_ACCEPTED}; 'optimizer' is a {type(d['optimizer']).__name__}")
+                optimizers.append(d["optimizer"])
+                if d.get("lr_scheduler") is not None:
+                    schedulers.append(_scheduler_config(d["lr_scheduler"], d.get("monitor")))
+            return optimizers, schedulers
+        if len(items) == 2 and isinstance(items[0], (list, tuple)):
+            opts, scheds = items
+            opts = list(opts)
+            scheds = list(scheds) if isinstance(scheds, (list, tuple)) else [scheds]
+            if opts and all(_is_optimizer(o) for o in opts):
+                return opts, [_scheduler_config(s) for s in scheds]
+    description = type(returned).__name__
+    if isinstance(returned, (list, tuple)):
+        description += f" of [{', '.join(type(x).__name__ for x in returned)}]"
+    raise TypeError(f"{_ACCEPTED}; got {description}")

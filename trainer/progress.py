@@ -1,0 +1,40 @@
+"""Every counter of a run in one checkpointable object."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+__all__ = ["Progress"]
+
+
+@dataclass
+class Progress:
+    """Where a run stands. Saved whole into checkpoints and restored whole on resume.
+
+    Attributes:
+        epoch: the training epoch in progress (or last finished), from 0.
+        global_step: optimizer steps taken.
+        batch_in_epoch: training batches consumed in ``epoch``.
+        epoch_finished: True once ``epoch``'s end-of-epoch work (validation, schedulers) is done,
+            so a resume starts at ``epoch + 1``.
+        should_stop: set by callbacks (early stopping, timers) to end training after this step.
+        skipped_steps: optimizer steps skipped by the precision plugin (fp16 overflow).
+    """
+
+    epoch: int = 0
+    global_step: int = 0
+    batch_in_epoch: int = 0
+    epoch_finished: bool = False
+    should_stop: bool = False
+    skipped_steps: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict."""
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore counters; keys this version does not know are ignored."""
+        for f in fields(self):
+            if f.name in state:
+                setattr(self, f.name, type(getattr(self, f.name))(state[f.name]))

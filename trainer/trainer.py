@@ -1,0 +1,618 @@
+"""The ``Trainer``: holds the options, wires module, data, strategy and callbacks, runs the loops.
+
+The loops themselves live in :mod:`trainer.loops`; their docstrings are the hook order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from callbacks.base import Callback, overridden_hooks
+from strategies.base import Strategy
+from strategies.registry import resolve_strategy
+from trainer import loops
+from trainer.checkpoint import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    CheckpointError,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    to_plain,
+)
+from trainer.metrics import MetricStore
+from trainer.module import DataModule, TrainModule
+from trainer.optim import SchedulerConfig, parse_optimizers
+from trainer.progress import Progress
+from trainer.utils import batch_size_of
+
+__all__ = ["Trainer"]
+
+_LOADER_METHODS = {
+    "fit": "train_dataloader",
+    "validate": "val_dataloader",
+    "test": "test_dataloader",
+    "predict": "predict_dataloader",
+}
+
+
+class Trainer:
+    """Runs the forward / loss / backward / step loop of a :class:`~trainer.TrainModule`.
+
+    Args:
+        strategy: ``"auto"``, ``"single"``, ``"dp"``, ``"ddp"``, ``"amp"``, ``"fsdp"`` or an instance.
+        devices: devices (processes) per node for multi-device strategies; ``"auto"`` for all.
+        num_nodes: machines taking part.
+        precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"``; ``None`` keeps
+            the strategy's default (float32, mixed for ``"amp"``).
+        max_epochs: stop after this many epochs; ``-1`` for no limit. If ``max_epochs`` is ``None``
+            and ``max_steps`` is ``-1``, training runs 1000 epochs (Lightning's rule).
+        max_steps: stop after this many optimizer steps; ``-1`` for no limit.
+        accumulate_grad_batches: micro-batches per optimizer step; the loss is divided by it.
+        gradient_clip_val: clip gradients to this total norm (or value); ``None`` disables.
+        gradient_clip_algorithm: ``"norm"`` or ``"value"``.
+        val_check_interval: validate every this many training batches (int) or fraction of an epoch
+            (float); ``None`` means once at the end of the epoch.
+        check_val_every_n_epoch: validate only in every n-th epoch.
+        limit_train_batches: use only this many (int) or this fraction (float) of training batches.
+        limit_val_batches: the same for validation (``limit_test_batches``, ``limit_predict_batches``
+            likewise).
+        num_sanity_val_steps: validation batches run before training to catch bugs early (not logged).
+        fast_dev_run: ``True`` (1) or n: run n batches of each stage once, without loggers and
+            checkpoints, to check that the code runs.
+        log_every_n_steps: how often step-level values go to the loggers.
+        callbacks: extra callbacks, run in the order given after the defaults.
+        default_root_dir: where default loggers and checkpoints write.
+        deterministic: ask torch for deterministic algorithms (errors where none exists).
+        enable_progress_bar: add a :class:`~callbacks.ProgressBar` unless one is given.
+        enable_checkpointing: add a :class:`~callbacks.ModelCheckpoint` (last) unless one is given.
+        logger: add a :class:`~callbacks.TensorBoardLogger` unless a logger callback is given.
+        config: the resolved run configuration (Hydra's), saved in checkpoints and as hparams.
+
+    Example:
+        >>> trainer = Trainer(max_epochs=1, enable_progress_bar=False, logger=False,
+        ...                   enable_checkpointing=False)
+        >>> trainer.global_step
+        0
+    """
+
+    def __init__(
+        self,
+        *,
+        strategy: str | Strategy = "auto",
+        devices: int | str = "auto",
+        num_nodes: int = 1,
+        precision: str | None = None,
+        max_epochs: int | None = None,
+        max_steps: int = -1,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        val_check_interval: int | float | None = None,
+        check_val_every_n_epoch: int = 1,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        num_sanity_val_steps: int = 2,
+        fast_dev_run: bool | int = False,
+        log_every_n_steps: int = 50,
+        callbacks: Iterable[Callback] | None = None,
+        default_root_dir: str | os.PathLike[str] = ".",
+        deterministic: bool = False,
+        enable_progress_bar: bool = True,
+        enable_checkpointing: bool = True,
+        logger: bool = True,
+        config: Any = None,
+    ) -> None:
+        _check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
+        _check_positive_int("log_every_n_steps", log_every_n_steps)
+        _check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}")
+        if gradient_clip_val is not None and gradient_clip_val <= 0:
+            raise ValueError(f"gradient_clip_val must be > 0 or None, got {gradient_clip_val}")
+        if max_epochs is None and max_steps == -1:
+            max_epochs = 1000  # Lightning's rule; -1 means "no limit" explicitly
+        if max_epochs is not None and max_epochs < -1:
+            raise ValueError(f"max_epochs must be >= -1 or None, got {max_epochs}")
+        if max_steps < -1:
+            raise ValueError(f"max_steps must be >= -1, got {max_steps}")
+        if val_check_interval is not None:
+            if isinstance(val_check_interval, float) and not 0.0 < val_check_interval <= 1.0:
+                raise ValueError(f"val_check_interval as a fraction must be in (0, 1], got {val_check_interval}")
+            if isinstance(val_check_interval, int) and val_check_interval < 1:
+                raise ValueError(f"val_check_interval as a batch count must be >= 1, got {val_check_interval}")
+        for name, limit in (
+            ("limit_train_batches", limit_train_batches),
+            ("limit_val_batches", limit_val_batches),
+            ("limit_test_batches", limit_test_batches),
+            ("limit_predict_batches", limit_predict_batches),
+        ):
+            _check_limit(name, limit)
+
+        self.fast_dev_run = int(fast_dev_run)
+        if self.fast_dev_run < 0:
+            raise ValueError(f"fast_dev_run must be a bool or a positive int, got {fast_dev_run}")
+        if self.fast_dev_run:
+            n = self.fast_dev_run
+            max_epochs, max_steps = 1, n
+            limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = n
+            num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, None, 1
+            log_every_n_steps = 1
+
+        self.strategy: Strategy = resolve_strategy(strategy, devices=devices, num_nodes=num_nodes, precision=precision)
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = gradient_clip_algorithm
+        self.val_check_interval = val_check_interval
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.limits: dict[str, int | float | None] = {
+            "fit": limit_train_batches,
+            "validate": limit_val_batches,
+            "test": limit_test_batches,
+            "predict": limit_predict_batches,
+        }
+        self.num_sanity_val_steps = num_sanity_val_steps
+        self.log_every_n_steps = log_every_n_steps
+        self.default_root_dir = Path(default_root_dir)
+        self.deterministic = deterministic
+        self.config = config
+        if deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+
+        self.callbacks: list[Callback] = self._default_callbacks(
+            list(callbacks or []), enable_progress_bar, enable_checkpointing, logger
+        )
+        self._hooks = overridden_hooks(self.callbacks)
+
+        self.progress = Progress()
+        self.module: TrainModule | None = None
+        self.datamodule: DataModule | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list[SchedulerConfig] = []
+        self._optimizer_handles: list[loops.ManualOptimizer] = []
+        #: Latest value of everything logged (tensors), read by checkpointing and early stopping.
+        self.callback_metrics: dict[str, torch.Tensor] = {}
+        #: Latest values handed to the loggers.
+        self.logged_metrics: dict[str, torch.Tensor] = {}
+        #: Latest values logged with ``prog_bar=True``.
+        self.progress_bar_metrics: dict[str, torch.Tensor] = {}
+        self.stage: str | None = None
+        self.sanity_checking = False
+        self._store: MetricStore | None = None
+        self._log_defaults = (True, False)
+        self._current_batch: Any = None
+        self._window_has_loss = False  # a micro-batch of the current accumulation window had a loss
+        self.num_training_batches: float = math.inf
+        self.num_val_batches: float = 0
+        self._loaders: dict[str, Iterable[Any] | None] = {}
+
+    # ----------------------------------------------------------------- public state
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch in progress, from 0."""
+        return self.progress.epoch
+
+    @property
+    def should_stop(self) -> bool:
+        """Set to True (e.g. by early stopping) to end training after the current step."""
+        return self.progress.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.progress.should_stop = bool(value)
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True on the process that writes logs and checkpoints."""
+        return self.strategy.is_global_zero
+
+    @property
+    def world_size(self) -> int:
+        """Number of training processes."""
+        return self.strategy.world_size
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank."""
+        return self.strategy.global_rank
+
+    @property
+    def log_dir(self) -> Path:
+        """Where loggers write: the first logger callback's directory, else ``default_root_dir``."""
+        for cb in self.callbacks:
+            log_dir = getattr(cb, "log_dir", None)
+            if log_dir is not None:
+                return Path(log_dir)
+        return self.default_root_dir
+
+    @property
+    def checkpoint_callback(self) -> Callback | None:
+        """The first callback that saves checkpoints (has ``best_model_path``), if any."""
+        for cb in self.callbacks:
+            if hasattr(cb, "best_model_path"):
+                return cb
+        return None
+
+    # ----------------------------------------------------------------- entry points
+    def fit(
+        self,
+        module: TrainModule,
+        train_dataloaders: Iterable[Any] | None = None,
+        val_dataloaders: Iterable[Any] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Train ``module``; ``ckpt_path`` (a file, or ``"last"``) resumes a run exactly where it was."""
+        _check_module(module)
+        self.strategy.launch(self._run, "fit", module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+
+    def validate(
+        self,
+        module: TrainModule | None = None,
+        dataloaders: Iterable[Any] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | os.PathLike[str] | None = None,
+    ) -> dict[str, float]:
+        """Run one pass over validation data; return the epoch-level metrics."""
+        result: dict[str, float] = self.strategy.launch(
+            self._run, "validate", self._module_for(module), dataloaders, None, datamodule, ckpt_path
+        )
+        return result
+
+    def test(
+        self,
+        module: TrainModule | None = None,
+        dataloaders: Iterable[Any] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | os.PathLike[str] | None = None,
+    ) -> dict[str, float]:
+        """Run one pass over test data; return the epoch-level metrics."""
+        result: dict[str, float] = self.strategy.launch(
+            self._run, "test", self._module_for(module), dataloaders, None, datamodule, ckpt_path
+        )
+        return result
+
+    def predict(
+        self,
+        module: TrainModule | None = None,
+        dataloaders: Iterable[Any] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | os.PathLike[str] | None = None,
+    ) -> list[Any]:
+        """Return ``predict_step``'s output for every batch, in order."""
+        result: list[Any] = self.strategy.launch(
+            self._run, "predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path
+        )
+        return result
+
+    def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False) -> None:
+        """Write a checkpoint of the run (rank 0 writes; every rank must call this)."""
+        state = self._checkpoint_state(weights_only)
+        if self.is_global_zero:
+            save_checkpoint(state, path)
+        self.strategy.barrier("save_checkpoint")
+
+    # ----------------------------------------------------------------- the run
+    def _run(
+        self,
+        stage: str,
+        module: TrainModule,
+        loader: Iterable[Any] | None,
+        val_loader: Iterable[Any] | None,
+        datamodule: DataModule | None,
+        ckpt_path: str | os.PathLike[str] | None,
+    ) -> Any:
+        """Everything one entry point does, in every process: set up, run the loop, tear down."""
+        self.stage = stage
+        self.module = module
+        self.datamodule = datamodule
+        module._trainer = self
+        self.strategy.setup_environment()
+        hook_stage = stage
+        try:
+            if datamodule is not None:
+                datamodule.prepare_data()
+                datamodule.setup(hook_stage)
+            module.setup(hook_stage)
+            self._call_callbacks("setup", hook_stage)
+            self.strategy.setup(module)
+            if stage == "fit":
+                self._configure_optimizers(module)
+            if ckpt_path is not None:
+                self._restore(ckpt_path, full=(stage == "fit"))
+            if stage == "fit":
+                self._loaders = {
+                    "fit": self._loader("fit", loader),
+                    "validate": self._loader("validate", val_loader, required=False),
+                }
+                loops.fit_loop(self)
+                return None
+            self._loaders = {stage: self._loader(stage, loader)}
+            if stage == "predict":
+                return loops.predict_loop(self)
+            metrics = loops.eval_loop(self, stage)
+            return {k: float(v) for k, v in metrics.items()}
+        except BaseException as exc:
+            self._call_callbacks("on_exception", exc)
+            raise
+        finally:
+            self._call_callbacks("teardown", hook_stage)
+            module.teardown(hook_stage)
+            if datamodule is not None:
+                datamodule.teardown(hook_stage)
+            self.strategy.teardown()
+            self._store = None
+            self.stage = None
+
+    def _configure_optimizers(self, module: TrainModule) -> None:
+        optimizers, schedulers = parse_optimizers(module.configure_optimizers())
+        if module.automatic_optimization and len(optimizers) > 1:
+            raise ValueError(
+                f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimisation "
+                "steps one. Set `automatic_optimization = False` and step them in training_step."
+            )
+        self.optimizers = self.strategy.setup_optimizers(optimizers)
+        self.lr_scheduler_configs = schedulers
+        self._optimizer_handles = [loops.ManualOptimizer(self, opt) for opt in self.optimizers]
+
+    def _module_for(self, module: TrainModule | None) -> TrainModule:
+        module = module if module is not None else self.module
+        if module is None:
+            raise ValueError("Pass a module: this trainer has not been fitted on one")
+        return module
+
+    # ----------------------------------------------------------------- data
+    def _loader(self, stage: str, explicit: Iterable[Any] | None, required: bool = True) -> Iterable[Any] | None:
+        """The dataloader for ``stage``: given explicitly, else the datamodule's, else the module's."""
+        method = _LOADER_METHODS[stage]
+        loader = explicit
+        for source in (self.datamodule, self.module):
+            if loader is not None:
+                break
+            fn = getattr(source, method, None) if source is not None else None
+            if fn is not None:
+                try:
+                    loader = fn()
+                except NotImplementedError:
+                    loader = None
+        if loader is None:
+            if required:
+                raise ValueError(
+                    f"No data for {stage}: pass dataloaders to trainer.{stage}(...), a datamodule "
+                    f"defining {method}(), or define {method}() on the module"
+                )
+            return None
+        if isinstance(loader, (list, tuple)):
+            raise TypeError(
+                f"{method}: one dataloader is supported per stage, got a {type(loader).__name__} of {len(loader)}"
+            )
+        return self.strategy.process_dataloader(loader, train=(stage == "fit"))
+
+    def _num_batches(self, stage: str, loader: Iterable[Any]) -> float:
+        """Batches the stage will use: the loader's length cut by ``limit_*`` (inf if unsized)."""
+        try:
+            total: float = len(loader)  # type: ignore[arg-type]
+        except TypeError:
+            total = math.inf
+        limit = self.limits[stage]
+        if limit is None:
+            return total
+        if isinstance(limit, float):
+            if math.isinf(total):
+                if limit == 1.0:
+                    return total
+                raise ValueError(f"A fractional limit ({limit}) needs a dataloader with a length")
+            return int(total * limit)
+        return min(total, limit)
+
+    # ----------------------------------------------------------------- hooks and logging
+    def _call_module(self, hook: str, *args: Any) -> Any:
+        assert self.module is not None
+        return getattr(self.module, hook)(*args)
+
+    def _call_callbacks(self, hook: str, *args: Any) -> None:
+        for cb in self._hooks[hook]:
+            getattr(cb, hook)(self, self.module, *args)
+
+    def _hook(self, hook: str, *args: Any) -> Any:
+        """Call the module's ``hook`` and then every callback overriding it."""
+        out = self._call_module(hook, *args)
+        self._call_callbacks(hook, *args)
+        return out
+
+    def _log(
+        self,
+        name: str,
+        value: Any,
+        *,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        prog_bar: bool,
+        sync_dist: bool,
+        reduce_fx: str,
+        batch_size: int | None,
+    ) -> None:
+        """Back end of ``TrainModule.log``."""
+        store = self._store
+        if store is None:
+            raise RuntimeError(
+                f"self.log({name!r}) was called outside the steps and hooks of fit/validate/test "
+                "(logging is not supported in predict or in setup hooks)"
+            )
+        step_default, epoch_default = self._log_defaults
+        on_step = step_default if on_step is None else on_step
+        on_epoch = epoch_default if on_epoch is None else on_epoch
+        if not (on_step or on_epoch):
+            raise ValueError(f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged")
+
+        def size() -> int:
+            return batch_size if batch_size is not None else batch_size_of(self._current_batch)
+
+        new = store.log(
+            name,
+            value,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            prog_bar=prog_bar,
+            sync_dist=sync_dist,
+            reduce_fx=reduce_fx,
+            batch_size=size,
+        )
+        self._remember(new, store)
+
+    def _remember(self, values: Mapping[str, torch.Tensor], store: MetricStore) -> None:
+        """Make ``values`` visible in ``callback_metrics`` (and the progress bar)."""
+        if not values:
+            return
+        prog_bar = store.prog_bar_keys()
+        for key, value in values.items():
+            self.callback_metrics[key] = value
+            base = key.removesuffix("_step").removesuffix("_epoch")
+            if base != key:
+                self.callback_metrics[base] = value
+            if key in prog_bar:
+                self.progress_bar_metrics[key] = value
+
+    def _emit(self, metrics: dict[str, torch.Tensor], step: int) -> None:
+        """Hand ``metrics`` to the loggers (callbacks overriding ``on_log_metrics``); rank 0 only."""
+        if not metrics:
+            return
+        self.logged_metrics.update(metrics)
+        if self.sanity_checking:
+            return
+        self._call_callbacks("on_log_metrics", metrics, step)
+
+    # ----------------------------------------------------------------- checkpoints
+    def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
+        """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints")."""
+        assert self.module is not None
+        state: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "state_dict": self.strategy.model_state_dict(),
+            "progress": self.progress.state_dict(),
+            "hparams": to_plain(self.module.hparams),
+            "config": to_plain(self.config),
+        }
+        if not weights_only:
+            state["optimizers"] = [self.strategy.optimizer_state_dict(opt) for opt in self.optimizers]
+            state["lr_schedulers"] = [cfg.scheduler.state_dict() for cfg in self.lr_scheduler_configs]
+            state["precision"] = self.strategy.precision.state_dict()
+            state["callbacks"] = {cb.state_key: cb.state_dict() for cb in self.callbacks}
+            state["rng"] = [rng_state()]
+            if self.datamodule is not None:
+                state["datamodule"] = self.datamodule.state_dict()
+        self.module.on_save_checkpoint(state)
+        self._call_callbacks("on_save_checkpoint", state)
+        return state
+
+    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike[str]) -> Path:
+        if str(ckpt_path) in ("last", "best"):
+            cb = self.checkpoint_callback
+            attr = "last_model_path" if str(ckpt_path) == "last" else "best_model_path"
+            found = getattr(cb, attr, None) if cb is not None else None
+            if not found and str(ckpt_path) == "last" and cb is not None:
+                candidate = Path(getattr(cb, "dirpath", self.default_root_dir)) / "last.ckpt"
+                found = str(candidate) if candidate.exists() else None
+            if not found:
+                raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
+            return Path(found)
+        return Path(ckpt_path)
+
+    def _restore(self, ckpt_path: str | os.PathLike[str], full: bool) -> None:
+        """Load a checkpoint: weights always; with ``full``, everything needed to resume training."""
+        path = self._resolve_ckpt_path(ckpt_path)
+        state = load_checkpoint(path)
+        assert self.module is not None
+        self.module.on_load_checkpoint(state)
+        self._call_callbacks("on_load_checkpoint", state)
+        self.strategy.load_model_state_dict(state["state_dict"])
+        if not full:
+            return
+        if "optimizers" not in state:
+            raise CheckpointError(f"{path} holds weights only; it cannot resume training")
+        if len(state["optimizers"]) != len(self.optimizers):
+            raise CheckpointError(
+                f"{path} has {len(state['optimizers'])} optimizer states, the module configures {len(self.optimizers)}"
+            )
+        for opt, opt_state in zip(self.optimizers, state["optimizers"]):
+            self.strategy.load_optimizer_state_dict(opt, opt_state)
+        for cfg, sched_state in zip(self.lr_scheduler_configs, state["lr_schedulers"]):
+            cfg.scheduler.load_state_dict(sched_state)
+        self.strategy.precision.load_state_dict(state.get("precision", {}))
+        self.progress.load_state_dict(state["progress"])
+        for cb in self.callbacks:
+            if cb.state_key in state.get("callbacks", {}):
+                cb.load_state_dict(state["callbacks"][cb.state_key])
+        if self.datamodule is not None and "datamodule" in state:
+            self.datamodule.load_state_dict(state["datamodule"])
+        rngs = state.get("rng", [])
+        if rngs:
+            set_rng_state(rngs[min(self.global_rank, len(rngs) - 1)])
+
+    # ----------------------------------------------------------------- defaults
+    def _default_callbacks(
+        self, given: list[Callback], progress_bar: bool, checkpointing: bool, logger: bool
+    ) -> list[Callback]:
+        """Prepend the default progress bar, logger and checkpoint unless the user gave their own."""
+        import callbacks as cbs
+
+        kinds = {type(cb) for cb in given}
+        defaults: list[Callback] = []
+        if progress_bar and not any(issubclass(k, cbs.ProgressBar) for k in kinds):
+            defaults.append(cbs.ProgressBar())
+        if logger and not any(getattr(k, "is_logger", False) for k in kinds):
+            defaults.append(cbs.TensorBoardLogger(save_dir=self.default_root_dir))
+        if checkpointing and not any(issubclass(k, cbs.ModelCheckpoint) for k in kinds):
+            defaults.append(cbs.ModelCheckpoint(dirpath=self.default_root_dir / "checkpoints", save_last=True))
+        chosen = defaults + given
+        if self.fast_dev_run:
+            dropped = [type(cb).__name__ for cb in chosen if not cb.runs_in_fast_dev_run]
+            if dropped:
+                warnings.warn(f"fast_dev_run: leaving out {', '.join(dropped)}", stacklevel=3)
+            chosen = [cb for cb in chosen if cb.runs_in_fast_dev_run]
+        return chosen
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_limit(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an int (batches), a float in [0, 1] (fraction) or None, got {value!r}")
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} as a fraction must be in [0, 1], got {value}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{name} as a batch count must be >= 0, got {value}")
+
+
+def _check_module(module: Any) -> None:
+    if not isinstance(module, TrainModule):
+        raise TypeError(f"Trainer.fit needs a TrainModule, got {type(module).__name__}")
+    if type(module).training_step is TrainModule.training_step:
+        raise NotImplementedError(
+            f"{type(module).__name__} does not define training_step(self, batch, batch_idx); "
+            "the trainer has nothing to train"
+        )

@@ -1,0 +1,102 @@
+"""Small helpers shared by the trainer, the strategies and the callbacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["apply_to_tensors", "batch_size_of", "move_to_device", "rank_zero_only", "seed_everything"]
+
+
+def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Return ``data`` with ``fn`` applied to every tensor nested in it.
+
+    Dicts (and other mappings), lists, tuples, namedtuples and dataclass instances are rebuilt with the
+    same type; anything else (strings, numbers, custom objects) is returned unchanged.
+
+    >>> apply_to_tensors({"x": torch.zeros(2), "n": 3}, lambda t: t + 1)
+    {'x': tensor([1., 1.]), 'n': 3}
+    """
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, Mapping):
+        items = {k: apply_to_tensors(v, fn) for k, v in data.items()}
+        try:
+            return type(data)(items)  # type: ignore[call-arg]
+        except TypeError:  # a mapping type without a dict constructor (defaultdict, ...)
+            return items
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(apply_to_tensors(v, fn) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(apply_to_tensors(v, fn) for v in data)
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        changes = {f.name: apply_to_tensors(getattr(data, f.name), fn) for f in dataclasses.fields(data) if f.init}
+        return dataclasses.replace(data, **changes)
+    return data
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    """Move every tensor nested in ``data`` to ``device`` (non-blocking where that is safe)."""
+    non_blocking = device.type == "cuda"
+    return apply_to_tensors(data, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def batch_size_of(batch: Any) -> int:
+    """Guess the number of samples in ``batch``: the length of the first tensor found in it.
+
+    Used to weight epoch-level means when ``self.log`` is not given ``batch_size``. Returns 1 when the
+    batch holds no tensor with a batch dimension.
+    """
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim > 0 else 1
+    if isinstance(batch, str):
+        return 1
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        batch = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    if isinstance(batch, Sequence):
+        for item in batch:
+            size = batch_size_of(item)
+            if size != 1 or isinstance(item, torch.Tensor):
+                return size
+    return 1
+
+
+def seed_everything(seed: int = 0, workers: bool = False) -> int:
+    """Seed Python's, NumPy's and torch's random number generators (all devices) with ``seed``.
+
+    ``workers=True`` also makes every DataLoader worker derive its own seed from it (through the
+    ``GEARTRAIN_SEED_WORKERS`` environment variable the trainer reads). Returns the seed.
+
+    >>> seed_everything(7)
+    7
+    """
+    import numpy as np
+
+    if not (0 <= seed < 2**32):
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    os.environ["GEARTRAIN_SEED"] = str(seed)
+    os.environ["GEARTRAIN_SEED_WORKERS"] = str(int(workers))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA too
+    return seed
+
+
+def rank_zero_only(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` only on the process whose global rank is 0 (``RANK`` unset counts as 0)."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if int(os.environ.get("RANK", "0")) == 0:
+            return fn(*args, **kwargs)
+        return None
+
+    wrapped.__doc__ = fn.__doc__
+    wrapped.__name__ = fn.__name__
+    return wrapped
