@@ -6,6 +6,7 @@ validation; a test pass reuses that held-out part.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -67,21 +68,33 @@ class DigitsData(DataModule):
         return self.val_dataloader()
 
 
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
 class DigitsClassifier(TrainModule):
-    """MLP 64 -> hidden -> hidden -> 10 with dropout, trained with AdamW and cosine decay.
+    """MLP 64 -> hidden -> hidden -> 10 with dropout.
 
     Args:
         hidden: width of the hidden layers.
-        lr: peak learning rate.
-        weight_decay: AdamW weight decay.
         dropout: dropout probability after each hidden layer.
+        optimizer: builds the optimizer from the parameters (Hydra's ``optim`` group passes a
+            ``_partial_``); default AdamW(lr=3e-3, weight_decay=1e-4).
+        scheduler: builds a per-epoch scheduler from the optimizer; default cosine decay over
+            ``max_epochs``.
     """
 
-    def __init__(self, hidden: int = 128, lr: float = 3e-3, weight_decay: float = 1e-4, dropout: float = 0.1):
+    def __init__(
+        self,
+        hidden: int = 128,
+        dropout: float = 0.1,
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+    ):
         super().__init__()
-        self.save_hyperparameters()
-        self.lr = lr
-        self.weight_decay = weight_decay
+        self.save_hyperparameters("hidden", "dropout")
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
         self.net = nn.Sequential(
             nn.Linear(64, hidden),
             nn.ReLU(),
@@ -122,7 +135,13 @@ class DigitsClassifier(TrainModule):
         return self(x).argmax(dim=-1)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        total = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 100
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+        if self.optimizer_factory is not None:
+            optimizer = self.optimizer_factory(self.parameters())
+        else:
+            optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=1e-4)
+        if self.scheduler_factory is not None:
+            scheduler = self.scheduler_factory(optimizer)
+        else:
+            epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 100
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}

@@ -28,15 +28,15 @@ class Strategy:
     """Base strategy: one process, one device (CPU unless a subclass says otherwise).
 
     Args:
-        precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"`` or a
-            :class:`~strategies.precision.Precision` instance.
+        precision: ``"32-true"`` (the default, also for ``None``), ``"16-mixed"``, ``"bf16-mixed"``,
+            ``"bf16-true"`` or a :class:`~strategies.precision.Precision` instance.
         device: the device to train on; ``None`` picks the best available (CUDA, MPS, CPU).
     """
 
     #: Name used in the registry and in ``Trainer(strategy=...)``.
     name = "base"
 
-    def __init__(self, precision: str | Precision = "32-true", device: str | torch.device | None = None):
+    def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None
         self._precision_arg = precision
         self.precision: Precision = make_precision(precision, self.root_device.type)

@@ -130,8 +130,13 @@ class HalfPrecision(Precision):
         return apply_to_tensors(batch, lambda t: t.to(self.dtype) if t.is_floating_point() else t)
 
 
-def make_precision(precision: str | Precision, device_type: str) -> Precision:
-    """Build the precision plugin for a name in :data:`PRECISIONS` (or return an instance as is)."""
+def make_precision(precision: str | Precision | None, device_type: str) -> Precision:
+    """Build the precision plugin for a name in :data:`PRECISIONS` (or return an instance as is).
+
+    ``None`` means ``"32-true"``.
+    """
+    if precision is None:
+        return Precision()
     if isinstance(precision, Precision):
         return precision
     aliases = {"32": "32-true", 32: "32-true", "16": "16-mixed", 16: "16-mixed", "bf16": "bf16-mixed"}

@@ -49,7 +49,7 @@ def run_task(cfg: Any) -> dict[str, float]:
         default_root_dir=run_dir,
         config=cfg,
     )
-    ckpt = cfg.get("ckpt_path")
+    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
     metrics: dict[str, float] = {}
     if cfg.task in ("fit", "fit_test"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
@@ -69,12 +69,70 @@ def run_task(cfg: Any) -> dict[str, float]:
     return metrics
 
 
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """``"last"`` means this run's ``checkpoints/last.ckpt``, else the newest ``last.ckpt`` of earlier runs.
+
+    Earlier runs are searched under ``outputs/`` and ``multirun/`` of the folder ``geartrain`` was
+    started in; the choice is printed, so a resume never silently picks the wrong file.
+    """
+    if ckpt_path != "last":
+        return ckpt_path
+    own = run_dir / "checkpoints" / "last.ckpt"
+    if own.is_file():
+        return str(own)
+    from hydra.core.hydra_config import HydraConfig
+
+    base = Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd()
+    found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
+    if not found:
+        raise FileNotFoundError(
+            f"ckpt_path=last: no last.ckpt in {own.parent} nor under {base / 'outputs'} or {base / 'multirun'}"
+        )
+    newest = max(found, key=lambda p: p.stat().st_mtime)
+    print(f"ckpt_path=last: using {newest}")
+    return str(newest)
+
+
+def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
+    """Hydra overrides that make every process of a torchrun/srun job use rank 0's run directory.
+
+    Each process started by ``torchrun`` runs this command and so Hydra; without agreement each would
+    pick its own time-stamped folder. Rank 0 picks the folder and broadcasts it over a short-lived
+    gloo group; ranks other than 0 also write no ``.hydra/`` and no log file. Returns ``[]`` for a
+    single process, or when the user set ``hydra.run.dir`` themselves.
+    """
+    env = dict(os.environ) if env is None else env
+    if int(env.get("WORLD_SIZE", "1")) <= 1 or "MASTER_ADDR" not in env:
+        return []
+    if any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:]):
+        return []
+    import time
+
+    import torch.distributed as dist
+
+    rank = int(env["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=int(env["WORLD_SIZE"]))
+    try:
+        chosen = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]
+        dist.broadcast_object_list(chosen, src=0)
+    finally:
+        dist.destroy_process_group()
+    overrides = [f"hydra.run.dir={chosen[0]}"]
+    if rank != 0:
+        overrides += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    return overrides
+
+
 def main() -> None:
     """Entry point of ``geartrain`` and ``python -m trainer``."""
     import hydra
 
+    from trainer.config import register_configs
+
+    register_configs()
     # The user's own code (``model._target_=my_project.Net``) is importable from where they run.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    sys.argv.extend(shared_run_dir_overrides())
     app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_task)
     app()

@@ -10,13 +10,11 @@ import os
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from callbacks.base import Callback, overridden_hooks
-from strategies.base import Strategy
-from strategies.registry import resolve_strategy
 from trainer import loops
 from trainer.checkpoint import (
     FORMAT_NAME,
@@ -33,6 +31,9 @@ from trainer.module import DataModule, TrainModule
 from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.progress import Progress
 from trainer.utils import batch_size_of
+
+if TYPE_CHECKING:
+    from strategies.base import Strategy
 
 __all__ = ["Trainer"]
 
@@ -148,6 +149,9 @@ class Trainer:
             limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = n
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, None, 1
             log_every_n_steps = 1
+
+        # Imported here: strategies import trainer.utils, so a module-level import would be circular.
+        from strategies.registry import resolve_strategy
 
         self.strategy: Strategy = resolve_strategy(strategy, devices=devices, num_nodes=num_nodes, precision=precision)
         self.max_epochs = max_epochs

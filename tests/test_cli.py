@@ -1,0 +1,135 @@
+"""The ``geartrain`` command as a user runs it: errors, user projects, resume, sweeps, launchers."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from clitools import run_dirs, run_geartrain
+
+pytestmark = pytest.mark.timeout(300)
+
+QUICK = ["trainer.max_epochs=1", "trainer.enable_progress_bar=false"]
+
+
+def final_metrics(stdout: str) -> dict[str, float]:
+    """Parse the 'final metrics' table the command prints."""
+    block = stdout.split("final metrics", 1)[1]
+    return {m[1]: float(m[2]) for m in re.finditer(r"^\s+(\S+)\s+(-?[\d.]+)\s*$", block, re.MULTILINE)}
+
+
+def test_typo_in_a_key_fails_naming_it(tmp_path: Path) -> None:
+    result = run_geartrain("trainer.max_epoch=3", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "max_epoch" in result.stderr
+    assert not list(tmp_path.glob("outputs/*/*/checkpoints"))
+
+
+def test_bad_value_fails_naming_the_key(tmp_path: Path) -> None:
+    result = run_geartrain("trainer.max_epochs=abc", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "trainer.max_epochs" in result.stderr
+    assert "abc" in result.stderr
+
+
+def test_unknown_strategy_lists_the_valid_ones(tmp_path: Path) -> None:
+    result = run_geartrain("strategy=foo", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "strategy/foo" in result.stderr
+    for name in ("single", "amp"):
+        assert name in result.stderr
+
+
+def test_help_shows_groups_and_overrides(tmp_path: Path) -> None:
+    result = run_geartrain("--help", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0
+    for text in ("strategy", "optim", "experiment", "hydra/launcher", "ckpt_path=last", "--config-dir"):
+        assert text in result.stdout
+
+
+def test_user_project_with_its_own_config_dir(tmp_path: Path) -> None:
+    pkg = tmp_path / "my_project"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "net.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+            from trainer import DataModule, TrainModule
+
+            class Ramp(DataModule):
+                def train_dataloader(self):
+                    x = torch.linspace(-1, 1, 64).unsqueeze(1)
+                    return DataLoader(TensorDataset(x, 3 * x), batch_size=16)
+
+            class Line(TrainModule):
+                def __init__(self, lr: float = 0.1):
+                    super().__init__()
+                    self.save_hyperparameters()
+                    self.lr = lr
+                    self.layer = torch.nn.Linear(1, 1)
+
+                def training_step(self, batch, batch_idx):
+                    x, y = batch
+                    loss = torch.nn.functional.mse_loss(self.layer(x), y)
+                    self.log("user/loss", loss)
+                    return loss
+
+                def configure_optimizers(self):
+                    return torch.optim.SGD(self.parameters(), lr=self.lr)
+            """
+        )
+    )
+    conf = tmp_path / "my_conf"
+    (conf / "model").mkdir(parents=True)
+    (conf / "data").mkdir()
+    (conf / "model" / "line.yaml").write_text("_target_: my_project.net.Line\nlr: 0.2\n")
+    (conf / "data" / "ramp.yaml").write_text("_target_: my_project.net.Ramp\n")
+    result = run_geartrain(
+        "--config-dir", str(conf), "model=line", "data=ramp", "task=fit", "trainer.max_epochs=3", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["hparams"] == {"lr": 0.2}
+    assert ckpt["progress"]["global_step"] == 12
+    assert "user/loss" in final_metrics(result.stdout)
+
+
+def test_ckpt_path_last_evaluates_the_newest_run(tmp_path: Path) -> None:
+    first = run_geartrain(*QUICK, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    trained = final_metrics(first.stdout)["test/acc"]
+    assert trained > 0.5
+    second = run_geartrain("task=test", "ckpt_path=last", "trainer.enable_progress_bar=false", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "ckpt_path=last: using" in second.stdout
+    assert final_metrics(second.stdout)["test/acc"] == trained
+
+
+def test_sweep_gives_one_directory_per_job(tmp_path: Path) -> None:
+    result = run_geartrain("-m", "optim.lr=0.01,0.003", "task=fit", *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = run_dirs(tmp_path, "multirun/*/*/*")
+    assert len(jobs) == 2
+    lrs = set()
+    for job in jobs:
+        assert list((job / "tensorboard").glob("events.out.tfevents.*"))
+        ckpt = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
+        lrs.add(ckpt["config"]["optim"]["lr"])
+    assert lrs == {0.01, 0.003}
+
+
+def test_submitit_local_launcher_runs_a_job(tmp_path: Path) -> None:
+    result = run_geartrain("-m", "hydra/launcher=local", "task=fit", *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (job,) = run_dirs(tmp_path, "multirun/*/*/*")
+    assert list((job / "tensorboard").glob("events.out.tfevents.*"))
+    ckpt = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["progress"]["global_step"] > 0
+    assert list(tmp_path.glob("multirun/*/*/.submitit"))

@@ -1,0 +1,77 @@
+"""Dataclass schemas behind the Hydra config groups, registered in Hydra's ConfigStore.
+
+A YAML file in ``conf/trainer/`` or ``conf/strategy/`` names its schema first in its defaults list
+(``- /schema/strategy@_here_: single``),
+so a typo'd key (``trainer.max_epoch=3``) or a value of the wrong type (``trainer.max_epochs=abc``)
+fails while the config is composed, before anything runs, with a message naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["TrainerConfig", "register_configs"]
+
+
+# OmegaConf reads these annotations at run time: they must be typing forms it knows (Optional, Any),
+# not PEP 604 unions.
+@dataclass
+class TrainerConfig:
+    """Every ``Trainer`` option that a config can set (``strategy`` and ``callbacks`` come from their groups)."""
+
+    devices: Any = "auto"
+    num_nodes: int = 1
+    precision: Optional[str] = None  # noqa: UP045
+    max_epochs: Optional[int] = None  # noqa: UP045
+    max_steps: int = -1
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: Optional[float] = None  # noqa: UP045
+    gradient_clip_algorithm: str = "norm"
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int = 1
+    limit_train_batches: Any = None
+    limit_val_batches: Any = None
+    limit_test_batches: Any = None
+    limit_predict_batches: Any = None
+    num_sanity_val_steps: int = 2
+    fast_dev_run: Any = False
+    log_every_n_steps: int = 50
+    deterministic: bool = False
+    enable_progress_bar: bool = True
+    enable_checkpointing: bool = True
+    logger: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gradient_clip_algorithm not in ("norm", "value"):
+            raise ValueError(
+                f"trainer.gradient_clip_algorithm must be 'norm' or 'value', got {self.gradient_clip_algorithm!r}"
+            )
+
+
+@dataclass
+class SingleStrategyConfig:
+    """``strategy=single``: one process on one device."""
+
+    _target_: str = "strategies.SingleDeviceStrategy"
+    precision: Optional[str] = None  # noqa: UP045
+    device: Optional[str] = None  # noqa: UP045
+
+
+@dataclass
+class AMPStrategyConfig:
+    """``strategy=amp``: one device, mixed precision by default."""
+
+    _target_: str = "strategies.AMPStrategy"
+    precision: Optional[str] = None  # noqa: UP045
+    device: Optional[str] = None  # noqa: UP045
+
+
+def register_configs() -> None:
+    """Put the schemas into Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(group="schema/trainer", name="trainer", node=TrainerConfig)
+    cs.store(group="schema/strategy", name="single", node=SingleStrategyConfig)
+    cs.store(group="schema/strategy", name="amp", node=AMPStrategyConfig)
