@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from clitools import run_dirs, run_geartrain
 
 pytestmark = pytest.mark.timeout(300)
