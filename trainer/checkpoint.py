@@ -74,11 +74,11 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
-        text = str(err)
-        if "Weights only load failed" in text or "Unsupported global" in text:
+        imports = _pickled_imports(path)
+        if imports:
             raise CheckpointError(
-                f"Checkpoint {path} holds pickled Python objects, which could run code when loaded; "
-                "refusing it. geartrain checkpoints hold only tensors and plain containers."
+                f"Checkpoint {path} holds pickled Python objects ({', '.join(imports[:5])}), which could run "
+                "code when loaded; refusing it. geartrain checkpoints hold only tensors and plain containers."
             ) from err
         raise CheckpointError(
             f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {err}"
@@ -96,6 +96,39 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
             f"({FORMAT_VERSION}); upgrade geartrain to load it."
         )
     return state
+
+
+_SAFE_IMPORTS = ("torch.", "collections.OrderedDict", "builtins.")
+
+
+def _pickled_imports(path: Path) -> list[str]:
+    """Python names a pickle (or torch zip file) would import, read without unpickling; [] if unreadable.
+
+    Only names outside torch's tensor machinery are returned: those are what made the safe loader
+    refuse the file, and what a malicious file would call.
+    """
+    import pickletools
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                members = [n for n in archive.namelist() if n.endswith("data.pkl")]
+                data = archive.read(members[0]) if members else b""
+        else:
+            data = path.read_bytes()
+        names: list[str] = []
+        strings: list[str] = []
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name == "GLOBAL":
+                names.append(str(arg).replace(" ", "."))
+            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.append(".".join(strings[-2:]))
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:
+        return []
+    return [n for n in dict.fromkeys(names) if not n.startswith(_SAFE_IMPORTS)]
 
 
 def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:

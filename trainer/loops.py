@@ -10,17 +10,25 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint import rng_state, set_rng_state
+from trainer.data import ResumableBatchSampler
 from trainer.metrics import MetricStore
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
-__all__ = ["ManualOptimizer", "eval_loop", "fit_loop", "predict_loop"]
+__all__ = ["ManualOptimizer", "Preempted", "eval_loop", "fit_loop", "predict_loop"]
+
+
+class Preempted(Exception):
+    """Raised inside the loop after a preemption checkpoint was saved; ``Trainer._run`` catches it."""
+
 
 _STEP_DEFAULTS = (True, False)  # (on_step, on_epoch) for self.log in training steps
 _EPOCH_DEFAULTS = (False, True)  # ... in epoch-end hooks and evaluation
@@ -91,16 +99,20 @@ def train_epoch(trainer: Trainer) -> None:
     last_val_at = -1
     with _logging(trainer, store, _EPOCH_DEFAULTS):
         trainer._hook("on_train_epoch_start")
+    resume_epoch_rng, trainer._resume_epoch_rng = trainer._resume_epoch_rng, None
     with _logging(trainer, store, _STEP_DEFAULTS):
-        for batch_idx, batch, is_last in _iterate(loader, num, start=p.batch_in_epoch):
+        batches = _iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
+        for batch_idx, batch, is_last in batches:
             steps_before = p.global_step
             if train_batch(trainer, batch, batch_idx, is_last) == -1:
                 break
-            p.batch_in_epoch = batch_idx + 1
             if p.global_step != steps_before:
                 if p.global_step % trainer.log_every_n_steps == 0:
                     trainer._emit(dict(store.pending_step), p.global_step - 1)
                 store.pending_step.clear()
+            if trainer._preemption_requested():
+                trainer._save_for_preemption()
+                raise Preempted
             if validate_this_epoch and val_every and (batch_idx + 1) % val_every == 0:
                 _validate_during_fit(trainer)
                 last_val_at = p.batch_in_epoch
@@ -133,6 +145,7 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> 
     else:
         with strategy.forward_context():
             out = strategy.step("training_step", batch, batch_idx)
+    trainer.progress.batch_in_epoch = batch_idx + 1  # before the hook: a checkpoint saved there resumes after it
     trainer._hook("on_train_batch_end", out, batch, batch_idx)
     return out
 
@@ -145,12 +158,18 @@ def _automatic_step(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
         with strategy.forward_context():
             out = strategy.step("training_step", batch, batch_idx)
         loss = _loss_of(out)
+        if loss is not None and trainer.on_nonfinite is not None and not _loss_is_finite(trainer, loss, batch_idx):
+            loss = None
+            trainer._window_nonfinite = True
         if loss is not None:
             trainer._hook("on_before_backward", loss)
             strategy.backward(loss / k if k > 1 else loss)
             trainer._hook("on_after_backward")
             trainer._window_has_loss = True
-    if boundary and trainer._window_has_loss:
+    if boundary and trainer._window_nonfinite:
+        _skip_nonfinite_step(trainer)
+    elif boundary and trainer._window_has_loss:
+        p.nonfinite_in_a_row = 0
         optimizer = trainer.optimizers[0]
         trainer._hook("on_before_optimizer_step", optimizer)
         strategy.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
@@ -165,6 +184,52 @@ def _automatic_step(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
     return out
 
 
+def _loss_is_finite(trainer: Trainer, loss: torch.Tensor, batch_idx: int) -> bool:
+    """Check the loss on the host (a sync, hence opt-in); every rank takes the same decision."""
+    bad = (~torch.isfinite(loss.detach())).any().to(torch.int64).reshape(1)
+    if trainer.strategy.world_size > 1:
+        bad = trainer.strategy.reduce(bad, "max")
+    if not bad.item():
+        return True
+    p = trainer.progress
+    where = f"epoch {p.epoch}, global step {p.global_step}, batch {batch_idx}"
+    if trainer.on_nonfinite == "raise":
+        raise FloatingPointError(
+            f"Non-finite training loss ({loss.detach().float().item()}) at {where}. "
+            "Trainer(on_nonfinite='skip') drops such steps instead."
+        )
+    if trainer.on_nonfinite == "warn":
+        warnings.warn(f"Non-finite training loss at {where}; training goes on", stacklevel=2)
+        return True
+    return False
+
+
+def _skip_nonfinite_step(trainer: Trainer) -> None:
+    """Drop the optimizer step of a window that had a non-finite loss: no update, no scheduler move."""
+    p = trainer.progress
+    for optimizer in trainer.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    trainer._window_nonfinite = trainer._window_has_loss = False
+    p.nonfinite_skipped += 1
+    p.nonfinite_in_a_row += 1
+    trainer._log(
+        "train/nonfinite_skipped",
+        float(p.nonfinite_skipped),
+        on_step=True,
+        on_epoch=False,
+        prog_bar=False,
+        sync_dist=False,
+        reduce_fx="max",
+        batch_size=1,
+    )
+    if p.nonfinite_in_a_row >= trainer.max_nonfinite_in_a_row:
+        raise FloatingPointError(
+            f"{p.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss "
+            f"(epoch {p.epoch}, global step {p.global_step}); stopping. "
+            "Raise Trainer(max_nonfinite_in_a_row=...) to tolerate more."
+        )
+
+
 def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) -> dict[str, torch.Tensor]:
     """One pass over ``stage``'s data (``"validate"`` or ``"test"``) without gradients.
 
@@ -176,7 +241,8 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         module.on_X_epoch_end; epoch values computed and logged; callbacks' on_X_epoch_end
         on_X_end
 
-    Returns the epoch-level values (tensors).
+    Returns the epoch-level values (tensors). Python's, NumPy's and torch's random states are the
+    same after the loop as before it.
     """
     prefix = "validation" if stage == "validate" else "test"
     module, strategy = trainer.module, trainer.strategy
@@ -192,6 +258,9 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     was_training = module.training
     module.eval()
     store = MetricStore(strategy.reduce)
+    # Evaluation leaves the random state as it found it (creating a DataLoader iterator draws from it),
+    # so a run resumed from a checkpoint taken before a validation continues exactly.
+    rng_before = rng_state()
     try:
         with _logging(trainer, store, _EPOCH_DEFAULTS), torch.no_grad():
             trainer._hook(f"on_{prefix}_start")
@@ -213,6 +282,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     finally:
         store.reset()
         module.train(was_training)
+        set_rng_state(rng_before)
     return values
 
 
@@ -387,16 +457,25 @@ def _logging(trainer: Trainer, store: MetricStore, defaults: tuple[bool, bool]) 
         trainer._store, trainer._log_defaults = previous
 
 
-def _iterate(loader: Iterable[Any], num: float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:
+def _iterate(
+    loader: Iterable[Any], num: float, start: int = 0, epoch_rng: dict[str, Any] | None = None
+) -> Iterator[tuple[int, Any, bool]]:
     """Yield ``(index, batch, is_last)`` for the first ``num`` batches, from index ``start``.
 
-    ``is_last`` comes from the length when known, else from looking one batch ahead.
+    ``is_last`` comes from the length when known, else from looking one batch ahead. Starting at
+    ``start > 0`` (a mid-epoch resume) skips index batches in the sampler, with the epoch's order
+    replayed from ``epoch_rng``, where the loader allows it; otherwise it fetches and drops them.
     """
     if num <= start:
         return
-    iterator = iter(loader)
-    if start:
-        # Skips by fetching; the exact-resume issue replaces this with a sampler that starts at `start`.
+    sampler = getattr(loader, "batch_sampler", None)
+    if start and isinstance(sampler, ResumableBatchSampler):
+        sampler.resume(start, epoch_rng)
+        rng_now = rng_state()
+        iterator = iter(loader)
+        set_rng_state(rng_now)  # creating the iterator drew a worker seed; the run had drawn it earlier
+    else:
+        iterator = iter(loader)
         for _ in itertools.islice(iterator, start):
             pass
     if not math.isinf(num):
@@ -414,11 +493,12 @@ def _iterate(loader: Iterable[Any], num: float, start: int = 0) -> Iterator[tupl
 
 
 def _set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
-    """Tell a distributed (or any epoch-aware) sampler which epoch it is, so shuffles differ per epoch."""
-    for sampler in (
+    """Tell a distributed (or any epoch-aware) sampler and dataset which epoch it is."""
+    for target in (
+        getattr(loader, "dataset", None),
         getattr(loader, "sampler", None),
         getattr(getattr(loader, "batch_sampler", None), "sampler", None),
     ):
-        set_epoch = getattr(sampler, "set_epoch", None)
+        set_epoch = getattr(target, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)

@@ -20,6 +20,8 @@ class Progress:
             so a resume starts at ``epoch + 1``.
         should_stop: set by callbacks (early stopping, timers) to end training after this step.
         skipped_steps: optimizer steps skipped by the precision plugin (fp16 overflow).
+        nonfinite_skipped: optimizer steps dropped for a non-finite loss (``on_nonfinite="skip"``).
+        nonfinite_in_a_row: such steps since the last good one.
     """
 
     epoch: int = 0
@@ -28,6 +30,8 @@ class Progress:
     epoch_finished: bool = False
     should_stop: bool = False
     skipped_steps: int = 0
+    nonfinite_skipped: int = 0
+    nonfinite_in_a_row: int = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The counters as a plain dict."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -26,6 +28,7 @@ from trainer.checkpoint import (
     set_rng_state,
     to_plain,
 )
+from trainer.data import ResumableBatchSampler, make_resumable
 from trainer.metrics import MetricStore
 from trainer.module import DataModule, TrainModule
 from trainer.optim import SchedulerConfig, parse_optimizers
@@ -76,6 +79,16 @@ class Trainer:
         enable_progress_bar: add a :class:`~callbacks.ProgressBar` unless one is given.
         enable_checkpointing: add a :class:`~callbacks.ModelCheckpoint` (last) unless one is given.
         logger: add a :class:`~callbacks.TensorBoardLogger` unless a logger callback is given.
+        on_nonfinite: what a NaN/inf training loss does: ``"raise"`` (naming epoch, step and batch),
+            ``"skip"`` (drop that optimizer step: gradients zeroed, no scheduler move, counted in
+            ``train/nonfinite_skipped``), ``"warn"``, or ``None`` (no check; the check reads the loss
+            on the host, one device sync per step, so it is off unless asked for).
+        max_nonfinite_in_a_row: with ``"skip"``, raise after this many skipped steps in a row.
+        preemption_exit_code: on SIGTERM or SIGUSR1 the trainer finishes the optimizer step, saves
+            ``last.ckpt`` and exits the process with this code; ``None`` returns from ``fit`` instead
+            (``trainer.preempted`` tells).
+        slurm_requeue: on SIGUSR1 under Slurm (``SLURM_JOB_ID`` set), ask Slurm to requeue the job
+            (``scontrol requeue``) after saving.
         config: the resolved run configuration (Hydra's), saved in checkpoints and as hparams.
 
     Example:
@@ -112,6 +125,10 @@ class Trainer:
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
         logger: bool = True,
+        on_nonfinite: str | None = None,
+        max_nonfinite_in_a_row: int = 3,
+        preemption_exit_code: int | None = 0,
+        slurm_requeue: bool = True,
         config: Any = None,
     ) -> None:
         _check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
@@ -139,6 +156,17 @@ class Trainer:
             ("limit_predict_batches", limit_predict_batches),
         ):
             _check_limit(name, limit)
+
+        if on_nonfinite not in (None, "raise", "skip", "warn"):
+            raise ValueError(f"on_nonfinite must be 'raise', 'skip', 'warn' or None, got {on_nonfinite!r}")
+        _check_positive_int("max_nonfinite_in_a_row", max_nonfinite_in_a_row)
+        self.on_nonfinite = on_nonfinite
+        self.max_nonfinite_in_a_row = max_nonfinite_in_a_row
+        self.preemption_exit_code = preemption_exit_code
+        self.slurm_requeue = slurm_requeue
+        self.preempted = False
+        self._preempt_signal: int | None = None
+        self._resume_epoch_rng: dict[str, Any] | None = None
 
         self.fast_dev_run = int(fast_dev_run)
         if self.fast_dev_run < 0:
@@ -199,6 +227,7 @@ class Trainer:
         self._log_defaults = (True, False)
         self._current_batch: Any = None
         self._window_has_loss = False  # a micro-batch of the current accumulation window had a loss
+        self._window_nonfinite = False  # ... had a non-finite loss (on_nonfinite="skip")
         self.num_training_batches: float = math.inf
         self.num_val_batches: float = 0
         self._loaders: dict[str, Iterable[Any] | None] = {}
@@ -267,6 +296,8 @@ class Trainer:
         """Train ``module``; ``ckpt_path`` (a file, or ``"last"``) resumes a run exactly where it was."""
         _check_module(module)
         self.strategy.launch(self._run, "fit", module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+        if self.preempted and self.preemption_exit_code is not None:
+            raise SystemExit(self.preemption_exit_code)
 
     def validate(
         self,
@@ -343,8 +374,9 @@ class Trainer:
             if ckpt_path is not None:
                 self._restore(ckpt_path, full=(stage == "fit"))
             if stage == "fit":
+                self._install_preemption_handlers()
                 self._loaders = {
-                    "fit": self._loader("fit", loader),
+                    "fit": make_resumable(self._loader("fit", loader)),
                     "validate": self._loader("validate", val_loader, required=False),
                 }
                 loops.fit_loop(self)
@@ -354,10 +386,14 @@ class Trainer:
                 return loops.predict_loop(self)
             metrics = loops.eval_loop(self, stage)
             return {k: float(v) for k, v in metrics.items()}
+        except loops.Preempted:
+            self.preempted = True
+            return None
         except BaseException as exc:
             self._call_callbacks("on_exception", exc)
             raise
         finally:
+            self._restore_signal_handlers()
             self._call_callbacks("teardown", hook_stage)
             module.teardown(hook_stage)
             if datamodule is not None:
@@ -522,6 +558,9 @@ class Trainer:
             state["precision"] = self.strategy.precision.state_dict()
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in self.callbacks}
             state["rng"] = [rng_state()]
+            sampler = getattr(self._loaders.get("fit"), "batch_sampler", None)
+            if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
+                state["loops"] = {"epoch_rng": sampler.epoch_rng}
             if self.datamodule is not None:
                 state["datamodule"] = self.datamodule.state_dict()
         self.module.on_save_checkpoint(state)
@@ -568,9 +607,57 @@ class Trainer:
                 cb.load_state_dict(state["callbacks"][cb.state_key])
         if self.datamodule is not None and "datamodule" in state:
             self.datamodule.load_state_dict(state["datamodule"])
+        self._resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
         rngs = state.get("rng", [])
         if rngs:
             set_rng_state(rngs[min(self.global_rank, len(rngs) - 1)])
+
+    # ----------------------------------------------------------------- preemption
+    def _install_preemption_handlers(self) -> None:
+        """On SIGTERM/SIGUSR1, only note the signal: the loop acts on it after the optimizer step."""
+        self._previous_handlers: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+
+        def note(signum: int, frame: Any) -> None:
+            self._preempt_signal = signum
+
+        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+            if sig is not None:
+                self._previous_handlers[sig] = signal.signal(sig, note)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in getattr(self, "_previous_handlers", {}).items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
+
+    def _preemption_requested(self) -> bool:
+        """True when a signal arrived here or (under several processes) on any rank, on every rank alike."""
+        requested = self._preempt_signal is not None
+        if self.strategy.world_size > 1:
+            # One small collective per step so that every rank stops after the same step.
+            flag = torch.tensor([self._preempt_signal or 0], dtype=torch.int64, device=self.strategy.root_device)
+            self._preempt_signal = int(self.strategy.reduce(flag, "max").item()) or None
+            requested = self._preempt_signal is not None
+        return requested
+
+    def _save_for_preemption(self) -> Path:
+        """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it; requeue under Slurm on SIGUSR1."""
+        cb = self.checkpoint_callback
+        dirpath = getattr(cb, "dirpath", None) or self.default_root_dir / "checkpoints"
+        path = Path(dirpath) / "last.ckpt"
+        self.save_checkpoint(path)
+        if cb is not None and hasattr(cb, "last_model_path"):
+            cb.last_model_path = str(path)
+        job = os.environ.get("SLURM_JOB_ID")
+        usr1 = getattr(signal, "SIGUSR1", None)
+        if self.slurm_requeue and job and self._preempt_signal == usr1 and self.is_global_zero:
+            import subprocess
+
+            result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                warnings.warn(f"scontrol requeue {job} failed: {result.stderr.strip()}", stacklevel=2)
+        return path
 
     # ----------------------------------------------------------------- defaults
     def _default_callbacks(

@@ -1,0 +1,332 @@
+"""Exact resume, preemption and safe checkpoints, with real processes killed for real."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import trainer.checkpoint as ckpt_io
+from trainer import Trainer, TrainModule
+from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+JOB = Path(__file__).with_name("resume_job.py")
+REPO = JOB.parents[1]
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def start(out: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(JOB), str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def run_to_end(out: Path, *args: str) -> str:
+    proc = start(out, *args)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "DONE" in stdout
+    return stdout
+
+
+def run_until(out: Path, line: str, *args: str, sig: int = signal.SIGKILL) -> subprocess.Popen[str]:
+    """Start the job and send ``sig`` as soon as it prints ``line``; return the finished process."""
+    proc = start(out, *args)
+    assert proc.stdout is not None
+    for text in proc.stdout:
+        if text.strip() == line:
+            proc.send_signal(sig)
+            break
+    else:
+        proc.wait(timeout=60)
+        pytest.fail(f"the job ended before printing {line!r}: {proc.stderr.read() if proc.stderr else ''}")
+    proc.wait(timeout=60)
+    return proc
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    weights: dict[str, torch.Tensor] = torch.load(out / "final.pt", weights_only=True)
+    return weights
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
+    """Final weights of uninterrupted runs, by number of DataLoader workers."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for workers in ("0", "2"):
+        path = tmp_path_factory.mktemp(f"whole{workers}")
+        run_to_end(path, "--workers", workers, "--delay", "0")
+        out[workers] = final_weights(path)
+    return out
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_kill_9_at_five_points_then_resume_is_exact(
+    tmp_path: Path, workers: str, uninterrupted: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    # Mid-epoch, right after a mid-epoch validation, right after the end-of-epoch validation, and
+    # later mid-epoch points; each at least two steps after the previous one (a kill may land a step late).
+    kill_points = ["STEP 3", "VAL 8", "VAL 10", "STEP 15", "VAL 18", "STEP 24"]
+    for n, point in enumerate(kill_points):
+        args = ["--workers", workers, "--delay", "0.1"] + (["--resume"] if n else [])
+        proc = run_until(tmp_path, point, *args)
+        assert proc.returncode == -signal.SIGKILL
+        state = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+        assert state["progress"]["global_step"] >= int(point.split()[1]) - 1
+    run_to_end(tmp_path, "--workers", workers, "--resume")
+    assert_same_weights(final_weights(tmp_path), uninterrupted[workers])
+
+
+def test_sigterm_saves_exits_0_and_resumes_exactly(
+    tmp_path: Path, uninterrupted: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    proc = run_until(tmp_path, "STEP 7", sig=signal.SIGTERM)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert 7 <= state["progress"]["global_step"] < 30
+    assert state["progress"]["batch_in_epoch"] == state["progress"]["global_step"]  # mid-epoch 0
+    run_to_end(tmp_path, "--resume")
+    assert_same_weights(final_weights(tmp_path), uninterrupted["0"])
+
+
+def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "scontrol.args"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" > {record}\n')
+    scontrol.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    proc = subprocess.Popen(
+        [sys.executable, str(JOB), str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    for text in proc.stdout:
+        if text.strip() == "STEP 2":
+            proc.send_signal(signal.SIGUSR1)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert record.read_text().split() == ["requeue", "4242"]
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--slow-save", "--delay", "0")
+    assert proc.stdout is not None
+    writes = 0
+    for text in proc.stdout:
+        if text.strip() == "WRITING":
+            writes += 1
+            if writes == 3:  # two complete checkpoints were written before this one
+                proc.kill()
+                break
+    proc.wait(timeout=60)
+    assert writes == 3
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    state = load_checkpoint(last)  # the previous, complete file
+    assert state["progress"]["global_step"] == 2
+    partial = [p for p in last.parent.iterdir() if p.name != "last.ckpt"]
+    assert partial, "the interrupted write should have left its temporary file"
+    assert all(p.name.startswith(".last.ckpt.") and p.name.endswith(".tmp") for p in partial)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(partial[0])
+
+
+# ----------------------------------------------------------------- bad checkpoints, in process
+class Small(TrainModule):
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, width)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.fixture
+def good_ckpt(tmp_path: Path) -> Path:
+    module = Small()
+    trainer = Trainer(max_steps=2, enable_progress_bar=False, logger=False, default_root_dir=tmp_path)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
+    trainer.fit(module, data)
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    assert path.is_file()
+    return path
+
+
+def evaluate_with(tmp_path: Path, path: Path, module: TrainModule | None = None) -> None:
+    trainer = Trainer(enable_progress_bar=False, logger=False, default_root_dir=tmp_path / "eval")
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
+    trainer.fit(module or Small(), data, ckpt_path=path)
+
+
+def test_truncated_checkpoint(tmp_path: Path, good_ckpt: Path) -> None:
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(good_ckpt.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        load_checkpoint(cut)
+
+
+def test_random_bytes(tmp_path: Path) -> None:
+    noise = tmp_path / "noise.ckpt"
+    noise.write_bytes(os.urandom(4096))
+    with pytest.raises(CheckpointError, match="not a readable torch file"):
+        load_checkpoint(noise)
+
+
+def test_not_a_geartrain_checkpoint(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.pt"
+    torch.save({"weight": torch.zeros(2)}, plain)
+    with pytest.raises(CheckpointError, match="not a geartrain checkpoint"):
+        load_checkpoint(plain)
+
+
+def test_newer_format_version(tmp_path: Path, good_ckpt: Path) -> None:
+    state = torch.load(good_ckpt, weights_only=True)
+    state["version"] = ckpt_io.FORMAT_VERSION + 1
+    newer = tmp_path / "newer.ckpt"
+    torch.save(state, newer)
+    with pytest.raises(CheckpointError, match="newer than this geartrain reads"):
+        load_checkpoint(newer)
+
+
+def test_checkpoint_of_a_different_model_lists_keys_and_shapes(tmp_path: Path, good_ckpt: Path) -> None:
+    with pytest.raises(CheckpointError) as info:
+        evaluate_with(tmp_path, good_ckpt, Small(width=5))
+    assert "shape mismatches" in str(info.value)
+    assert "layer.weight: checkpoint (4, 3) vs model (5, 3)" in str(info.value)
+
+    class Renamed(Small):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extra = nn.Linear(1, 1)
+
+    with pytest.raises(CheckpointError) as info:
+        evaluate_with(tmp_path, good_ckpt, Renamed())
+    assert "missing keys (2): extra.bias, extra.weight" in str(info.value)
+
+
+class Payload:
+    """Creates a file when unpickled: what a malicious checkpoint would do."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
+    target = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    with evil.open("wb") as f:
+        pickle.dump({"format": "geartrain", "version": 1, "state_dict": Payload(target)}, f)
+    with pytest.raises(CheckpointError, match="refusing"):
+        load_checkpoint(evil)
+    torch.save({"format": "geartrain", "version": 1, "x": Payload(target)}, tmp_path / "evil2.ckpt")
+    with pytest.raises(CheckpointError, match="refusing"):
+        load_checkpoint(tmp_path / "evil2.ckpt")
+    assert not target.exists()
+
+
+@pytest.fixture
+def disk_full(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch.save writes a little, then fails as a full disk does."""
+
+    def failing_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        f.write(b"partial bytes")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt_io.torch, "save", failing_save)
+    yield
+
+
+def test_disk_full_keeps_the_previous_checkpoint(tmp_path: Path, good_ckpt: Path, disk_full: None) -> None:
+    before = good_ckpt.read_bytes()
+    files_before = sorted(p.name for p in good_ckpt.parent.iterdir())
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        save_checkpoint({"format": "geartrain"}, good_ckpt)
+    assert good_ckpt.read_bytes() == before
+    assert sorted(p.name for p in good_ckpt.parent.iterdir()) == files_before  # no temporary file left
+
+
+# ----------------------------------------------------------------- non-finite losses
+class SpikyModule(Small):
+    """Loss is NaN for the batches listed in ``bad``."""
+
+    def __init__(self, bad: set[int]) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if batch_idx in self.bad else loss
+
+
+def nan_data() -> torch.utils.data.DataLoader[Any]:
+    g = torch.Generator().manual_seed(3)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 3, generator=g)), batch_size=4)
+
+
+def quiet(**kwargs: Any) -> Trainer:
+    return Trainer(enable_progress_bar=False, logger=False, enable_checkpointing=False, **kwargs)
+
+
+def test_nonfinite_raise_names_epoch_step_and_batch() -> None:
+    with pytest.raises(FloatingPointError, match=r"epoch 0, global step 2, batch 2"):
+        quiet(max_epochs=1, on_nonfinite="raise").fit(SpikyModule({2}), nan_data())
+
+
+def test_nonfinite_skip_drops_exactly_that_step() -> None:
+    torch.manual_seed(0)
+    module = SpikyModule({2, 4})
+    reference = Small()
+    reference.load_state_dict(module.state_dict())
+    trainer = quiet(max_epochs=1, on_nonfinite="skip")
+    trainer.fit(module, nan_data())
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for i, (x,) in enumerate(nan_data()):
+        if i in (2, 4):
+            continue
+        opt.zero_grad()
+        reference.layer(x).pow(2).mean().backward()
+        opt.step()
+    for a, b in zip(module.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+    assert trainer.global_step == 4
+    assert trainer.progress.nonfinite_skipped == 2
+    assert float(trainer.callback_metrics["train/nonfinite_skipped"]) == 2.0
+
+
+def test_nonfinite_skip_gives_up_after_too_many_in_a_row() -> None:
+    with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
+        quiet(max_epochs=1, on_nonfinite="skip", max_nonfinite_in_a_row=3).fit(SpikyModule({1, 2, 3}), nan_data())
