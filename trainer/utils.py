@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,9 +27,11 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         return fn(data)
     if isinstance(data, Mapping):
         items = {k: apply_to_tensors(v, fn) for k, v in data.items()}
+        if isinstance(data, defaultdict):  # its constructor takes the default factory first
+            return type(data)(data.default_factory, items)
         try:
             return type(data)(items)  # type: ignore[call-arg]
-        except TypeError:  # a mapping type without a dict constructor (defaultdict, ...)
+        except TypeError:  # a mapping type without a dict constructor
             return items
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
         return type(data)(*(apply_to_tensors(v, fn) for v in data))
