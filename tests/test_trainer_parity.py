@@ -182,3 +182,32 @@ def test_limit_train_batches_with_accumulation(make_trainer: Any, limit: Any, us
     steps = reference_fit(net, make_loader(10, 2), sgd(net), epochs=2, k=2, limit=used)
     assert trainer.global_step == steps == 4
     assert_same_weights(module.net, net)
+
+
+def test_plateau_scheduler_steps_only_in_epochs_that_validated(make_trainer: Any) -> None:
+    """With check_val_every_n_epoch=2 the scheduler must neither fail in epoch 0 (no value yet)
+    nor step again on a stale value: each skipped epoch would count as a plateau epoch."""
+
+    def make(opt: torch.optim.Optimizer) -> Any:
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=0)
+
+    def optim(m: nn.Module) -> Any:
+        opt = sgd(m)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": make(opt), "monitor": "val_loss"}}
+
+    module = Regressor(optim)
+    net = plain_copy(module)
+    trainer = make_trainer(max_epochs=6, check_val_every_n_epoch=2)
+    trainer.fit(module, make_loader(10, 4), make_loader(6, 4, seed=1))
+
+    opt = sgd(net)
+    sched = make(opt)
+    val = make_loader(6, 4, seed=1)
+
+    def after_epoch(epoch: int) -> None:
+        if epoch % 2 == 1:
+            sched.step(_val_loss(net, val))
+
+    reference_fit(net, make_loader(10, 4), opt, epochs=6, after_epoch=after_epoch)
+    assert_same_weights(module.net, net)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.05 * 0.5**2
