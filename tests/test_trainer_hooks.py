@@ -161,3 +161,37 @@ def test_exception_reaches_callbacks_and_teardown_still_runs(make_trainer: Any) 
     else:  # pragma: no cover - the test fails below
         raise AssertionError("the error was swallowed")
     assert calls[-3:] == ["cb.on_exception", "cb.teardown", "teardown"]
+
+
+def test_train_and_eval_modes_and_gradients_per_stage(make_trainer: Any) -> None:
+    seen: list[tuple[str, bool, bool, bool]] = []  # (step, sanity?, module.training, grad enabled)
+
+    class Modes(Regressor):
+        def _note(self, step: str) -> None:
+            sanity = self._trainer is not None and self._trainer.sanity_checking
+            seen.append((step, sanity, self.training, torch.is_grad_enabled()))
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self._note("train")
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self._note("val")
+
+        def predict_step(self, batch: Any, batch_idx: int) -> Any:
+            self._note("predict")
+            return None
+
+    module = Modes()
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=1, val_check_interval=1)
+    trainer.fit(module, make_loader(4, 2), make_loader(2, 2))
+    trainer.predict(module, make_loader(2, 2))
+    assert seen == [
+        ("val", True, False, False),
+        ("train", False, True, True),
+        ("val", False, False, False),  # val_check_interval=1: after every batch
+        ("train", False, True, True),  # back in training mode after validation
+        ("val", False, False, False),
+        ("predict", False, False, False),
+    ]
+    assert module.training
