@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from strategies.precision import Precision, make_precision
-from trainer.utils import move_to_device
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -104,6 +103,10 @@ class Strategy:
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move the tensors nested in ``batch`` to :attr:`root_device` and the precision's dtype."""
+        # Imported here: ``trainer`` imports this module, so a top-level import would make
+        # ``import strategies`` before ``import trainer`` fail with a circular import.
+        from trainer.utils import move_to_device
+
         return self.precision.convert_input(move_to_device(batch, self.root_device))
 
     # ----------------------------------------------------------------- the step

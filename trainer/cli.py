@@ -24,7 +24,7 @@ def config_dir() -> Path:
 def run_task(cfg: Any) -> dict[str, float]:
     """Build module, data, strategy, callbacks and trainer from ``cfg``; run ``cfg.task``.
 
-    Returns the final metrics (those of the evaluation when the task has one).
+    Returns the final metrics: the fit's last values, then the evaluation's where the task has one.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.utils import instantiate
@@ -57,7 +57,8 @@ def run_task(cfg: Any) -> dict[str, float]:
     if cfg.task in ("validate", "test", "fit_test"):
         stage = "validate" if cfg.task == "validate" else "test"
         eval_ckpt = ckpt if cfg.task != "fit_test" else None
-        metrics = getattr(trainer, stage)(module, datamodule=datamodule, ckpt_path=eval_ckpt)
+        # fit_test reports the fit's final values (validation included) next to the test's.
+        metrics.update(getattr(trainer, stage)(module, datamodule=datamodule, ckpt_path=eval_ckpt))
     if cfg.task == "predict":
         outputs = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt)
         print(f"predict: {len(outputs)} batches of outputs")

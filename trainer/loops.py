@@ -97,6 +97,7 @@ def train_epoch(trainer: Trainer) -> None:
     val_every = _val_every(trainer, num)
     validate_this_epoch = _validation_enabled(trainer) and (p.epoch + 1) % trainer.check_val_every_n_epoch == 0
     last_val_at = -1
+    trainer._epoch_keys.clear()
     with _logging(trainer, store, _EPOCH_DEFAULTS):
         trainer._hook("on_train_epoch_start")
     resume_epoch_rng, trainer._resume_epoch_rng = trainer._resume_epoch_rng, None
@@ -120,12 +121,16 @@ def train_epoch(trainer: Trainer) -> None:
                 break
     if validate_this_epoch and last_val_at != p.batch_in_epoch and not p.should_stop and p.batch_in_epoch:
         _validate_during_fit(trainer)
+        last_val_at = p.batch_in_epoch
     with _logging(trainer, store, _EPOCH_DEFAULTS):
         trainer._call_module("on_train_epoch_end")
         values = store.epoch_values()
         trainer._remember(values, store)
         trainer._emit(values, max(p.global_step - 1, 0))
-        _step_schedulers(trainer, "epoch")
+        # A validation metric may legitimately be missing in an epoch without validation
+        # (check_val_every_n_epoch > 1, an early stop); a missing name is an error only when
+        # validation ran (or there is none).
+        _step_schedulers(trainer, "epoch", metrics_due=last_val_at >= 0 or not _validation_enabled(trainer))
         p.epoch_finished = True
         trainer._call_callbacks("on_train_epoch_end")
     store.reset()
@@ -368,8 +373,14 @@ def _loss_of(out: Any) -> torch.Tensor | None:
     raise TypeError(f"training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}")
 
 
-def _step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None) -> None:
-    """Advance the schedulers of ``interval`` whose ``frequency`` divides the count just reached."""
+def _step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None, metrics_due: bool = True) -> None:
+    """Advance the schedulers of ``interval`` whose ``frequency`` divides the count just reached.
+
+    A monitoring scheduler at the ``"epoch"`` interval steps only on a value logged in this epoch:
+    stepping ReduceLROnPlateau again on the last validation's value (an epoch that skipped
+    validation) would count a plateau epoch that never happened. ``metrics_due`` says whether a
+    missing metric is an error now (True) or may still come from a later validation (False).
+    """
     count = steps_done if steps_done is not None else trainer.progress.epoch + 1
     assert trainer.module is not None
     if not trainer.module.automatic_optimization:
@@ -381,8 +392,10 @@ def _step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = N
             cfg.scheduler.step()
             continue
         value = trainer.callback_metrics.get(cfg.monitor)
+        if interval == "epoch" and cfg.monitor not in trainer._epoch_keys:
+            value = None
         if value is None:
-            if cfg.strict:
+            if cfg.strict and metrics_due:
                 logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
                 raise KeyError(
                     f"{type(cfg.scheduler).__name__} monitors {cfg.monitor!r}, which was not logged "

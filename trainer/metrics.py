@@ -145,9 +145,13 @@ class MetricStore:
         return keys
 
     def reset(self) -> None:
-        """Forget the epoch's aggregates and reset logged torchmetrics objects."""
+        """Forget the epoch's aggregates and reset logged torchmetrics objects.
+
+        Metrics logged per step only are reset too: their state would otherwise keep growing over
+        the whole run (Lightning resets every logged metric at the epoch's end).
+        """
         for entry in self.entries.values():
-            if entry.metric is not None and entry.on_epoch:
+            if entry.metric is not None:
                 entry.metric.reset()
         self.entries.clear()
         self.pending_step.clear()

@@ -226,6 +226,7 @@ class Trainer:
         self._store: MetricStore | None = None
         self._log_defaults = (True, False)
         self._current_batch: Any = None
+        self._epoch_keys: set[str] = set()  # callback_metrics keys updated in this training epoch
         self._window_has_loss = False  # a micro-batch of the current accumulation window had a loss
         self._window_nonfinite = False  # ... had a non-finite loss (on_nonfinite="skip")
         self.num_training_batches: float = math.inf
@@ -528,6 +529,7 @@ class Trainer:
             base = key.removesuffix("_step").removesuffix("_epoch")
             if base != key:
                 self.callback_metrics[base] = value
+            self._epoch_keys.update((key, base))
             if key in prog_bar:
                 self.progress_bar_metrics[key] = value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,9 +27,11 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         return fn(data)
     if isinstance(data, Mapping):
         items = {k: apply_to_tensors(v, fn) for k, v in data.items()}
+        if isinstance(data, defaultdict):  # its constructor takes the default factory first
+            return type(data)(data.default_factory, items)
         try:
             return type(data)(items)  # type: ignore[call-arg]
-        except TypeError:  # a mapping type without a dict constructor (defaultdict, ...)
+        except TypeError:  # a mapping type without a dict constructor
             return items
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
         return type(data)(*(apply_to_tensors(v, fn) for v in data))
@@ -41,7 +44,11 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:
-    """Move every tensor nested in ``data`` to ``device`` (non-blocking where that is safe)."""
+    """Move every tensor nested in ``data`` to ``device`` (non-blocking where that is safe).
+
+    >>> move_to_device((torch.ones(1), "id-7"), torch.device("meta"))
+    (tensor(..., device='meta', size=(1,)), 'id-7')
+    """
     non_blocking = device.type == "cuda"
     return apply_to_tensors(data, lambda t: t.to(device, non_blocking=non_blocking))
 
@@ -51,6 +58,9 @@ def batch_size_of(batch: Any) -> int:
 
     Used to weight epoch-level means when ``self.log`` is not given ``batch_size``. Returns 1 when the
     batch holds no tensor with a batch dimension.
+
+    >>> batch_size_of({"text": ["a", "b"], "ids": torch.zeros(3, 7)})
+    3
     """
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.ndim > 0 else 1

@@ -1,0 +1,166 @@
+"""Bad input fails early with a message that says what was wrong and what is accepted."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import Regressor, make_loader, sgd
+from trainer import Trainer, TrainModule
+
+
+def test_module_without_training_step(make_trainer: Any) -> None:
+    class NoStep(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 1)
+
+        def configure_optimizers(self) -> Any:
+            return sgd(self)
+
+    with pytest.raises(NotImplementedError, match=r"NoStep does not define training_step\(self, batch, batch_idx\)"):
+        make_trainer(max_epochs=1).fit(NoStep(), make_loader())
+
+
+def test_fit_needs_a_train_module(make_trainer: Any) -> None:
+    with pytest.raises(TypeError, match=r"Trainer\.fit needs a TrainModule, got Linear"):
+        make_trainer().fit(nn.Linear(4, 1), make_loader())
+
+
+def test_missing_evaluation_step_is_named(make_trainer: Any) -> None:
+    class TrainOnly(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch[0]).sum()
+
+    with pytest.raises(NotImplementedError, match=r"does not define test_step\(self, batch, batch_idx\)"):
+        make_trainer().test(TrainOnly(), make_loader())
+
+
+@pytest.mark.parametrize(
+    ("returned", "pattern"),
+    [
+        (lambda m: "adam", r"got str$"),
+        (lambda m: None, r"got NoneType$"),
+        (lambda m: [sgd(m), 3], r"got list of \[SGD, int\]"),
+        (lambda m: {"lr": 0.1}, r"got a dict with keys \['lr'\] \(expected 'optimizer'"),
+        (lambda m: {"optimizer": m.parameters()}, r"'optimizer' is a generator"),
+        (lambda m: {"optimizer": sgd(m), "lr_scheduler": "cosine"}, r"must be a learning-rate scheduler.*got str"),
+    ],
+)
+def test_unusable_configure_optimizers(make_trainer: Any, returned: Any, pattern: str) -> None:
+    accepted = r"must return an optimizer, a list/tuple of optimizers, .*(dict|such dicts)"
+    with pytest.raises((TypeError, ValueError)) as info:
+        make_trainer(max_epochs=1).fit(Regressor(returned), make_loader())
+    message = str(info.value)
+    assert re.search(pattern, message), message
+    if "scheduler" not in pattern:
+        assert re.search(accepted, message), message
+
+
+def test_two_optimizers_need_manual_optimisation(make_trainer: Any) -> None:
+    with pytest.raises(ValueError, match=r"returned 2 optimizers.*automatic_optimization = False"):
+        make_trainer(max_epochs=1).fit(Regressor(lambda m: [sgd(m), sgd(m)]), make_loader())
+
+
+def _with_scheduler(**config: Any) -> Any:
+    def optim(m: nn.Module) -> Any:
+        opt = sgd(m)
+        sched = config.pop("make", lambda o: torch.optim.lr_scheduler.StepLR(o, 1))(opt)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, **config}}
+
+    return optim
+
+
+def test_scheduler_with_unknown_interval(make_trainer: Any) -> None:
+    with pytest.raises(ValueError, match=r"'interval' must be 'step' or 'epoch', got 'batch' \(scheduler StepLR\)"):
+        make_trainer(max_epochs=1).fit(Regressor(_with_scheduler(interval="batch")), make_loader())
+
+
+def test_scheduler_with_bad_frequency(make_trainer: Any) -> None:
+    with pytest.raises(ValueError, match="'frequency' must be a positive int, got 0"):
+        make_trainer(max_epochs=1).fit(Regressor(_with_scheduler(frequency=0)), make_loader())
+
+
+def test_plateau_scheduler_without_monitor(make_trainer: Any) -> None:
+    plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau)
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau steps on a metric.*'monitor': 'val/loss'"):
+        make_trainer(max_epochs=1).fit(Regressor(plateau), make_loader())
+
+
+def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: Any) -> None:
+    plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau, monitor="val_acc")
+    with pytest.raises(
+        KeyError, match=r"ReduceLROnPlateau monitors 'val_acc', which was not logged \(logged: val_loss\)"
+    ):
+        make_trainer(max_epochs=1).fit(Regressor(plateau), make_loader(), make_loader())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches must be a positive int, got 0"),
+        ({"log_every_n_steps": 0}, ValueError, "log_every_n_steps must be a positive int, got 0"),
+        ({"check_val_every_n_epoch": 1.5}, ValueError, "check_val_every_n_epoch must be a positive int, got 1.5"),
+        ({"gradient_clip_algorithm": "l2"}, ValueError, "must be 'norm' or 'value', got 'l2'"),
+        ({"gradient_clip_val": 0.0}, ValueError, "gradient_clip_val must be > 0 or None, got 0.0"),
+        ({"limit_train_batches": 1.5}, ValueError, r"limit_train_batches as a fraction must be in \[0, 1\], got 1.5"),
+        ({"limit_val_batches": -2}, ValueError, "limit_val_batches as a batch count must be >= 0, got -2"),
+        ({"limit_test_batches": "all"}, TypeError, "limit_test_batches must be an int .* got 'all'"),
+        ({"val_check_interval": 1.5}, ValueError, r"val_check_interval as a fraction must be in \(0, 1\], got 1.5"),
+        ({"val_check_interval": 0}, ValueError, "val_check_interval as a batch count must be >= 1, got 0"),
+        ({"max_epochs": -2}, ValueError, "max_epochs must be >= -1 or None, got -2"),
+        ({"max_steps": -3}, ValueError, "max_steps must be >= -1, got -3"),
+        ({"fast_dev_run": -1}, ValueError, "fast_dev_run must be a bool or a positive int, got -1"),
+        ({"strategy": "nope"}, ValueError, "Unknown strategy 'nope'; valid names: auto, single, dp, ddp, amp, fsdp"),
+        ({"strategy": 3}, TypeError, "strategy must be a name or a Strategy instance, got int"),
+        ({"strategy": "single", "precision": "64"}, ValueError, "Unknown precision '64'; expected one of 32-true"),
+        ({"strategy": "single", "devices": 2}, ValueError, "strategy='single' runs on one device; got devices=2"),
+    ],
+)
+def test_bad_trainer_arguments(kwargs: dict[str, Any], error: type[Exception], pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        Trainer(enable_progress_bar=False, logger=False, enable_checkpointing=False, **kwargs)
+
+
+def test_epoch_and_step_limits_follow_lightning(make_trainer: Any) -> None:
+    assert make_trainer().max_epochs == 1000  # neither given: 1000 epochs, as in Lightning
+    assert make_trainer(max_steps=10).max_epochs is None  # steps given: no epoch limit
+    trainer = make_trainer(max_epochs=-1, max_steps=5)  # -1: no epoch limit, stop on steps
+    trainer.fit(Regressor(), make_loader(4, 2))
+    assert (trainer.global_step, trainer.current_epoch) == (5, 2)
+
+
+@pytest.mark.parametrize(
+    ("returned", "error", "pattern"),
+    [
+        (
+            {"loss_value": 1.0},
+            KeyError,
+            r"training_step returned a dict without a 'loss' entry \(keys: \['loss_value'\]\)",
+        ),
+        ("loss", TypeError, "training_step must return a loss tensor, a dict with 'loss', or None; got str"),
+    ],
+)
+def test_bad_training_step_output(make_trainer: Any, returned: Any, error: type[Exception], pattern: str) -> None:
+    class Bad(Regressor):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return returned
+
+    with pytest.raises(error, match=pattern):
+        make_trainer(max_epochs=1).fit(Bad(), make_loader())
+
+
+def test_module_outside_a_trainer() -> None:
+    module = Regressor()
+    with pytest.raises(RuntimeError, match="Regressor is not attached to a Trainer"):
+        module.trainer  # noqa: B018
+    module.log("ignored", 1.0)  # a plain nn.Module outside a trainer: logging does nothing
+    assert (module.global_step, module.current_epoch) == (0, 0)

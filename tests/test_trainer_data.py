@@ -1,0 +1,131 @@
+"""Where data comes from and what validate/test/predict return."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, IterableDataset
+
+from tests.conftest import Regressor, assert_same_weights, make_dataset, make_loader, plain_copy, sgd
+from trainer import DataModule
+
+
+def test_predict_returns_every_batch_in_order(make_trainer: Any) -> None:
+    module = Regressor()
+    outputs = make_trainer().predict(module, make_loader(10, 4))
+    assert [len(o) for o in outputs] == [4, 4, 2]
+    x = make_dataset(10).tensors[0]
+    with torch.no_grad():  # batch by batch: a matmul over all 10 rows may round differently
+        expected = torch.cat([module(x[:4]), module(x[4:8]), module(x[8:])])
+    assert torch.equal(torch.cat(outputs), expected)
+    assert module.training  # the module's mode is restored afterwards
+
+
+def test_validate_and_test_return_hand_computed_metrics(make_trainer: Any) -> None:
+    module = Regressor()
+    x, y = make_dataset(10).tensors
+    with torch.no_grad():
+        per_sample = F.mse_loss(module(x), y, reduction="none").squeeze(1)
+    expected = float(per_sample.double().mean())  # the mean over samples = the size-weighted batch mean
+    trainer = make_trainer()
+    assert trainer.validate(module, make_loader(10, 4)) == {"val_loss": pytest.approx(expected, rel=1e-6)}
+    assert trainer.test(module, make_loader(10, 4)) == {"test_loss": pytest.approx(expected, rel=1e-6)}
+    assert trainer.global_step == 0
+
+
+class RecordingData(DataModule):
+    """A DataModule that records its calls and serves batches of ``batch_size``."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.calls: list[str] = []
+
+    def prepare_data(self) -> None:
+        self.calls.append("prepare_data")
+
+    def setup(self, stage: str) -> None:
+        self.calls.append(f"setup:{stage}")
+
+    def teardown(self, stage: str) -> None:
+        self.calls.append(f"teardown:{stage}")
+
+    def loader(self) -> DataLoader[Any]:
+        return make_loader(8, self.batch_size)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return self.loader()
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return self.loader()
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        return self.loader()
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        return self.loader()
+
+
+def test_datamodule_setup_gets_each_stage(make_trainer: Any) -> None:
+    data = RecordingData(batch_size=4)
+    module = Regressor()
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, datamodule=data)
+    trainer.validate(module, datamodule=data)
+    trainer.test(module, datamodule=data)
+    trainer.predict(module, datamodule=data)
+    stages = ("fit", "validate", "test", "predict")
+    assert data.calls == [c for s in stages for c in ("prepare_data", f"setup:{s}", f"teardown:{s}")]
+    assert trainer.global_step == 2
+
+
+def test_dataloader_precedence_explicit_then_datamodule_then_module(make_trainer: Any) -> None:
+    class WithLoaders(Regressor):
+        def train_dataloader(self) -> DataLoader[Any]:
+            return make_loader(8, 8)
+
+        def predict_dataloader(self) -> DataLoader[Any]:
+            return make_loader(8, 8)
+
+    def steps(**sources: Any) -> int:
+        trainer = make_trainer(max_epochs=1)
+        trainer.fit(WithLoaders(), **sources)
+        return trainer.global_step
+
+    assert steps() == 1  # the module's own loader: one batch of 8
+    assert steps(datamodule=RecordingData(4)) == 2
+    assert steps(train_dataloaders=make_loader(8, 2), datamodule=RecordingData(4)) == 4
+    assert len(make_trainer().predict(WithLoaders())) == 1
+
+
+def test_missing_data_and_several_loaders_are_clear_errors(make_trainer: Any) -> None:
+    with pytest.raises(ValueError, match=r"No data for fit.*train_dataloader\(\)"):
+        make_trainer(max_epochs=1).fit(Regressor())
+    with pytest.raises(TypeError, match="one dataloader is supported per stage, got a list of 2"):
+        make_trainer(max_epochs=1).fit(Regressor(), [make_loader(), make_loader()])
+
+
+class Stream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """An unsized stream over :func:`make_dataset` (the trainer cannot ask for its length)."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        yield from zip(*make_dataset(10).tensors)
+
+
+def test_unsized_loader_closes_the_last_accumulation_window(make_trainer: Any) -> None:
+    module = Regressor()
+    net = plain_copy(module)
+    trainer = make_trainer(max_epochs=2, accumulate_grad_batches=2)
+    trainer.fit(module, DataLoader(Stream(), batch_size=2))  # 5 batches: steps after 2, 4 and 5
+    opt = sgd(net)
+    for _ in range(2):
+        for i, (x, y) in enumerate(make_loader(10, 2)):
+            (F.mse_loss(net(x), y) / 2).backward()
+            if i % 2 == 1 or i == 4:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    assert trainer.global_step == 6
+    assert_same_weights(module.net, net)
