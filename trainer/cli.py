@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_task"]
+__all__ = ["build_callbacks", "main", "run_task"]
 
 TASKS = ("fit", "validate", "test", "predict", "fit_test")
 
@@ -39,9 +39,9 @@ def run_task(cfg: Any) -> dict[str, float]:
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
     strategy = instantiate(cfg.strategy)
-    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None]
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
+    callbacks = build_callbacks(cfg, trainer_kwargs)
     trainer = Trainer(
         **{str(k): v for k, v in trainer_kwargs.items()},
         strategy=strategy,
@@ -67,6 +67,37 @@ def run_task(cfg: Any) -> dict[str, float]:
         for key in sorted(metrics):
             print(f"  {key:<{width}}  {metrics[key]:.4f}")
     return metrics
+
+
+def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
+    """Instantiate every entry of the ``callbacks`` and ``logger`` groups.
+
+    Where the config has those groups they are the whole set: ``trainer_kwargs`` is changed so the
+    Trainer adds no default progress bar, checkpoint or TensorBoard logger of its own (otherwise
+    ``~callbacks.progress_bar`` would bring one back). The trainer flags still work as switches:
+    ``trainer.enable_progress_bar=false``, ``trainer.enable_checkpointing=false`` and
+    ``trainer.logger=false`` drop the matching entries.
+    """
+    from hydra.utils import instantiate
+
+    import callbacks as cbs
+
+    built: list[Any] = []
+    for group in ("callbacks", "logger"):
+        node = cfg.get(group)
+        if node:
+            built.extend(instantiate(c) for c in node.values() if c is not None)
+    switches = (
+        ("enable_progress_bar", "callbacks", lambda cb: isinstance(cb, cbs.ProgressBar)),
+        ("enable_checkpointing", "callbacks", lambda cb: isinstance(cb, cbs.ModelCheckpoint)),
+        ("logger", "logger", lambda cb: getattr(cb, "is_logger", False)),
+    )
+    for flag, group, matches in switches:
+        if not trainer_kwargs.get(flag, True):
+            built = [cb for cb in built if not matches(cb)]
+        if group in cfg:
+            trainer_kwargs[flag] = False
+    return built
 
 
 def main() -> None:
