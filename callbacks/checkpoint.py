@@ -134,7 +134,7 @@ class ModelCheckpoint(Callback):
         # The final state is always recoverable as last.ckpt, whatever the saving schedule.
         if self.save_last and trainer.global_step != self._last_saved_step:
             self._save(trainer, rank=False)
-        if self._monitor is not None and not self._monitor.seen and trainer.is_global_zero:
+        if self._monitor is not None and self.save_top_k != 0 and not self._monitor.seen and trainer.is_global_zero:
             warnings.warn(
                 f"ModelCheckpoint(monitor={self.monitor!r}): the metric was never logged during fit, "
                 "so no best checkpoint was kept",

@@ -28,7 +28,8 @@ class TensorBoardLogger(Callback):
       optimizer step, from 0); epoch-level values sit at the step where their epoch ended. An
       ``epoch`` scalar is written at each of those steps, so the x-axis reads either way.
     * At fit start the resolved config goes in as text (tag ``config``) and the hyperparameters
-      (the module's ``hparams`` and the flattened config) as a session of the HPARAMS tab; at fit end
+      (the flattened config, ``model/hidden``; without a config the module's ``hparams``) as a
+      session of the HPARAMS tab; at fit end
       the session is closed, linked to the final validation metrics (their scalar tags, so the
       HPARAMS table shows their last values).
     * One writer serves fit, validate and test of the run: a run is one event file.
@@ -105,7 +106,8 @@ class TensorBoardLogger(Callback):
             text = yaml.safe_dump(config, sort_keys=False)
             # Indented by four spaces: TensorBoard's markdown shows it as a code block, layout intact.
             writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
-        self._hparams = _flatten({**_config_dict(module.hparams), **config})
+        # The resolved config already holds the module's arguments; without one, the module's hparams.
+        self._hparams = _flatten(config or _config_dict(module.hparams))
         if self._hparams:
             from torch.utils.tensorboard.summary import hparams
 
