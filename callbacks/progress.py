@@ -119,8 +119,10 @@ class ProgressBar(Callback):
                     rate=f"{self._rate(done):.1f} it/s",
                     metrics=self._metrics_text(trainer),
                 )
-        elif not self._interactive() and done % self.refresh_every_n_steps == 0:
-            self._line(trainer, done, final=False)
+        elif (
+            not self._interactive() and done % self.refresh_every_n_steps == 0 and done != trainer.num_training_batches
+        ):
+            self._line(trainer, done, final=False)  # the epoch's last batch gets the epoch-end line instead
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
