@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 # trainer first: `import strategies` before `trainer` hits a circular import in the foundation.
 from trainer import Trainer, TrainModule  # isort: split
 
+from callbacks import Callback
 from strategies import SingleDeviceStrategy
 
 
@@ -92,3 +93,16 @@ class OtherRankStrategy(SingleDeviceStrategy):
         other = torch.tensor(self.other_votes.pop(0) if self.other_votes else 0.0)
         assert op == "max"
         return torch.maximum(tensor, other)
+
+
+class Recorder(Callback):
+    """Everything handed to loggers, as (tag, step, value)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, int, float]] = []
+
+    def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, torch.Tensor], step: int) -> None:
+        self.rows.extend((k, step, float(v)) for k, v in metrics.items())
+
+    def of(self, tag: str) -> list[tuple[int, float]]:
+        return [(s, v) for k, s, v in self.rows if k == tag]

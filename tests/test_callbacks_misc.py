@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from _cb_helpers import NotRankZero, Scripted, loaders, quiet_trainer
+from _cb_helpers import NotRankZero, Recorder, Scripted, loaders, quiet_trainer
 
 from callbacks import (
     Callback,
@@ -29,19 +29,6 @@ from callbacks.base import HOOKS
 from trainer.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Recorder(Callback):
-    """Everything handed to loggers, as (tag, step, value)."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, int, float]] = []
-
-    def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, torch.Tensor], step: int) -> None:
-        self.rows.extend((k, step, float(v)) for k, v in metrics.items())
-
-    def of(self, tag: str) -> list[tuple[int, float]]:
-        return [(s, v) for k, s, v in self.rows if k == tag]
 
 
 # ----------------------------------------------------------------- progress bar
