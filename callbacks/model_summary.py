@@ -35,10 +35,10 @@ def summarize(module: nn.Module, max_depth: int = 1) -> str:
 
     >>> print(summarize(nn.Sequential(nn.Linear(2, 3), nn.ReLU())))  # doctest: +NORMALIZE_WHITESPACE
       | Name | Type   | Params
-    ---------------------------
+    --------------------------
     0 | 0    | Linear | 9
     1 | 1    | ReLU   | 0
-    ---------------------------
+    --------------------------
     9         Trainable params
     0         Non-trainable params
     9         Total params
