@@ -15,8 +15,11 @@ if TYPE_CHECKING:
     from callbacks.csv_logger import CSVLogger
     from callbacks.early_stopping import EarlyStopping
     from callbacks.lr_monitor import LearningRateMonitor
+    from callbacks.model_summary import ModelSummary
     from callbacks.progress import ProgressBar
     from callbacks.tensorboard import TensorBoardLogger
+    from callbacks.throughput import ThroughputMonitor
+    from callbacks.timer import Timer
 
 __all__ = [
     "CSVLogger",
@@ -24,8 +27,11 @@ __all__ = [
     "EarlyStopping",
     "LearningRateMonitor",
     "ModelCheckpoint",
+    "ModelSummary",
     "ProgressBar",
     "TensorBoardLogger",
+    "ThroughputMonitor",
+    "Timer",
 ]
 
 _LAZY = {
@@ -33,8 +39,11 @@ _LAZY = {
     "EarlyStopping": "callbacks.early_stopping",
     "LearningRateMonitor": "callbacks.lr_monitor",
     "ModelCheckpoint": "callbacks.checkpoint",
+    "ModelSummary": "callbacks.model_summary",
     "ProgressBar": "callbacks.progress",
     "TensorBoardLogger": "callbacks.tensorboard",
+    "ThroughputMonitor": "callbacks.throughput",
+    "Timer": "callbacks.timer",
 }
 
 
@@ -42,3 +51,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from typing_extensions import override
 
+from callbacks._monitor import Monitor
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -19,23 +22,38 @@ if TYPE_CHECKING:
 __all__ = ["ModelCheckpoint"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
 
 
 class ModelCheckpoint(Callback):
     """Save checkpoints during training; remember the best by a monitored metric.
 
+    Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
+    never leaves a partial file under a checkpoint's name. The bookkeeping (which files are the k
+    best) is part of each checkpoint, so a resumed run keeps ranking where it left off.
+
     Args:
         dirpath: folder for the files (default: ``<default_root_dir>/checkpoints``).
         filename: template such as ``"{epoch}-{step}-{val/acc:.4f}"``; names are the keys of
-            ``trainer.callback_metrics`` plus ``epoch`` and ``step``. A ``/`` in a metric name becomes
-            ``_`` in the file name.
-        monitor: metric to rank checkpoints by; ``None`` keeps the latest ones.
+            ``trainer.callback_metrics`` plus ``epoch`` and ``step``, each written as ``name=value``.
+            Characters other than letters, digits and ``._=+-`` (a ``/`` in ``val/acc``) become
+            ``_``, so every metric name gives a valid file name (``epoch=3-step=40-val_acc=0.9500``).
+        monitor: metric to rank checkpoints by; ``None`` keeps the newest ones.
         mode: ``"min"`` or ``"max"``: which direction of ``monitor`` is better.
         save_top_k: how many to keep; 0 keeps none (``save_last`` still works), -1 keeps all.
-        save_last: also write ``last.ckpt`` at every save.
+        save_last: also write ``last.ckpt`` at every save and at the end of fitting.
         every_n_train_steps: save every n optimizer steps (mid-epoch).
         every_n_epochs: save at the end of every n-th epoch (default 1 unless steps are given).
         save_weights_only: leave out optimizer, scheduler and loop state (cannot resume then).
+
+    A save whose monitored value was not updated since the previous ranked save (an epoch in which
+    validation did not run) writes ``last.ckpt`` only. A monitor that is still missing after a
+    validation pass is a typo and raises ``KeyError`` naming the logged metrics.
+
+    Example:
+        >>> cb = ModelCheckpoint(filename="{epoch}-{val/acc:.2f}", monitor="val/acc", mode="max")
+        >>> cb.format_filename({"epoch": 3, "val/acc": 0.912})
+        'epoch=3-val_acc=0.91.ckpt'
     """
 
     runs_in_fast_dev_run = False
@@ -56,33 +74,48 @@ class ModelCheckpoint(Callback):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
         if save_top_k < -1:
             raise ValueError(f"save_top_k must be >= -1, got {save_top_k}")
-        if every_n_train_steps is not None and every_n_train_steps < 1:
-            raise ValueError(f"every_n_train_steps must be >= 1, got {every_n_train_steps}")
+        if every_n_train_steps is not None and every_n_train_steps < 0:
+            raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
         if every_n_epochs is not None and every_n_epochs < 0:
             raise ValueError(f"every_n_epochs must be >= 0, got {every_n_epochs}")
+        if not filename or filename.endswith(".ckpt"):
+            raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
         self.mode = mode
         self.save_top_k = save_top_k
         self.save_last = save_last
-        self.every_n_train_steps = every_n_train_steps
+        self.every_n_train_steps = every_n_train_steps or 0
         self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
         self.save_weights_only = save_weights_only
+        #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
+        self._monitor = Monitor("ModelCheckpoint", monitor) if monitor is not None else None
         self._last_saved_step = -1
 
     @property
+    @override
     def state_key(self) -> str:
-        return f"ModelCheckpoint[monitor={self.monitor},mode={self.mode},dirpath={self.dirpath}]"
+        return (
+            f"ModelCheckpoint[monitor={self.monitor},mode={self.mode},filename={self.filename},"
+            f"every_n_train_steps={self.every_n_train_steps},every_n_epochs={self.every_n_epochs}]"
+        )
 
+    @override
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = trainer.default_root_dir / "checkpoints"
 
+    @override
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if self._monitor is not None and not trainer.sanity_checking and trainer.stage == "fit":
+            self._monitor.validated = True
+
+    @override
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -90,97 +123,114 @@ class ModelCheckpoint(Callback):
         if n and trainer.global_step % n == 0 and trainer.global_step != self._last_saved_step:
             self._save(trainer)
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         n = self.every_n_epochs
         if n and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step:
             self._save(trainer)
 
+    @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
         # The final state is always recoverable as last.ckpt, whatever the saving schedule.
         if self.save_last and trainer.global_step != self._last_saved_step:
-            self._save(trainer)
+            self._save(trainer, rank=False)
+        if self._monitor is not None and self.save_top_k != 0 and not self._monitor.seen and trainer.is_global_zero:
+            warnings.warn(
+                f"ModelCheckpoint(monitor={self.monitor!r}): the metric was never logged during fit, "
+                "so no best checkpoint was kept",
+                stacklevel=2,
+            )
 
     # ----------------------------------------------------------------- saving
     def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (missing metrics are left out of the name)."""
+        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``)."""
 
         def fill(match: re.Match[str]) -> str:
             name, spec = match.group(1), match.group(2) or ""
             value = metrics.get(name)
-            if value is None:
-                return f"{name.replace('/', '_')}=nan"
             if isinstance(value, torch.Tensor):
                 value = value.item()
-            return f"{name.replace('/', '_')}={format(value, spec[1:])}"
+            text = "nan" if value is None else format(value, spec[1:])
+            return f"{name}={text}"
 
-        return _FIELD.sub(fill, self.filename).replace("/", "_") + ".ckpt"
+        return _UNSAFE.sub("_", _FIELD.sub(fill, self.filename)) + ".ckpt"
 
-    def _current_score(self, trainer: Trainer) -> float | None:
-        if self.monitor is None:
-            return None
-        value = trainer.callback_metrics.get(self.monitor)
-        if value is None:
-            logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
-            raise KeyError(f"ModelCheckpoint(monitor={self.monitor!r}): that metric was not logged (logged: {logged})")
-        return float(value)
-
-    def _is_better(self, score: float, than: float) -> bool:
+    def _better(self, score: float, than: float) -> bool:
         return score < than if self.mode == "min" else score > than
 
-    def _save(self, trainer: Trainer) -> None:
+    def _rank_key(self, score: float) -> float:
+        """Scores as ``min`` ranks them; NaN counts as the worst possible."""
+        if math.isnan(score):
+            return math.inf
+        return score if self.mode == "min" else -score
+
+    def _plan_top_k(self, path: str, score: float | None) -> tuple[bool, list[str]]:
+        """Whether a checkpoint at ``path`` with ``score`` joins the top k, and which files it evicts."""
+        k = self.save_top_k
+        if k == 0:
+            return False, []
+        others = {p: s for p, s in self.best_k_models.items() if p != path}
+        if k == -1 or len(others) < k:
+            return True, []
+        if score is None:  # no monitor: the newest k
+            return True, list(others)[: len(others) - k + 1]
+        worst = max(others, key=lambda p: self._rank_key(others[p]))
+        if self._rank_key(score) < self._rank_key(others[worst]):
+            return True, [worst]
+        return False, []
+
+    def _save(self, trainer: Trainer, rank: bool = True) -> None:
+        """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
         assert self.dirpath is not None
         self._last_saved_step = trainer.global_step
-        score = self._current_score(trainer)
-        metrics: dict[str, Any] = {
-            **trainer.callback_metrics,
-            "epoch": trainer.current_epoch,
-            "step": trainer.global_step,
-        }
-        to_write: list[Path] = []
-        to_delete: list[str] = []
-        if self.save_top_k != 0:
-            path = self.dirpath / self.format_filename(metrics)
-            rank = math.nan if score is None else score
-            if score is not None and math.isnan(score):
-                rank = math.inf if self.mode == "min" else -math.inf
-            if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
-                keep = True
-            elif score is None:  # no monitor: keep the newest k
-                keep = True
-                to_delete.append(next(iter(self.best_k_models)))
+        score: float | None = None
+        ranked = rank and self.save_top_k != 0
+        if ranked and self._monitor is not None:
+            value = self._monitor.read(trainer)
+            if value is None:  # not logged yet, or not updated since the last ranked save
+                ranked = False
             else:
-                worst = (
-                    max(self.best_k_models, key=self.best_k_models.__getitem__)
-                    if self.mode == "min"
-                    else min(self.best_k_models, key=self.best_k_models.__getitem__)
-                )
-                keep = self._is_better(rank, self.best_k_models[worst])
-                if keep:
-                    to_delete.append(worst)
-            if keep:
-                for old in to_delete:
-                    self.best_k_models.pop(old, None)
-                self.best_k_models[str(path)] = rank
-                to_write.append(path)
-                if score is None:
-                    self.best_model_path = str(path)
-                else:
-                    best = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.__getitem__)
-                    self.best_model_path = best
-                    self.best_model_score = self.best_k_models[best]
+                score = float(value)
+        keep, evict = False, list[str]()
+        previous = self.state_dict()
+        path = ""
+        if ranked:
+            metrics: dict[str, Any] = {
+                **trainer.callback_metrics,
+                "epoch": trainer.current_epoch,
+                "step": trainer.global_step,
+            }
+            path = str(self.dirpath / self.format_filename(metrics))
+            keep, evict = self._plan_top_k(path, score)
+        # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
+        if keep:
+            for old in evict:
+                self.best_k_models.pop(old, None)
+            self.best_k_models.pop(path, None)
+            self.best_k_models[path] = math.nan if score is None else score
+            if score is None:
+                self.best_model_path = path
             else:
-                to_delete = []
+                best = min(self.best_k_models, key=lambda p: self._rank_key(self.best_k_models[p]))
+                self.best_model_path = best
+                self.best_model_score = self.best_k_models[best]
         if self.save_last:
-            to_write.append(self.dirpath / "last.ckpt")
             self.last_model_path = str(self.dirpath / "last.ckpt")
-        for path in to_write:
-            trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        try:
+            if keep:
+                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+            if self.save_last:
+                trainer.save_checkpoint(self.last_model_path, weights_only=self.save_weights_only)
+        except BaseException:
+            self.load_state_dict(previous)
+            raise
         if trainer.is_global_zero:
-            for old in to_delete:
-                if old not in self.best_k_models and Path(old).exists() and old not in map(str, to_write):
-                    Path(old).unlink()
+            for old in evict:
+                if old != path and old != self.last_model_path:
+                    Path(old).unlink(missing_ok=True)
 
     # ----------------------------------------------------------------- state
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "best_k_models": dict(self.best_k_models),
@@ -190,6 +240,7 @@ class ModelCheckpoint(Callback):
             "dirpath": str(self.dirpath),
         }
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_k_models = dict(state.get("best_k_models", {}))
         self.best_model_path = state.get("best_model_path", "")

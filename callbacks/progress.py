@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO
+
+from typing_extensions import override
 
 from callbacks.base import Callback
 
@@ -17,98 +21,184 @@ if TYPE_CHECKING:
 __all__ = ["ProgressBar"]
 
 
+def _clock(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
+
 class ProgressBar(Callback):
-    """Show training progress with it/s, ETA and the values logged with ``prog_bar=True``.
+    """Show training and validation progress with it/s, ETA and the values logged with ``prog_bar=True``.
+
+    In a terminal this is a ``rich`` bar per training epoch and a transient one per validation
+    pass. When the output is not a terminal (CI logs, files, ``| tee``) redrawing would fill the log
+    with control codes, so it prints a plain line instead every ``refresh_every_n_steps`` training
+    batches, at each epoch end and after each validation pass::
+
+        epoch 0 | batch 10/23 | step 10 | 41.3 it/s | eta 0:00:00 | train/loss=1.52
+        epoch 0 | batch 23/23 | step 23 | 40.8 it/s | took 0:00:01 | train/loss=0.93
+        validation | epoch 0 | 2 batches | val/acc=0.914 val/loss=0.412
+
+    Only rank 0 prints.
 
     Args:
-        refresh_every_n_steps: when the output is not a terminal, print one line every this many
-            training batches (and at every epoch end) instead of redrawing a bar.
-        stream: where to write (default: standard output).
+        refresh_every_n_steps: plain output: training batches between lines.
+        stream: where to write (default: standard output at the time of writing).
+        force_plain: print plain lines even to a terminal.
     """
 
-    def __init__(self, refresh_every_n_steps: int = 50, stream: TextIO | None = None) -> None:
+    def __init__(self, refresh_every_n_steps: int = 50, stream: TextIO | None = None, force_plain: bool = False):
+        if refresh_every_n_steps < 1:
+            raise ValueError(f"refresh_every_n_steps must be >= 1, got {refresh_every_n_steps}")
         self.refresh_every_n_steps = refresh_every_n_steps
         self.stream = stream
+        self.force_plain = force_plain
         self._progress: Progress | None = None
-        self._task: TaskID | None = None
+        self._train_task: TaskID | None = None
+        self._val_task: TaskID | None = None
         self._started = 0.0
+        self._val_batches = 0
 
     @property
     def _out(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stdout
 
     def _interactive(self) -> bool:
-        return bool(getattr(self._out, "isatty", lambda: False)())
+        return not self.force_plain and bool(getattr(self._out, "isatty", lambda: False)())
 
-    def _metrics_text(self, trainer: Trainer) -> str:
-        parts = [f"{k}={float(v):.4g}" for k, v in sorted(trainer.progress_bar_metrics.items())]
-        return " ".join(parts)
+    @staticmethod
+    def _metrics_text(trainer: Trainer) -> str:
+        return " ".join(f"{k}={float(v):.4g}" for k, v in sorted(trainer.progress_bar_metrics.items()))
 
+    def _bar(self) -> Progress:
+        if self._progress is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[metrics]}"),
+                console=Console(file=self._out),
+            )
+            self._progress.start()
+        return self._progress
+
+    @staticmethod
+    def _total(num: float) -> int | None:
+        return None if math.isinf(num) else int(num)
+
+    # ----------------------------------------------------------------- training
+    @override
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.is_global_zero:
             return
         self._started = time.perf_counter()
         if self._interactive():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            if self._progress is None:
-                self._progress = Progress(
-                    TextColumn("[bold]{task.description}"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]}"),
-                    TimeRemainingColumn(),
-                    TextColumn("{task.fields[metrics]}"),
-                    console=Console(file=self._out),
-                    transient=False,
-                )
-                self._progress.start()
-            total = trainer.num_training_batches
-            self._task = self._progress.add_task(
+            self._train_task = self._bar().add_task(
                 f"Epoch {trainer.current_epoch}",
-                total=None if total == float("inf") else int(total),
+                total=self._total(trainer.num_training_batches),
+                completed=trainer.progress.batch_in_epoch,
                 rate="",
                 metrics="",
             )
 
+    @override
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if not trainer.is_global_zero:
             return
         done = batch_idx + 1
-        rate = done / max(time.perf_counter() - self._started, 1e-9)
-        if self._progress is not None and self._task is not None:
-            if done % 10 == 0 or done == trainer.num_training_batches:  # redraw cost is not free
+        if self._progress is not None and self._train_task is not None:
+            if done % 10 == 0 or done == trainer.num_training_batches:  # a redraw costs a little
                 self._progress.update(
-                    self._task, completed=done, rate=f"{rate:.1f} it/s", metrics=self._metrics_text(trainer)
+                    self._train_task,
+                    completed=done,
+                    rate=f"{self._rate(done):.1f} it/s",
+                    metrics=self._metrics_text(trainer),
                 )
-        elif done % self.refresh_every_n_steps == 0:
-            self._line(trainer, done, rate)
+        elif (
+            not self._interactive() and done % self.refresh_every_n_steps == 0 and done != trainer.num_training_batches
+        ):
+            self._line(trainer, done, final=False)  # the epoch's last batch gets the epoch-end line instead
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.is_global_zero:
             return
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, metrics=self._metrics_text(trainer))
-        else:
-            done = trainer.progress.batch_in_epoch
-            self._line(trainer, done, done / max(time.perf_counter() - self._started, 1e-9))
+        done = trainer.progress.batch_in_epoch
+        if self._progress is not None and self._train_task is not None:
+            self._progress.update(self._train_task, completed=done, metrics=self._metrics_text(trainer))
+            self._train_task = None
+        elif not self._interactive():
+            self._line(trainer, done, final=True)
 
-    def _line(self, trainer: Trainer, done: int, rate: float) -> None:
+    def _rate(self, done: int) -> float:
+        return done / max(time.perf_counter() - self._started, 1e-9)
+
+    def _line(self, trainer: Trainer, done: int, final: bool) -> None:
         total = trainer.num_training_batches
-        total_text = "?" if total == float("inf") else str(int(total))
+        rate = self._rate(done)
+        parts = [
+            f"epoch {trainer.current_epoch}",
+            f"batch {done}/{'?' if math.isinf(total) else int(total)}",
+            f"step {trainer.global_step}",
+            f"{rate:.1f} it/s",
+        ]
+        if final:
+            parts.append(f"took {_clock(time.perf_counter() - self._started)}")
+        elif not math.isinf(total):
+            parts.append(f"eta {_clock((total - done) / max(rate, 1e-9))}")
         metrics = self._metrics_text(trainer)
-        print(
-            f"epoch {trainer.current_epoch} step {trainer.global_step} batch {done}/{total_text} "
-            f"{rate:.1f} it/s" + (f" {metrics}" if metrics else ""),
-            file=self._out,
-            flush=True,
-        )
+        if metrics:
+            parts.append(metrics)
+        print(" | ".join(parts), file=self._out, flush=True)
 
+    # ----------------------------------------------------------------- validation
+    @override
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        self._val_batches = 0
+        if self._interactive():
+            label = "Sanity check" if trainer.sanity_checking else "Validation"
+            self._val_task = self._bar().add_task(
+                label, total=self._total(trainer.num_val_batches), rate="", metrics=""
+            )
+
+    @override
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not trainer.is_global_zero:
+            return
+        self._val_batches = batch_idx + 1
+        if self._progress is not None and self._val_task is not None:
+            self._progress.update(self._val_task, completed=self._val_batches)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        if self._progress is not None and self._val_task is not None:
+            self._progress.remove_task(self._val_task)  # transient: the epoch bar shows its metrics
+            self._val_task = None
+            if self._train_task is not None:
+                self._progress.update(self._train_task, metrics=self._metrics_text(trainer))
+        elif not self._interactive() and not trainer.sanity_checking:
+            metrics = self._metrics_text(trainer)
+            print(
+                f"validation | epoch {trainer.current_epoch} | {self._val_batches} batches"
+                + (f" | {metrics}" if metrics else ""),
+                file=self._out,
+                flush=True,
+            )
+
+    @override
     def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-            self._task = None
+            self._train_task = self._val_task = None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import run_dirs, run_geartrain
+
+from tests.clitools import run_dirs, run_geartrain
 
 pytestmark = pytest.mark.timeout(300)
 

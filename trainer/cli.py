@@ -7,13 +7,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_task"]
+__all__ = ["build_callbacks", "main", "run_task"]
 
 TASKS = ("fit", "validate", "test", "predict", "fit_test")
 
 
 def config_dir() -> Path:
-    """The packaged configs: ``trainer/conf`` in a wheel, ``<repo>/conf`` in a source checkout."""
+    """The packaged configs: ``trainer/conf`` in a wheel, ``<repo>/conf`` in a source checkout.
+
+    Also registers the schemas the YAML files extend, so the folder composes with Hydra's compose API.
+    """
+    from trainer.config import register_configs
+
+    register_configs()
     here = Path(__file__).resolve().parent
     for candidate in (here / "conf", here.parent / "conf"):
         if (candidate / "config.yaml").is_file():
@@ -39,9 +45,9 @@ def run_task(cfg: Any) -> dict[str, float]:
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
     strategy = instantiate(cfg.strategy)
-    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None]
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
+    callbacks = build_callbacks(cfg, trainer_kwargs)
     trainer = Trainer(
         **{str(k): v for k, v in trainer_kwargs.items()},
         strategy=strategy,
@@ -122,6 +128,37 @@ def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
     if rank != 0:
         overrides += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     return overrides
+
+
+def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
+    """Instantiate every entry of the ``callbacks`` and ``logger`` groups.
+
+    Where the config has those groups they are the whole set: ``trainer_kwargs`` is changed so the
+    Trainer adds no default progress bar, checkpoint or TensorBoard logger of its own (otherwise
+    ``~callbacks.progress_bar`` would bring one back). The trainer flags still work as switches:
+    ``trainer.enable_progress_bar=false``, ``trainer.enable_checkpointing=false`` and
+    ``trainer.logger=false`` drop the matching entries.
+    """
+    from hydra.utils import instantiate
+
+    import callbacks as cbs
+
+    built: list[Any] = []
+    for group in ("callbacks", "logger"):
+        node = cfg.get(group)
+        if node:
+            built.extend(instantiate(c) for c in node.values() if c is not None)
+    switches = (
+        ("enable_progress_bar", "callbacks", lambda cb: isinstance(cb, cbs.ProgressBar)),
+        ("enable_checkpointing", "callbacks", lambda cb: isinstance(cb, cbs.ModelCheckpoint)),
+        ("logger", "logger", lambda cb: getattr(cb, "is_logger", False)),
+    )
+    for flag, group, matches in switches:
+        if not trainer_kwargs.get(flag, True):
+            built = [cb for cb in built if not matches(cb)]
+        if group in cfg:
+            trainer_kwargs[flag] = False
+    return built
 
 
 def main() -> None:

@@ -41,6 +41,10 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
     logger: bool = True
+    on_nonfinite: Optional[str] = None  # noqa: UP045
+    max_nonfinite_in_a_row: int = 3
+    preemption_exit_code: Optional[int] = 0  # noqa: UP045
+    slurm_requeue: bool = True
 
     def __post_init__(self) -> None:
         if self.gradient_clip_algorithm not in ("norm", "value"):

@@ -169,6 +169,20 @@ class TrainModule(nn.Module):
         """
         if self._trainer is None:
             return
+        if _is_metric_collection(value):
+            # A torchmetrics MetricCollection: each member is a Metric logged under "name/member".
+            for key, metric in value.items():
+                self.log(
+                    f"{name}/{key}",
+                    metric,
+                    on_step=on_step,
+                    on_epoch=on_epoch,
+                    prog_bar=prog_bar,
+                    sync_dist=sync_dist,
+                    reduce_fx=reduce_fx,
+                    batch_size=batch_size,
+                )
+            return
         self._trainer._log(
             name,
             value,
@@ -181,7 +195,11 @@ class TrainModule(nn.Module):
         )
 
     def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
-        """``self.log`` every item of ``values`` (a dict or a torchmetrics ``MetricCollection``)."""
+        """``self.log`` every item of ``values`` (a dict or a torchmetrics ``MetricCollection``).
+
+        A ``MetricCollection``'s members are logged under the collection's own keys (its ``prefix``
+        and ``postfix`` included), each computed and reset at epoch end.
+        """
         for name, value in values.items():
             self.log(name, value, **kwargs)
 
@@ -247,3 +265,8 @@ class TrainModule(nn.Module):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def setup(self, stage: str) -> None: ...
     def teardown(self, stage: str) -> None: ...
+
+
+def _is_metric_collection(value: Any) -> bool:
+    """True for a torchmetrics ``MetricCollection`` (duck-typed: ``compute``, ``reset`` and ``items``)."""
+    return all(callable(getattr(value, attr, None)) for attr in ("compute", "reset", "items", "keys"))

@@ -533,6 +533,15 @@ class Trainer:
             if key in prog_bar:
                 self.progress_bar_metrics[key] = value
 
+    def log_metrics(self, metrics: Mapping[str, torch.Tensor | float], step: int | None = None) -> None:
+        """Hand values computed outside ``self.log`` (learning rates, throughput) to the loggers.
+
+        For callbacks: the values reach every logger exactly like logged metrics do, at x = ``step``
+        (default: the index of the last optimizer step). They do not enter ``callback_metrics``.
+        """
+        values = {key: torch.as_tensor(value) for key, value in metrics.items()}
+        self._emit(values, max(self.global_step - 1, 0) if step is None else step)
+
     def _emit(self, metrics: dict[str, torch.Tensor], step: int) -> None:
         """Hand ``metrics`` to the loggers (callbacks overriding ``on_log_metrics``); rank 0 only."""
         if not metrics:

@@ -1,0 +1,155 @@
+"""``EarlyStopping``: end training when a monitored metric stops improving (or goes bad)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+import torch
+from typing_extensions import override
+
+from callbacks._monitor import Monitor
+from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["EarlyStopping"]
+
+
+class EarlyStopping(Callback):
+    """Stop training when ``monitor`` has not improved for ``patience`` checks.
+
+    The check runs at the end of every training epoch (after that epoch's validation), on epochs in
+    which the monitored value was updated; with ``check_val_every_n_epoch=2`` patience therefore
+    counts validation runs, not epochs.
+
+    Under several processes every rank decides on rank 0's value (broadcast), and the decision is
+    combined with a max-reduction, so all ranks stop after the same step even if their local
+    metrics differ. That costs two small collectives per check.
+
+    Args:
+        monitor: the metric to watch (a key of ``trainer.callback_metrics``).
+        mode: ``"min"`` or ``"max"``: which direction is better.
+        patience: checks without improvement before stopping.
+        min_delta: an improvement must beat the best value by more than this.
+        check_finite: stop as soon as the value is NaN or infinite.
+        stopping_threshold: stop once the value is better than this (the goal is reached).
+        divergence_threshold: stop once the value is worse than this (no point going on).
+        verbose: print why training stopped (rank 0).
+        stream: where to print (default: standard output).
+
+    Example:
+        >>> es = EarlyStopping(monitor="val/loss", patience=2)
+        >>> [es.update(v)[0] for v in (1.0, 0.9, 0.95, 0.92)]
+        [False, False, False, True]
+    """
+
+    runs_in_fast_dev_run = False
+
+    def __init__(
+        self,
+        monitor: str = "val/loss",
+        mode: str = "min",
+        patience: int = 3,
+        min_delta: float = 0.0,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        verbose: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}")
+        if patience < 0:
+            raise ValueError(f"patience must be >= 0, got {patience}")
+        if min_delta < 0:
+            raise ValueError(f"min_delta must be >= 0 (it is a distance), got {min_delta}")
+        self.monitor = monitor
+        self.mode = mode
+        self.patience = patience
+        self.min_delta = min_delta
+        self.check_finite = check_finite
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self.verbose = verbose
+        self.stream = stream
+        self.wait_count = 0
+        self.best_score = math.inf if mode == "min" else -math.inf
+        #: Epoch in which training was stopped (-1 while it was not).
+        self.stopped_epoch = -1
+        self.stopping_reason = ""
+        self._monitor = Monitor("EarlyStopping", monitor)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return f"EarlyStopping[monitor={self.monitor},mode={self.mode}]"
+
+    def _better(self, value: float, than: float) -> bool:
+        return value < than if self.mode == "min" else value > than
+
+    def update(self, value: float) -> tuple[bool, str]:
+        """Take one new value; return whether to stop and why. Updates the patience state."""
+        if self.check_finite and not math.isfinite(value):
+            return True, f"{self.monitor} = {value} is not finite"
+        if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
+            return True, f"{self.monitor} = {value:.6g} reached the stopping threshold {self.stopping_threshold}"
+        if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
+            return (
+                True,
+                f"{self.monitor} = {value:.6g} is worse than the divergence threshold {self.divergence_threshold}",
+            )
+        delta = -self.min_delta if self.mode == "min" else self.min_delta
+        if self._better(value, self.best_score + delta):
+            self.best_score = value
+            self.wait_count = 0
+            return False, ""
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            return True, (
+                f"{self.monitor} did not improve by more than {self.min_delta} for {self.wait_count} "
+                f"checks; best {self.best_score:.6g}"
+            )
+        return False, ""
+
+    @override
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if not trainer.sanity_checking and trainer.stage == "fit":
+            self._monitor.validated = True
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        local = self._monitor.read(trainer)
+        if local is None:
+            return
+        strategy = trainer.strategy
+        # Every rank judges rank 0's value, so the patience state is the same everywhere...
+        value = float(strategy.broadcast(float(local), 0))
+        stop, reason = self.update(value)
+        # ... and any rank wanting to stop stops them all, in the same epoch.
+        vote = torch.tensor(1.0 if stop else 0.0, device=strategy.root_device)
+        if float(strategy.reduce(vote, "max")) > 0:
+            trainer.should_stop = True
+            self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason = reason or "another process decided to stop"
+            if self.verbose and trainer.is_global_zero:
+                out = self.stream if self.stream is not None else sys.stdout
+                print(f"EarlyStopping: stopping after epoch {trainer.current_epoch}: {self.stopping_reason}", file=out)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "wait_count": self.wait_count,
+            "best_score": self.best_score,
+            "stopped_epoch": self.stopped_epoch,
+            "patience": self.patience,
+        }
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.wait_count = int(state.get("wait_count", 0))
+        self.best_score = float(state.get("best_score", self.best_score))
+        self.stopped_epoch = int(state.get("stopped_epoch", -1))

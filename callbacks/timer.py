@@ -1,0 +1,119 @@
+"""``Timer``: stop training cleanly once a time budget is spent."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["Timer"]
+
+
+def parse_duration(value: str | float | timedelta | dict[str, float]) -> timedelta:
+    """``"DD:HH:MM:SS"``, seconds, a ``timedelta`` or ``timedelta`` keywords to a ``timedelta``.
+
+    >>> parse_duration("00:01:30:00")
+    datetime.timedelta(seconds=5400)
+    >>> parse_duration({"minutes": 2})
+    datetime.timedelta(seconds=120)
+    """
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, dict):
+        return timedelta(**value)
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) != 4:
+            raise ValueError(f"max_time as text must be 'DD:HH:MM:SS', got {value!r}")
+        days, hours, minutes, seconds = (float(p) for p in parts)
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    return timedelta(seconds=float(value))
+
+
+class Timer(Callback):
+    """End training when ``max_time`` of training has passed, after the step (or epoch) in progress.
+
+    The check sets ``trainer.should_stop``, so the loop ends the way it does after ``max_steps``:
+    ``on_train_end``/``on_fit_end`` run and the final ``last.ckpt`` is written. Time already spent
+    is stored in checkpoints, so a resumed run gets only what is left. Rank 0's clock decides for
+    every rank (a broadcast per check; ``interval="epoch"`` makes that once per epoch).
+
+    Args:
+        max_time: ``"DD:HH:MM:SS"``, seconds, a ``timedelta`` or a dict of its keywords;
+            ``None`` only measures (see :meth:`time_elapsed`).
+        interval: check after every ``"step"`` (batch) or only at each ``"epoch"`` end.
+        verbose: print when the budget ends training (rank 0).
+        clock: seconds as a float; a fake one makes tests exact.
+    """
+
+    def __init__(
+        self,
+        max_time: str | float | timedelta | dict[str, float] | None = None,
+        interval: str = "step",
+        verbose: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval not in ("step", "epoch"):
+            raise ValueError(f"interval must be 'step' or 'epoch', got {interval!r}")
+        self.max_time = parse_duration(max_time) if max_time is not None else None
+        self.interval = interval
+        self.verbose = verbose
+        self.clock = clock
+        self._offset = 0.0  # seconds spent before a resume
+        self._start: float | None = None
+
+    def time_elapsed(self) -> float:
+        """Seconds of training so far (including before a resume)."""
+        if self._start is None:
+            return self._offset
+        return self._offset + self.clock() - self._start
+
+    @override
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._start = self.clock()
+
+    @override
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._offset = self.time_elapsed()
+        self._start = None
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.interval == "step":
+            self._check(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._check(trainer)
+
+    def _check(self, trainer: Trainer) -> None:
+        if self.max_time is None or trainer.should_stop:
+            return
+        over = self.time_elapsed() >= self.max_time.total_seconds()
+        if trainer.strategy.broadcast(over, 0):
+            trainer.should_stop = True
+            if self.verbose and trainer.is_global_zero:
+                print(
+                    f"Timer: max_time {self.max_time} reached after step {trainer.global_step}; stopping",
+                    file=sys.stdout,
+                )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"time_elapsed": self.time_elapsed()}
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._offset = float(state.get("time_elapsed", 0.0))

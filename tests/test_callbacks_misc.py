@@ -1,0 +1,282 @@
+"""Progress bar, CSV logger, learning rates, model summary, throughput, timer, hook dispatch."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from callbacks import (
+    Callback,
+    CSVLogger,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+    ThroughputMonitor,
+    Timer,
+)
+from callbacks.base import HOOKS
+from tests._cb_helpers import NotRankZero, Recorder, Scripted, loaders, quiet_trainer
+from trainer.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------- progress bar
+NUM = r"[-+0-9.e]+"
+
+
+def test_progress_bar_plain_lines() -> None:
+    out = io.StringIO()
+    train, val = loaders()  # 4 training batches, 2 validation batches
+    quiet_trainer([ProgressBar(refresh_every_n_steps=2, stream=out)], max_epochs=2, num_sanity_val_steps=2).fit(
+        Scripted(), train, val
+    )
+    metrics = rf"train/loss={NUM} val/loss={NUM}"
+    expected = [
+        rf"epoch 0 \| batch 2/4 \| step 2 \| {NUM} it/s \| eta 0:00:\d\d \| train/loss={NUM}",
+        rf"validation \| epoch 0 \| 2 batches \| {metrics}",
+        rf"epoch 0 \| batch 4/4 \| step 4 \| {NUM} it/s \| took 0:00:\d\d \| {metrics}",
+        rf"epoch 1 \| batch 2/4 \| step 6 \| {NUM} it/s \| eta 0:00:\d\d \| {metrics}",
+        rf"validation \| epoch 1 \| 2 batches \| {metrics}",
+        rf"epoch 1 \| batch 4/4 \| step 8 \| {NUM} it/s \| took 0:00:\d\d \| {metrics}",
+    ]
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(expected), lines  # the sanity check prints nothing
+    for line, pattern in zip(lines, expected):
+        assert re.fullmatch(pattern, line), (line, pattern)
+    assert "\x1b" not in out.getvalue()  # no terminal control codes in logs
+
+
+def test_progress_bar_in_a_terminal_draws_with_rich() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    train, val = loaders()
+    quiet_trainer([ProgressBar(stream=out)], max_epochs=2).fit(Scripted(), train, val)
+    text = out.getvalue()
+    assert "Epoch 0" in text and "Epoch 1" in text and "4/4" in text and "train/loss=" in text
+
+
+def test_nothing_is_printed_on_other_ranks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = io.StringIO()
+    train, val = loaders()
+    callbacks = [ProgressBar(refresh_every_n_steps=1, stream=out), ProgressBar(refresh_every_n_steps=1), ModelSummary()]
+    callbacks += [EarlyStopping(monitor="val/loss", patience=0), Timer(max_time=0), CSVLogger(save_dir=tmp_path)]
+    trainer = quiet_trainer(callbacks, max_epochs=3, strategy=NotRankZero(device="cpu"))
+    trainer.fit(Scripted(), train, val)
+    assert trainer.should_stop  # the timer did run and stop training
+    assert out.getvalue() == ""
+    assert capsys.readouterr() == ("", "")
+    assert not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------- loggers
+def test_csv_logger_writes_what_loggers_get(tmp_path: Path) -> None:
+    recorder, logger = Recorder(), CSVLogger(save_dir=tmp_path)
+    train, val = loaders()
+    trainer = quiet_trainer([logger, LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=1)
+    trainer.fit(Scripted(), train, val)
+    assert logger.path == tmp_path / "csv" / "metrics.csv"
+    with logger.path.open() as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == ["step", "epoch", "lr-SGD", "train/loss", "val/loss"]
+        rows = list(reader)
+    got = sorted((k, int(r["step"]), float(v)) for r in rows for k, v in r.items() if k not in ("step", "epoch") and v)
+    assert got == sorted(recorder.rows)
+    assert [r["epoch"] for r in rows if r["val/loss"]] == ["0", "1"]
+
+
+class StepDecay(Scripted):
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD([{"params": [self.layer.weight]}, {"params": [self.layer.bias], "lr": 1.0}], lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def test_learning_rate_monitor_logs_the_rate_each_logged_step_used() -> None:
+    recorder = Recorder()
+    train, val = loaders()
+    trainer = quiet_trainer([LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=2)
+    trainer.fit(StepDecay(), train, val)
+    assert recorder.of("lr-SGD") == [(i, pytest.approx(0.1 * 0.5**i)) for i in (1, 3, 5, 7)]
+    assert recorder.of("lr-SGD/pg1") == [(i, pytest.approx(0.5**i)) for i in (1, 3, 5, 7)]
+    assert [s for s, _ in recorder.of("train/loss")] == [1, 3, 5, 7]  # the same x positions
+
+
+def test_throughput_is_logged_through_the_loggers() -> None:
+    recorder = Recorder()
+    train, val = loaders()
+    quiet_trainer([ThroughputMonitor(every_n_steps=2), recorder], max_epochs=2).fit(Scripted(), train, val)
+    samples, batches = recorder.of("throughput/samples_per_sec"), recorder.of("throughput/batches_per_sec")
+    assert [s for s, _ in samples] == [s for s, _ in batches] == [1, 3, 5, 7]
+    for (_, per_sample), (_, per_batch) in zip(samples, batches):
+        assert per_batch > 0 and per_sample == pytest.approx(8 * per_batch)  # 8 samples per batch
+
+
+def test_model_summary_table() -> None:
+    out = io.StringIO()
+    train, val = loaders()
+    quiet_trainer([ModelSummary(stream=out)], max_epochs=1).fit(Scripted(), train, val)
+    assert out.getvalue().splitlines() == [
+        "  | Name  | Type   | Params",
+        "-" * 27,
+        "0 | layer | Linear | 5",
+        "-" * 27,
+        "5         Trainable params",
+        "0         Non-trainable params",
+        "5         Total params",
+        "0.000     Total estimated params size (MB)",
+    ]
+
+
+# ----------------------------------------------------------------- timer
+def test_timer_stops_cleanly_when_time_is_up(tmp_path: Path) -> None:
+    now = [100.0]
+
+    class Tick(Callback):  # every batch takes 10 s on the fake clock
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            now[0] += 10.0
+
+    timer = Timer(max_time="00:00:00:25", clock=lambda: now[0], verbose=False)
+    ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=0, save_last=True)
+    train, val = loaders()
+    trainer = quiet_trainer([Tick(), timer, ck], max_epochs=5)
+    trainer.fit(Scripted(), train, val)
+    assert trainer.global_step == 3  # 30 s >= 25 s after the third step
+    assert timer.time_elapsed() == 30.0
+    last = load_checkpoint(tmp_path / "last.ckpt")  # fit ended normally: the final state was saved
+    assert last["progress"]["global_step"] == 3
+    assert last["callbacks"]["Timer"] == {"time_elapsed": 30.0}
+
+
+# ----------------------------------------------------------------- hooks
+EXPECTED_HOOKS = (
+    {f"on_{stage}_{when}" for stage in ("fit", "train", "validation", "test", "predict") for when in ("start", "end")}
+    | {
+        f"on_{stage}_{part}_{when}"
+        for stage in ("train", "validation", "test", "predict")
+        for part in ("epoch", "batch")
+        for when in ("start", "end")
+    }
+    | {
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_exception",
+        "on_save_checkpoint",
+        "on_load_checkpoint",
+        "on_log_metrics",
+    }
+)
+
+
+def test_every_hook_exists_and_is_called_in_order(tmp_path: Path) -> None:
+    assert set(HOOKS) >= EXPECTED_HOOKS
+
+    class Each(Callback):
+        pass
+
+    for hook in HOOKS:
+        setattr(Each, hook, lambda self, *args, _h=hook: self.calls.append(_h))
+    each: Any = Each()
+    each.calls = []
+    train, val = loaders(n_train=16)
+    trainer = quiet_trainer([each], max_epochs=1)
+    trainer.fit(Scripted(), train, val)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    batch = [
+        "on_train_batch_start",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_train_batch_end",
+    ]
+    val_pass = ["on_validation_start", "on_validation_epoch_start"]
+    val_pass += ["on_validation_batch_start", "on_validation_batch_end"] * 2
+    val_pass += ["on_log_metrics", "on_validation_epoch_end", "on_validation_end"]
+    assert each.calls == [
+        "setup",
+        "on_fit_start",
+        "on_train_start",
+        "on_train_epoch_start",
+        *batch,
+        *batch,
+        *val_pass,
+        "on_train_epoch_end",  # no epoch-level training values: nothing to log
+        "on_train_end",
+        "on_fit_end",
+        "teardown",
+        "on_save_checkpoint",
+    ]
+
+
+def test_exception_reaches_on_exception_and_teardown_still_runs() -> None:
+    seen: list[Any] = []
+
+    class Watch(Callback):
+        def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+            seen.append(exception)
+
+        def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+            seen.append(f"teardown {stage}")
+
+    class Broken(Scripted):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 1:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    train, val = loaders()
+    with pytest.raises(RuntimeError, match="boom"):
+        quiet_trainer([Watch()], max_epochs=1).fit(Broken(), train, val)
+    assert isinstance(seen[0], RuntimeError) and seen[1:] == ["teardown fit"]
+
+
+def test_callback_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    class Counter(Callback):
+        def __init__(self) -> None:
+            self.batches = 0
+            self.loaded: dict[str, Any] = {}
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.batches += 1
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"batches": self.batches}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.loaded = state
+
+    train, val = loaders()
+    first = quiet_trainer([Counter()], max_epochs=1)
+    first.fit(Scripted(), train, val)
+    first.save_checkpoint(tmp_path / "c.ckpt")
+    fresh = Counter()
+    quiet_trainer([fresh], max_epochs=2).fit(Scripted(), train, val, ckpt_path=tmp_path / "c.ckpt")
+    assert fresh.loaded == {"batches": 4}
+
+
+def test_import_callbacks_is_cheap() -> None:
+    code = (
+        "import sys, callbacks; heavy = ('tensorboard', 'rich', 'torchmetrics', 'torch.utils.tensorboard');"
+        "print([m for m in heavy if m in sys.modules]); print(sorted(callbacks.__all__))"
+    )
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    heavy, names = out.stdout.splitlines()
+    assert heavy == "[]"
+    for name in ("ModelSummary", "ThroughputMonitor", "Timer", "CSVLogger", "EarlyStopping", "LearningRateMonitor"):
+        assert name in names
