@@ -7,6 +7,7 @@ Every method has a working single-process default, so a new strategy overrides o
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -89,6 +90,25 @@ class Strategy:
         self.module = converted
         self.model = converted
         return converted
+
+    def apply_activation_checkpointing(self, module: nn.Module, classes: tuple[type[nn.Module], ...]) -> int:
+        """Recompute the activations of ``module``'s ``classes`` submodules in backward; return their count.
+
+        The default replaces the instance's ``forward`` with one that runs the original under
+        ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` (which also replays the RNG, so
+        dropout masks match). Parameters and ``state_dict`` keys do not change. Costs one extra
+        forward of those blocks per step. Called before :meth:`setup`, so wrapping strategies (FSDP)
+        can override this with their own wrapper. Applying it twice changes nothing.
+        """
+        count = 0
+        for sub in module.modules():
+            if isinstance(sub, classes):
+                if not getattr(sub, "_geartrain_checkpointed", False):
+                    # A partial over the bound method (not a closure) so deepcopy rebinds it to the copy.
+                    sub.forward = functools.partial(_checkpointed_forward, sub.forward)
+                    object.__setattr__(sub, "_geartrain_checkpointed", True)
+                count += 1
+        return count
 
     def setup_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
         """Give the strategy a chance to wrap or re-create optimizers (default: unchanged)."""
@@ -189,6 +209,12 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"
+
+
+def _checkpointed_forward(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def default_device() -> torch.device:
