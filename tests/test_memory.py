@@ -181,7 +181,7 @@ def test_auto_micro_batch_halves_on_oom_and_retries_the_same_batch(capsys: pytes
 
 
 class FlakyNet(Net):
-    """Runs out of memory once, on the second micro-batch of one batch: after a backward already ran."""
+    """Runs out of memory once: on the 2nd micro-batch of the 2nd batch of an accumulation window."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -189,7 +189,7 @@ class FlakyNet(Net):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        if self.global_step == 1 and x.shape[0] == 4 and self.calls % 2 == 0 and not self.failed:
+        if self.global_step == 1 and x.shape[0] == 4 and self.calls % 4 == 0 and not self.failed:
             self.failed = True
             raise torch.OutOfMemoryError("simulated, transient")
         return super().forward(x)
@@ -306,3 +306,19 @@ def test_weights_only_geartrain_checkpoint_is_not_taken_for_plain_weights(tmp_pa
     target = Net()
     with pytest.raises(CheckpointError, match="weights only"):
         trainer().fit(target, data(), ckpt_path=path)
+
+
+def test_hydra_trainer_config_carries_the_memory_options() -> None:
+    from omegaconf import OmegaConf
+
+    from trainer.config import TrainerConfig
+
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(TrainerConfig),
+        OmegaConf.from_dotlist([f"activation_checkpointing=[{__name__}.Block]", "micro_batch_size=auto"]),
+    )
+    kwargs = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(kwargs, dict)
+    t = Trainer(**{str(k): v for k, v in kwargs.items()}, strategy="single")
+    assert t.activation_checkpointing == (Block,)
+    assert t._micro_batcher is not None and t._micro_batcher.auto
