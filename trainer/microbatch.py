@@ -8,6 +8,9 @@ tried first and an out-of-memory error halves the piece size and retries the sam
 Exactness: the weighted sum ``sum_i (n_i / N) * mean_loss_i`` is mathematically the full-batch mean
 loss, but the float additions happen in a different order, so gradients agree to rounding (allclose,
 not bitwise). Tests use ``rtol=1e-5, atol=1e-6`` for float32.
+
+Under several processes, "auto" backs off per rank without telling the others; an out-of-memory
+error inside the backward that syncs gradients would leave them waiting, so give an int there.
 """
 
 from __future__ import annotations
