@@ -7,7 +7,6 @@ Every method has a working single-process default, so a new strategy overrides o
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -94,9 +93,11 @@ class Strategy:
     def apply_activation_checkpointing(self, module: nn.Module, classes: tuple[type[nn.Module], ...]) -> int:
         """Recompute the activations of ``module``'s ``classes`` submodules in backward; return their count.
 
-        The default replaces the instance's ``forward`` with one that runs the original under
-        ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` (which also replays the RNG, so
-        dropout masks match). Parameters and ``state_dict`` keys do not change. Costs one extra
+        The default gives each such submodule a subclass of its class (same name, same state_dict
+        keys) whose ``forward`` runs the original under ``torch.utils.checkpoint.checkpoint``
+        (non-reentrant, RNG replayed so dropout masks match). A class, not an instance attribute,
+        so DataParallel's replicas and deep copies call their own parameters (but pickling the whole
+        module object no longer works; state dicts do). Costs one extra
         forward of those blocks per step. Called before :meth:`setup`, so wrapping strategies (FSDP)
         can override this with their own wrapper. Applying it twice changes nothing.
         """
@@ -104,9 +105,7 @@ class Strategy:
         for sub in module.modules():
             if isinstance(sub, classes):
                 if not getattr(sub, "_geartrain_checkpointed", False):
-                    # A partial over the bound method (not a closure) so deepcopy rebinds it to the copy.
-                    sub.forward = functools.partial(_checkpointed_forward, sub.forward)
-                    object.__setattr__(sub, "_geartrain_checkpointed", True)
+                    sub.__class__ = _checkpointed_class(type(sub))
                 count += 1
         return count
 
@@ -211,10 +210,21 @@ class Strategy:
         return f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"
 
 
-def _checkpointed_forward(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import checkpoint
+_CHECKPOINTED: dict[type[nn.Module], type[nn.Module]] = {}
 
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
+    """``cls`` with a forward that recomputes its activations in backward (made once per class)."""
+    if cls not in _CHECKPOINTED:
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
+
+        attrs = {"forward": forward, "_geartrain_checkpointed": True, "__module__": cls.__module__}
+        _CHECKPOINTED[cls] = type(cls.__name__, (cls,), {**attrs, "__qualname__": cls.__qualname__})
+    return _CHECKPOINTED[cls]
 
 
 def default_device() -> torch.device:

@@ -117,8 +117,26 @@ def test_activation_checkpointing_gives_bitwise_same_weights_and_keys() -> None:
     assert same(plain, ckpt)  # dropout masks replayed in the recompute, so bitwise equal
     by_path = fitted({"dropout": 0.2}, activation_checkpointing=[f"{__name__}.Block"])
     assert same(plain, by_path)
-    twice = copy.deepcopy(ckpt)  # deepcopy keeps the wrapper bound to the copy, not to the original
-    assert twice.blocks[0].forward.args[0].__self__ is twice.blocks[0]  # type: ignore[attr-defined]
+
+
+def test_checkpointed_blocks_replicate_and_copy_with_their_own_parameters() -> None:
+    net = Net(dropout=0.0)
+    resolve_strategy("single").apply_activation_checkpointing(net, (Block,))
+    block, x = net.blocks[0], torch.randn(4, 8)
+    assert isinstance(block, Block) and type(block).__name__ == "Block"
+    # What nn.DataParallel does per GPU: a shallow replica whose parameters are then swapped.
+    replica = block._replicate_for_data_parallel()
+    replica._parameters = dict(block._parameters)
+    replica.up = block.up._replicate_for_data_parallel()
+    replica.up._parameters = {"weight": torch.zeros_like(block.up.weight), "bias": torch.zeros_like(block.up.bias)}
+    down = block.down
+    expected = x + down(torch.tanh(torch.zeros(4, 32)))
+    assert torch.equal(replica(x), expected)  # used the replica's (zero) weights, not the original's
+    twin = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+    assert torch.equal(twin.blocks[0](x), x) and not torch.equal(net.blocks[0](x), x)
 
 
 def test_activation_checkpointing_stores_fewer_activation_bytes() -> None:
