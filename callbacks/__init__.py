@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CSVLogger",
     "Callback",
+    "DeviceStatsMonitor",
     "EarlyStopping",
     "LearningRateMonitor",
     "ModelCheckpoint",
@@ -36,6 +37,7 @@ __all__ = [
 
 _LAZY = {
     "CSVLogger": "callbacks.csv_logger",
+    "DeviceStatsMonitor": "callbacks.device_stats",
     "EarlyStopping": "callbacks.early_stopping",
     "LearningRateMonitor": "callbacks.lr_monitor",
     "ModelCheckpoint": "callbacks.checkpoint",

@@ -89,6 +89,25 @@ class Strategy:
         self.model = converted
         return converted
 
+    def apply_activation_checkpointing(self, module: nn.Module, classes: tuple[type[nn.Module], ...]) -> int:
+        """Recompute the activations of ``module``'s ``classes`` submodules in backward; return their count.
+
+        The default gives each such submodule a subclass of its class (same name, same state_dict
+        keys) whose ``forward`` runs the original under ``torch.utils.checkpoint.checkpoint``
+        (non-reentrant, RNG replayed so dropout masks match). A class, not an instance attribute,
+        so DataParallel's replicas and deep copies call their own parameters (but pickling the whole
+        module object no longer works; state dicts do). Costs one extra
+        forward of those blocks per step. Called before :meth:`setup`, so wrapping strategies (FSDP)
+        can override this with their own wrapper. Applying it twice changes nothing.
+        """
+        count = 0
+        for sub in module.modules():
+            if isinstance(sub, classes):
+                if not getattr(sub, "_geartrain_checkpointed", False):
+                    sub.__class__ = _checkpointed_class(type(sub))
+                count += 1
+        return count
+
     def setup_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
         """Give the strategy a chance to wrap or re-create optimizers (default: unchanged)."""
         return optimizers
@@ -192,6 +211,23 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"
+
+
+_CHECKPOINTED: dict[type[nn.Module], type[nn.Module]] = {}
+
+
+def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
+    """``cls`` with a forward that recomputes its activations in backward (made once per class)."""
+    if cls not in _CHECKPOINTED:
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
+
+        attrs = {"forward": forward, "_geartrain_checkpointed": True, "__module__": cls.__module__}
+        _CHECKPOINTED[cls] = type(cls.__name__, (cls,), {**attrs, "__qualname__": cls.__qualname__})
+    return _CHECKPOINTED[cls]
 
 
 def default_device() -> torch.device:

@@ -24,6 +24,7 @@ __all__ = [
     "CheckpointError",
     "load_checkpoint",
     "load_module_state",
+    "plain_state_dict",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
@@ -66,8 +67,15 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
     return path
 
 
-def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a geartrain checkpoint with ``weights_only=True`` and check its format and version."""
+def load_checkpoint(
+    path: str | os.PathLike[str], map_location: Any = "cpu", plain_weights: bool = False
+) -> dict[str, Any]:
+    """Read a geartrain checkpoint with ``weights_only=True`` and check its format and version.
+
+    With ``plain_weights``, a plain PyTorch state dict (``torch.save(model.state_dict(), path)``,
+    prefixed or not, or a dict holding one under ``"state_dict"`` / ``"model_state_dict"`` / ``"model"``)
+    is accepted too and returned as ``{"state_dict": ..., "plain_weights": True}`` plus the format keys.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"Checkpoint {path} does not exist")
@@ -83,6 +91,9 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
         raise CheckpointError(
             f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {err}"
         ) from err
+    weights = plain_state_dict(state) if plain_weights and isinstance(state, dict) else None
+    if weights is not None and state.get("format") != FORMAT_NAME:
+        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
     if not isinstance(state, dict) or state.get("format") != FORMAT_NAME:
         keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(
@@ -131,6 +142,17 @@ def _pickled_imports(path: Path) -> list[str]:
     return [n for n in dict.fromkeys(names) if not n.startswith(_SAFE_IMPORTS)]
 
 
+def plain_state_dict(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``obj`` if it is a plain state dict (str -> tensor), or the one it holds under a usual key."""
+    if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        return dict(obj)
+    for key in ("state_dict", "model_state_dict", "model"):
+        inner = obj.get(key)
+        if isinstance(inner, Mapping) and "format" not in obj:
+            return plain_state_dict(inner)
+    return None
+
+
 def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
     """Drop the ``module.`` / ``_orig_mod.`` prefixes DataParallel, DDP and torch.compile add to keys."""
     out: dict[str, Any] = {}
@@ -146,9 +168,14 @@ def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_module_state(module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
-    """Load ``state`` into ``module``, ignoring wrapper prefixes; on mismatch, list what differs."""
-    state = strip_wrapper_prefixes(state)
+    """Load ``state`` into ``module``, ignoring wrapper prefixes; on mismatch, list what differs.
+
+    A key is used as it is when the module has it, else without the prefixes DataParallel, DDP and
+    ``torch.compile`` add (``module.``, ``_orig_mod.``, also inside the key), so a module whose own
+    attribute is called ``module`` still loads its own state dict.
+    """
     own = module.state_dict()
+    state = {_match_key(key, own): value for key, value in state.items()}
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     shapes = [
@@ -166,6 +193,17 @@ def load_module_state(module: nn.Module, state: Mapping[str, Any], strict: bool 
             lines.append(f"  shape mismatches ({len(shapes)}): {'; '.join(shapes[:20])}")
         raise CheckpointError("\n".join(lines))
     module.load_state_dict(state, strict=strict)
+
+
+def _match_key(key: str, own: Mapping[str, Any]) -> str:
+    """``key`` as the module names it: wrapper prefixes dropped one at a time until it matches."""
+    candidate = key.replace("._orig_mod.", ".")
+    while candidate not in own:
+        prefix = next((p for p in _WRAPPER_PREFIXES if candidate.startswith(p)), None)
+        if prefix is None:
+            return key  # no match: reported under its own name
+        candidate = candidate[len(prefix) :]
+    return candidate
 
 
 def to_plain(obj: Any) -> Any:

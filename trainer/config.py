@@ -9,7 +9,7 @@ fails while the config is composed, before anything runs, with a message naming 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional  # noqa: UP035
 
 __all__ = ["TrainerConfig", "register_configs"]
 
@@ -45,8 +45,15 @@ class TrainerConfig:
     max_nonfinite_in_a_row: int = 3
     preemption_exit_code: Optional[int] = 0  # noqa: UP045
     slurm_requeue: bool = True
+    #: "auto", a positive int, or null (no micro-batching).
+    micro_batch_size: Any = None
+    #: Dotted class paths of blocks whose activations are recomputed in backward.
+    activation_checkpointing: Optional[List[str]] = None  # noqa: UP006, UP045
 
     def __post_init__(self) -> None:
+        mbs = self.micro_batch_size
+        if mbs is not None and mbs != "auto" and not (isinstance(mbs, int) and not isinstance(mbs, bool) and mbs > 0):
+            raise ValueError(f"trainer.micro_batch_size must be 'auto', a positive int or null, got {mbs!r}")
         if self.gradient_clip_algorithm not in ("norm", "value"):
             raise ValueError(
                 f"trainer.gradient_clip_algorithm must be 'norm' or 'value', got {self.gradient_clip_algorithm!r}"

@@ -19,6 +19,7 @@ import torch
 from trainer.checkpoint import rng_state, set_rng_state
 from trainer.data import ResumableBatchSampler
 from trainer.metrics import MetricStore
+from trainer.microbatch import train_micro_batches
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -50,6 +51,7 @@ def fit_loop(trainer: Trainer) -> None:
                 with no_backward_sync(unless last micro-batch):
                     with forward_context(): out = training_step(batch, i)
                     on_before_backward(loss); strategy.backward(loss / k); on_after_backward
+                    (micro_batch_size: the two lines above run per micro-batch, loss * its share)
                 if last micro-batch of the step:
                     on_before_optimizer_step(optimizer)
                     strategy.clip_gradients(...)            (unscales exactly once first)
@@ -159,18 +161,21 @@ def _automatic_step(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
     strategy, p = trainer.strategy, trainer.progress
     k = trainer.accumulate_grad_batches
     boundary = (batch_idx + 1) % k == 0 or is_last
-    with strategy.no_backward_sync(not boundary):
-        with strategy.forward_context():
-            out = strategy.step("training_step", batch, batch_idx)
-        loss = _loss_of(out)
-        if loss is not None and trainer.on_nonfinite is not None and not _loss_is_finite(trainer, loss, batch_idx):
-            loss = None
-            trainer._window_nonfinite = True
-        if loss is not None:
-            trainer._hook("on_before_backward", loss)
-            strategy.backward(loss / k if k > 1 else loss)
-            trainer._hook("on_after_backward")
-            trainer._window_has_loss = True
+    if trainer._micro_batcher is not None:  # Trainer(micro_batch_size=...): see trainer/microbatch.py
+        out = train_micro_batches(trainer, batch, batch_idx, boundary)
+    else:
+        with strategy.no_backward_sync(not boundary):
+            with strategy.forward_context():
+                out = strategy.step("training_step", batch, batch_idx)
+            loss = _loss_of(out)
+            if loss is not None and trainer.on_nonfinite is not None and not _loss_is_finite(trainer, loss, batch_idx):
+                loss = None
+                trainer._window_nonfinite = True
+            if loss is not None:
+                trainer._hook("on_before_backward", loss)
+                strategy.backward(loss / k if k > 1 else loss)
+                trainer._hook("on_after_backward")
+                trainer._window_has_loss = True
     if boundary and trainer._window_nonfinite:
         _skip_nonfinite_step(trainer)
     elif boundary and trainer._window_has_loss:

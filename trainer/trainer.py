@@ -30,6 +30,7 @@ from trainer.checkpoint import (
 )
 from trainer.data import ResumableBatchSampler, make_resumable
 from trainer.metrics import MetricStore
+from trainer.microbatch import MicroBatcher
 from trainer.module import DataModule, TrainModule
 from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.progress import Progress
@@ -90,6 +91,11 @@ class Trainer:
         slurm_requeue: on SIGUSR1 under Slurm (``SLURM_JOB_ID`` set), ask Slurm to requeue the job
             (``scontrol requeue``) after saving.
         config: the resolved run configuration (Hydra's), saved in checkpoints and as hparams.
+        micro_batch_size: split every training batch into micro-batches of this many samples and
+            accumulate, so the step equals the whole batch's; ``"auto"`` halves it on out-of-memory
+            and retries the batch (see :mod:`trainer.microbatch`). ``None``: no splitting.
+        activation_checkpointing: module classes (or their dotted paths) whose activations are
+            recomputed in backward instead of stored (see ``Strategy.apply_activation_checkpointing``).
 
     Example:
         >>> trainer = Trainer(max_epochs=1, enable_progress_bar=False, logger=False,
@@ -130,6 +136,8 @@ class Trainer:
         preemption_exit_code: int | None = 0,
         slurm_requeue: bool = True,
         config: Any = None,
+        micro_batch_size: int | str | None = None,
+        activation_checkpointing: Iterable[type[torch.nn.Module] | str] | None = None,
     ) -> None:
         _check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
         _check_positive_int("log_every_n_steps", log_every_n_steps)
@@ -200,6 +208,8 @@ class Trainer:
         self.default_root_dir = Path(default_root_dir)
         self.deterministic = deterministic
         self.config = config
+        self._micro_batcher = MicroBatcher(micro_batch_size) if micro_batch_size is not None else None
+        self.activation_checkpointing = _resolve_classes(activation_checkpointing or ())
         if deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -369,6 +379,7 @@ class Trainer:
                 datamodule.setup(hook_stage)
             module.setup(hook_stage)
             self._call_callbacks("setup", hook_stage)
+            self._apply_memory_options(module, stage)
             self.strategy.setup(module)
             if stage == "fit":
                 self._configure_optimizers(module)
@@ -402,6 +413,18 @@ class Trainer:
             self.strategy.teardown()
             self._store = None
             self.stage = None
+
+    def _apply_memory_options(self, module: TrainModule, stage: str) -> None:
+        """Activation checkpointing (before the strategy wraps the module) and micro-batching checks."""
+        if self.activation_checkpointing:
+            found = self.strategy.apply_activation_checkpointing(module, self.activation_checkpointing)
+            if not found:
+                names = ", ".join(c.__qualname__ for c in self.activation_checkpointing)
+                warnings.warn(
+                    f"activation_checkpointing: {type(module).__name__} has no {names} submodule", stacklevel=2
+                )
+        if stage == "fit" and self._micro_batcher is not None and not module.automatic_optimization:
+            raise ValueError("micro_batch_size needs automatic optimisation; split batches yourself in training_step")
 
     def _configure_optimizers(self, module: TrainModule) -> None:
         optimizers, schedulers = parse_optimizers(module.configure_optimizers())
@@ -592,13 +615,22 @@ class Trainer:
         return Path(ckpt_path)
 
     def _restore(self, ckpt_path: str | os.PathLike[str], full: bool) -> None:
-        """Load a checkpoint: weights always; with ``full``, everything needed to resume training."""
+        """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
+
+        A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
+        and all) sets the weights only: for evaluation, or to start training from them.
+        """
         path = self._resolve_ckpt_path(ckpt_path)
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, plain_weights=True)
         assert self.module is not None
+        if state.get("plain_weights"):
+            if full and self.is_global_zero:
+                print(f"{path} is a plain state dict: training starts from its weights, with fresh optimizer state")
+            self._load_weights(path, state["state_dict"])
+            return
         self.module.on_load_checkpoint(state)
         self._call_callbacks("on_load_checkpoint", state)
-        self.strategy.load_model_state_dict(state["state_dict"])
+        self._load_weights(path, state["state_dict"])
         if not full:
             return
         if "optimizers" not in state:
@@ -622,6 +654,12 @@ class Trainer:
         rngs = state.get("rng", [])
         if rngs:
             set_rng_state(rngs[min(self.global_rank, len(rngs) - 1)])
+
+    def _load_weights(self, path: Path, state_dict: dict[str, Any]) -> None:
+        try:
+            self.strategy.load_model_state_dict(state_dict)
+        except CheckpointError as err:
+            raise CheckpointError(f"Cannot load the weights in {path}. {err}") from err
 
     # ----------------------------------------------------------------- preemption
     def _install_preemption_handlers(self) -> None:
@@ -692,6 +730,25 @@ class Trainer:
                 warnings.warn(f"fast_dev_run: leaving out {', '.join(dropped)}", stacklevel=3)
             chosen = [cb for cb in chosen if cb.runs_in_fast_dev_run]
         return chosen
+
+
+def _resolve_classes(classes: Iterable[type[torch.nn.Module] | str]) -> tuple[type[torch.nn.Module], ...]:
+    """Classes from classes or dotted paths (``"examples.gpt.Block"``, as Hydra configs give them)."""
+    if isinstance(classes, str):
+        classes = [classes]
+    resolved = []
+    for cls in classes:
+        if isinstance(cls, str):
+            from hydra.utils import get_class
+
+            try:
+                cls = get_class(cls)
+            except Exception as err:
+                raise ValueError(f"activation_checkpointing: cannot import class {cls!r}: {err}") from err
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise TypeError(f"activation_checkpointing takes nn.Module classes or their paths, got {cls!r}")
+        resolved.append(cls)
+    return tuple(resolved)
 
 
 def _check_positive_int(name: str, value: Any) -> None:
