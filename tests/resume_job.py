@@ -11,6 +11,8 @@ after each validation, so a test can kill it at a chosen point.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -74,6 +76,18 @@ class Announce(Callback):
             print(f"VAL {trainer.global_step}", flush=True)
 
 
+class CrashOnce(Callback):
+    """Rank 1 dies (SIGKILL) after step ``at`` of the first attempt, as a failing machine would."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, i: int) -> None:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if trainer.global_rank == 1 and trainer.global_step == self.at and first_attempt:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def slow_down_saves() -> None:
     """Make every checkpoint write take ~1 s (in 64 KiB pieces), printing WRITING when one starts."""
     import trainer.checkpoint as ckpt
@@ -109,6 +123,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--strategy", default="single")
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--crash-rank-1-at", type=int, default=0, help="rank 1 kills itself once at this step")
     args = parser.parse_args(argv)
     if args.slow_save:
         slow_down_saves()
@@ -116,8 +132,19 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     loader = DataLoader(NoisyPoints(), batch_size=BATCH, shuffle=True, num_workers=args.workers)
     val_loader = DataLoader(NoisyPoints(), batch_size=16)
+    strategy: Any = args.strategy
+    if args.max_restarts:
+        from strategies import DDPStrategy
+
+        strategy = DDPStrategy(devices=args.devices, device="cpu", max_restarts=args.max_restarts)
+    callbacks: list[Callback] = [
+        ModelCheckpoint(dirpath=args.out / "checkpoints", every_n_train_steps=1, save_top_k=0, save_last=True),
+        Announce(args.delay),
+    ]
+    if args.crash_rank_1_at:
+        callbacks.append(CrashOnce(args.crash_rank_1_at))
     trainer = Trainer(
-        strategy=args.strategy,
+        strategy=strategy,
         devices=args.devices,
         max_epochs=EPOCHS,
         val_check_interval=4,
@@ -125,10 +152,7 @@ def main(argv: list[str]) -> None:
         enable_progress_bar=False,
         logger=False,
         default_root_dir=args.out,
-        callbacks=[
-            ModelCheckpoint(dirpath=args.out / "checkpoints", every_n_train_steps=1, save_top_k=0, save_last=True),
-            Announce(args.delay),
-        ],
+        callbacks=callbacks,
     )
     module = Net()
     trainer.fit(module, loader, val_loader, ckpt_path="last" if args.resume else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import pickle
 import signal
@@ -330,3 +331,53 @@ def test_nonfinite_skip_drops_exactly_that_step() -> None:
 def test_nonfinite_skip_gives_up_after_too_many_in_a_row() -> None:
     with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
         quiet(max_epochs=1, on_nonfinite="skip", max_nonfinite_in_a_row=3).fit(SpikyModule({1, 2, 3}), nan_data())
+
+
+# ----------------------------------------------------------------- DDP: 2 processes over gloo
+DDP = ["--strategy", "ddp", "--devices", "2"]
+
+
+def kill_group_at(out: Path, line: str, *args: str) -> None:
+    """Start the job in its own process group and SIGKILL the whole group (launcher and workers)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(JOB), str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    try:
+        for text in proc.stdout:
+            if text.strip() == line:
+                break
+        else:
+            pytest.fail(f"the DDP job ended before printing {line!r}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+
+
+@pytest.mark.timeout(420)
+def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    run_to_end(whole, *DDP, "--delay", "0")
+    run = tmp_path / "run"
+    for n, point in enumerate(["STEP 3", "VAL 8", "STEP 12", "VAL 18", "STEP 24"]):
+        kill_group_at(run, point, *DDP, "--delay", "0.1", *(["--resume"] if n else []))
+    run_to_end(run, *DDP, "--resume")
+    assert_same_weights(final_weights(run), final_weights(whole))
+
+
+@pytest.mark.timeout(300)
+def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    run_to_end(whole, *DDP, "--delay", "0")
+    run = tmp_path / "run"
+    out = run_to_end(run, *DDP, "--max-restarts", "1", "--crash-rank-1-at", "13")
+    steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("STEP")]
+    assert steps.count(13) >= 1 and steps[-1] == 30
+    assert any(b <= a for a, b in itertools.pairwise(steps)), "the group should have restarted from a checkpoint"
+    assert_same_weights(final_weights(run), final_weights(whole))
