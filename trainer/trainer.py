@@ -262,7 +262,7 @@ class Trainer:
     ) -> None:
         """Train ``module``; ``ckpt_path`` (a file, or ``"last"``) resumes a run exactly where it was."""
         _check_module(module)
-        self.strategy.launch(self._run, "fit", module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+        self._launch("fit", module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
     def validate(
         self,
@@ -272,8 +272,8 @@ class Trainer:
         ckpt_path: str | os.PathLike[str] | None = None,
     ) -> dict[str, float]:
         """Run one pass over validation data; return the epoch-level metrics."""
-        result: dict[str, float] = self.strategy.launch(
-            self._run, "validate", self._module_for(module), dataloaders, None, datamodule, ckpt_path
+        result: dict[str, float] = self._launch(
+            "validate", self._module_for(module), dataloaders, None, datamodule, ckpt_path
         )
         return result
 
@@ -285,8 +285,8 @@ class Trainer:
         ckpt_path: str | os.PathLike[str] | None = None,
     ) -> dict[str, float]:
         """Run one pass over test data; return the epoch-level metrics."""
-        result: dict[str, float] = self.strategy.launch(
-            self._run, "test", self._module_for(module), dataloaders, None, datamodule, ckpt_path
+        result: dict[str, float] = self._launch(
+            "test", self._module_for(module), dataloaders, None, datamodule, ckpt_path
         )
         return result
 
@@ -298,9 +298,7 @@ class Trainer:
         ckpt_path: str | os.PathLike[str] | None = None,
     ) -> list[Any]:
         """Return ``predict_step``'s output for every batch, in order."""
-        result: list[Any] = self.strategy.launch(
-            self._run, "predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path
-        )
+        result: list[Any] = self._launch("predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path)
         return result
 
     def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False) -> None:
@@ -311,6 +309,46 @@ class Trainer:
         self.strategy.barrier("save_checkpoint")
 
     # ----------------------------------------------------------------- the run
+    def _launch(self, stage: str, module: TrainModule, *rest: Any) -> Any:
+        """Run ``stage`` in every process the strategy uses; return rank 0's output.
+
+        When the stage ran in processes the strategy started, this process's trainer and module
+        adopt rank 0's end state (weights, metrics, progress, callback states), so code after
+        ``fit`` reads the same on every strategy.
+        """
+        output, final = self.strategy.launch(self._run, stage, module, *rest)
+        if final["pid"] != os.getpid():
+            self._adopt(module, final)
+        return output
+
+    def _final_state(self, stage: str) -> dict[str, Any]:
+        """What :meth:`_adopt` needs, taken in every process before the strategy tears down."""
+        cpu = torch.device("cpu")
+        return {
+            "pid": os.getpid(),
+            # Full weights (gathered under FSDP: a collective, so every rank computes this).
+            "state_dict": self.strategy.model_state_dict() if stage == "fit" else None,
+            "progress": self.progress.state_dict(),
+            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
+            "metrics": [
+                {k: v.detach().to(cpu) for k, v in metrics.items()}
+                for metrics in (self.callback_metrics, self.logged_metrics, self.progress_bar_metrics)
+            ],
+        }
+
+    def _adopt(self, module: TrainModule, final: dict[str, Any]) -> None:
+        """Copy rank 0's end state, returned from another process, into this trainer and ``module``."""
+        if final["state_dict"] is not None:
+            from trainer.checkpoint import load_module_state
+
+            load_module_state(module, final["state_dict"])
+        self.module = module
+        self.progress.load_state_dict(final["progress"])
+        for cb in self.callbacks:
+            if cb.state_key in final["callbacks"]:
+                cb.load_state_dict(final["callbacks"][cb.state_key])
+        self.callback_metrics, self.logged_metrics, self.progress_bar_metrics = final["metrics"]
+
     def _run(
         self,
         stage: str,
@@ -320,7 +358,10 @@ class Trainer:
         datamodule: DataModule | None,
         ckpt_path: str | os.PathLike[str] | None,
     ) -> Any:
-        """Everything one entry point does, in every process: set up, run the loop, tear down."""
+        """Everything one entry point does, in every process: set up, run the loop, tear down.
+
+        Returns ``(output, end state)``; :meth:`_launch` uses the end state when this ran elsewhere.
+        """
         self.stage = stage
         self.module = module
         self.datamodule = datamodule
@@ -344,12 +385,12 @@ class Trainer:
                     "validate": self._loader("validate", val_loader, required=False),
                 }
                 loops.fit_loop(self)
-                return None
+                return None, self._final_state(stage)
             self._loaders = {stage: self._loader(stage, loader)}
             if stage == "predict":
-                return loops.predict_loop(self)
+                return loops.predict_loop(self), self._final_state(stage)
             metrics = loops.eval_loop(self, stage)
-            return {k: float(v) for k, v in metrics.items()}
+            return {k: float(v) for k, v in metrics.items()}, self._final_state(stage)
         except BaseException as exc:
             self._call_callbacks("on_exception", exc)
             raise
