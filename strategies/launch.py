@@ -146,11 +146,11 @@ def _run_payload(payload: bytes) -> bytes | None:
     import torch.distributed as dist
 
     fn, args = pickle.loads(payload)
-    try:
-        result = fn(*args)
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    # On an exception the group is left as it is: the agent stops every worker, and a clean shutdown
+    # could wait on peers that are blocked in a collective.
+    result = fn(*args)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     buffer = io.BytesIO()
