@@ -194,7 +194,9 @@ class FSDPStrategy(ParallelStrategy):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         assert self.module is not None
-        named: dict[str, Any] = get_optimizer_state_dict(self.module, optimizer, options=self._options(cpu_offload=True))
+        named: dict[str, Any] = get_optimizer_state_dict(
+            self.module, optimizer, options=self._options(cpu_offload=True)
+        )
         if not named:
             return named  # ranks other than 0
         index = {name: i for i, name in enumerate(self._param_names(optimizer))}

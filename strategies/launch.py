@@ -20,6 +20,8 @@ import io
 import os
 import pickle
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -105,7 +107,12 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    payload = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+    # The task goes through a file, not the spawn pipe: a worker that dies while reading a large
+    # pipe payload can leave the parent blocked on the write.
+    workdir = tempfile.mkdtemp(prefix="geartrain-launch-")
+    payload = os.path.join(workdir, "task.pkl")
+    with open(payload, "wb") as f:
+        pickle.dump((fn, args), f, protocol=pickle.HIGHEST_PROTOCOL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -127,6 +134,7 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) 
         failed = ", ".join(str(rank) for rank in sorted(exc.failures))
         raise WorkerFailedError(f"training process(es) of rank {failed} failed:{exc}") from None
     finally:
+        shutil.rmtree(workdir, ignore_errors=True)
         if saved_signals is None:
             os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
         else:
@@ -135,17 +143,18 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) 
     return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
-def _worker(payload: bytes) -> bytes | None:
+def _worker(payload: str) -> bytes | None:
     """What each started process runs: unpickle ``fn`` and ``args``, call it, send rank 0's result."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     return record(_run_payload)(payload)
 
 
-def _run_payload(payload: bytes) -> bytes | None:
+def _run_payload(payload: str) -> bytes | None:
     import torch.distributed as dist
 
-    fn, args = pickle.loads(payload)
+    with open(payload, "rb") as f:
+        fn, args = pickle.load(f)
     # On an exception the group is left as it is: the agent stops every worker, and a clean shutdown
     # could wait on peers that are blocked in a collective.
     result = fn(*args)
