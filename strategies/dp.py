@@ -16,8 +16,8 @@ from strategies.precision import Precision
 from trainer.utils import apply_to_tensors
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
     from trainer.module import TrainModule
+    from trainer.trainer import Trainer
 
 __all__ = ["DataParallelStrategy"]
 

@@ -106,7 +106,8 @@ class FSDPStrategy(ParallelStrategy):
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         # The runner is the root: calling it gathers the parameters that belong to no block, so
         # training_step (not only forward) can use them.
-        runner = fully_shard(StepRunner(converted), mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        runner = StepRunner(converted)
+        fully_shard(runner, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         self._sharded = [*blocks, runner]
         self.module = converted
         self.model = runner
@@ -213,7 +214,7 @@ class FSDPStrategy(ParallelStrategy):
 
         assert self.module is not None
         names = self._param_names(optimizer)
-        named = {
+        named: dict[str, Any] = {
             "state": {names[int(i)]: value for i, value in state["state"].items()},
             "param_groups": [
                 {**group, "params": [names[int(i)] for i in group["params"]]} for group in state["param_groups"]
