@@ -135,12 +135,3 @@ def group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(stat.parent.name))
     return members
-
-
-def alive(pid: int) -> bool:
-    """True if process ``pid`` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
