@@ -127,7 +127,10 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) 
     )
     # The agent keeps a few seconds for workers to exit after SIGTERM before it sends SIGKILL.
     config.shutdown_timeout = 5
-    saved_signals = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    saved = {key: os.environ.get(key) for key in ("TORCHELASTIC_SIGNALS_TO_HANDLE", "OMP_NUM_THREADS")}
+    # Workers inherit this environment. Without a thread limit each one starts an OpenMP pool as big
+    # as the machine, and N pools spinning on the same cores make CPU steps many times slower.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     try:
         results = elastic_launch(config, _worker)(payload)
     except ChildFailedError as exc:
@@ -135,10 +138,11 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) 
         raise WorkerFailedError(f"training process(es) of rank {failed} failed:{exc}") from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        if saved_signals is None:
-            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
-        else:
-            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_signals
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     data = results[0]
     return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
