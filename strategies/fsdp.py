@@ -38,6 +38,9 @@ class FSDPStrategy(ParallelStrategy):
         reshard_after_forward: free gathered weights after forward (saves memory, gathers again in
             backward).
 
+    ``precision="16-mixed"`` works with the ordinary ``GradScaler``: its inf/NaN check on sharded
+    (DTensor) gradients is reduced over the ranks, so all ranks skip an overflowing step together.
+
     Raises:
         RuntimeError: on torch older than 2.9, whose gloo backend averages gradients wrongly.
     """
@@ -74,7 +77,7 @@ class FSDPStrategy(ParallelStrategy):
         self._sharded: list[nn.Module] = []
 
     def _blocks(self, module: nn.Module) -> list[nn.Module]:
-        """The submodules to shard as units, innermost first is not needed: FSDP2 nests them."""
+        """The submodules to shard as units, in ``modules()`` order (outer blocks before inner ones)."""
         if self.layer_classes is None:
             return [item for m in module.modules() if isinstance(m, nn.ModuleList) for item in m]
         wanted = self.layer_classes

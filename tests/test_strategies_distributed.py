@@ -71,6 +71,14 @@ def test_fsdp_two_ranks_match_one_process_and_checkpoint_is_full(
 
 
 @pytest.mark.timeout(180)
+def test_fsdp_fp16_ranks_skip_an_overflow_together(two_ranks: list[dict[str, Any]]) -> None:
+    # Only rank 0's gradient shard overflowed; both ranks skipped that step and halved their scale
+    # (GradScaler's inf check on DTensor gradients is reduced over the mesh).
+    assert [r["fsdp_fp16_skipped"] for r in two_ranks] == [1, 1]
+    assert [r["fsdp_fp16_scale"] for r in two_ranks] == [32768.0, 32768.0]
+
+
+@pytest.mark.timeout(180)
 def test_ddp_validation_on_odd_sized_data_equals_one_process(two_ranks: list[dict[str, Any]], tmp_path: Path) -> None:
     module = jobs.BlockNet()
     module.load_state_dict(two_ranks[0]["ddp_weights"])

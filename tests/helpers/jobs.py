@@ -51,6 +51,16 @@ class BlockNet(TrainModule):
         return torch.optim.SGD(self.parameters(), lr=0.2, momentum=0.9)
 
 
+class OverflowOneShard(BlockNet):
+    """At step 1, the gradient of ``head.bias[0]`` alone is inf: under FSDP only rank 0's shard holds it."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step == 1:
+            loss = loss + self.head.bias[0] * float("inf")
+        return loss
+
+
 def dataset(n: int, seed: int = 1) -> TensorDataset:
     """``n`` points in 8 dimensions, 3 classes given by a fixed random linear map."""
     g = torch.Generator().manual_seed(seed)
@@ -103,6 +113,12 @@ def rank_job(root: str) -> dict[str, Any]:
     module, trainer = train("fsdp", GLOBAL_BATCH // 2, f"{root}/fsdp")
     out["fsdp_ckpt"] = trainer.checkpoint_callback.last_model_path  # type: ignore[union-attr]
     out["fsdp_val"] = trainer.validate(module, val_loader)
+
+    module = OverflowOneShard()
+    trainer = Trainer(strategy="fsdp", precision="16-mixed", max_steps=3, logger=False, enable_progress_bar=False)
+    trainer.fit(module, DataLoader(dataset(64), batch_size=4))
+    out["fsdp_fp16_skipped"] = trainer.progress.skipped_steps
+    out["fsdp_fp16_scale"] = trainer.strategy.precision.scaler.get_scale()  # type: ignore[attr-defined]
 
     module, trainer = train("ddp", GLOBAL_BATCH // 2, f"{root}/bf16", precision="bf16-mixed", max_epochs=3)
     out["bf16_precision"] = trainer.strategy.precision.name
