@@ -154,3 +154,32 @@ def test_gpu_check_says_so_and_exits_cleanly_without_cuda(
     spec.loader.exec_module(gpu_check)
     assert gpu_check.main() == 0
     assert "CUDA is not available" in capsys.readouterr().out
+
+
+def test_data_parallel_replica_logs_are_averaged_and_logged_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What two GPU replicas would do, run by hand on CPU: each logs, the strategy logs the mean once."""
+    from strategies.dp import _ReplicaRunner
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, float, dict[str, object]]] = []
+
+        def _log(self, name: str, value: torch.Tensor, **kwargs: object) -> None:
+            self.calls.append((name, float(value), kwargs))
+
+    strategy = DataParallelStrategy()
+    monkeypatch.setattr(DataParallelStrategy, "device_ids", property(lambda self: [0, 1]))
+    module = jobs.BlockNet()
+    trainer = Recorder()
+    module._trainer = trainer  # type: ignore[assignment]
+    strategy.module = module
+    runner = _ReplicaRunner(module, strategy)
+    data = jobs.dataset(6)
+    chunks = [(data.tensors[0][:4], data.tensors[1][:4]), (data.tensors[0][4:], data.tensors[1][4:])]
+    losses = [float(runner("training_step", chunk, 0).detach()) for chunk in chunks]  # one call per replica
+    assert trainer.calls == [] and module._trainer is trainer  # nothing logged yet, trainer restored
+    strategy._log_replica_values()
+    assert len(trainer.calls) == 1
+    name, value, options = trainer.calls[0]
+    assert name == "train/loss" and options["sync_dist"] is True and options["on_epoch"] is True
+    assert value == pytest.approx((4 * losses[0] + 2 * losses[1]) / 6)  # weighted by each replica's share
