@@ -119,14 +119,14 @@ class DigitsClassifier(TrainModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        self.log("val/loss", nn.functional.cross_entropy(logits, y), prog_bar=True)
+        self.log("val/loss", nn.functional.cross_entropy(logits, y), prog_bar=True, sync_dist=True)
         self.val_acc.update(logits, y)
         self.log("val/acc", self.val_acc, prog_bar=True)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        self.log("test/loss", nn.functional.cross_entropy(logits, y))
+        self.log("test/loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
         self.test_acc.update(logits, y)
         self.log("test/acc", self.test_acc)
 

@@ -70,6 +70,17 @@ class Strategy:
         """True on the process that writes logs, checkpoints and the console."""
         return self.global_rank == 0
 
+    def configure(self, *, devices: int | str = "auto", num_nodes: int = 1) -> None:
+        """Take the Trainer's ``devices``/``num_nodes`` (an instance built by Hydra learns them here).
+
+        ``"auto"`` and 1 keep what the strategy was built with. One-device strategies refuse more.
+        """
+        if devices not in ("auto", 1, "1") or num_nodes != 1:
+            raise ValueError(
+                f"{type(self).__name__} runs in one process on one device; got devices={devices!r}, "
+                f"num_nodes={num_nodes}. Use strategy='ddp' (or 'fsdp') for more."
+            )
+
     # ----------------------------------------------------------------- lifecycle
     def launch(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in every process this strategy needs; returns rank 0's result.
@@ -146,6 +157,10 @@ class Strategy:
         assert self.module is not None, "Strategy.setup() must run before steps"
         return getattr(self.module, hook)(*args)
 
+    def evaluation_context(self) -> contextlib.AbstractContextManager[None]:
+        """Context around a whole evaluation or predict loop (FSDP gathers full weights once here)."""
+        return contextlib.nullcontext()
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` (scaled under fp16)."""
         self.precision.backward(loss)
@@ -183,6 +198,10 @@ class Strategy:
 
     def barrier(self, name: str = "") -> None:
         """Wait until every process reaches this point."""
+
+    def gather_object(self, obj: T) -> list[T]:
+        """Every process's ``obj``, in rank order, on every process (pickles: not for hot paths)."""
+        return [obj]
 
     def broadcast(self, obj: T, src: int = 0) -> T:
         """Return process ``src``'s ``obj`` on every process."""

@@ -40,9 +40,11 @@ def resolve_strategy(
     """Build the strategy for ``Trainer(strategy=..., devices=..., num_nodes=..., precision=...)``.
 
     ``"auto"`` is ``"ddp"`` when more than one device or node is asked for, else ``"single"``. An
-    instance is used as it is; giving ``precision`` as well replaces its precision plugin.
+    instance learns ``devices``/``num_nodes`` through :meth:`Strategy.configure` (so one built by Hydra
+    with its defaults follows ``trainer.devices``); giving ``precision`` replaces its precision plugin.
     """
     if isinstance(strategy, Strategy):
+        strategy.configure(devices=devices, num_nodes=num_nodes)
         if precision is not None:
             from strategies.precision import make_precision
 

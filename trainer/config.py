@@ -78,6 +78,48 @@ class AMPStrategyConfig:
     device: Optional[str] = None  # noqa: UP045
 
 
+@dataclass
+class DDPStrategyConfig:
+    """``strategy=ddp``: one process per device, gradients all-reduced in backward."""
+
+    _target_: str = "strategies.DDPStrategy"
+    devices: Any = "auto"
+    num_nodes: int = 1
+    precision: Optional[str] = None  # noqa: UP045
+    device: Optional[str] = None  # noqa: UP045
+    process_group_backend: Optional[str] = None  # noqa: UP045
+    timeout: float = 1800.0
+    max_restarts: int = 0
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
+
+
+@dataclass
+class FSDPStrategyConfig:
+    """``strategy=fsdp``: parameters, gradients and optimizer state sharded over the processes."""
+
+    _target_: str = "strategies.FSDPStrategy"
+    devices: Any = "auto"
+    num_nodes: int = 1
+    precision: Optional[str] = None  # noqa: UP045
+    device: Optional[str] = None  # noqa: UP045
+    process_group_backend: Optional[str] = None  # noqa: UP045
+    timeout: float = 1800.0
+    max_restarts: int = 0
+    layer_classes: Optional[List[str]] = None  # noqa: UP006, UP045
+    reshard_after_forward: bool = True
+
+
+@dataclass
+class DPStrategyConfig:
+    """``strategy=dp``: ``nn.DataParallel`` over the visible GPUs in one process."""
+
+    _target_: str = "strategies.DataParallelStrategy"
+    devices: Any = "auto"
+    precision: Optional[str] = None  # noqa: UP045
+
+
 def register_configs() -> None:
     """Put the schemas into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -86,3 +128,6 @@ def register_configs() -> None:
     cs.store(group="schema/trainer", name="trainer", node=TrainerConfig)
     cs.store(group="schema/strategy", name="single", node=SingleStrategyConfig)
     cs.store(group="schema/strategy", name="amp", node=AMPStrategyConfig)
+    cs.store(group="schema/strategy", name="ddp", node=DDPStrategyConfig)
+    cs.store(group="schema/strategy", name="fsdp", node=FSDPStrategyConfig)
+    cs.store(group="schema/strategy", name="dp", node=DPStrategyConfig)

@@ -272,7 +272,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     # so a run resumed from a checkpoint taken before a validation continues exactly.
     rng_before = rng_state()
     try:
-        with _logging(trainer, store, _EPOCH_DEFAULTS), torch.no_grad():
+        with _logging(trainer, store, _EPOCH_DEFAULTS), torch.no_grad(), strategy.evaluation_context():
             trainer._hook(f"on_{prefix}_start")
             trainer._hook(f"on_{prefix}_epoch_start")
             for batch_idx, batch, _ in _iterate(loader, num):
@@ -311,7 +311,7 @@ def predict_loop(trainer: Trainer) -> list[Any]:
     was_training = module.training
     module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), strategy.evaluation_context():
             trainer._hook("on_predict_start")
             trainer._hook("on_predict_epoch_start")
             for batch_idx, batch, _ in _iterate(loader, num):

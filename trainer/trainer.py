@@ -306,7 +306,7 @@ class Trainer:
     ) -> None:
         """Train ``module``; ``ckpt_path`` (a file, or ``"last"``) resumes a run exactly where it was."""
         _check_module(module)
-        self.strategy.launch(self._run, "fit", module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+        self._launch("fit", module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
         if self.preempted and self.preemption_exit_code is not None:
             raise SystemExit(self.preemption_exit_code)
 
@@ -318,8 +318,8 @@ class Trainer:
         ckpt_path: str | os.PathLike[str] | None = None,
     ) -> dict[str, float]:
         """Run one pass over validation data; return the epoch-level metrics."""
-        result: dict[str, float] = self.strategy.launch(
-            self._run, "validate", self._module_for(module), dataloaders, None, datamodule, ckpt_path
+        result: dict[str, float] = self._launch(
+            "validate", self._module_for(module), dataloaders, None, datamodule, ckpt_path
         )
         return result
 
@@ -331,8 +331,8 @@ class Trainer:
         ckpt_path: str | os.PathLike[str] | None = None,
     ) -> dict[str, float]:
         """Run one pass over test data; return the epoch-level metrics."""
-        result: dict[str, float] = self.strategy.launch(
-            self._run, "test", self._module_for(module), dataloaders, None, datamodule, ckpt_path
+        result: dict[str, float] = self._launch(
+            "test", self._module_for(module), dataloaders, None, datamodule, ckpt_path
         )
         return result
 
@@ -344,9 +344,7 @@ class Trainer:
         ckpt_path: str | os.PathLike[str] | None = None,
     ) -> list[Any]:
         """Return ``predict_step``'s output for every batch, in order."""
-        result: list[Any] = self.strategy.launch(
-            self._run, "predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path
-        )
+        result: list[Any] = self._launch("predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path)
         return result
 
     def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False) -> None:
@@ -357,6 +355,48 @@ class Trainer:
         self.strategy.barrier("save_checkpoint")
 
     # ----------------------------------------------------------------- the run
+    def _launch(self, stage: str, module: TrainModule, *rest: Any) -> Any:
+        """Run ``stage`` in every process the strategy uses; return rank 0's output.
+
+        When the stage ran in processes the strategy started, this process's trainer and module
+        adopt rank 0's end state (weights, metrics, progress, callback states), so code after
+        ``fit`` reads the same on every strategy.
+        """
+        output, final = self.strategy.launch(self._run, stage, module, *rest)
+        if final["pid"] != os.getpid():
+            self._adopt(module, final)
+        return output
+
+    def _final_state(self, stage: str) -> dict[str, Any]:
+        """What :meth:`_adopt` needs, taken in every process before the strategy tears down."""
+        cpu = torch.device("cpu")
+        return {
+            "pid": os.getpid(),
+            "preempted": self.preempted,
+            # Full weights (gathered under FSDP: a collective, so every rank computes this).
+            "state_dict": self.strategy.model_state_dict() if stage == "fit" else None,
+            "progress": self.progress.state_dict(),
+            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
+            "metrics": [
+                {k: v.detach().to(cpu) for k, v in metrics.items()}
+                for metrics in (self.callback_metrics, self.logged_metrics, self.progress_bar_metrics)
+            ],
+        }
+
+    def _adopt(self, module: TrainModule, final: dict[str, Any]) -> None:
+        """Copy rank 0's end state, returned from another process, into this trainer and ``module``."""
+        if final["state_dict"] is not None:
+            from trainer.checkpoint import load_module_state
+
+            load_module_state(module, final["state_dict"])
+        self.module = module
+        self.preempted = final["preempted"]
+        self.progress.load_state_dict(final["progress"])
+        for cb in self.callbacks:
+            if cb.state_key in final["callbacks"]:
+                cb.load_state_dict(final["callbacks"][cb.state_key])
+        self.callback_metrics, self.logged_metrics, self.progress_bar_metrics = final["metrics"]
+
     def _run(
         self,
         stage: str,
@@ -366,7 +406,10 @@ class Trainer:
         datamodule: DataModule | None,
         ckpt_path: str | os.PathLike[str] | None,
     ) -> Any:
-        """Everything one entry point does, in every process: set up, run the loop, tear down."""
+        """Everything one entry point does, in every process: set up, run the loop, tear down.
+
+        Returns ``(output, end state)``; :meth:`_launch` uses the end state when this ran elsewhere.
+        """
         self.stage = stage
         self.module = module
         self.datamodule = datamodule
@@ -383,6 +426,8 @@ class Trainer:
             self.strategy.setup(module)
             if stage == "fit":
                 self._configure_optimizers(module)
+            if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+                ckpt_path = self._restart_checkpoint()
             if ckpt_path is not None:
                 self._restore(ckpt_path, full=(stage == "fit"))
             if stage == "fit":
@@ -392,15 +437,15 @@ class Trainer:
                     "validate": self._loader("validate", val_loader, required=False),
                 }
                 loops.fit_loop(self)
-                return None
+                return None, self._final_state(stage)
             self._loaders = {stage: self._loader(stage, loader)}
             if stage == "predict":
-                return loops.predict_loop(self)
+                return loops.predict_loop(self), self._final_state(stage)
             metrics = loops.eval_loop(self, stage)
-            return {k: float(v) for k, v in metrics.items()}
+            return {k: float(v) for k, v in metrics.items()}, self._final_state(stage)
         except loops.Preempted:
             self.preempted = True
-            return None
+            return None, self._final_state("fit")
         except BaseException as exc:
             self._call_callbacks("on_exception", exc)
             raise
@@ -591,7 +636,7 @@ class Trainer:
             state["lr_schedulers"] = [cfg.scheduler.state_dict() for cfg in self.lr_scheduler_configs]
             state["precision"] = self.strategy.precision.state_dict()
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in self.callbacks}
-            state["rng"] = [rng_state()]
+            state["rng"] = self.strategy.gather_object(rng_state())  # one entry per rank
             sampler = getattr(self._loaders.get("fit"), "batch_sampler", None)
             if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
                 state["loops"] = {"epoch_rng": sampler.epoch_rng}
@@ -600,6 +645,16 @@ class Trainer:
         self.module.on_save_checkpoint(state)
         self._call_callbacks("on_save_checkpoint", state)
         return state
+
+    def _restart_checkpoint(self) -> Path | None:
+        """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
+        try:
+            path = self._resolve_ckpt_path("last")
+        except CheckpointError:
+            return None
+        if self.is_global_zero:
+            print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
+        return path
 
     def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike[str]) -> Path:
         if str(ckpt_path) in ("last", "best"):

@@ -1,0 +1,105 @@
+"""DistributedDataParallel: one process per device, gradients averaged by all-reduce during backward."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from strategies.parallel import ParallelStrategy, StepRunner
+from strategies.precision import Precision
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+
+__all__ = ["DDPStrategy"]
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data parallel training in ``devices * num_nodes`` processes with ``DistributedDataParallel``.
+
+    Each process holds a full replica and trains on its shard of every batch; DDP averages the
+    gradients in buckets while backward runs, so every replica takes the same optimizer step. On one
+    machine ``Trainer(strategy="ddp", devices=N).fit(...)`` starts the N processes itself; under
+    ``torchrun`` or ``srun`` it joins the processes that exist.
+
+    Args:
+        devices: processes per node; ``"auto"``: one per GPU, or 1 on a CPU-only machine.
+        num_nodes: machines taking part.
+        precision: precision name or plugin (``"bf16-mixed"`` etc. compose with DDP).
+        device: ``"cpu"`` or ``"cuda"`` (default: CUDA when available).
+        process_group_backend: default ``"nccl"`` on CUDA, ``"gloo"`` on CPU.
+        timeout: collective timeout (seconds or ``timedelta``).
+        find_unused_parameters: let DDP handle parameters that get no gradient in some steps (costs
+            a graph traversal per step).
+        static_graph: the set of used parameters never changes; enables DDP's static-graph
+            optimisations.
+        gradient_as_bucket_view: gradients are views into DDP's communication buckets (saves one
+            copy of the gradients in memory).
+
+    >>> DDPStrategy(devices=2, device="cpu")
+    DDPStrategy(devices=2, num_nodes=1, precision='32-true')
+    """
+
+    name = "ddp"
+
+    def __init__(
+        self,
+        devices: int | str = "auto",
+        num_nodes: int = 1,
+        precision: str | Precision = "32-true",
+        device: str | torch.device | None = None,
+        process_group_backend: str | None = None,
+        timeout: float | timedelta = timedelta(minutes=30),
+        max_restarts: int = 0,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+    ) -> None:
+        super().__init__(
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            device=device,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            max_restarts=max_restarts,
+        )
+        self.ddp_kwargs: dict[str, Any] = {
+            "find_unused_parameters": find_unused_parameters,
+            "static_graph": static_graph,
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+        }
+
+    @override
+    def setup(self, module: TrainModule) -> nn.Module:
+        converted = self.precision.convert_module(module.to(self.root_device))
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        self.module = converted
+        # DDP broadcasts rank 0's parameters here, so every replica starts from the same weights.
+        self.model = DistributedDataParallel(StepRunner(converted), device_ids=device_ids, **self.ddp_kwargs)
+        return converted
+
+    @override
+    def step(self, hook: str, *args: Any) -> Any:
+        """Training steps run through DDP's forward (which arms the gradient all-reduce).
+
+        Evaluation steps call the module directly: they need no gradient sync, and a forward through
+        DDP may broadcast buffers, a collective that would wait forever on a rank whose (unpadded)
+        evaluation shard has one batch fewer.
+        """
+        assert self.module is not None and self.model is not None
+        if hook == "training_step":
+            return self.model(hook, *args)
+        return getattr(self.module, hook)(*args)
+
+    @override
+    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
+        if skip and isinstance(self.model, DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()

@@ -1,0 +1,234 @@
+"""Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over ranks."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from strategies.parallel import ParallelStrategy, StepRunner
+from strategies.precision import Precision
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+
+__all__ = ["FSDPStrategy"]
+
+_MIN_TORCH = (2, 9)
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Shard every block of the module (and the rest at the root) over the ranks with ``fully_shard``.
+
+    Each rank stores 1/N of every parameter, its gradient and its optimizer state; a block's full
+    weights are all-gathered just before its forward and backward and freed after. Checkpoints hold
+    the full, unsharded weights and optimizer state (gathered on rank 0), so they load under any
+    strategy. Launch and data sharding work as for :class:`~strategies.DDPStrategy`.
+
+    Args:
+        devices, num_nodes, precision, device, process_group_backend, timeout: as for DDP.
+        layer_classes: the blocks to shard on their own: classes, or class names (``"Block"``,
+            ``"torch.nn.Linear"``). Default: every item of every ``nn.ModuleList`` (the layers of a
+            transformer); everything else is sharded with the root.
+        reshard_after_forward: free gathered weights after forward (saves memory, gathers again in
+            backward).
+
+    ``precision="16-mixed"`` works with the ordinary ``GradScaler``: its inf/NaN check on sharded
+    (DTensor) gradients is reduced over the ranks, so all ranks skip an overflowing step together.
+
+    Raises:
+        RuntimeError: on torch older than 2.9, whose gloo backend averages gradients wrongly.
+    """
+
+    name = "fsdp"
+
+    def __init__(
+        self,
+        devices: int | str = "auto",
+        num_nodes: int = 1,
+        precision: str | Precision = "32-true",
+        device: str | torch.device | None = None,
+        process_group_backend: str | None = None,
+        timeout: float | timedelta = timedelta(minutes=30),
+        max_restarts: int = 0,
+        layer_classes: Iterable[type[nn.Module] | str] | None = None,
+        reshard_after_forward: bool = True,
+    ) -> None:
+        version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+        if version < _MIN_TORCH:
+            raise RuntimeError(
+                f"FSDPStrategy needs torch >= 2.9 (found {torch.__version__}): earlier releases average "
+                "gradients wrongly over gloo. Upgrade torch, or use strategy='ddp'."
+            )
+        super().__init__(
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            device=device,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            max_restarts=max_restarts,
+        )
+        self.layer_classes = list(layer_classes) if layer_classes is not None else None
+        self.reshard_after_forward = reshard_after_forward
+        self._sharded: list[nn.Module] = []
+
+    def _blocks(self, module: nn.Module) -> list[nn.Module]:
+        """The submodules to shard as units, in ``modules()`` order (outer blocks before inner ones)."""
+        if self.layer_classes is None:
+            return [item for m in module.modules() if isinstance(m, nn.ModuleList) for item in m]
+        wanted = self.layer_classes
+
+        def matches(m: nn.Module) -> bool:
+            cls = type(m)
+            for w in wanted:
+                if isinstance(w, str):
+                    if w in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
+                        return True
+                elif isinstance(m, w):
+                    return True
+            return False
+
+        return [m for m in module.modules() if m is not module and matches(m)]
+
+    @override
+    def setup(self, module: TrainModule) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if self.module is module and self.model is not None:
+            return module  # sharded by an earlier stage (fit, then validate): fully_shard applies once
+        converted = self.precision.convert_module(module.to(self.root_device))
+        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        blocks = self._blocks(converted)
+        # Children before parents: a block nested in another block must be sharded first.
+        for block in reversed(blocks):
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        # The runner is the root: calling it gathers the parameters that belong to no block, so
+        # training_step (not only forward) can use them.
+        runner = StepRunner(converted)
+        fully_shard(runner, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        self._sharded = [*blocks, runner]
+        self.module = converted
+        self.model = runner
+        return converted
+
+    @override
+    def step(self, hook: str, *args: Any) -> Any:
+        assert self.model is not None
+        return self.model(hook, *args)
+
+    @override
+    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
+        return self._gradient_sync(not skip)
+
+    @contextlib.contextmanager
+    def _gradient_sync(self, enabled: bool) -> Iterator[None]:
+        root = self.model
+        if enabled or root is None:
+            yield
+            return
+        root.set_requires_gradient_sync(False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            root.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+    @override
+    @contextlib.contextmanager
+    def evaluation_context(self) -> Iterator[None]:
+        """Gather the full weights once for the whole loop, so evaluation steps run no collectives.
+
+        Evaluation shards may differ by a batch between ranks (no padded duplicates); an all-gather
+        per forward would then wait forever on the rank that has finished.
+        """
+        modules = self._sharded
+        for m in modules:
+            m.set_reshard_after_forward(False)  # type: ignore[operator]
+            m.unshard()  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            for m in modules:
+                m.reshard()  # type: ignore[operator]
+                m.set_reshard_after_forward(self.reshard_after_forward)  # type: ignore[operator]
+
+    @override
+    def clip_gradients(
+        self, optimizer: torch.optim.Optimizer, value: float | None, algorithm: str = "norm"
+    ) -> torch.Tensor | None:
+        norm = super().clip_gradients(optimizer, value, algorithm)
+        full_tensor = getattr(norm, "full_tensor", None)  # the norm of sharded gradients is a DTensor
+        return full_tensor() if callable(full_tensor) else norm
+
+    # ----------------------------------------------------------------- full state
+    def _options(self, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, **kwargs)
+
+    @override
+    def model_state_dict(self) -> dict[str, Any]:
+        """The full weights on rank 0 (an empty dict on the others); a collective."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        assert self.module is not None
+        state: dict[str, Any] = get_model_state_dict(self.module, options=self._options(cpu_offload=True))
+        return state
+
+    @override
+    def load_model_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        from trainer.checkpoint import strip_wrapper_prefixes
+
+        assert self.module is not None
+        set_model_state_dict(self.module, strip_wrapper_prefixes(state), options=self._options(strict=strict))
+
+    @override
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The full optimizer state in ``optimizer.state_dict()``'s own layout (parameters by index).
+
+        That layout, not FSDP's parameter names, is what every other strategy saves, so a checkpoint
+        written under FSDP resumes under DDP or one device and the other way round.
+        """
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        assert self.module is not None
+        named: dict[str, Any] = get_optimizer_state_dict(
+            self.module, optimizer, options=self._options(cpu_offload=True)
+        )
+        if not named:
+            return named  # ranks other than 0
+        index = {name: i for i, name in enumerate(self._param_names(optimizer))}
+        return {
+            "state": {index[name]: value for name, value in named["state"].items()},
+            "param_groups": [
+                {**group, "params": [index[name] for name in group["params"]]} for group in named["param_groups"]
+            ],
+        }
+
+    @override
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        assert self.module is not None
+        names = self._param_names(optimizer)
+        named: dict[str, Any] = {
+            "state": {names[int(i)]: value for i, value in state["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[int(i)] for i in group["params"]]} for group in state["param_groups"]
+            ],
+        }
+        set_optimizer_state_dict(self.module, optimizer, named, options=self._options())
+
+    def _param_names(self, optimizer: torch.optim.Optimizer) -> list[str]:
+        """Names of the optimizer's parameters in the order ``optimizer.state_dict()`` numbers them."""
+        assert self.module is not None
+        by_id = {id(p): name for name, p in self.module.named_parameters()}
+        return [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]

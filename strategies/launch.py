@@ -1,0 +1,182 @@
+"""Process launch: join processes that already exist, or start them with PyTorch's elastic launcher.
+
+There is one launch model (DESIGN.md, "Processes"):
+
+* Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is set) or Slurm (``srun`` with ``SLURM_NTASKS > 1``)
+  every process already runs the user's script; each one reads its rank from the environment and
+  joins the process group. Nothing is started.
+* Otherwise, when a strategy needs N > 1 processes, :func:`start_processes` starts them through
+  ``torch.distributed.launcher.api.elastic_launch`` (the engine behind ``torchrun``). The function
+  to run and its arguments (the trainer, the module, the dataloaders) are pickled and handed over;
+  ``sys.argv`` is never re-run. Rank 0's return value comes back to the caller.
+
+The workers are started with the ``spawn`` method, which imports the caller's main module again in
+every worker: a script that trains must keep its top-level code under ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = [
+    "WorkerFailedError",
+    "joined_environment",
+    "slurm_environment",
+    "start_processes",
+]
+
+
+class WorkerFailedError(RuntimeError):
+    """A training process raised; the message holds its rank and its traceback."""
+
+
+def slurm_environment(env: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The torch.distributed variables (RANK, WORLD_SIZE, ...) for a task started by ``srun``.
+
+    Returns None unless this process is one of several Slurm tasks. MASTER_ADDR is the first host of
+    ``SLURM_NODELIST``; MASTER_PORT is kept if set, else derived from the job id so every task agrees.
+
+    >>> slurm_environment({"SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+    ...                    "SLURM_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "1234"})["MASTER_ADDR"]
+    'gpu07'
+    """
+    env = dict(os.environ) if env is None else env
+    if int(env.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in env:
+        return None
+    nodelist = env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+    port = env.get("MASTER_PORT") or str(15000 + int(re.sub(r"\D", "", env.get("SLURM_JOB_ID", "0")) or 0) % 20000)
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_NTASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodelist),
+        "MASTER_PORT": port,
+    }
+
+
+def first_host(nodelist: str) -> str:
+    """The first host name of a Slurm node list such as ``"gpu[07-08,11],cpu01"``.
+
+    >>> first_host("gpu[07-08,11],cpu01")
+    'gpu07'
+    >>> first_host("node1,node2")
+    'node1'
+    """
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if match is None:
+        return nodelist
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    return prefix + re.split(r"[-,]", ranges)[0]
+
+
+def joined_environment() -> bool:
+    """True when this process is one of several that torchrun or Slurm already started.
+
+    Under Slurm this also sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (when not
+    already set) so ``torch.distributed``'s ``env://`` initialisation finds them.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return True
+    slurm = slurm_environment()
+    if slurm is None:
+        return False
+    for key, value in slurm.items():
+        os.environ.setdefault(key, value)
+    return True
+
+
+def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, max_restarts: int = 0) -> Any:
+    """Run ``fn(*args)`` in ``nprocs`` new local processes; return rank 0's result.
+
+    With ``max_restarts`` > 0 a failing worker makes the elastic agent restart the whole group (up
+    to that many times); the restarted workers see ``TORCHELASTIC_RESTART_COUNT`` > 0 and the trainer
+    resumes from the last checkpoint.
+
+    ``fn`` and ``args`` are pickled here with the standard pickler (so every worker gets its own copy
+    of each tensor rather than shared memory that the ranks would all write to), and rank 0's result
+    comes back as bytes written by ``torch.save``. If any worker raises, the elastic agent stops the
+    others and :class:`WorkerFailedError` carries the failing rank's traceback.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # The task goes through a file, not the spawn pipe: a worker that dies while reading a large
+    # pipe payload can leave the parent blocked on the write.
+    workdir = tempfile.mkdtemp(prefix="geartrain-launch-")
+    payload = os.path.join(workdir, "task.pkl")
+    from trainer.checkpoint import rng_state
+
+    with open(payload, "wb") as f:
+        # The caller's random state travels too: every worker starts where the caller stands, as
+        # every rank of a torchrun job does after the same seed_everything() and the same set-up.
+        pickle.dump((fn, args, rng_state()), f, protocol=pickle.HIGHEST_PROTOCOL)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nprocs,
+        run_id=f"geartrain-{os.getpid()}",
+        # Port 0: the rendezvous store binds a free port itself, so concurrent jobs never collide.
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    # The agent keeps a few seconds for workers to exit after SIGTERM before it sends SIGKILL.
+    config.shutdown_timeout = 5
+    saved = {key: os.environ.get(key) for key in ("TORCHELASTIC_SIGNALS_TO_HANDLE", "OMP_NUM_THREADS")}
+    # Workers inherit this environment. Without a thread limit each one starts an OpenMP pool as big
+    # as the machine, and N pools spinning on the same cores make CPU steps many times slower.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    try:
+        results = elastic_launch(config, _worker)(payload)
+    except ChildFailedError as exc:
+        failed = ", ".join(str(rank) for rank in sorted(exc.failures))
+        raise WorkerFailedError(f"training process(es) of rank {failed} failed:{exc}") from None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    data = results[0]
+    return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+
+
+def _worker(payload: str) -> bytes | None:
+    """What each started process runs: unpickle ``fn`` and ``args``, call it, send rank 0's result."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_run_payload)(payload)
+
+
+def _run_payload(payload: str) -> bytes | None:
+    import torch.distributed as dist
+
+    from trainer.checkpoint import set_rng_state
+
+    with open(payload, "rb") as f:
+        fn, args, rng = pickle.load(f)
+    set_rng_state(rng)
+    # On an exception the group is left as it is: the agent stops every worker, and a clean shutdown
+    # could wait on peers that are blocked in a collective.
+    result = fn(*args)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    buffer = io.BytesIO()
+    torch.save(result, buffer)
+    return buffer.getvalue()

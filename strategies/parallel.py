@@ -1,0 +1,319 @@
+"""What DDP and FSDP share: one process per device, a process group, collectives and sharded data.
+
+A subclass says only how the module is wrapped (:meth:`Strategy.setup`) and how gradient sync is
+deferred (:meth:`Strategy.no_backward_sync`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
+from typing_extensions import override
+
+from strategies.base import Strategy
+from strategies.launch import joined_environment, start_processes
+from strategies.precision import Precision
+
+__all__ = ["EvalShardSampler", "ParallelStrategy", "StepRunner"]
+
+T = TypeVar("T")
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+class StepRunner(nn.Module):
+    """A module whose ``forward(hook, *args)`` calls ``module.<hook>(*args)``.
+
+    DDP and FSDP act in their wrapper's ``forward`` (DDP prepares the gradient all-reduce there, FSDP
+    gathers parameters), while the user's code lives in ``training_step``. Wrapping this runner
+    instead of the module makes the wrapper see every step.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    @override
+    def forward(self, hook: str, *args: Any) -> Any:
+        return getattr(self.module, hook)(*args)
+
+
+class EvalShardSampler(Sampler[int]):
+    """Rank ``r`` of ``W`` gets positions ``r, r + W, r + 2W, ...`` of ``sampler``'s order.
+
+    Unlike ``DistributedSampler`` it adds no padded duplicates, so shards may differ in size by one
+    and every sample is evaluated exactly once: epoch means weighted by batch size and torchmetrics
+    states summed over ranks equal what one process computes on the whole dataset.
+
+    >>> list(EvalShardSampler(range(5), rank=1, world_size=2))
+    [1, 3]
+    """
+
+    def __init__(self, sampler: Iterable[int], rank: int, world_size: int) -> None:
+        self.sampler = sampler
+        self.rank = rank
+        self.world_size = world_size
+
+    def __iter__(self) -> Iterator[int]:
+        for position, index in enumerate(self.sampler):
+            if position % self.world_size == self.rank:
+                yield index
+
+    def __len__(self) -> int:
+        total = len(self.sampler)  # type: ignore[arg-type]
+        return max(0, (total - self.rank + self.world_size - 1) // self.world_size)
+
+
+class ParallelStrategy(Strategy):
+    """Base of the multi-process strategies: one process per device, ``devices * num_nodes`` in all.
+
+    Args:
+        devices: processes per node; ``"auto"`` is the number of GPUs, or 1 on a CPU-only machine.
+        num_nodes: machines taking part (start them with ``torchrun`` or ``srun``).
+        precision: a precision name or plugin.
+        device: ``"cpu"`` or ``"cuda"`` to choose the kind of device; the index is the local rank.
+        process_group_backend: ``"gloo"`` or ``"nccl"``; default nccl on CUDA, gloo on CPU.
+        timeout: how long a collective may wait (seconds or a ``timedelta``) before it errors.
+        max_restarts: when the strategy starts its own processes, restart the whole group this many
+            times after a worker fails; training resumes from the last checkpoint (under ``torchrun``
+            use its ``--max-restarts``: the resume is the same).
+    """
+
+    name = "parallel"
+
+    def __init__(
+        self,
+        devices: int | str = "auto",
+        num_nodes: int = 1,
+        precision: str | Precision = "32-true",
+        device: str | torch.device | None = None,
+        process_group_backend: str | None = None,
+        timeout: float | timedelta = timedelta(minutes=30),
+        max_restarts: int = 0,
+    ) -> None:
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        self.max_restarts = max_restarts
+        self._device_type = torch.device(device).type if device is not None else None
+        self._devices: int | str = "auto"
+        self.num_nodes = 1
+        self.configure(devices=devices, num_nodes=num_nodes)
+        self.process_group_backend = process_group_backend
+        self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+        self._owns_group = False
+        super().__init__(precision=precision, device=None)
+
+    # ----------------------------------------------------------------- topology
+    @override
+    def configure(self, *, devices: int | str = "auto", num_nodes: int = 1) -> None:
+        if devices != "auto":
+            count = int(devices)
+            if count < 1:
+                raise ValueError(f"devices must be >= 1 or 'auto', got {devices!r}")
+            self._devices = count
+        if int(num_nodes) < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        if num_nodes != 1:  # 1 is the Trainer's default: it must not undo an instance's own setting
+            self.num_nodes = int(num_nodes)
+
+    @property
+    def num_processes(self) -> int:
+        """Processes on this node (``devices`` resolved)."""
+        if self._devices != "auto":
+            return int(self._devices)
+        return torch.cuda.device_count() if self._accelerator() == "cuda" else 1
+
+    def _accelerator(self) -> str:
+        if self._device_type is not None:
+            return self._device_type
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        if self._accelerator() == "cuda":
+            return torch.device("cuda", self.local_rank)
+        return torch.device(self._accelerator())
+
+    @property
+    @override
+    def world_size(self) -> int:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        if joined_environment():
+            return int(os.environ.get("WORLD_SIZE", "1"))
+        return self.num_processes * self.num_nodes
+
+    @property
+    @override
+    def global_rank(self) -> int:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+        if joined_environment():
+            return int(os.environ.get("RANK", "0"))
+        return 0
+
+    @property
+    @override
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    # ----------------------------------------------------------------- lifecycle
+    @override
+    def launch(self, fn: Callable[..., T], *args: Any) -> T:
+        """Join torchrun's or Slurm's processes, or start ``devices`` local ones, and run ``fn``."""
+        if (dist.is_available() and dist.is_initialized()) or joined_environment() or self.world_size == 1:
+            return fn(*args)
+        if self.num_nodes > 1:
+            raise RuntimeError(
+                f"num_nodes={self.num_nodes}: start one launcher per machine, e.g. `torchrun "
+                f"--nnodes={self.num_nodes} --nproc-per-node={self.num_processes} --rdzv-backend=c10d "
+                "--rdzv-endpoint=HOST:PORT your_script.py`, or `srun` under Slurm"
+            )
+        result: T = start_processes(fn, args, self.num_processes, max_restarts=self.max_restarts)
+        return result
+
+    @override
+    def setup_environment(self) -> None:
+        """Create the process group (once per process; later stages reuse it)."""
+        if dist.is_initialized():
+            return
+        backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        if joined_environment():
+            dist.init_process_group(backend, init_method="env://", timeout=self.timeout)
+            # The group lives as long as the process (fit, validate and test reuse it).
+            atexit.register(_destroy_process_group)
+            return
+        if self.world_size != 1:
+            raise RuntimeError(
+                f"{type(self).__name__} needs {self.world_size} processes; call trainer.fit/validate/test, "
+                "which start them, or run the script with torchrun"
+            )
+        # One process: an in-memory store, no port needed.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout)
+        self._owns_group = True
+
+    @override
+    def teardown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    # ----------------------------------------------------------------- data
+    @override
+    def process_dataloader(self, dataloader: Iterable[Any], *, train: bool) -> Iterable[Any]:
+        """Give a DataLoader a sampler that shards it over the ranks.
+
+        Training: ``DistributedSampler`` (seeded with ``seed_everything``'s seed, shuffling when the
+        loader shuffled, ``set_epoch`` called by the loop). Evaluation: :class:`EvalShardSampler`,
+        with no padded duplicates.
+        """
+        world = self.world_size
+        if world == 1 or not isinstance(dataloader, DataLoader):
+            return dataloader
+        if isinstance(dataloader.sampler, (DistributedSampler, EvalShardSampler)):
+            return dataloader
+        if dataloader.batch_size is None:
+            raise ValueError(
+                f"{type(self).__name__} cannot shard a DataLoader built with a custom batch_sampler; give it "
+                "a batch_size (and sampler), or shard the data yourself with a DistributedSampler"
+            )
+        sampler: Sampler[int]
+        if train:
+            sampler = DistributedSampler(
+                dataloader.dataset,
+                num_replicas=world,
+                rank=self.global_rank,
+                shuffle=isinstance(dataloader.sampler, RandomSampler),
+                seed=int(os.environ.get("GEARTRAIN_SEED", "0")),
+                drop_last=dataloader.drop_last,
+            )
+        else:
+            sampler = EvalShardSampler(dataloader.sampler, self.global_rank, world)
+        return _rebuild(dataloader, sampler)
+
+    # ----------------------------------------------------------------- collectives
+    @override
+    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"reduce op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return tensor
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=_REDUCE_OPS[op])
+        return out / dist.get_world_size() if op == "mean" else out
+
+    @override
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not dist.is_initialized():
+            return tensor.unsqueeze(0)
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
+
+    @override
+    def barrier(self, name: str = "") -> None:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+
+    @override
+    def gather_object(self, obj: T) -> list[T]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    @override
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    @override
+    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    @override
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(devices={self._devices}, num_nodes={self.num_nodes}, "
+            f"precision={self.precision.name!r})"
+        )
+
+
+def _rebuild(loader: DataLoader[Any], sampler: Sampler[int]) -> DataLoader[Any]:
+    """A DataLoader like ``loader`` (same dataset, batch size, collate, workers, ...) using ``sampler``."""
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "sampler": sampler,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "drop_last": loader.drop_last,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

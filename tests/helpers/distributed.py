@@ -1,0 +1,137 @@
+"""Helpers for real multi-process tests on CPU: spawn ranks over gloo, run scripts, clean up.
+
+``spawn(fn, world_size)`` runs ``fn(*args)`` in ``world_size`` fresh processes started by PyTorch's
+elastic launcher (as torchrun would: RANK, WORLD_SIZE, MASTER_ADDR/PORT and TORCHELASTIC_RUN_ID are
+set, so strategies join them) and returns one result per rank. ``fn`` must be importable by name
+(defined at module level in an importable module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` ranks; return their results in rank order."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=world_size,
+        run_id=f"test-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    with restored_environment():
+        results = elastic_launch(config, _rank_main)(pickle.dumps((fn, args)))
+    return [pickle.loads(results[rank]) for rank in range(world_size)]
+
+
+def _rank_main(payload: bytes) -> bytes:
+    fn, args = pickle.loads(payload)
+    return pickle.dumps(fn(*args))
+
+
+@contextlib.contextmanager
+def restored_environment() -> Iterator[None]:
+    """Put ``os.environ`` back as it was and destroy any process group created inside."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture
+def clean_distributed_env() -> Iterator[None]:
+    """Fixture form of :func:`restored_environment`."""
+    with restored_environment():
+        yield
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a subprocess that must import this checkout (not an installed copy)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_"))}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+class Finished(subprocess.CompletedProcess[str]):
+    """A finished ``python`` run; ``leftovers`` lists processes of its group still alive at its exit."""
+
+    leftovers: list[int]
+
+
+def run_python(args: Sequence[str], timeout: float, **env: str) -> Finished:
+    """Run ``python args...`` from the repository root in a new process group.
+
+    When it exits, every process still in its group is recorded in ``leftovers`` and then killed, so
+    no worker survives a test, even one that failed or timed out.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        env=child_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"python {' '.join(args)} ran over {timeout}s\n{out}\n{err}") from None
+    leftovers = group_members(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    result = Finished(proc.args, proc.returncode, out, err)
+    result.leftovers = leftovers
+    return result
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members

@@ -1,0 +1,185 @@
+"""Strategy names, how instances learn the Trainer's devices, Slurm/torchrun detection, data sharding,
+and DataParallel on CPU (one process, no spawning)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+import strategies
+from strategies import (
+    AMPStrategy,
+    DataParallelStrategy,
+    DDPStrategy,
+    FSDPStrategy,
+    SingleDeviceStrategy,
+)
+from strategies.launch import first_host, joined_environment, slurm_environment
+from strategies.parallel import EvalShardSampler
+from strategies.registry import resolve_strategy
+from tests.helpers import jobs
+from tests.helpers.distributed import REPO_ROOT, clean_distributed_env
+from trainer import Trainer, seed_everything
+
+__all__ = ["clean_distributed_env"]
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("single", SingleDeviceStrategy),
+        ("dp", DataParallelStrategy),
+        ("ddp", DDPStrategy),
+        ("amp", AMPStrategy),
+        ("fsdp", FSDPStrategy),
+        ("auto", SingleDeviceStrategy),
+    ],
+)
+def test_every_name_builds_its_strategy(name: str, cls: type) -> None:
+    assert type(resolve_strategy(name)) is cls
+
+
+def test_auto_with_several_devices_is_ddp_and_unknown_names_list_the_valid_ones() -> None:
+    strategy = resolve_strategy("auto", devices=2)
+    assert isinstance(strategy, DDPStrategy) and strategy.world_size == 2
+    with pytest.raises(ValueError, match="valid names: auto, single, dp, ddp, amp, fsdp"):
+        resolve_strategy("horovod")
+
+
+def test_hydra_built_instance_learns_trainer_devices(clean_distributed_env: None) -> None:
+    for name, cls in (("ddp", DDPStrategy), ("fsdp", FSDPStrategy), ("dp", DataParallelStrategy)):
+        strategy = instantiate(OmegaConf.load(REPO_ROOT / "conf" / "strategy" / f"{name}.yaml"))
+        assert type(strategy) is cls
+        trainer = Trainer(strategy=strategy, devices=2, precision="bf16-mixed", logger=False)
+        assert trainer.strategy is strategy and strategy.precision.name == "bf16-mixed"
+        if name != "dp":
+            assert strategy.world_size == 2 and strategy.is_global_zero
+    # An explicit instance setting survives the Trainer's defaults.
+    assert Trainer(strategy=DDPStrategy(devices=3, device="cpu"), logger=False).world_size == 3
+    with pytest.raises(ValueError, match="one device"):
+        Trainer(strategy=SingleDeviceStrategy(), devices=2)
+
+
+def test_fsdp_refuses_old_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.8.1+cpu")
+    with pytest.raises(RuntimeError, match=r"torch >= 2\.9"):
+        FSDPStrategy()
+
+
+def test_slurm_and_torchrun_environments(monkeypatch: pytest.MonkeyPatch, clean_distributed_env: None) -> None:
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT", "RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert not joined_environment()
+    assert first_host("gpu[07-08,11],cpu01") == "gpu07" and first_host("a1") == "a1"
+    slurm = {"SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODELIST": "n[3-6]"}
+    assert slurm_environment({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: nothing to join
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    assert joined_environment()
+    strategy = DDPStrategy(device="cpu")
+    assert (strategy.world_size, strategy.global_rank, strategy.local_rank) == (8, 5, 1)
+    assert os.environ["MASTER_ADDR"] == "n3" and os.environ["RANK"] == "5"
+
+
+def test_eval_shards_cover_every_sample_once() -> None:
+    for size in (0, 1, 7, 37):
+        shards = [list(EvalShardSampler(range(size), rank, 3)) for rank in range(3)]
+        assert sorted(i for shard in shards for i in shard) == list(range(size))
+        assert [len(EvalShardSampler(range(size), rank, 3)) for rank in range(3)] == [len(s) for s in shards]
+
+
+def test_ddp_rebuilds_loaders_with_a_sampler(clean_distributed_env: None) -> None:
+    strategy = DDPStrategy(devices=2, device="cpu")  # planned world of 2, this process is rank 0
+    data = jobs.dataset(37)
+    collate = torch.utils.data.default_collate
+    train = strategy.process_dataloader(DataLoader(data, batch_size=4, shuffle=True, collate_fn=collate), train=True)
+    assert isinstance(train, DataLoader) and isinstance(train.sampler, DistributedSampler)
+    assert train.sampler.shuffle and train.batch_size == 4 and train.collate_fn is collate
+    assert len(train.sampler) == 19  # padded to equal shards: every rank steps the same number of times
+    val = strategy.process_dataloader(DataLoader(data, batch_size=4), train=False)
+    assert isinstance(val, DataLoader) and list(val.sampler) == list(range(0, 37, 2))
+
+
+def test_data_parallel_on_cpu_is_bitwise_single_device(tmp_path: Path) -> None:
+    def run(strategy: str) -> tuple[dict[str, torch.Tensor], Trainer]:
+        seed_everything(3)
+        module = jobs.BlockNet()
+        trainer = Trainer(
+            strategy=strategy,
+            max_epochs=2,
+            gradient_clip_val=0.5,
+            accumulate_grad_batches=2,
+            enable_progress_bar=False,
+            logger=False,
+            default_root_dir=tmp_path / strategy,
+        )
+        data = jobs.dataset(64)
+        trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=16))
+        return jobs.weights(module), trainer
+
+    expected, _ = run("single")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, trainer = run("dp")
+    assert isinstance(trainer.strategy.model, nn.DataParallel)  # the steps really ran through it
+    said = [w for w in caught if "DataParallelStrategy" in str(w.message)]
+    assert len(said) == 1 and "one device" in str(said[0].message)  # once, not per step
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+    assert trainer.global_step == 8
+
+
+def test_strategies_package_exports() -> None:
+    assert strategies.DDPStrategy is DDPStrategy and strategies.FSDPStrategy is FSDPStrategy
+
+
+def test_gpu_check_says_so_and_exits_cleanly_without_cuda(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["gpu_check.py"])
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "bench" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main() == 0
+    assert "CUDA is not available" in capsys.readouterr().out
+
+
+def test_data_parallel_replica_logs_are_averaged_and_logged_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What two GPU replicas would do, run by hand on CPU: each logs, the strategy logs the mean once."""
+    from strategies.dp import _ReplicaRunner
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, float, dict[str, object]]] = []
+
+        def _log(self, name: str, value: torch.Tensor, **kwargs: object) -> None:
+            self.calls.append((name, float(value), kwargs))
+
+    strategy = DataParallelStrategy()
+    monkeypatch.setattr(DataParallelStrategy, "device_ids", property(lambda self: [0, 1]))
+    module = jobs.BlockNet()
+    trainer = Recorder()
+    module._trainer = trainer  # type: ignore[assignment]
+    strategy.module = module
+    runner = _ReplicaRunner(module, strategy)
+    data = jobs.dataset(6)
+    chunks = [(data.tensors[0][:4], data.tensors[1][:4]), (data.tensors[0][4:], data.tensors[1][4:])]
+    losses = [float(runner("training_step", chunk, 0).detach()) for chunk in chunks]  # one call per replica
+    assert trainer.calls == [] and module._trainer is trainer  # nothing logged yet, trainer restored
+    strategy._log_replica_values()
+    assert len(trainer.calls) == 1
+    name, value, options = trainer.calls[0]
+    assert name == "train/loss" and options["sync_dist"] is True and options["on_epoch"] is True
+    assert value == pytest.approx((4 * losses[0] + 2 * losses[1]) / 6)  # weighted by each replica's share
