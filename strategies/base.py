@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from strategies.precision import Precision, make_precision
+from strategies.precision import NULL_CONTEXT, Precision, make_precision
 from trainer.utils import move_to_device
 
 if TYPE_CHECKING:
@@ -107,13 +107,13 @@ class Strategy:
         return self.precision.convert_input(move_to_device(batch, self.root_device))
 
     # ----------------------------------------------------------------- the step
-    def forward_context(self) -> contextlib.AbstractContextManager[None]:
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """Context around ``training_step`` and the evaluation steps (autocast under mixed precision)."""
         return self.precision.forward_context()
 
-    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
+    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[Any]:
         """Context that, when ``skip`` is true, defers gradient sync (accumulating micro-batches)."""
-        return contextlib.nullcontext()
+        return NULL_CONTEXT
 
     def step(self, hook: str, *args: Any) -> Any:
         """Call the user's ``hook`` (``"training_step"``, ``"validation_step"``, ...) with ``args``.

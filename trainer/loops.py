@@ -94,7 +94,10 @@ def train_epoch(trainer: Trainer) -> None:
     with _logging(trainer, store, _STEP_DEFAULTS):
         for batch_idx, batch, is_last in _iterate(loader, num, start=p.batch_in_epoch):
             steps_before = p.global_step
-            if train_batch(trainer, batch, batch_idx, is_last) == -1:
+            result = train_batch(trainer, batch, batch_idx, is_last)
+            # An identity-and-type test: ``out == -1`` on a loss tensor would run a kernel and, on a GPU,
+            # wait for it (a host-device sync every step).
+            if type(result) is int and result == -1:
                 break
             p.batch_in_epoch = batch_idx + 1
             if p.global_step != steps_before:
@@ -192,18 +195,19 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     was_training = module.training
     module.eval()
     store = MetricStore(strategy.reduce)
+    step_name, batch_start, batch_end = f"{prefix}_step", f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"
     try:
         with _logging(trainer, store, _EPOCH_DEFAULTS), torch.no_grad():
             trainer._hook(f"on_{prefix}_start")
             trainer._hook(f"on_{prefix}_epoch_start")
             for batch_idx, batch, _ in _iterate(loader, num):
                 trainer._current_batch = batch
-                trainer._hook(f"on_{prefix}_batch_start", batch, batch_idx)
+                trainer._hook(batch_start, batch, batch_idx)
                 batch = strategy.batch_to_device(batch)
                 trainer._current_batch = batch
                 with strategy.forward_context():
-                    out = strategy.step(f"{prefix}_step", batch, batch_idx)
-                trainer._hook(f"on_{prefix}_batch_end", out, batch, batch_idx)
+                    out = strategy.step(step_name, batch, batch_idx)
+                trainer._hook(batch_end, out, batch, batch_idx)
             trainer._call_module(f"on_{prefix}_epoch_end")
             values = store.epoch_values()
             trainer._remember(values, store)
@@ -300,6 +304,8 @@ def _loss_of(out: Any) -> torch.Tensor | None:
 
 def _step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None) -> None:
     """Advance the schedulers of ``interval`` whose ``frequency`` divides the count just reached."""
+    if not trainer.lr_scheduler_configs:
+        return  # the common case, checked first: this runs every step
     count = steps_done if steps_done is not None else trainer.progress.epoch + 1
     assert trainer.module is not None
     if not trainer.module.automatic_optimization:

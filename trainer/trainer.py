@@ -5,10 +5,11 @@ The loops themselves live in :mod:`trainer.loops`; their docstrings are the hook
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from trainer import loops
 from trainer.checkpoint import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    AsyncCheckpointWriter,
     CheckpointError,
     load_checkpoint,
     rng_state,
@@ -194,10 +196,14 @@ class Trainer:
         self._store: MetricStore | None = None
         self._log_defaults = (True, False)
         self._current_batch: Any = None
+        self._batch_size_cache: tuple[Any, int] = (None, 1)  # (batch, its size); see _current_batch_size
+        self._checkpoint_writer: AsyncCheckpointWriter | None = None  # made on the first async save
         self._window_has_loss = False  # a micro-batch of the current accumulation window had a loss
         self.num_training_batches: float = math.inf
         self.num_val_batches: float = 0
         self._loaders: dict[str, Iterable[Any] | None] = {}
+        #: hook name -> (module's bound hook or None, callbacks' bound hooks); reset per run.
+        self._dispatch: dict[str, tuple[Callable[..., Any] | None, tuple[Callable[..., Any], ...]]] = {}
 
     # ----------------------------------------------------------------- public state
     @property
@@ -303,12 +309,29 @@ class Trainer:
         )
         return result
 
-    def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False) -> None:
-        """Write a checkpoint of the run (rank 0 writes; every rank must call this)."""
+    def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False, async_: bool = False) -> None:
+        """Write a checkpoint of the run (rank 0 writes; every rank must call this).
+
+        With ``async_=True`` the call returns once the state is copied into CPU memory and a
+        background thread writes the file (see :class:`~trainer.checkpoint.AsyncCheckpointWriter`):
+        training stalls for the copy instead of the write. Writes never overlap, and the trainer
+        waits for the last one before a run ends or a checkpoint is read back.
+        """
         state = self._checkpoint_state(weights_only)
         if self.is_global_zero:
-            save_checkpoint(state, path)
+            if async_:
+                if self._checkpoint_writer is None:
+                    self._checkpoint_writer = AsyncCheckpointWriter()
+                self._checkpoint_writer.save(state, path)
+            else:
+                self.wait_for_checkpoints()  # an older asynchronous write must not land after this one
+                save_checkpoint(state, path)
         self.strategy.barrier("save_checkpoint")
+
+    def wait_for_checkpoints(self) -> None:
+        """Block until asynchronous checkpoint writes are on disk; re-raise a failed write's error."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.wait()
 
     # ----------------------------------------------------------------- the run
     def _run(
@@ -324,6 +347,7 @@ class Trainer:
         self.stage = stage
         self.module = module
         self.datamodule = datamodule
+        self._dispatch = {}
         module._trainer = self
         self.strategy.setup_environment()
         hook_stage = stage
@@ -355,6 +379,7 @@ class Trainer:
             raise
         finally:
             self._call_callbacks("teardown", hook_stage)
+            self.wait_for_checkpoints()
             module.teardown(hook_stage)
             if datamodule is not None:
                 datamodule.teardown(hook_stage)
@@ -433,10 +458,29 @@ class Trainer:
             getattr(cb, hook)(self, self.module, *args)
 
     def _hook(self, hook: str, *args: Any) -> Any:
-        """Call the module's ``hook`` and then every callback overriding it."""
-        out = self._call_module(hook, *args)
-        self._call_callbacks(hook, *args)
+        """Call the module's ``hook`` and then every callback overriding it.
+
+        Runs several times per step, so the callables are resolved once per run (:meth:`_resolve_hook`)
+        and a hook that neither the module nor any callback overrides costs one dict lookup.
+        """
+        try:
+            module_fn, callback_fns = self._dispatch[hook]
+        except KeyError:
+            module_fn, callback_fns = self._dispatch[hook] = self._resolve_hook(hook)
+        out = module_fn(*args) if module_fn is not None else None
+        for fn in callback_fns:
+            fn(*args)
         return out
+
+    def _resolve_hook(self, hook: str) -> tuple[Callable[..., Any] | None, tuple[Callable[..., Any], ...]]:
+        """The module's ``hook`` (None where it keeps TrainModule's empty default) and the callbacks' ones."""
+        module = self.module
+        assert module is not None
+        fn = getattr(module, hook)
+        if getattr(fn, "__func__", None) is getattr(TrainModule, hook, None):
+            fn = None  # TrainModule's hooks do nothing; skipping the call changes nothing
+        callback_fns = tuple(functools.partial(getattr(cb, hook), self, module) for cb in self._hooks.get(hook, ()))
+        return fn, callback_fns
 
     def _log(
         self,
@@ -463,8 +507,7 @@ class Trainer:
         if not (on_step or on_epoch):
             raise ValueError(f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged")
 
-        def size() -> int:
-            return batch_size if batch_size is not None else batch_size_of(self._current_batch)
+        size = self._current_batch_size if batch_size is None else lambda: batch_size
 
         new = store.log(
             name,
@@ -477,6 +520,15 @@ class Trainer:
             batch_size=size,
         )
         self._remember(new, store)
+
+    def _current_batch_size(self) -> int:
+        """``batch_size_of`` the current batch, worked out once per batch however many values are logged."""
+        batch = self._current_batch
+        cached_batch, size = self._batch_size_cache
+        if cached_batch is not batch:
+            size = batch_size_of(batch)
+            self._batch_size_cache = (batch, size)
+        return size
 
     def _remember(self, values: Mapping[str, torch.Tensor], store: MetricStore) -> None:
         """Make ``values`` visible in ``callback_metrics`` (and the progress bar)."""
@@ -539,6 +591,7 @@ class Trainer:
 
     def _restore(self, ckpt_path: str | os.PathLike[str], full: bool) -> None:
         """Load a checkpoint: weights always; with ``full``, everything needed to resume training."""
+        self.wait_for_checkpoints()
         path = self._resolve_ckpt_path(ckpt_path)
         state = load_checkpoint(path)
         assert self.module is not None
