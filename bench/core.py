@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -86,10 +87,16 @@ def paired(
 
 
 def ratio_result(
-    name: str, ours: Callable[[], float], theirs: Callable[[], float], pairs: int, limit: float, note: str = ""
+    name: str,
+    ours: Callable[[], float],
+    theirs: Callable[[], float],
+    pairs: int,
+    limit: float,
+    note: str = "",
+    warmup: int = 1,
 ) -> Result:
     """Measure a pair and judge its median ratio against ``limit``."""
-    a, b, ratio, ratios = paired(ours, theirs, pairs)
+    a, b, ratio, ratios = paired(ours, theirs, pairs, warmup)
     return Result(name, a, b, ratio, f"<= {limit:.2f}x", ratio <= limit, note, ratios)
 
 
@@ -101,15 +108,25 @@ def child_env() -> dict[str, str]:
 
 
 def process_time(args: list[str], cwd: str | os.PathLike[str] | None = None, timeout: float = 300) -> float:
-    """Wall time of ``python <args>`` (with :data:`sys.executable`) from start to exit, seconds."""
+    """Time of a ``python <args>`` process (with :data:`sys.executable`) from start to exit, seconds.
+
+    CPU time (user + system, of the child and its own children) by default, wall time after
+    :func:`use_wall_clock`.
+    """
+    before = _children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout
     )
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start if WALL else _children_cpu() - before
     if proc.returncode != 0:
         raise RuntimeError(f"python {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return elapsed
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def format_table(results: list[Result]) -> str:

@@ -166,6 +166,7 @@ def run(quick: bool = False, pairs: int = 7) -> list[Result]:
     """The three overhead rows: training without callbacks, with the defaults, evaluation."""
     torch.set_num_threads(1)
     steps, epochs = (200, 2) if quick else (2000, 4)
+    warmup = 0 if quick else 1
     batches = make_batches(steps // epochs)
     eval_batches = make_batches(100 if quick else 2000, seed=1)
     note = f"{steps} steps ({epochs} epochs of {len(batches)}), batch {BATCH}, 1 thread, {pairs} pairs"
@@ -177,6 +178,7 @@ def run(quick: bool = False, pairs: int = 7) -> list[Result]:
             pairs,
             1.03,
             note,
+            warmup,
         )
     ]
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,6 +200,7 @@ def run(quick: bool = False, pairs: int = 7) -> list[Result]:
                 pairs,
                 1.10,
                 "progress bar, TensorBoard every 50 steps, checkpoint at each epoch end, on both sides",
+                warmup,
             )
         )
     results.append(
@@ -208,6 +211,7 @@ def run(quick: bool = False, pairs: int = 7) -> list[Result]:
             pairs,
             1.05,
             f"validate over {len(eval_batches)} batches of {BATCH}",
+            warmup,
         )
     )
     return results

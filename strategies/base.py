@@ -90,6 +90,20 @@ class Strategy:
         self.model = converted
         return converted
 
+    def compile_model(self, **compile_kwargs: Any) -> None:
+        """``torch.compile`` what forward runs through (:attr:`model`), keeping every object's identity.
+
+        The default compiles :attr:`model`'s ``__call__`` in place (``nn.Module.compile``) instead of
+        wrapping it in an ``OptimizedModule``: the user's module stays the same object, and its
+        ``state_dict`` keys get no ``_orig_mod.`` prefix. A wrapping strategy (DDP) compiles its wrapper
+        the same way, so the wrapper's hooks run inside the compiled call. Called once per run, after
+        :meth:`setup`; a model compiled by an earlier run (``fit`` then ``test``) is left as it is, so
+        its compiled code is reused instead of compiled again.
+        """
+        assert self.model is not None, "Strategy.setup() must run before compile_model()"
+        if getattr(self.model, "_compiled_call_impl", None) is None:
+            self.model.compile(**compile_kwargs)
+
     def setup_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
         """Give the strategy a chance to wrap or re-create optimizers (default: unchanged)."""
         return optimizers

@@ -70,17 +70,39 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
     return path
 
 
-def snapshot_state(state: Mapping[str, Any]) -> dict[str, Any]:
+def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
     """A copy of ``state`` that later training cannot change: every tensor cloned into CPU memory.
 
     Containers are rebuilt, tensors are detached and copied (from any device) to the CPU; numbers and
     strings are shared, being immutable. Tensors that shared storage (tied weights) become separate
     copies, which loads the same.
+
+    Args:
+        state: the checkpoint dict.
+        reuse: CPU tensors of an earlier snapshot that nobody reads any more, in the order this
+            function meets tensors; where shape and dtype match, the copy goes into them instead of
+            new memory (fresh memory costs page faults, often more than the copy). On return it holds
+            this snapshot's tensors, for the next call.
     """
     from trainer.utils import apply_to_tensors
 
-    copied = apply_to_tensors(dict(state), lambda t: t.detach().to("cpu", copy=True))
+    old = list(reuse) if reuse is not None else []
+    new: list[torch.Tensor] = []
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        i = len(new)
+        buffer = old[i] if i < len(old) else None
+        if buffer is not None and buffer.shape == t.shape and buffer.dtype == t.dtype:
+            buffer.copy_(t.detach())
+        else:
+            buffer = t.detach().to("cpu", copy=True)
+        new.append(buffer)
+        return buffer
+
+    copied = apply_to_tensors(dict(state), copy)
     assert isinstance(copied, dict)
+    if reuse is not None:
+        reuse[:] = new
     return copied
 
 
@@ -92,6 +114,9 @@ class AsyncCheckpointWriter:
     Writes never overlap: a save first waits for the previous one. An error raised while writing is
     re-raised by the next :meth:`save` or by :meth:`wait`. The process does not end with a write in
     flight: the writer thread is not a daemon, and an ``atexit`` hook waits as well.
+
+    The snapshot's CPU memory is kept and reused by the next save (one copy of the state stays
+    allocated between saves; :meth:`close` frees it): re-touching fresh memory costs more than copying.
 
     Example:
         >>> import tempfile, torch
@@ -108,6 +133,7 @@ class AsyncCheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._registered = True
+        self._buffers: list[torch.Tensor] = []
         atexit.register(self._at_exit)
 
     @property
@@ -118,7 +144,7 @@ class AsyncCheckpointWriter:
     def save(self, state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
         """Snapshot ``state`` to CPU memory now; write it to ``path`` in the background."""
         self.wait()
-        snapshot = snapshot_state(state)
+        snapshot = snapshot_state(state, reuse=self._buffers)
         self._thread = threading.Thread(
             target=self._write, args=(snapshot, Path(path)), name="geartrain-checkpoint-writer", daemon=False
         )
@@ -145,6 +171,7 @@ class AsyncCheckpointWriter:
         try:
             self.wait()
         finally:
+            self._buffers = []
             if self._registered:
                 atexit.unregister(self._at_exit)
                 self._registered = False

@@ -78,6 +78,11 @@ class Trainer:
         enable_checkpointing: add a :class:`~callbacks.ModelCheckpoint` (last) unless one is given.
         logger: add a :class:`~callbacks.TensorBoardLogger` unless a logger callback is given.
         config: the resolved run configuration (Hydra's), saved in checkpoints and as hparams.
+        compile: run the module's forward through ``torch.compile`` (on any strategy, through
+            :meth:`~strategies.Strategy.compile_model`). The module object and its ``state_dict``
+            keys stay as they are, so checkpoints carry no ``_orig_mod.`` prefixes. What is compiled is
+            the module's ``__call__``: steps that call ``self(x)`` run compiled.
+        compile_kwargs: keyword arguments for ``torch.compile`` (``mode``, ``backend``, ``dynamic``, ...).
 
     Example:
         >>> trainer = Trainer(max_epochs=1, enable_progress_bar=False, logger=False,
@@ -114,6 +119,8 @@ class Trainer:
         enable_checkpointing: bool = True,
         logger: bool = True,
         config: Any = None,
+        compile: bool = False,
+        compile_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         _check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
         _check_positive_int("log_every_n_steps", log_every_n_steps)
@@ -170,6 +177,8 @@ class Trainer:
         self.default_root_dir = Path(default_root_dir)
         self.deterministic = deterministic
         self.config = config
+        self.compile = bool(compile)
+        self.compile_kwargs: dict[str, Any] = dict(compile_kwargs or {})
         if deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -358,6 +367,8 @@ class Trainer:
             module.setup(hook_stage)
             self._call_callbacks("setup", hook_stage)
             self.strategy.setup(module)
+            if self.compile:
+                self.strategy.compile_model(**self.compile_kwargs)
             if stage == "fit":
                 self._configure_optimizers(module)
             if ckpt_path is not None:

@@ -1,0 +1,61 @@
+"""Whole-process figures: ``import trainer`` against ``import torch``, and a one-step ``geartrain`` run.
+
+Each is a fresh ``python`` process (this interpreter, with this checkout on ``PYTHONPATH``), timed
+from start to exit, so module imports and interpreter start-up are inside the measurement.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from bench.core import Result, paired, process_time
+
+__all__ = ["run_import", "run_startup"]
+
+
+def run_import(quick: bool = False, pairs: int = 5) -> list[Result]:
+    """``python -c "import trainer"`` against ``python -c "import torch"``."""
+    a, b, ratio, ratios = paired(
+        lambda: process_time(["-c", "import trainer"]),
+        lambda: process_time(["-c", "import torch"]),
+        pairs,
+        warmup=0 if quick else 1,
+    )
+    return [
+        Result(
+            "import trainer vs import torch",
+            a,
+            b,
+            ratio,
+            "<= 1.10x",
+            ratio <= 1.10,
+            "fresh process each; tensorboard, torchmetrics, hydra, rich, sklearn are not imported",
+            ratios,
+        )
+    ]
+
+
+def run_startup(quick: bool = False, pairs: int = 3) -> list[Result]:
+    """``geartrain trainer.max_steps=1`` (the default job, one step) against ``import torch`` + 1.5 s."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = [
+            "-m",
+            "trainer",
+            "trainer.max_steps=1",
+            f"hydra.run.dir={tmp}/run",
+        ]
+        a, b, ratio, ratios = paired(
+            lambda: process_time(job, cwd=tmp), lambda: process_time(["-c", "import torch"]), pairs, warmup=0
+        )
+    return [
+        Result(
+            "start-up: geartrain trainer.max_steps=1",
+            a,
+            b,
+            ratio,
+            "<= torch + 1.5 s",
+            a - b <= 1.5,
+            f"the default digits job for one step, whole process; {a - b:.2f} s more than import torch",
+            ratios,
+        )
+    ]
