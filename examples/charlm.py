@@ -42,11 +42,11 @@ class GPTConfig:
     """Shape of the network; the defaults are the CPU example's, GPT-2 small is ``(12, 12, 768, 1024)``."""
 
     vocab_size: int = len(VOCAB)
-    block_size: int = 128
-    n_layer: int = 4
+    block_size: int = 64
+    n_layer: int = 2
     n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.1
+    n_embd: int = 64
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -148,14 +148,14 @@ class CharLM(TrainModule):
 
     def __init__(
         self,
-        n_layer: int = 4,
+        n_layer: int = 2,
         n_head: int = 4,
-        n_embd: int = 128,
-        block_size: int = 128,
-        dropout: float = 0.1,
+        n_embd: int = 64,
+        block_size: int = 64,
+        dropout: float = 0.0,
         lr: float = 3e-3,
         weight_decay: float = 0.1,
-        warmup_steps: int = 50,
+        warmup_steps: int = 30,
         sample_chars: int = 300,
         prompt: str = "Return the ",
     ) -> None:
@@ -246,7 +246,7 @@ class CharData(DataModule):
     def __init__(
         self,
         batch_size: int = 32,
-        block_size: int = 128,
+        block_size: int = 64,
         val_fraction: float = 0.1,
         path: str | None = None,
         num_workers: int = 0,
