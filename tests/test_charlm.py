@@ -69,7 +69,7 @@ def test_ddp_experiment_builds_on_charlm_with_two_processes() -> None:
 def test_geartrain_experiment_charlm_runs_from_the_command_line(tmp_path: Path) -> None:
     overrides = [f"model.{k}={v}" for k, v in TINY.items()] + [
         "trainer.max_steps=2",
-        "trainer.val_check_interval=null",
+        "trainer.val_check_interval=1",
         "trainer.limit_val_batches=1",
         "trainer.enable_progress_bar=false",
         "model.sample_chars=10",
