@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from strategies.precision import Precision, make_precision
+from strategies.precision import NULL_CONTEXT, Precision, make_precision
+from trainer.utils import move_to_device
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -119,6 +120,20 @@ class Strategy:
                 count += 1
         return count
 
+    def compile_model(self, **compile_kwargs: Any) -> None:
+        """``torch.compile`` what forward runs through (:attr:`model`), keeping every object's identity.
+
+        The default compiles :attr:`model`'s ``__call__`` in place (``nn.Module.compile``) instead of
+        wrapping it in an ``OptimizedModule``: the user's module stays the same object, and its
+        ``state_dict`` keys get no ``_orig_mod.`` prefix. A wrapping strategy (DDP) compiles its wrapper
+        the same way, so the wrapper's hooks run inside the compiled call. Called once per run, after
+        :meth:`setup`; a model compiled by an earlier run (``fit`` then ``test``) is left as it is, so
+        its compiled code is reused instead of compiled again.
+        """
+        assert self.model is not None, "Strategy.setup() must run before compile_model()"
+        if getattr(self.model, "_compiled_call_impl", None) is None:
+            self.model.compile(**compile_kwargs)
+
     def setup_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
         """Give the strategy a chance to wrap or re-create optimizers (default: unchanged)."""
         return optimizers
@@ -133,20 +148,16 @@ class Strategy:
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move the tensors nested in ``batch`` to :attr:`root_device` and the precision's dtype."""
-        # Imported here: ``trainer`` imports this module, so a top-level import would make
-        # ``import strategies`` before ``import trainer`` fail with a circular import.
-        from trainer.utils import move_to_device
-
         return self.precision.convert_input(move_to_device(batch, self.root_device))
 
     # ----------------------------------------------------------------- the step
-    def forward_context(self) -> contextlib.AbstractContextManager[None]:
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """Context around ``training_step`` and the evaluation steps (autocast under mixed precision)."""
         return self.precision.forward_context()
 
-    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
+    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[Any]:
         """Context that, when ``skip`` is true, defers gradient sync (accumulating micro-batches)."""
-        return contextlib.nullcontext()
+        return NULL_CONTEXT
 
     def step(self, hook: str, *args: Any) -> Any:
         """Call the user's ``hook`` (``"training_step"``, ``"validation_step"``, ...) with ``args``.

@@ -269,6 +269,8 @@ class ParallelStrategy(Strategy):
 
     @override
     def gather_object(self, obj: T) -> list[T]:
+        if self.world_size == 1 or not dist.is_initialized():
+            return [obj]
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -55,8 +54,18 @@ def test_auto_with_several_devices_is_ddp_and_unknown_names_list_the_valid_ones(
 
 
 def test_hydra_built_instance_learns_trainer_devices(clean_distributed_env: None) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from trainer.cli import config_dir
+
+    def composed(name: str) -> object:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            return compose("config", overrides=[f"strategy={name}"]).strategy
+
     for name, cls in (("ddp", DDPStrategy), ("fsdp", FSDPStrategy), ("dp", DataParallelStrategy)):
-        strategy = instantiate(OmegaConf.load(REPO_ROOT / "conf" / "strategy" / f"{name}.yaml"))
+        strategy = instantiate(composed(name))
         assert type(strategy) is cls
         trainer = Trainer(strategy=strategy, devices=2, precision="bf16-mixed", logger=False)
         assert trainer.strategy is strategy and strategy.precision.name == "bf16-mixed"

@@ -7,10 +7,13 @@ assembled in one place, ``Trainer._checkpoint_state``; this module only reads an
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import random
+import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from torch import nn
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "AsyncCheckpointWriter",
     "CheckpointError",
     "load_checkpoint",
     "load_module_state",
@@ -65,6 +69,119 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
         raise CheckpointError(f"Could not write checkpoint {path}: {err}") from err
     _fsync_dir(path.parent)
     return path
+
+
+def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
+    """A copy of ``state`` that later training cannot change: every tensor cloned into CPU memory.
+
+    Containers are rebuilt, tensors are detached and copied (from any device) to the CPU; numbers and
+    strings are shared, being immutable. Tensors that shared storage (tied weights) become separate
+    copies, which loads the same.
+
+    Args:
+        state: the checkpoint dict.
+        reuse: CPU tensors of an earlier snapshot that nobody reads any more, in the order this
+            function meets tensors; where shape and dtype match, the copy goes into them instead of
+            new memory (fresh memory costs page faults, often more than the copy). On return it holds
+            this snapshot's tensors, for the next call.
+    """
+    from trainer.utils import apply_to_tensors
+
+    old = list(reuse) if reuse is not None else []
+    new: list[torch.Tensor] = []
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        i = len(new)
+        buffer = old[i] if i < len(old) else None
+        if buffer is not None and buffer.shape == t.shape and buffer.dtype == t.dtype:
+            buffer.copy_(t.detach())
+        else:
+            buffer = t.detach().to("cpu", copy=True)
+        new.append(buffer)
+        return buffer
+
+    copied = apply_to_tensors(dict(state), copy)
+    assert isinstance(copied, dict)
+    if reuse is not None:
+        reuse[:] = new
+    return copied
+
+
+class AsyncCheckpointWriter:
+    """Write checkpoints in a background thread, so training is blocked only for a CPU snapshot.
+
+    :meth:`save` copies the state into CPU memory in the caller (that is the stall training sees),
+    then a thread writes it with :func:`save_checkpoint` (atomic: temporary file, fsync, rename).
+    Writes never overlap: a save first waits for the previous one. An error raised while writing is
+    re-raised by the next :meth:`save` or by :meth:`wait`. The process does not end with a write in
+    flight: the writer thread is not a daemon, and an ``atexit`` hook waits as well.
+
+    The snapshot's CPU memory is kept and reused by the next save (one copy of the state stays
+    allocated between saves; :meth:`close` frees it): re-touching fresh memory costs more than copying.
+
+    Example:
+        >>> import tempfile, torch
+        >>> writer = AsyncCheckpointWriter()
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     writer.save({"w": torch.zeros(2)}, f"{tmp}/a.ckpt")
+        ...     writer.wait()
+        ...     sorted(torch.load(f"{tmp}/a.ckpt"))
+        ['w']
+        >>> writer.close()
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._registered = True
+        self._buffers: list[torch.Tensor] = []
+        atexit.register(self._at_exit)
+
+    @property
+    def pending(self) -> bool:
+        """True while a write is in flight."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def save(self, state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+        """Snapshot ``state`` to CPU memory now; write it to ``path`` in the background."""
+        self.wait()
+        snapshot = snapshot_state(state, reuse=self._buffers)
+        self._thread = threading.Thread(
+            target=self._write, args=(snapshot, Path(path)), name="geartrain-checkpoint-writer", daemon=False
+        )
+        self._thread.start()
+
+    def _write(self, snapshot: dict[str, Any], path: Path) -> None:
+        try:
+            save_checkpoint(snapshot, path)
+        except BaseException as err:
+            self._error = err
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is on disk; re-raise its error if it failed."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Wait for the last write and drop the ``atexit`` hook."""
+        try:
+            self.wait()
+        finally:
+            self._buffers = []
+            if self._registered:
+                atexit.unregister(self._at_exit)
+                self._registered = False
+
+    def _at_exit(self) -> None:
+        try:
+            self.wait()
+        except BaseException as err:
+            print(f"geartrain: the last asynchronous checkpoint write failed: {err}", file=sys.stderr)
 
 
 def load_checkpoint(

@@ -9,7 +9,7 @@ fails while the config is composed, before anything runs, with a message naming 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional  # noqa: UP035
+from typing import Any, Dict, List, Optional  # noqa: UP035
 
 __all__ = ["TrainerConfig", "register_configs"]
 
@@ -45,6 +45,8 @@ class TrainerConfig:
     max_nonfinite_in_a_row: int = 3
     preemption_exit_code: Optional[int] = 0  # noqa: UP045
     slurm_requeue: bool = True
+    compile: bool = False
+    compile_kwargs: Optional[Dict[str, Any]] = None  # noqa: UP006, UP045
     #: "auto", a positive int, or null (no micro-batching).
     micro_batch_size: Any = None
     #: Dotted class paths of blocks whose activations are recomputed in backward.

@@ -107,7 +107,10 @@ def train_epoch(trainer: Trainer) -> None:
         batches = _iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
         for batch_idx, batch, is_last in batches:
             steps_before = p.global_step
-            if train_batch(trainer, batch, batch_idx, is_last) == -1:
+            result = train_batch(trainer, batch, batch_idx, is_last)
+            # An identity-and-type test: ``out == -1`` on a loss tensor would run a kernel and, on a GPU,
+            # wait for it (a host-device sync every step).
+            if type(result) is int and result == -1:
                 break
             if p.global_step != steps_before:
                 if p.global_step % trainer.log_every_n_steps == 0:
@@ -271,18 +274,19 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     # Evaluation leaves the random state as it found it (creating a DataLoader iterator draws from it),
     # so a run resumed from a checkpoint taken before a validation continues exactly.
     rng_before = rng_state()
+    step_name, batch_start, batch_end = f"{prefix}_step", f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"
     try:
         with _logging(trainer, store, _EPOCH_DEFAULTS), torch.no_grad(), strategy.evaluation_context():
             trainer._hook(f"on_{prefix}_start")
             trainer._hook(f"on_{prefix}_epoch_start")
             for batch_idx, batch, _ in _iterate(loader, num):
                 trainer._current_batch = batch
-                trainer._hook(f"on_{prefix}_batch_start", batch, batch_idx)
+                trainer._hook(batch_start, batch, batch_idx)
                 batch = strategy.batch_to_device(batch)
                 trainer._current_batch = batch
                 with strategy.forward_context():
-                    out = strategy.step(f"{prefix}_step", batch, batch_idx)
-                trainer._hook(f"on_{prefix}_batch_end", out, batch, batch_idx)
+                    out = strategy.step(step_name, batch, batch_idx)
+                trainer._hook(batch_end, out, batch, batch_idx)
             trainer._call_module(f"on_{prefix}_epoch_end")
             values = store.epoch_values()
             trainer._remember(values, store)
@@ -386,6 +390,8 @@ def _step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = N
     validation) would count a plateau epoch that never happened. ``metrics_due`` says whether a
     missing metric is an error now (True) or may still come from a later validation (False).
     """
+    if not trainer.lr_scheduler_configs:
+        return  # the common case, checked first: this runs every step
     count = steps_done if steps_done is not None else trainer.progress.epoch + 1
     assert trainer.module is not None
     if not trainer.module.automatic_optimization:

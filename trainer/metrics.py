@@ -37,12 +37,20 @@ class _Entry:
     weight: float = 0.0
 
     def update(self, value: torch.Tensor, batch_size: int) -> None:
+        # The running sums are updated in place: ``total`` is always a tensor this entry created (by the
+        # product or the clone below), so nobody else holds it, and a step allocates one tensor less.
         if self.total is None:
             self.total = value * batch_size if self.reduce_fx == "mean" else value.clone()
         elif self.reduce_fx == "mean":
-            self.total = self.total + value * batch_size
+            if self.total.dtype == value.dtype:
+                self.total += value * batch_size
+            else:  # let type promotion widen the sum, as the out-of-place form does
+                self.total = self.total + value * batch_size
         elif self.reduce_fx == "sum":
-            self.total = self.total + value
+            if self.total.dtype == value.dtype:
+                self.total += value
+            else:
+                self.total = self.total + value
         elif self.reduce_fx == "max":
             self.total = torch.maximum(self.total, value)
         else:
@@ -61,7 +69,8 @@ class _Entry:
                 total = reduce(total.double(), "sum")
                 weight = reduce(weight, "sum")
             return (total.double() / weight).to(torch.get_default_dtype())
-        return reduce(total, self.reduce_fx) if self.sync_dist else total
+        # A copy: ``total`` keeps being updated in place if anything logs after this.
+        return reduce(total, self.reduce_fx) if self.sync_dist else total.clone()
 
 
 @dataclass
@@ -76,6 +85,8 @@ class MetricStore:
     entries: dict[str, _Entry] = field(default_factory=dict)
     #: Step-level values logged since the loggers were last given them.
     pending_step: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Keys (with suffixes) of values logged with ``prog_bar=True``; kept up to date as entries appear.
+    _prog_bar: set[str] = field(default_factory=set)
 
     def log(
         self,
@@ -96,20 +107,27 @@ class MetricStore:
         if entry is None:
             entry = _Entry(name, on_step, on_epoch, prog_bar, sync_dist, reduce_fx)
             self.entries[name] = entry
-        metric = value if is_metric(value) else None
+            if prog_bar:
+                both = on_step and on_epoch
+                self._prog_bar.update({f"{name}_step", f"{name}_epoch"} if both else {name})
+        metric = None if isinstance(value, torch.Tensor) else value if is_metric(value) else None
         entry.metric = metric
         if metric is not None:
             # The batch value torchmetrics cached when the user called metric(preds, target).
             step_value = getattr(metric, "_forward_cache", None)
             tensor = torch.as_tensor(step_value).detach() if step_value is not None else None
         else:
-            tensor = torch.as_tensor(value).detach()
+            if isinstance(value, torch.Tensor):
+                tensor = value.detach() if value.requires_grad else value  # detach() allocates a view
+            else:
+                tensor = torch.as_tensor(value)
             if tensor.numel() != 1:
                 raise ValueError(
                     f"self.log({name!r}) needs a scalar (one-element tensor or number), "
                     f"got a tensor of shape {tuple(tensor.shape)}"
                 )
-            tensor = tensor.reshape(())
+            if tensor.dim():
+                tensor = tensor.reshape(())
             if not tensor.is_floating_point():
                 tensor = tensor.to(torch.get_default_dtype())
             if on_epoch:
@@ -136,13 +154,8 @@ class MetricStore:
         return out
 
     def prog_bar_keys(self) -> set[str]:
-        """Names of values logged with ``prog_bar=True`` (with their suffixes)."""
-        keys = set()
-        for e in self.entries.values():
-            if e.prog_bar:
-                both = e.on_step and e.on_epoch
-                keys.update({f"{e.name}_step", f"{e.name}_epoch"} if both else {e.name})
-        return keys
+        """Names of values logged with ``prog_bar=True`` (with their suffixes); do not modify."""
+        return self._prog_bar
 
     def reset(self) -> None:
         """Forget the epoch's aggregates and reset logged torchmetrics objects.
@@ -155,3 +168,4 @@ class MetricStore:
                 entry.metric.reset()
         self.entries.clear()
         self.pending_step.clear()
+        self._prog_bar.clear()

@@ -169,7 +169,7 @@ class TrainModule(nn.Module):
         """
         if self._trainer is None:
             return
-        if _is_metric_collection(value):
+        if type(value) is not torch.Tensor and _is_metric_collection(value):  # tensors first: the per-step case
             # A torchmetrics MetricCollection: each member is a Metric logged under "name/member".
             for key, metric in value.items():
                 self.log(

@@ -5,12 +5,13 @@ The loops themselves live in :mod:`trainer.loops`; their docstrings are the hook
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from trainer import loops
 from trainer.checkpoint import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    AsyncCheckpointWriter,
     CheckpointError,
     load_checkpoint,
     rng_state,
@@ -96,6 +98,11 @@ class Trainer:
             and retries the batch (see :mod:`trainer.microbatch`). ``None``: no splitting.
         activation_checkpointing: module classes (or their dotted paths) whose activations are
             recomputed in backward instead of stored (see ``Strategy.apply_activation_checkpointing``).
+        compile: run the module's forward through ``torch.compile`` (on any strategy, through
+            :meth:`~strategies.Strategy.compile_model`). The module object and its ``state_dict``
+            keys stay as they are, so checkpoints carry no ``_orig_mod.`` prefixes. What is compiled is
+            the module's ``__call__``: steps that call ``self(x)`` run compiled.
+        compile_kwargs: keyword arguments for ``torch.compile`` (``mode``, ``backend``, ``dynamic``, ...).
 
     Example:
         >>> trainer = Trainer(max_epochs=1, enable_progress_bar=False, logger=False,
@@ -138,6 +145,8 @@ class Trainer:
         config: Any = None,
         micro_batch_size: int | str | None = None,
         activation_checkpointing: Iterable[type[torch.nn.Module] | str] | None = None,
+        compile: bool = False,
+        compile_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         _check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
         _check_positive_int("log_every_n_steps", log_every_n_steps)
@@ -210,6 +219,8 @@ class Trainer:
         self.config = config
         self._micro_batcher = MicroBatcher(micro_batch_size) if micro_batch_size is not None else None
         self.activation_checkpointing = _resolve_classes(activation_checkpointing or ())
+        self.compile = bool(compile)
+        self.compile_kwargs: dict[str, Any] = dict(compile_kwargs or {})
         if deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -237,11 +248,15 @@ class Trainer:
         self._log_defaults = (True, False)
         self._current_batch: Any = None
         self._epoch_keys: set[str] = set()  # callback_metrics keys updated in this training epoch
+        self._batch_size_cache: tuple[Any, int] = (None, 1)  # (batch, its size); see _current_batch_size
+        self._checkpoint_writer: AsyncCheckpointWriter | None = None  # made on the first async save
         self._window_has_loss = False  # a micro-batch of the current accumulation window had a loss
         self._window_nonfinite = False  # ... had a non-finite loss (on_nonfinite="skip")
         self.num_training_batches: float = math.inf
         self.num_val_batches: float = 0
         self._loaders: dict[str, Iterable[Any] | None] = {}
+        #: hook name -> (module's bound hook or None, callbacks' bound hooks); reset per run.
+        self._dispatch: dict[str, tuple[Callable[..., Any] | None, tuple[Callable[..., Any], ...]]] = {}
 
     # ----------------------------------------------------------------- public state
     @property
@@ -347,12 +362,29 @@ class Trainer:
         result: list[Any] = self._launch("predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path)
         return result
 
-    def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False) -> None:
-        """Write a checkpoint of the run (rank 0 writes; every rank must call this)."""
+    def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False, async_: bool = False) -> None:
+        """Write a checkpoint of the run (rank 0 writes; every rank must call this).
+
+        With ``async_=True`` the call returns once the state is copied into CPU memory and a
+        background thread writes the file (see :class:`~trainer.checkpoint.AsyncCheckpointWriter`):
+        training stalls for the copy instead of the write. Writes never overlap, and the trainer
+        waits for the last one before a run ends or a checkpoint is read back.
+        """
         state = self._checkpoint_state(weights_only)
         if self.is_global_zero:
-            save_checkpoint(state, path)
+            if async_:
+                if self._checkpoint_writer is None:
+                    self._checkpoint_writer = AsyncCheckpointWriter()
+                self._checkpoint_writer.save(state, path)
+            else:
+                self.wait_for_checkpoints()  # an older asynchronous write must not land after this one
+                save_checkpoint(state, path)
         self.strategy.barrier("save_checkpoint")
+
+    def wait_for_checkpoints(self) -> None:
+        """Block until asynchronous checkpoint writes are on disk; re-raise a failed write's error."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.wait()
 
     # ----------------------------------------------------------------- the run
     def _launch(self, stage: str, module: TrainModule, *rest: Any) -> Any:
@@ -413,6 +445,7 @@ class Trainer:
         self.stage = stage
         self.module = module
         self.datamodule = datamodule
+        self._dispatch = {}
         module._trainer = self
         self.strategy.setup_environment()
         hook_stage = stage
@@ -424,6 +457,8 @@ class Trainer:
             self._call_callbacks("setup", hook_stage)
             self._apply_memory_options(module, stage)
             self.strategy.setup(module)
+            if self.compile:
+                self.strategy.compile_model(**self.compile_kwargs)
             if stage == "fit":
                 self._configure_optimizers(module)
             if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -452,6 +487,7 @@ class Trainer:
         finally:
             self._restore_signal_handlers()
             self._call_callbacks("teardown", hook_stage)
+            self.wait_for_checkpoints()
             module.teardown(hook_stage)
             if datamodule is not None:
                 datamodule.teardown(hook_stage)
@@ -542,10 +578,29 @@ class Trainer:
             getattr(cb, hook)(self, self.module, *args)
 
     def _hook(self, hook: str, *args: Any) -> Any:
-        """Call the module's ``hook`` and then every callback overriding it."""
-        out = self._call_module(hook, *args)
-        self._call_callbacks(hook, *args)
+        """Call the module's ``hook`` and then every callback overriding it.
+
+        Runs several times per step, so the callables are resolved once per run (:meth:`_resolve_hook`)
+        and a hook that neither the module nor any callback overrides costs one dict lookup.
+        """
+        try:
+            module_fn, callback_fns = self._dispatch[hook]
+        except KeyError:
+            module_fn, callback_fns = self._dispatch[hook] = self._resolve_hook(hook)
+        out = module_fn(*args) if module_fn is not None else None
+        for fn in callback_fns:
+            fn(*args)
         return out
+
+    def _resolve_hook(self, hook: str) -> tuple[Callable[..., Any] | None, tuple[Callable[..., Any], ...]]:
+        """The module's ``hook`` (None where it keeps TrainModule's empty default) and the callbacks' ones."""
+        module = self.module
+        assert module is not None
+        fn = getattr(module, hook)
+        if getattr(fn, "__func__", None) is getattr(TrainModule, hook, None):
+            fn = None  # TrainModule's hooks do nothing; skipping the call changes nothing
+        callback_fns = tuple(functools.partial(getattr(cb, hook), self, module) for cb in self._hooks.get(hook, ()))
+        return fn, callback_fns
 
     def _log(
         self,
@@ -572,8 +627,7 @@ class Trainer:
         if not (on_step or on_epoch):
             raise ValueError(f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged")
 
-        def size() -> int:
-            return batch_size if batch_size is not None else batch_size_of(self._current_batch)
+        size = self._current_batch_size if batch_size is None else lambda: batch_size
 
         new = store.log(
             name,
@@ -586,6 +640,15 @@ class Trainer:
             batch_size=size,
         )
         self._remember(new, store)
+
+    def _current_batch_size(self) -> int:
+        """``batch_size_of`` the current batch, worked out once per batch however many values are logged."""
+        batch = self._current_batch
+        cached_batch, size = self._batch_size_cache
+        if cached_batch is not batch:
+            size = batch_size_of(batch)
+            self._batch_size_cache = (batch, size)
+        return size
 
     def _remember(self, values: Mapping[str, torch.Tensor], store: MetricStore) -> None:
         """Make ``values`` visible in ``callback_metrics`` (and the progress bar)."""
@@ -675,6 +738,7 @@ class Trainer:
         A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
         and all) sets the weights only: for evaluation, or to start training from them.
         """
+        self.wait_for_checkpoints()
         path = self._resolve_ckpt_path(ckpt_path)
         state = load_checkpoint(path, plain_weights=True)
         assert self.module is not None

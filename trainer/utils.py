@@ -25,6 +25,9 @@ def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """
     if isinstance(data, torch.Tensor):
         return fn(data)
+    kind = type(data)
+    if kind is tuple or kind is list:  # the usual batch, checked before the slower ABC checks below
+        return kind([apply_to_tensors(v, fn) for v in data])
     if isinstance(data, Mapping):
         items = {k: apply_to_tensors(v, fn) for k, v in data.items()}
         if isinstance(data, defaultdict):  # its constructor takes the default factory first
@@ -49,8 +52,20 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     >>> move_to_device((torch.ones(1), "id-7"), torch.device("meta"))
     (tensor(..., device='meta', size=(1,)), 'id-7')
     """
+    kind = type(data)
+    if kind is tuple or kind is list:  # the usual (inputs, targets) batch: if already in place, keep it
+        for t in data:
+            if type(t) is not torch.Tensor or t.device != device:
+                break
+        else:
+            return data
     non_blocking = device.type == "cuda"
-    return apply_to_tensors(data, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        # ``to`` would return ``t`` itself too, but comparing devices first is several times cheaper.
+        return t if t.device == device else t.to(device, non_blocking=non_blocking)
+
+    return apply_to_tensors(data, move)
 
 
 def batch_size_of(batch: Any) -> int:
@@ -64,6 +79,8 @@ def batch_size_of(batch: Any) -> int:
     """
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.ndim > 0 else 1
+    if (type(batch) is tuple or type(batch) is list) and batch and isinstance(batch[0], torch.Tensor):
+        return int(batch[0].shape[0]) if batch[0].ndim > 0 else 1  # the usual batch: (inputs, targets)
     if isinstance(batch, str):
         return 1
     if isinstance(batch, Mapping):

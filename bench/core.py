@@ -1,0 +1,158 @@
+"""Pairing, timing and the result table shared by every benchmark."""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["REPO_ROOT", "Result", "clock", "format_table", "paired", "process_time", "use_wall_clock"]
+
+#: The checkout these benchmarks belong to; subprocesses get it as PYTHONPATH.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: What in-process measurements read. CPU time of this process (all its threads) by default: on a
+#: shared machine, wall time mostly measures the other jobs' scheduling. ``--wall`` switches.
+_CLOCK: list[Callable[[], float]] = [time.process_time]
+WALL = False
+
+
+def clock() -> float:
+    """Seconds on the chosen clock (process CPU time, or wall time after :func:`use_wall_clock`)."""
+    return _CLOCK[0]()
+
+
+def use_wall_clock(wall: bool) -> None:
+    """Measure wall time (``True``) or this process's CPU time (``False``, the default)."""
+    global WALL
+    WALL = wall
+    _CLOCK[0] = time.perf_counter if wall else time.process_time
+
+
+@dataclass
+class Result:
+    """One row of the table.
+
+    Args:
+        name: what was measured.
+        ours: geartrain's time (median over pairs), seconds.
+        theirs: the hand-written twin's time (median over pairs), seconds.
+        ratio: median of the per-pair ratios ``ours / theirs``.
+        target: the budget as text, e.g. ``"<= 1.03x"``.
+        passed: whether the budget was met.
+        note: extra context (pairs, sizes).
+    """
+
+    name: str
+    ours: float
+    theirs: float
+    ratio: float
+    target: str
+    passed: bool
+    note: str = ""
+    ratios: list[float] = field(default_factory=list)
+
+
+def paired(
+    ours: Callable[[], float], theirs: Callable[[], float], pairs: int, warmup: int = 1
+) -> tuple[float, float, float, list[float]]:
+    """Alternate ``ours`` and ``theirs`` ``pairs`` times; each returns its own measured seconds.
+
+    Returns (median ours, median theirs, median ratio, all ratios). The order inside a pair flips
+    every pair (A B, B A, ...) so a systematic first-or-second effect cancels out.
+    """
+    for _ in range(warmup):
+        ours()
+        theirs()
+    a_times: list[float] = []
+    b_times: list[float] = []
+    ratios: list[float] = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a = ours()
+            b = theirs()
+        else:
+            b = theirs()
+            a = ours()
+        a_times.append(a)
+        b_times.append(b)
+        ratios.append(a / b)
+    return statistics.median(a_times), statistics.median(b_times), statistics.median(ratios), ratios
+
+
+def ratio_result(
+    name: str,
+    ours: Callable[[], float],
+    theirs: Callable[[], float],
+    pairs: int,
+    limit: float,
+    note: str = "",
+    warmup: int = 1,
+) -> Result:
+    """Measure a pair and judge its median ratio against ``limit``."""
+    a, b, ratio, ratios = paired(ours, theirs, pairs, warmup)
+    return Result(name, a, b, ratio, f"<= {limit:.2f}x", ratio <= limit, note, ratios)
+
+
+def child_env() -> dict[str, str]:
+    """Environment for child Python processes: this checkout first on the path, one thread."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def process_time(args: list[str], cwd: str | os.PathLike[str] | None = None, timeout: float = 300) -> float:
+    """Time of a ``python <args>`` process (with :data:`sys.executable`) from start to exit, seconds.
+
+    CPU time (user + system, of the child and its own children) by default, wall time after
+    :func:`use_wall_clock`.
+    """
+    before = _children_cpu()
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout
+    )
+    elapsed = time.perf_counter() - start if WALL else _children_cpu() - before
+    if proc.returncode != 0:
+        raise RuntimeError(f"python {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def format_table(results: list[Result]) -> str:
+    """The results as a fixed-width text table (also valid Markdown)."""
+    header = ("benchmark", "geartrain", "hand-written", "ratio", "target", "result")
+    rows = [
+        (
+            r.name,
+            _seconds(r.ours),
+            _seconds(r.theirs),
+            f"{r.ratio:.3f}x",
+            r.target,
+            "pass" if r.passed else "falls short",
+        )
+        for r in results
+    ]
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    out = [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(row) for row in rows]
+    notes = [f"- {r.name}: {r.note}" for r in results if r.note]
+    return "\n".join(out + (["", *notes] if notes else []))
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.3f} s"

@@ -1,0 +1,82 @@
+"""The benchmarks run (tiny sizes; no timing is asserted: ``python -m bench`` measures, tests only run it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_lm
+from bench.__main__ import main as bench_main
+from bench.core import Result, format_table, paired
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_paired_alternates_and_takes_the_median_ratio() -> None:
+    calls: list[str] = []
+    times = iter([1.0, 2.0, 3.0, 1.0, 2.0, 2.0, 9.0, 1.0])
+
+    def ours() -> float:
+        calls.append("A")
+        return next(times)
+
+    def theirs() -> float:
+        calls.append("B")
+        return next(times)
+
+    a, b, ratio, ratios = paired(ours, theirs, pairs=3, warmup=1)
+    assert calls == ["A", "B", "A", "B", "B", "A", "A", "B"]  # warm-up, then A B, B A, A B
+    assert ratios == [3.0 / 1.0, 2.0 / 2.0, 9.0 / 1.0] and ratio == 3.0
+    assert (a, b) == (3.0, 1.0)
+
+
+def test_table_marks_pass_and_falls_short() -> None:
+    table = format_table([Result("x", 1.0, 1.0, 1.0, "<= 1.03x", True), Result("y", 2.0, 1.0, 2.0, "<= 1.10x", False)])
+    assert "| x " in table and "pass" in table and "falls short" in table
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_of_in_process_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+    results = bench_main(["overhead", "checkpoint", "--quick", "--pairs", "1"])
+    names = [r.name for r in results]
+    assert names == [
+        "step overhead, no callbacks",
+        "step overhead, no callbacks, self.log every step",
+        "step overhead, default callbacks",
+        "evaluation loop",
+        "checkpoint stall (async save)",
+    ]
+    assert all(r.ours > 0 and r.theirs > 0 for r in results)
+    assert "| benchmark" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_import_benchmark_runs_as_a_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "import", "--quick", "--pairs", "1"],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "import trainer vs import torch" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_gpu_lm_runs_tiny_on_cpu() -> None:
+    result = gpu_lm.main(["--tiny"])
+    assert result["tokens_per_s"] > 0 and result["hand_tokens_per_s"] > 0 and result["ratio"] > 0
+
+
+def test_gpt2_small_shape_is_124m_parameters() -> None:
+    import torch
+
+    with torch.device("meta"):
+        model = gpu_lm.GPT(gpu_lm.GPTConfig(50304, 1024, 12, 12, 768, 0.0))
+    assert 123e6 < model.num_parameters() < 126e6
+    assert gpu_lm.flops_per_token(model) > 6 * 123e6

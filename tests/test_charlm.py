@@ -1,0 +1,90 @@
+"""The character-LM example: trains, samples text at the end, composes as Hydra experiments, corpus is stable."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from examples.charlm import CharData, CharLM, decode, encode
+from examples.make_corpus import DEFAULT_PATH, VOCAB, make_corpus, normalise
+from trainer import Trainer, seed_everything
+from trainer.cli import config_dir
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
+
+
+def _experiment_override(name: str) -> str:
+    """``experiment=x`` where the root config lists the group, ``+experiment=x`` where it does not yet."""
+    listed = "experiment" in (config_dir() / "config.yaml").read_text()
+    return f"{'' if listed else '+'}experiment={name}"
+
+
+def test_trains_and_prints_a_sample_at_the_end(capsys: pytest.CaptureFixture[str]) -> None:
+    seed_everything(0)
+    module = CharLM(**TINY, lr=1e-2, warmup_steps=2, sample_chars=40, prompt="The ")
+    data = CharData(batch_size=16, block_size=32)
+    trainer = Trainer(
+        max_steps=30, limit_val_batches=2, enable_progress_bar=False, enable_checkpointing=False, logger=False
+    )
+    trainer.fit(module, datamodule=data)
+    assert float(trainer.callback_metrics["train/loss"]) < math.log(len(VOCAB)) - 0.8  # learnt the letters
+    assert math.isfinite(float(trainer.callback_metrics["val/loss"]))
+    assert module.sample.startswith("The ") and len(module.sample) == 44
+    assert f"--- sample after 30 steps ---\n{module.sample}" in capsys.readouterr().out
+
+
+def test_encode_decode_round_trip_and_corpus_is_in_vocabulary() -> None:
+    text = DEFAULT_PATH.read_text(encoding="ascii")
+    assert 300_000 < len(text) < 500_000 and set(text) <= set(VOCAB)
+    assert decode(encode(text[:1000])) == text[:1000]
+    assert normalise("caf\u00e9\tx") == "caf?    x"
+    assert make_corpus(5000) == make_corpus(5000)  # deterministic
+
+
+@pytest.mark.parametrize(("name", "target"), [("charlm", "SingleDeviceStrategy"), ("charlm_amp", "AMPStrategy")])
+def test_experiments_compose(name: str, target: str) -> None:
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        cfg = compose("config", overrides=[_experiment_override(name)])
+    assert cfg.model._target_ == "examples.charlm.CharLM"
+    assert cfg.data.block_size == cfg.model.block_size
+    assert cfg.strategy._target_.endswith(target)
+
+
+def test_ddp_experiment_builds_on_charlm_with_two_processes() -> None:
+    cfg = OmegaConf.load(config_dir() / "experiment" / "charlm_ddp.yaml")
+    assert list(cfg.defaults) == ["charlm", {"override /strategy": "ddp"}]
+    assert cfg.trainer.devices == 2 and cfg.data.batch_size * 2 == 32
+
+
+@pytest.mark.timeout(180)
+def test_geartrain_experiment_charlm_runs_from_the_command_line(tmp_path: Path) -> None:
+    overrides = [f"model.{k}={v}" for k, v in TINY.items()] + [
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=1",
+        "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+        "model.sample_chars=10",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", _experiment_override("charlm"), *overrides],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "--- sample after 2 steps ---" in out.stdout
+    assert list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["progress"]["global_step"] == 2

@@ -1,0 +1,90 @@
+"""The ``geartrain`` command with several processes: sweeps of DDP jobs, torchrun, two simulated nodes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.clitools import REPO, run_dirs, run_geartrain
+
+ONE_EPOCH = ["task=fit", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
+
+
+def event_files(run: Path) -> list[Path]:
+    return sorted(run.glob("**/events.out.tfevents.*"))
+
+
+def steps_in(run: Path) -> int:
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    return int(state["progress"]["global_step"])
+
+
+def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(300)
+def test_sweep_of_ddp_jobs_each_trained_by_two_processes(tmp_path: Path) -> None:
+    result = run_geartrain("-m", "optim.lr=0.01,0.003", "strategy=ddp", "trainer.devices=2", *ONE_EPOCH, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = run_dirs(tmp_path, "multirun/*/*/*")
+    assert len(jobs) == 2
+    for job in jobs:
+        assert len(event_files(job)) == 1  # rank 0 alone writes TensorBoard files
+        # 1,437 training images, 64 per process and step, 2 processes: 12 steps (1 process: 23).
+        assert steps_in(job) == 12
+    assert not list(tmp_path.glob("outputs"))  # no second Hydra start wrote a run directory
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_two_processes_share_one_run_directory(tmp_path: Path) -> None:
+    proc = torchrun("--standalone", "--nproc-per-node=2", "-m", "trainer", "strategy=ddp", *ONE_EPOCH, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=280)
+    assert proc.returncode == 0, out[-3000:]
+    (run,) = run_dirs(tmp_path)
+    assert len(list(tmp_path.glob("outputs/*/*"))) == 1  # rank 1 wrote no directory of its own
+    assert len(event_files(run)) == 1
+    assert steps_in(run) == 12
+    assert out.count("final metrics") == 1  # only rank 0 prints
+
+
+@pytest.mark.timeout(360)
+def test_two_torchrun_nodes_form_one_world_of_four(tmp_path: Path) -> None:
+    port = free_port()
+    common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
+    nodes = [
+        torchrun(*common, "--rdzv-id=geartrain-test", "-m", "trainer", "strategy=ddp", *ONE_EPOCH, cwd=tmp_path)
+        for _ in range(2)
+    ]
+    outputs = []
+    try:
+        for node in nodes:
+            outputs.append(node.communicate(timeout=330)[0])
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    (run,) = run_dirs(tmp_path)
+    assert len(event_files(run)) == 1
+    # 1,437 images over 4 processes at 64 per process and step: 6 steps per epoch.
+    assert steps_in(run) == 6
