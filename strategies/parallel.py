@@ -191,7 +191,23 @@ class ParallelStrategy(Strategy):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         if joined_environment():
-            dist.init_process_group(backend, init_method="env://", timeout=self.timeout)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            if attempt == "0":
+                dist.init_process_group(backend, init_method="env://", timeout=self.timeout)
+            else:
+                # After an elastic restart the launcher's store still holds the addresses the dead
+                # workers published; a per-attempt key prefix keeps the new group from reading them.
+                use_agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False").lower() == "true"
+                rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+                store = dist.TCPStore(
+                    os.environ["MASTER_ADDR"],
+                    int(os.environ["MASTER_PORT"]),
+                    world,
+                    is_master=not use_agent_store and rank == 0,
+                    timeout=self.timeout,
+                )
+                prefixed = dist.PrefixStore(f"geartrain/attempt_{attempt}", store)
+                dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=self.timeout)
             # The group lives as long as the process (fit, validate and test reuse it).
             atexit.register(_destroy_process_group)
             return
