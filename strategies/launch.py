@@ -108,6 +108,7 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     comes back as bytes written by ``torch.save``. If any worker raises, the elastic agent stops the
     others and :class:`WorkerFailedError` carries the failing rank's traceback.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -141,6 +142,12 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     try:
         results = elastic_launch(config, _worker)(payload)
+    except SignalException as exc:
+        # SIGTERM/SIGINT reached this launcher: the agent has passed it on to the workers, which
+        # finished their step and saved last.ckpt (the trainer's preemption handling) before exiting.
+        from trainer.loops import Preempted
+
+        raise Preempted(f"the launcher received signal {exc.sigval}") from None
     except ChildFailedError as exc:
         failed = ", ".join(str(rank) for rank in sorted(exc.failures))
         raise WorkerFailedError(f"training process(es) of rank {failed} failed:{exc}") from None

@@ -133,3 +133,16 @@ def test_submitit_local_launcher_runs_a_job(tmp_path: Path) -> None:
     ckpt = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["progress"]["global_step"] > 0
     assert list(tmp_path.glob("multirun/*/*/.submitit"))
+
+
+def test_slurm_tasks_share_a_run_directory_named_after_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.cli import shared_run_dir_overrides
+
+    monkeypatch.setattr("sys.argv", ["geartrain"])
+    slurm = {"SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "777"}
+    rank0 = shared_run_dir_overrides({**slurm, "SLURM_PROCID": "0"})
+    rank3 = shared_run_dir_overrides({**slurm, "SLURM_PROCID": "3"})
+    assert rank0 == ["hydra.run.dir=outputs/slurm-777"]
+    assert rank3[0] == rank0[0] and "hydra.output_subdir=null" in rank3
+    assert shared_run_dir_overrides({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == []
+    assert shared_run_dir_overrides({}) == []

@@ -359,26 +359,43 @@ def kill_group_at(out: Path, line: str, *args: str) -> None:
         proc.wait(timeout=60)
 
 
-@pytest.mark.timeout(420)
-def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path) -> None:
-    whole = tmp_path / "whole"
+@pytest.fixture(scope="module")
+def ddp_whole(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """Final weights of an uninterrupted 2-process DDP run."""
+    whole = tmp_path_factory.mktemp("ddp_whole")
     run_to_end(whole, *DDP, "--delay", "0")
+    return final_weights(whole)
+
+
+@pytest.mark.timeout(420)
+def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
     # Each rank sees 5 batches per epoch (15 steps): validation after batches 4 and 5 of each epoch.
     for n, point in enumerate(["STEP 2", "VAL 4", "STEP 7", "VAL 10", "STEP 13"]):
         kill_group_at(run, point, *DDP, "--delay", "0.1", *(["--resume"] if n else []))
     run_to_end(run, *DDP, "--resume")
-    assert_same_weights(final_weights(run), final_weights(whole))
+    assert_same_weights(final_weights(run), ddp_whole)
 
 
 @pytest.mark.timeout(300)
-def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
-    whole = tmp_path / "whole"
-    run_to_end(whole, *DDP, "--delay", "0")
+def test_ddp_sigterm_to_the_launcher_saves_on_every_rank_and_exits_0(
+    tmp_path: Path, ddp_whole: dict[str, torch.Tensor]
+) -> None:
+    proc = run_until(tmp_path, "STEP 4", *DDP, "--delay", "0.1", sig=signal.SIGTERM)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert 4 <= state["progress"]["global_step"] < 15
+    assert len(state["rng"]) == 2  # both ranks' random states
+    run_to_end(tmp_path, *DDP, "--resume")
+    assert_same_weights(final_weights(tmp_path), ddp_whole)
+
+
+@pytest.mark.timeout(300)
+def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
     out = run_to_end(run, *DDP, "--max-restarts", "1", "--crash-rank-1-at", "7")
     steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("STEP")]
     assert steps.count(7) >= 1 and steps[-1] == 15
     assert "restart 1: resuming from" in out, "the group should have restarted from the last checkpoint"
     assert sorted(set(steps)) == list(range(1, 16))
-    assert_same_weights(final_weights(run), final_weights(whole))
+    assert_same_weights(final_weights(run), ddp_whole)

@@ -101,30 +101,43 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
 
 
 def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
-    """Hydra overrides that make every process of a torchrun/srun job use rank 0's run directory.
+    """Hydra overrides that make every process of a torchrun/srun job use one run directory.
 
-    Each process started by ``torchrun`` runs this command and so Hydra; without agreement each would
-    pick its own time-stamped folder. Rank 0 picks the folder and broadcasts it over a short-lived
-    gloo group; ranks other than 0 also write no ``.hydra/`` and no log file. Returns ``[]`` for a
-    single process, or when the user set ``hydra.run.dir`` themselves.
+    Each process started by ``torchrun`` or ``srun`` runs this command and so Hydra; without
+    agreement each would pick its own time-stamped folder. Under torchrun, rank 0 picks the folder
+    and publishes it in the launcher's key-value store (the first attempt's choice sticks, so an
+    elastic restart resumes in the same folder); under Slurm the folder is named after the job.
+    Ranks other than 0 also write no ``.hydra/`` and no log file. Returns ``[]`` for a single
+    process, or when the user set ``hydra.run.dir`` themselves.
     """
     env = dict(os.environ) if env is None else env
-    if int(env.get("WORLD_SIZE", "1")) <= 1 or "MASTER_ADDR" not in env:
+    from strategies.launch import slurm_environment
+
+    slurm = slurm_environment(env) if "TORCHELASTIC_RUN_ID" not in env else None
+    rank = int((slurm or env).get("RANK", "0"))
+    if int((slurm or env).get("WORLD_SIZE", "1")) <= 1:
         return []
     if any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:]):
         return []
     import time
 
-    import torch.distributed as dist
+    if slurm is not None:
+        chosen = f"outputs/slurm-{env.get('SLURM_JOB_ID', 'job')}"
+    else:
+        from datetime import timedelta
 
-    rank = int(env["RANK"])
-    dist.init_process_group("gloo", rank=rank, world_size=int(env["WORLD_SIZE"]))
-    try:
-        chosen = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]
-        dist.broadcast_object_list(chosen, src=0)
-    finally:
-        dist.destroy_process_group()
-    overrides = [f"hydra.run.dir={chosen[0]}"]
+        import torch.distributed as dist
+
+        # A client of the store torchrun's agent serves: no process group, so nothing is left behind
+        # for the strategy's own group to trip over.
+        store = dist.TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(minutes=5)
+        )
+        key = f"geartrain/run_dir/{env.get('TORCHELASTIC_RUN_ID', '')}"
+        if rank == 0:
+            store.compare_set(key, "", time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
+        chosen = store.get(key).decode()
+    overrides = [f"hydra.run.dir={chosen}"]
     if rank != 0:
         overrides += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     return overrides

@@ -394,7 +394,11 @@ class Trainer:
         adopt rank 0's end state (weights, metrics, progress, callback states), so code after
         ``fit`` reads the same on every strategy.
         """
-        output, final = self.strategy.launch(self._run, stage, module, *rest)
+        try:
+            output, final = self.strategy.launch(self._run, stage, module, *rest)
+        except loops.Preempted:  # the processes the strategy started were stopped by a signal
+            self.preempted = True
+            return None
         if final["pid"] != os.getpid():
             self._adopt(module, final)
         return output
