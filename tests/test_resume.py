@@ -399,3 +399,17 @@ def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, ddp_wh
     assert "restart 1: resuming from" in out, "the group should have restarted from the last checkpoint"
     assert sorted(set(steps)) == list(range(1, 16))
     assert_same_weights(final_weights(run), ddp_whole)
+
+
+@pytest.mark.timeout(240)
+def test_amp_kill_9_then_resume_is_exact(tmp_path: Path) -> None:
+    """bf16 autocast (AMP's CPU default) resumes bit for bit too."""
+    amp = ["--strategy", "amp"]
+    whole = tmp_path / "whole"
+    run_to_end(whole, *amp, "--delay", "0")
+    run = tmp_path / "run"
+    for n, point in enumerate(["STEP 6", "VAL 18"]):
+        proc = run_until(run, point, *amp, "--delay", "0.1", *(["--resume"] if n else []))
+        assert proc.returncode == -signal.SIGKILL
+    run_to_end(run, *amp, "--resume")
+    assert_same_weights(final_weights(run), final_weights(whole))
