@@ -72,7 +72,7 @@ def _hand(data: torch.utils.data.TensorDataset, batch: int, epochs: int) -> floa
     model = fresh_model(log_loss=False)
     start = clock()
     ddp = DistributedDataParallel(model)
-    sampler = DistributedSampler(data, shuffle=False)
+    sampler: DistributedSampler[Any] = DistributedSampler(data, shuffle=False)
     loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=sampler)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     ddp.train()
