@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_lm
+from bench import ddp, gpu_lm
 from bench.__main__ import main as bench_main
 from bench.core import Result, format_table, paired
 
@@ -51,6 +51,15 @@ def test_quick_run_of_in_process_benchmarks(capsys: pytest.CaptureFixture[str]) 
     ]
     assert all(r.ours > 0 and r.theirs > 0 for r in results)
     assert "| benchmark" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(90)
+def test_ddp_benchmark_pairs_run_in_two_processes_and_train_alike() -> None:
+    out = ddp.measure(quick=True, pairs=1)
+    assert out["ours"] > 0 and out["theirs"] > 0 and len(out["ratios"]) == 1
+    # Both sides did the same optimisation: Trainer(strategy="ddp") and the hand-written DDP loop
+    # end with bitwise-equal weights, so the ratio compares like with like.
+    assert out["same_weights"]
 
 
 @pytest.mark.timeout(120)

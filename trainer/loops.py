@@ -103,6 +103,7 @@ def train_epoch(trainer: Trainer) -> None:
     with _logging(trainer, store, _EPOCH_DEFAULTS):
         trainer._hook("on_train_epoch_start")
     resume_epoch_rng, trainer._resume_epoch_rng = trainer._resume_epoch_rng, None
+    agree = trainer._preempt_agree
     with _logging(trainer, store, _STEP_DEFAULTS):
         batches = _iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
         for batch_idx, batch, is_last in batches:
@@ -116,7 +117,8 @@ def train_epoch(trainer: Trainer) -> None:
                 if p.global_step % trainer.log_every_n_steps == 0:
                     trainer._emit(dict(store.pending_step), p.global_step - 1)
                 store.pending_step.clear()
-            if trainer._preemption_requested():
+            # In one process a plain attribute test; under several, every rank takes part in the check.
+            if (agree or trainer._preempt_signal is not None) and trainer._preemption_requested():
                 trainer._save_for_preemption()
                 raise Preempted
             if validate_this_epoch and val_every and (batch_idx + 1) % val_every == 0:

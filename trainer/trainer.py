@@ -183,6 +183,8 @@ class Trainer:
         self.slurm_requeue = slurm_requeue
         self.preempted = False
         self._preempt_signal: int | None = None
+        # Set per fit: whether ranks must agree on a preemption (one collective per step).
+        self._preempt_agree = False
         self._resume_epoch_rng: dict[str, Any] | None = None
 
         self.fast_dev_run = int(fast_dev_run)
@@ -788,6 +790,8 @@ class Trainer:
     def _install_preemption_handlers(self) -> None:
         """On SIGTERM/SIGUSR1, only note the signal: the loop acts on it after the optimizer step."""
         self._previous_handlers: dict[int, Any] = {}
+        # Worked out once: in one process the loop's per-step check is a plain attribute test.
+        self._preempt_agree = self.strategy.world_size > 1
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
 
@@ -806,7 +810,7 @@ class Trainer:
     def _preemption_requested(self) -> bool:
         """True when a signal arrived here or (under several processes) on any rank, on every rank alike."""
         requested = self._preempt_signal is not None
-        if self.strategy.world_size > 1:
+        if self._preempt_agree:
             # One small collective per step so that every rank stops after the same step.
             flag = torch.tensor([self._preempt_signal or 0], dtype=torch.int64, device=self.strategy.root_device)
             self._preempt_signal = int(self.strategy.reduce(flag, "max").item()) or None
