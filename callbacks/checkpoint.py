@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from callbacks._monitor import Monitor
 from callbacks.base import Callback
+from trainer.checkpoint import copy_checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -219,7 +220,11 @@ class ModelCheckpoint(Callback):
         try:
             if keep:
                 trainer.save_checkpoint(path, weights_only=self.save_weights_only)
-            if self.save_last:
+            if self.save_last and keep:
+                # Same state: copy the file just written instead of building and serialising it again.
+                if trainer.is_global_zero:
+                    copy_checkpoint(path, self.last_model_path)
+            elif self.save_last:
                 trainer.save_checkpoint(self.last_model_path, weights_only=self.save_weights_only)
         except BaseException:
             self.load_state_dict(previous)

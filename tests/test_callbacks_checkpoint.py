@@ -51,6 +51,17 @@ def test_top_k_min_mode_and_last(tmp_path: Path) -> None:
     assert state["best_model_path"] == str(tmp_path / "epoch=0.ckpt")
 
 
+def test_last_is_a_copy_of_the_file_saved_at_the_same_moment(tmp_path: Path) -> None:
+    # Epoch 5 (0.85) enters the top 2 and is also the last state: last.ckpt is that very file.
+    cb = ModelCheckpoint(
+        dirpath=tmp_path, filename="{epoch}", monitor="val/score", mode="max", save_top_k=2, save_last=True
+    )
+    _fit(tmp_path, cb)
+    assert (tmp_path / "last.ckpt").read_bytes() == (tmp_path / "epoch=5.ckpt").read_bytes()
+    assert load_checkpoint(tmp_path / "last.ckpt")["progress"]["global_step"] == 24
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_save_top_k_all_and_none(tmp_path: Path) -> None:
     every = ModelCheckpoint(dirpath=tmp_path / "all", monitor="val/score", mode="max", save_top_k=-1)
     _fit(tmp_path, every)
@@ -102,7 +113,8 @@ def test_interrupted_write_leaves_previous_files_and_no_partial_file(
 
     def failing_save(obj: object, f: object, *args: object, **kwargs: object) -> None:
         calls["n"] += 1
-        if calls["n"] == 3:  # epoch 0 wrote two files; the third write (epoch=1.ckpt) dies midway
+        # Epoch 0 serialised one file (and copied it to last.ckpt); the next write, epoch=1.ckpt, dies midway.
+        if calls["n"] == 2:
             f.write(b"half a checkpoint")  # type: ignore[attr-defined]
             raise OSError("disk full")
         real_save(obj, f, *args, **kwargs)

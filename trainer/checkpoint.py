@@ -11,10 +11,11 @@ import atexit
 import contextlib
 import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "FORMAT_VERSION",
     "AsyncCheckpointWriter",
     "CheckpointError",
+    "copy_checkpoint",
     "load_checkpoint",
     "load_module_state",
     "plain_state_dict",
@@ -52,12 +54,29 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
     partial file. A failed write (disk full, ...) raises :class:`CheckpointError` and removes the
     temporary file.
     """
-    path = Path(path)
+    return _write_atomically(Path(path), lambda f: torch.save(dict(state), f))
+
+
+def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Copy a checkpoint file to ``path`` as atomically as :func:`save_checkpoint` writes one.
+
+    Cheaper than saving the same state twice (``last.ckpt`` next to a top-k file): no state to
+    build, nothing to serialise.
+    """
+
+    def copy(f: Any) -> None:
+        with open(source, "rb") as src:
+            shutil.copyfileobj(src, f, 1 << 20)
+
+    return _write_atomically(Path(path), copy)
+
+
+def _write_atomically(path: Path, write: Callable[[Any], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(dict(state), f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
