@@ -22,6 +22,7 @@ from typing_extensions import override
 from strategies.base import Strategy
 from strategies.launch import joined_environment, start_processes
 from strategies.precision import Precision
+from trainer.data import rebuild_dataloader
 
 __all__ = ["EvalShardSampler", "ParallelStrategy", "StepRunner"]
 
@@ -257,7 +258,7 @@ class ParallelStrategy(Strategy):
             )
         else:
             sampler = EvalShardSampler(dataloader.sampler, self.global_rank, world)
-        return _rebuild(dataloader, sampler)
+        return rebuild_dataloader(dataloader, sampler=sampler)
 
     # ----------------------------------------------------------------- collectives
     @override
@@ -309,27 +310,6 @@ class ParallelStrategy(Strategy):
             f"{type(self).__name__}(devices={self._devices}, num_nodes={self.num_nodes}, "
             f"precision={self.precision.name!r})"
         )
-
-
-def _rebuild(loader: DataLoader[Any], sampler: Sampler[int]) -> DataLoader[Any]:
-    """A DataLoader like ``loader`` (same dataset, batch size, collate, workers, ...) using ``sampler``."""
-    kwargs: dict[str, Any] = {
-        "batch_size": loader.batch_size,
-        "sampler": sampler,
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "drop_last": loader.drop_last,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-        "pin_memory_device": loader.pin_memory_device,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(loader.dataset, **kwargs)
 
 
 def _destroy_process_group() -> None:
