@@ -454,13 +454,12 @@ class Trainer:
         self._dispatch = {}
         module._trainer = self
         self.strategy.setup_environment()
-        hook_stage = stage
         try:
             if datamodule is not None:
                 datamodule.prepare_data()
-                datamodule.setup(hook_stage)
-            module.setup(hook_stage)
-            self._call_callbacks("setup", hook_stage)
+                datamodule.setup(stage)
+            module.setup(stage)
+            self._call_callbacks("setup", stage)
             self._apply_memory_options(module, stage)
             self.strategy.setup(module)
             if self.compile:
@@ -492,11 +491,11 @@ class Trainer:
             raise
         finally:
             self._restore_signal_handlers()
-            self._call_callbacks("teardown", hook_stage)
+            self._call_callbacks("teardown", stage)
             self.wait_for_checkpoints()
-            module.teardown(hook_stage)
+            module.teardown(stage)
             if datamodule is not None:
-                datamodule.teardown(hook_stage)
+                datamodule.teardown(stage)
             self.strategy.teardown()
             self._store = None
             self.stage = None

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["apply_to_tensors", "batch_size_of", "move_to_device", "rank_zero_only", "seed_everything"]
+__all__ = ["apply_to_tensors", "batch_size_of", "move_to_device", "seed_everything"]
 
 
 def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -114,16 +114,3 @@ def seed_everything(seed: int = 0, workers: bool = False) -> int:
     np.random.seed(seed)
     torch.manual_seed(seed)  # seeds CUDA too
     return seed
-
-
-def rank_zero_only(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``fn`` only on the process whose global rank is 0 (``RANK`` unset counts as 0)."""
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if int(os.environ.get("RANK", "0")) == 0:
-            return fn(*args, **kwargs)
-        return None
-
-    wrapped.__doc__ = fn.__doc__
-    wrapped.__name__ = fn.__name__
-    return wrapped
