@@ -63,28 +63,29 @@ class TrainerConfig:
 
 
 @dataclass
-class SingleStrategyConfig:
+class _OneDeviceStrategyConfig:
+    _target_: str = ""
+    precision: Optional[str] = None  # noqa: UP045
+    device: Optional[str] = None  # noqa: UP045
+
+
+@dataclass
+class SingleStrategyConfig(_OneDeviceStrategyConfig):
     """``strategy=single``: one process on one device."""
 
     _target_: str = "strategies.SingleDeviceStrategy"
-    precision: Optional[str] = None  # noqa: UP045
-    device: Optional[str] = None  # noqa: UP045
 
 
 @dataclass
-class AMPStrategyConfig:
+class AMPStrategyConfig(_OneDeviceStrategyConfig):
     """``strategy=amp``: one device, mixed precision by default."""
 
     _target_: str = "strategies.AMPStrategy"
-    precision: Optional[str] = None  # noqa: UP045
-    device: Optional[str] = None  # noqa: UP045
 
 
 @dataclass
-class DDPStrategyConfig:
-    """``strategy=ddp``: one process per device, gradients all-reduced in backward."""
-
-    _target_: str = "strategies.DDPStrategy"
+class _ParallelStrategyConfig:
+    _target_: str = ""
     devices: Any = "auto"
     num_nodes: int = 1
     precision: Optional[str] = None  # noqa: UP045
@@ -92,23 +93,23 @@ class DDPStrategyConfig:
     process_group_backend: Optional[str] = None  # noqa: UP045
     timeout: float = 1800.0
     max_restarts: int = 0
+
+
+@dataclass
+class DDPStrategyConfig(_ParallelStrategyConfig):
+    """``strategy=ddp``: one process per device, gradients all-reduced in backward."""
+
+    _target_: str = "strategies.DDPStrategy"
     find_unused_parameters: bool = False
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
 
 
 @dataclass
-class FSDPStrategyConfig:
+class FSDPStrategyConfig(_ParallelStrategyConfig):
     """``strategy=fsdp``: parameters, gradients and optimizer state sharded over the processes."""
 
     _target_: str = "strategies.FSDPStrategy"
-    devices: Any = "auto"
-    num_nodes: int = 1
-    precision: Optional[str] = None  # noqa: UP045
-    device: Optional[str] = None  # noqa: UP045
-    process_group_backend: Optional[str] = None  # noqa: UP045
-    timeout: float = 1800.0
-    max_restarts: int = 0
     layer_classes: Optional[List[str]] = None  # noqa: UP006, UP045
     reshard_after_forward: bool = True
 
