@@ -173,10 +173,12 @@ def _run_payload(payload: str) -> bytes | None:
     import torch.distributed as dist
 
     from trainer.checkpoint import set_rng_state
+    from trainer.trainer import STARTED_BY_LAUNCHER
 
     with open(payload, "rb") as f:
         fn, args, rng = pickle.load(f)
     set_rng_state(rng)
+    os.environ[STARTED_BY_LAUNCHER] = "1"  # the trainer then returns its full weights to the caller
     # On an exception the group is left as it is: the agent stops every worker, and a clean shutdown
     # could wait on peers that are blocked in a collective.
     result = fn(*args)

@@ -41,7 +41,10 @@ from trainer.utils import batch_size_of
 if TYPE_CHECKING:
     from strategies.base import Strategy
 
-__all__ = ["Trainer"]
+__all__ = ["STARTED_BY_LAUNCHER", "Trainer"]
+
+#: Set to "1" in processes a strategy started itself, whose end state goes back to the caller.
+STARTED_BY_LAUNCHER = "GEARTRAIN_STARTED_BY_LAUNCHER"
 
 _LOADER_METHODS = {
     "fit": "train_dataloader",
@@ -411,8 +414,13 @@ class Trainer:
         return {
             "pid": os.getpid(),
             "preempted": self.preempted,
-            # Full weights (gathered under FSDP: a collective, so every rank computes this).
-            "state_dict": self.strategy.model_state_dict() if stage == "fit" else None,
+            # Full weights, needed only when they travel back to the process that started this one
+            # (under FSDP gathering them is a collective: every rank decides alike, from the env).
+            "state_dict": (
+                self.strategy.model_state_dict()
+                if stage == "fit" and os.environ.get(STARTED_BY_LAUNCHER) == "1"
+                else None
+            ),
             "progress": self.progress.state_dict(),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "metrics": [
