@@ -1,7 +1,8 @@
-"""A small decoder-only transformer that learns to write like the standard library's docstrings.
+"""A small decoder-only transformer that learns to write like Jane Austen, one character at a time.
 
-``geartrain experiment=charlm`` trains it on ``examples/data/charlm_corpus.txt`` (about 400 KB, made
-by ``examples/make_corpus.py``) in a couple of minutes on a CPU, and prints generated text at the end.
+``geartrain experiment=charlm`` trains it on ``examples/data/charlm_corpus.txt`` (Austen's *Persuasion*,
+1817, public domain, 467 KB; origin in ``examples/data/README.md``) in a couple of minutes on a CPU, and
+prints generated text at the end.
 ``experiment=charlm_amp`` trains under bf16/fp16 autocast, ``experiment=charlm_ddp`` with two DDP
 processes. :class:`GPT` is the plain PyTorch network; ``bench/gpu_lm.py`` scales it to GPT-2 small.
 """
@@ -18,10 +19,14 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from examples.make_corpus import DEFAULT_PATH, VOCAB
 from trainer import DataModule, TrainModule
 
-__all__ = ["GPT", "CharData", "CharLM", "GPTConfig", "decode", "encode"]
+__all__ = ["DEFAULT_PATH", "GPT", "VOCAB", "CharData", "CharLM", "GPTConfig", "decode", "encode"]
+
+#: Newline plus printable ASCII: the whole vocabulary (the bundled novel uses nothing else).
+VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))
+#: The bundled corpus.
+DEFAULT_PATH = Path(__file__).resolve().parent / "data" / "charlm_corpus.txt"
 
 _INDEX = {c: i for i, c in enumerate(VOCAB)}
 
@@ -157,7 +162,7 @@ class CharLM(TrainModule):
         weight_decay: float = 0.1,
         warmup_steps: int = 30,
         sample_chars: int = 300,
-        prompt: str = "Return the ",
+        prompt: str = "Anne ",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -263,8 +268,8 @@ class CharData(DataModule):
         if self.train_set is not None:
             return
         if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path} is missing; write it with `python -m examples.make_corpus`")
-        ids = encode(self.path.read_text(encoding="ascii"))
+            raise FileNotFoundError(f"corpus {self.path} is missing")
+        ids = encode(self.path.read_text(encoding="utf-8"))
         split = int(len(ids) * (1 - self.val_fraction))
         self.train_set = _Windows(ids[:split], self.block_size)
         self.val_set = _Windows(ids[split:], self.block_size)

@@ -1,4 +1,4 @@
-"""The character-LM example: trains, samples text at the end, composes as Hydra experiments, corpus is stable."""
+"""The character-LM example: trains, samples text at the end, composes as Hydra experiments; the corpus is the novel."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from examples.charlm import CharData, CharLM, decode, encode
-from examples.make_corpus import DEFAULT_PATH, VOCAB, make_corpus, normalise
+from examples.charlm import DEFAULT_PATH, VOCAB, CharData, CharLM, decode, encode
 from trainer import Trainer, seed_everything
 from trainer.cli import config_dir
 
@@ -42,12 +41,32 @@ def test_trains_and_prints_a_sample_at_the_end(capsys: pytest.CaptureFixture[str
     assert f"--- sample after 30 steps ---\n{module.sample}" in capsys.readouterr().out
 
 
-def test_encode_decode_round_trip_and_corpus_is_in_vocabulary() -> None:
+def test_corpus_is_the_whole_novel_in_vocabulary_without_a_licence_text() -> None:
     text = DEFAULT_PATH.read_text(encoding="ascii")
     assert 300_000 < len(text) < 500_000 and set(text) <= set(VOCAB)
+    # Persuasion complete, first line to last (examples/data/README.md records where it comes from).
+    assert text.startswith("Persuasion\n") and text.endswith("\nFinis\n")
+    assert "Jane Austen" in text[:100] and "Chapter 24\n" in text
+    # The public-domain claim holds only for the bare text: no Project Gutenberg header or footer.
+    assert "gutenberg" not in text.lower() and "ebook" not in text.lower()
+
+
+def test_encode_decode_round_trip_and_unknown_characters() -> None:
+    text = DEFAULT_PATH.read_text(encoding="ascii")
     assert decode(encode(text[:1000])) == text[:1000]
-    assert normalise("caf\u00e9\tx") == "caf?    x"
-    assert make_corpus(5000) == make_corpus(5000)  # deterministic
+    assert decode(encode("caf\u00e9\tx")) == "caf??x"  # outside the vocabulary: "?"
+
+
+def test_data_reads_a_utf8_corpus_and_splits_train_from_validation(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("abcd\u00e9" * 200, encoding="utf-8")  # 1,000 characters
+    data = CharData(batch_size=4, block_size=10, val_fraction=0.2, path=str(corpus))
+    data.setup("fit")
+    assert data.train_set is not None and data.val_set is not None
+    assert (len(data.train_set), len(data.val_set)) == (79, 19)  # (800 - 1) // 10, (200 - 1) // 10
+    x, y = data.train_set[1]
+    assert decode(x) == "abcd?abcd?" and decode(y) == "bcd?abcd?a"
+    assert decode(data.val_set[0][0]) == "abcd?abcd?"  # validation starts where training ends
 
 
 @pytest.mark.parametrize(("name", "target"), [("charlm", "SingleDeviceStrategy"), ("charlm_amp", "AMPStrategy")])
