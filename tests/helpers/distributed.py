@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,12 @@ def run_python(args: Sequence[str], timeout: float, **env: str) -> Finished:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"python {' '.join(args)} ran over {timeout}s\n{out}\n{err}") from None
-    leftovers = group_members(proc.pid)
+    # A helper of the run (multiprocessing's resource tracker, a worker finishing its exit) may
+    # still be on its way out when the main process has gone; only what outlives a grace period
+    # counts as left over.
+    deadline = time.monotonic() + 5
+    while (leftovers := group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     result = Finished(proc.args, proc.returncode, out, err)
