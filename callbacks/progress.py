@@ -56,6 +56,7 @@ class ProgressBar(Callback):
         self._val_task: TaskID | None = None
         self._started = 0.0
         self._val_batches = 0
+        self._plain_lines = False  # this epoch prints plain lines (rank 0, not a terminal); set per epoch
 
     @property
     def _out(self) -> TextIO:
@@ -92,10 +93,12 @@ class ProgressBar(Callback):
     # ----------------------------------------------------------------- training
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._plain_lines = False
         if not trainer.is_global_zero:
             return
         self._started = time.perf_counter()
-        if self._interactive():
+        self._plain_lines = not self._interactive()
+        if not self._plain_lines:
             self._train_task = self._bar().add_task(
                 f"Epoch {trainer.current_epoch}",
                 total=self._total(trainer.num_training_batches),
@@ -108,10 +111,9 @@ class ProgressBar(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not trainer.is_global_zero:
-            return
+        # Runs every batch, so the rank and terminal tests were done once, in on_train_epoch_start.
         done = batch_idx + 1
-        if self._progress is not None and self._train_task is not None:
+        if self._progress is not None and self._train_task is not None:  # only ever set on rank 0
             if done % 10 == 0 or done == trainer.num_training_batches:  # a redraw costs a little
                 self._progress.update(
                     self._train_task,
@@ -119,9 +121,7 @@ class ProgressBar(Callback):
                     rate=f"{self._rate(done):.1f} it/s",
                     metrics=self._metrics_text(trainer),
                 )
-        elif (
-            not self._interactive() and done % self.refresh_every_n_steps == 0 and done != trainer.num_training_batches
-        ):
+        elif self._plain_lines and done % self.refresh_every_n_steps == 0 and done != trainer.num_training_batches:
             self._line(trainer, done, final=False)  # the epoch's last batch gets the epoch-end line instead
 
     @override
@@ -172,9 +172,7 @@ class ProgressBar(Callback):
     def on_validation_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not trainer.is_global_zero:
-            return
-        self._val_batches = batch_idx + 1
+        self._val_batches = batch_idx + 1  # (a count; the bar below exists only on rank 0)
         if self._progress is not None and self._val_task is not None:
             self._progress.update(self._val_task, completed=self._val_batches)
 
