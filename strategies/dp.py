@@ -154,13 +154,26 @@ class _LogRecorder:
         self._is_metric = is_metric
         self.records: list[tuple[str, Any, dict[str, Any]]] = []
 
-    def _log(self, name: str, value: Any, **kwargs: Any) -> None:
+    def _log(
+        self,
+        name: str,
+        value: Any,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        prog_bar: bool,
+        sync_dist: bool,
+        reduce_fx: str,
+        batch_size: int | None,
+    ) -> None:
+        """Keep one ``self.log`` call (``Trainer._log``'s arguments) for the strategy to merge."""
         if self._is_metric(value):
             raise RuntimeError(
                 f"self.log({name!r}, <Metric>) in a DataParallel replica: torchmetrics objects cannot be "
                 "updated from replicas. Log a tensor in training_step, or use strategy='ddp'."
             )
-        self.records.append((name, value, {**kwargs, "_share": self._share}))
+        options: dict[str, Any] = dict(on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, sync_dist=sync_dist)
+        options.update(reduce_fx=reduce_fx, batch_size=batch_size, _share=self._share)
+        self.records.append((name, value, options))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._trainer, name)

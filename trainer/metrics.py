@@ -38,17 +38,18 @@ class _Entry:
 
     def update(self, value: torch.Tensor, batch_size: int) -> None:
         # The running sums are updated in place: ``total`` is always a tensor this entry created (by the
-        # product or the clone below), so nobody else holds it, and a step allocates one tensor less.
+        # product or the clone below), so nobody else holds it. ``add_(value, alpha=n)`` is one kernel
+        # where ``total += value * n`` is two (and a tensor made from the number n).
         if self.total is None:
             self.total = value * batch_size if self.reduce_fx == "mean" else value.clone()
         elif self.reduce_fx == "mean":
             if self.total.dtype == value.dtype:
-                self.total += value * batch_size
+                self.total.add_(value, alpha=batch_size)
             else:  # let type promotion widen the sum, as the out-of-place form does
                 self.total = self.total + value * batch_size
         elif self.reduce_fx == "sum":
             if self.total.dtype == value.dtype:
-                self.total += value
+                self.total.add_(value)
             else:
                 self.total = self.total + value
         elif self.reduce_fx == "max":
@@ -92,15 +93,14 @@ class MetricStore:
         self,
         name: str,
         value: Any,
-        *,
         on_step: bool,
         on_epoch: bool,
         prog_bar: bool,
         sync_dist: bool,
         reduce_fx: str,
         batch_size: Callable[[], int],
-    ) -> dict[str, torch.Tensor]:
-        """Record ``value``; return the step-level keys it produced (for ``callback_metrics``)."""
+    ) -> str | None:
+        """Record ``value``; return the step-level key it produced (in :attr:`pending_step`), if any."""
         if reduce_fx not in _REDUCE_FX:
             raise ValueError(f"self.log({name!r}): reduce_fx must be one of {_REDUCE_FX}, got {reduce_fx!r}")
         entry = self.entries.get(name)
@@ -132,15 +132,14 @@ class MetricStore:
                 tensor = tensor.to(torch.get_default_dtype())
             if on_epoch:
                 entry.update(tensor, batch_size() if reduce_fx == "mean" else 1)
-        out: dict[str, torch.Tensor] = {}
         if on_step and tensor is not None:
             if sync_dist and metric is None:
                 tensor = self.reduce(tensor, "mean" if reduce_fx == "mean" else reduce_fx)
             key = f"{name}_step" if on_epoch else name
             entry.step_value = tensor
             self.pending_step[key] = tensor
-            out[key] = tensor
-        return out
+            return key
+        return None
 
     def epoch_values(self) -> dict[str, torch.Tensor]:
         """Compute every epoch-level value (syncing where asked), keyed as loggers should see them."""

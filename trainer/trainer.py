@@ -605,6 +605,14 @@ class Trainer:
             fn(*args)
         return out
 
+    def _overridden(self, hook: str) -> bool:
+        """Whether the module or a callback does something in ``hook`` (so :meth:`_hook` must be called)."""
+        try:
+            module_fn, callback_fns = self._dispatch[hook]
+        except KeyError:
+            module_fn, callback_fns = self._dispatch[hook] = self._resolve_hook(hook)
+        return module_fn is not None or bool(callback_fns)
+
     def _resolve_hook(self, hook: str) -> tuple[Callable[..., Any] | None, tuple[Callable[..., Any], ...]]:
         """The module's ``hook`` (None where it keeps TrainModule's empty default) and the callbacks' ones."""
         module = self.module
@@ -619,7 +627,6 @@ class Trainer:
         self,
         name: str,
         value: Any,
-        *,
         on_step: bool | None,
         on_epoch: bool | None,
         prog_bar: bool,
@@ -627,32 +634,23 @@ class Trainer:
         reduce_fx: str,
         batch_size: int | None,
     ) -> None:
-        """Back end of ``TrainModule.log``."""
+        """Back end of ``TrainModule.log`` (arguments in its order)."""
         store = self._store
         if store is None:
             raise RuntimeError(
                 f"self.log({name!r}) was called outside the steps and hooks of fit/validate/test "
                 "(logging is not supported in predict or in setup hooks)"
             )
-        step_default, epoch_default = self._log_defaults
-        on_step = step_default if on_step is None else on_step
-        on_epoch = epoch_default if on_epoch is None else on_epoch
+        if on_step is None:
+            on_step = self._log_defaults[0]
+        if on_epoch is None:
+            on_epoch = self._log_defaults[1]
         if not (on_step or on_epoch):
             raise ValueError(f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged")
-
         size = self._current_batch_size if batch_size is None else lambda: batch_size
-
-        new = store.log(
-            name,
-            value,
-            on_step=on_step,
-            on_epoch=on_epoch,
-            prog_bar=prog_bar,
-            sync_dist=sync_dist,
-            reduce_fx=reduce_fx,
-            batch_size=size,
-        )
-        self._remember(new, store)
+        key = store.log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, size)
+        if key is not None:
+            self._remember_one(key, store.pending_step[key], store.prog_bar_keys())
 
     def _current_batch_size(self) -> int:
         """``batch_size_of`` the current batch, worked out once per batch however many values are logged."""
@@ -669,13 +667,17 @@ class Trainer:
             return
         prog_bar = store.prog_bar_keys()
         for key, value in values.items():
-            self.callback_metrics[key] = value
-            base = key.removesuffix("_step").removesuffix("_epoch")
-            if base != key:
-                self.callback_metrics[base] = value
-            self._epoch_keys.update((key, base))
-            if key in prog_bar:
-                self.progress_bar_metrics[key] = value
+            self._remember_one(key, value, prog_bar)
+
+    def _remember_one(self, key: str, value: torch.Tensor, prog_bar: set[str]) -> None:
+        self.callback_metrics[key] = value
+        base = key.removesuffix("_step").removesuffix("_epoch")
+        if base != key:
+            self.callback_metrics[base] = value
+        self._epoch_keys.add(key)
+        self._epoch_keys.add(base)
+        if key in prog_bar:
+            self.progress_bar_metrics[key] = value
 
     def log_metrics(self, metrics: Mapping[str, torch.Tensor | float], step: int | None = None) -> None:
         """Hand values computed outside ``self.log`` (learning rates, throughput) to the loggers.

@@ -1,0 +1,163 @@
+"""The plain (fused) training and evaluation batches behave exactly like the general ones.
+
+``trainer/loops.py`` runs a batch without the strategy's and precision's seams when every one of them
+is the base class's do-nothing. These tests run the same job twice, once on that path and once on a
+strategy that overrides a seam (so the general path runs), and compare everything observable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import trainer.loops as loops
+from bench.overhead import TinyMLP, make_batches
+from callbacks import Callback
+from strategies import SingleDeviceStrategy
+from trainer import Trainer, TrainModule
+
+
+class Seamed(SingleDeviceStrategy):
+    """A single-device strategy whose ``step`` is overridden (same behaviour): the general path runs."""
+
+    def __init__(self) -> None:
+        super().__init__(device="cpu")
+        self.steps = 0
+
+    def step(self, hook: str, *args: Any) -> Any:
+        self.steps += 1
+        return super().step(hook, *args)
+
+
+class Recorder(Callback):
+    """Records every per-batch hook with its batch index (or, for the step hooks, the global step)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def _at_batch(self, name: str, *args: Any) -> None:
+        self.calls.append((name, int(args[-1])))
+
+    def _at_step(self, name: str, trainer: Trainer) -> None:
+        self.calls.append((name, trainer.global_step))
+
+    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
+        self._at_batch("on_train_batch_start", batch_idx)
+
+    def on_before_backward(self, trainer: Trainer, module: TrainModule, loss: torch.Tensor) -> None:
+        self._at_step("on_before_backward", trainer)
+
+    def on_after_backward(self, trainer: Trainer, module: TrainModule) -> None:
+        self._at_step("on_after_backward", trainer)
+
+    def on_before_optimizer_step(self, trainer: Trainer, module: TrainModule, optimizer: Any) -> None:
+        self._at_step("on_before_optimizer_step", trainer)
+
+    def on_before_zero_grad(self, trainer: Trainer, module: TrainModule, optimizer: Any) -> None:
+        self._at_step("on_before_zero_grad", trainer)
+
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, out: Any, batch: Any, batch_idx: int) -> None:
+        self._at_batch("on_train_batch_end", batch_idx)
+
+    def on_validation_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
+        self._at_batch("on_validation_batch_start", batch_idx)
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: TrainModule, out: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._at_batch("on_validation_batch_end", batch_idx)
+
+
+class LoggingMLP(TinyMLP):
+    """Logs per step and per epoch, skips the update on every fifth batch, steps a scheduler per step."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return None if batch_idx % 5 == 4 else loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _fit(strategy: Any, callbacks: list[Callback]) -> tuple[Trainer, TinyMLP]:
+    torch.manual_seed(0)
+    module = LoggingMLP()
+    trainer = Trainer(
+        strategy=strategy,
+        max_epochs=2,
+        log_every_n_steps=3,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, train_dataloaders=make_batches(12), val_dataloaders=make_batches(4, seed=1))
+    return trainer, module
+
+
+def test_plain_and_general_paths_agree_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    general_steps: list[int] = []
+    original = loops._automatic_step
+
+    def counting(*args: Any) -> Any:
+        general_steps.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(loops, "_automatic_step", counting)
+    plain_rec, general_rec = Recorder(), Recorder()
+    plain, plain_module = _fit("single", [plain_rec])
+    assert general_steps == []  # the plain path ran every training batch
+    seamed = Seamed()
+    general, general_module = _fit(seamed, [general_rec])
+    assert len(general_steps) == 24 and seamed.steps == 24 + 2 * 4  # training and validation batches
+
+    for a, b in zip(plain_module.state_dict().values(), general_module.state_dict().values()):
+        assert torch.equal(a, b)
+    assert plain.global_step == general.global_step == 2 * (12 - 2)  # two skipped updates per epoch
+    assert plain_rec.calls == general_rec.calls
+    assert [name for name, _ in plain_rec.calls[:6]] == [
+        "on_train_batch_start",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_train_batch_end",
+    ]
+    assert plain.callback_metrics.keys() == general.callback_metrics.keys()
+    for key, value in plain.callback_metrics.items():
+        assert torch.equal(value, general.callback_metrics[key]), key
+    assert plain.optimizers[0].param_groups[0]["lr"] == general.optimizers[0].param_groups[0]["lr"]
+
+
+def test_a_seam_that_does_something_takes_the_general_path() -> None:
+    class Doubling(SingleDeviceStrategy):
+        def backward(self, loss: torch.Tensor) -> None:
+            super().backward(loss * 2)
+
+    torch.manual_seed(0)
+    doubled = TinyMLP(log_loss=False)
+    torch.manual_seed(0)
+    plain = TinyMLP(log_loss=False)
+    for module, strategy in ((doubled, Doubling(device="cpu")), (plain, "single")):
+        Trainer(
+            strategy=strategy, max_steps=1, enable_progress_bar=False, enable_checkpointing=False, logger=False
+        ).fit(module, train_dataloaders=make_batches(1))
+    assert not torch.equal(doubled.net[0].weight, plain.net[0].weight)  # the override ran
+
+
+def test_batch_start_returning_minus_one_ends_the_epoch_on_the_plain_path() -> None:
+    class StopAtThree(TinyMLP):
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+            return -1 if batch_idx == 3 else None
+
+    trainer = Trainer(max_epochs=2, enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    trainer.fit(StopAtThree(log_loss=False), train_dataloaders=make_batches(6))
+    assert trainer.global_step == 2 * 3
