@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 import trainer.checkpoint as ckpt
 from callbacks import Callback, ModelCheckpoint
 from tests._cb_helpers import Scripted, loaders, quiet_trainer
+from tests.helpers.distributed import spawn
 from trainer import Trainer
 from trainer.checkpoint import CheckpointError, load_checkpoint, place_checkpoint
 
@@ -221,3 +222,26 @@ def test_async_save_returns_before_the_file_is_written(tmp_path: Path, monkeypat
     assert pending == [True]
     assert _names(root) == {"epoch=0.ckpt", "last.ckpt"}  # and fit returned only once both were there
     assert ((root / "epoch=0.ckpt").stat().st_ino == (root / "last.ckpt").stat().st_ino) is _links_work(tmp_path)
+
+
+def ddp_job(root: str) -> dict[str, Any]:
+    """One rank of a 2-process DDP fit with an asynchronous ModelCheckpoint (run by :func:`spawn`)."""
+    folder = Path(root) / "ck"
+    cb = _checkpoint(folder, async_save=True)
+    torch.manual_seed(0)
+    train, val = loaders()
+    trainer = quiet_trainer([cb], strategy="ddp", max_epochs=len(SCORES), default_root_dir=root)
+    trainer.fit(WithMomentum(SCORES), train, val)
+    files = sorted(p.name for p in folder.iterdir()) if trainer.is_global_zero else []
+    return {"state": cb.state_dict(), "files": files, "last_step": trainer.global_step, "world": trainer.world_size}
+
+
+@pytest.mark.timeout(120)
+def test_ddp_rank_zero_writes_in_the_background_and_ranks_agree(tmp_path: Path) -> None:
+    rank0, rank1 = spawn(ddp_job, str(tmp_path), world_size=2)
+    assert rank0["world"] == rank1["world"] == 2
+    assert rank0["files"] == ["epoch=3.ckpt", "epoch=5.ckpt", "last.ckpt"]
+    assert rank0["state"] == rank1["state"]  # the same bookkeeping on every rank
+    assert Path(rank0["state"]["best_model_path"]).name == "epoch=3.ckpt"
+    last = load_checkpoint(tmp_path / "ck" / "last.ckpt")
+    assert last["progress"]["global_step"] == rank0["last_step"] == rank1["last_step"]
