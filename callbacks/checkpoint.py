@@ -14,7 +14,6 @@ from typing_extensions import override
 
 from callbacks._monitor import Monitor
 from callbacks.base import Callback
-from trainer.checkpoint import copy_checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -31,7 +30,10 @@ class ModelCheckpoint(Callback):
 
     Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
     never leaves a partial file under a checkpoint's name. The bookkeeping (which files are the k
-    best) is part of each checkpoint, so a resumed run keeps ranking where it left off.
+    best) is part of each checkpoint, so a resumed run keeps ranking where it left off. When a save
+    writes a top-k file and ``last.ckpt`` holds the same state, ``last.ckpt`` becomes a hard link to
+    it (a copy where the filesystem has no links), and files pushed out of the top k are deleted
+    only once the new file is on disk, so a failure at any point loses no checkpoint.
 
     Args:
         dirpath: folder for the files (default: ``<default_root_dir>/checkpoints``).
@@ -46,6 +48,12 @@ class ModelCheckpoint(Callback):
         every_n_train_steps: save every n optimizer steps (mid-epoch).
         every_n_epochs: save at the end of every n-th epoch (default 1 unless steps are given).
         save_weights_only: leave out optimizer, scheduler and loop state (cannot resume then).
+        async_save: write in the background (``Trainer.save_checkpoint(..., async_=True)``): a save
+            blocks training only while the state is copied into CPU memory, and a thread writes the
+            file, places ``last.ckpt`` and removes the evicted top-k files, in that order. Costs one
+            CPU copy of the state, kept between saves. Two writes never overlap; a failed write is
+            raised (as :class:`~trainer.checkpoint.CheckpointError`) by the next save or at the end
+            of fitting, with the bookkeeping rolled back to the files that are really on disk.
 
     A save whose monitored value was not updated since the previous ranked save (an epoch in which
     validation did not run) writes ``last.ckpt`` only. A monitor that is still missing after a
@@ -70,6 +78,7 @@ class ModelCheckpoint(Callback):
         every_n_train_steps: int | None = None,
         every_n_epochs: int | None = None,
         save_weights_only: bool = False,
+        async_save: bool = False,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
@@ -90,6 +99,7 @@ class ModelCheckpoint(Callback):
         self.every_n_train_steps = every_n_train_steps or 0
         self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
         self.save_weights_only = save_weights_only
+        self.async_save = async_save
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
@@ -97,6 +107,8 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self._monitor = Monitor("ModelCheckpoint", monitor) if monitor is not None else None
         self._last_saved_step = -1
+        #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
+        self._unconfirmed: dict[str, Any] | None = None
 
     @property
     @override
@@ -135,12 +147,22 @@ class ModelCheckpoint(Callback):
         # The final state is always recoverable as last.ckpt, whatever the saving schedule.
         if self.save_last and trainer.global_step != self._last_saved_step:
             self._save(trainer, rank=False)
+        self._confirm(trainer)  # the last write's failure surfaces here, with the bookkeeping rolled back
         if self._monitor is not None and self.save_top_k != 0 and not self._monitor.seen and trainer.is_global_zero:
             warnings.warn(
                 f"ModelCheckpoint(monitor={self.monitor!r}): the metric was never logged during fit, "
                 "so no best checkpoint was kept",
                 stacklevel=2,
             )
+
+    @override
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+        # The run failed with a write in flight: settle the bookkeeping, and report (not raise) a
+        # failed write so that the run's own exception is the one that propagates.
+        try:
+            self._confirm(trainer)
+        except Exception as err:
+            warnings.warn(f"ModelCheckpoint: the checkpoint write in flight failed too: {err}", stacklevel=2)
 
     # ----------------------------------------------------------------- saving
     def format_filename(self, metrics: dict[str, Any]) -> str:
@@ -183,6 +205,7 @@ class ModelCheckpoint(Callback):
     def _save(self, trainer: Trainer, rank: bool = True) -> None:
         """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
         assert self.dirpath is not None
+        self._confirm(trainer)
         self._last_saved_step = trainer.global_step
         score: float | None = None
         ranked = rank and self.save_top_k != 0
@@ -217,22 +240,38 @@ class ModelCheckpoint(Callback):
                 self.best_model_score = self.best_k_models[best]
         if self.save_last:
             self.last_model_path = str(self.dirpath / "last.ckpt")
+        # Same state in last.ckpt: a link to (or copy of) the top-k file, not a second serialisation.
+        # The evicted files go only after the new ones are on disk (in the writer thread when async).
+        also_at = [self.last_model_path] if self.save_last else []
+        replaces = [old for old in evict if old not in (path, self.last_model_path)]
         try:
             if keep:
-                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
-            if self.save_last and keep:
-                # Same state: copy the file just written instead of building and serialising it again.
-                if trainer.is_global_zero:
-                    copy_checkpoint(path, self.last_model_path)
+                trainer.save_checkpoint(
+                    path, self.save_weights_only, self.async_save, also_at=also_at, replaces=replaces
+                )
             elif self.save_last:
-                trainer.save_checkpoint(self.last_model_path, weights_only=self.save_weights_only)
+                trainer.save_checkpoint(self.last_model_path, self.save_weights_only, self.async_save)
         except BaseException:
             self.load_state_dict(previous)
             raise
-        if trainer.is_global_zero:
-            for old in evict:
-                if old != path and old != self.last_model_path:
-                    Path(old).unlink(missing_ok=True)
+        if self.async_save:
+            self._unconfirmed = previous
+
+    def _confirm(self, trainer: Trainer) -> None:
+        """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.
+
+        The bookkeeping moved to the new file when the save was made (each checkpoint holds it);
+        here it moves back if that file never reached the disk, so ``best_model_path`` and
+        ``best_k_models`` name only files that exist.
+        """
+        previous, self._unconfirmed = self._unconfirmed, None
+        if previous is None:
+            return
+        try:
+            trainer.wait_for_checkpoints()
+        except BaseException:
+            self.load_state_dict(previous)
+            raise
 
     # ----------------------------------------------------------------- state
     @override

@@ -15,7 +15,8 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,14 @@ __all__ = [
     "copy_checkpoint",
     "load_checkpoint",
     "load_module_state",
+    "place_checkpoint",
     "plain_state_dict",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
     "strip_wrapper_prefixes",
     "to_plain",
+    "write_checkpoint",
 ]
 
 FORMAT_NAME = "geartrain"
@@ -69,6 +72,71 @@ def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]
             shutil.copyfileobj(src, f, 1 << 20)
 
     return _write_atomically(Path(path), copy)
+
+
+def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Put the checkpoint file ``source`` also at ``path``: a hard link where possible, else a copy.
+
+    A link costs no second write (``last.ckpt`` next to a top-k file of 400 MB: microseconds instead
+    of a copy and an fsync). It is made atomically: linked under a temporary name in ``path``'s
+    folder, renamed over ``path``, folder fsynced; a reader sees the old ``path`` or the new one.
+    The two names then share one inode, which is safe because geartrain never writes into an
+    existing checkpoint file: every save writes a new temporary file and renames it over the name,
+    so replacing one name later leaves the other with its content. Where the filesystem refuses
+    links (another device, FAT, some network mounts, ...) the file is copied as
+    :func:`copy_checkpoint` does.
+    """
+    source, path = Path(source), Path(path)
+    if source.resolve() == path.resolve():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        # os.urandom, not the random module: a save must not move the run's Python RNG stream.
+        tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.link.tmp"
+        try:
+            os.link(source, tmp)
+            break
+        except FileExistsError:
+            continue
+        except OSError:
+            # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
+            return copy_checkpoint(source, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise CheckpointError(f"Could not place checkpoint {path}: {err}") from err
+    _fsync_dir(path.parent)
+    return path
+
+
+def write_checkpoint(
+    state: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    also_at: Iterable[str | os.PathLike[str]] = (),
+    replaces: Iterable[str | os.PathLike[str]] = (),
+) -> Path:
+    """One whole save, in the order that never loses a checkpoint: write, place copies, remove old files.
+
+    ``state`` is written atomically to ``path`` (:func:`save_checkpoint`), then placed at every
+    ``also_at`` path (:func:`place_checkpoint`: hard link, else copy), and only then are the files
+    it supersedes (``replaces``, e.g. a top-k file it pushed out) deleted. A failure at any step
+    raises :class:`CheckpointError` and skips the later steps, so the old files are still there. A
+    superseded file that cannot be deleted only warns: nothing is lost by keeping it.
+    """
+    path = save_checkpoint(state, path)
+    for other in also_at:
+        place_checkpoint(path, other)
+    keep = {path, *(Path(p) for p in also_at)}
+    for old in replaces:
+        if Path(old) in keep:
+            continue
+        try:
+            Path(old).unlink(missing_ok=True)
+        except OSError as err:
+            warnings.warn(f"Could not remove the superseded checkpoint {old}: {err}", stacklevel=2)
+    return path
 
 
 def _write_atomically(path: Path, write: Callable[[Any], None]) -> Path:
@@ -130,8 +198,9 @@ class AsyncCheckpointWriter:
     """Write checkpoints in a background thread, so training is blocked only for a CPU snapshot.
 
     :meth:`save` copies the state into CPU memory in the caller (that is the stall training sees),
-    then a thread writes it with :func:`save_checkpoint` (atomic: temporary file, fsync, rename).
-    Writes never overlap: a save first waits for the previous one. An error raised while writing is
+    then a thread does the whole :func:`write_checkpoint` (atomic write: temporary file, fsync,
+    rename; then the extra names; then removal of the files it supersedes, in that order, so a
+    failed write removes nothing). Writes never overlap: a save first waits for the previous one. An error raised while writing is
     re-raised by the next :meth:`save` or by :meth:`wait`. The process does not end with a write in
     flight: the writer thread is not a daemon, and an ``atexit`` hook waits as well.
 
@@ -161,18 +230,34 @@ class AsyncCheckpointWriter:
         """True while a write is in flight."""
         return self._thread is not None and self._thread.is_alive()
 
-    def save(self, state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-        """Snapshot ``state`` to CPU memory now; write it to ``path`` in the background."""
+    def save(
+        self,
+        state: Mapping[str, Any],
+        path: str | os.PathLike[str],
+        also_at: Iterable[str | os.PathLike[str]] = (),
+        replaces: Iterable[str | os.PathLike[str]] = (),
+    ) -> None:
+        """Snapshot ``state`` to CPU memory now; write it to ``path`` in the background.
+
+        ``also_at`` and ``replaces`` are as in :func:`write_checkpoint`, done by the writer thread
+        after the file is on disk. First waits for the previous write and re-raises its error, in
+        which case this state is not written.
+        """
         self.wait()
         snapshot = snapshot_state(state, reuse=self._buffers)
-        self._thread = threading.Thread(
-            target=self._write, args=(snapshot, Path(path)), name="geartrain-checkpoint-writer", daemon=False
-        )
+        args = (snapshot, Path(path), tuple(also_at), tuple(replaces))
+        self._thread = threading.Thread(target=self._write, args=args, name="geartrain-checkpoint-writer", daemon=False)
         self._thread.start()
 
-    def _write(self, snapshot: dict[str, Any], path: Path) -> None:
+    def _write(
+        self,
+        snapshot: dict[str, Any],
+        path: Path,
+        also_at: tuple[str | os.PathLike[str], ...],
+        replaces: tuple[str | os.PathLike[str], ...],
+    ) -> None:
         try:
-            save_checkpoint(snapshot, path)
+            write_checkpoint(snapshot, path, also_at, replaces)
         except BaseException as err:
             self._error = err
 

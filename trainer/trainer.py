@@ -26,9 +26,9 @@ from trainer.checkpoint import (
     CheckpointError,
     load_checkpoint,
     rng_state,
-    save_checkpoint,
     set_rng_state,
     to_plain,
+    write_checkpoint,
 )
 from trainer.data import ResumableBatchSampler, make_resumable
 from trainer.metrics import MetricStore
@@ -367,29 +367,51 @@ class Trainer:
         result: list[Any] = self._launch("predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path)
         return result
 
-    def save_checkpoint(self, path: str | os.PathLike[str], weights_only: bool = False, async_: bool = False) -> None:
+    def save_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        weights_only: bool = False,
+        async_: bool = False,
+        *,
+        also_at: Iterable[str | os.PathLike[str]] = (),
+        replaces: Iterable[str | os.PathLike[str]] = (),
+    ) -> None:
         """Write a checkpoint of the run (rank 0 writes; every rank must call this).
 
         With ``async_=True`` the call returns once the state is copied into CPU memory and a
         background thread writes the file (see :class:`~trainer.checkpoint.AsyncCheckpointWriter`):
         training stalls for the copy instead of the write. Writes never overlap, and the trainer
         waits for the last one before a run ends or a checkpoint is read back.
+
+        ``also_at``: the same file is also placed at these paths (hard link, else copy), and
+        ``replaces``: these files are deleted, both only once the file is on disk, in that order
+        (see :func:`~trainer.checkpoint.write_checkpoint`); a failed write deletes nothing.
         """
         state = self._checkpoint_state(weights_only)
         if self.is_global_zero:
             if async_:
                 if self._checkpoint_writer is None:
                     self._checkpoint_writer = AsyncCheckpointWriter()
-                self._checkpoint_writer.save(state, path)
+                self._checkpoint_writer.save(state, path, also_at, replaces)
             else:
                 self.wait_for_checkpoints()  # an older asynchronous write must not land after this one
-                save_checkpoint(state, path)
+                write_checkpoint(state, path, also_at, replaces)
         self.strategy.barrier("save_checkpoint")
 
     def wait_for_checkpoints(self) -> None:
         """Block until asynchronous checkpoint writes are on disk; re-raise a failed write's error."""
         if self._checkpoint_writer is not None:
             self._checkpoint_writer.wait()
+
+    def _close_checkpoint_writer(self) -> None:
+        """Wait for the last asynchronous write, then free the writer's CPU copy of the state.
+
+        Called at the end of every run: the writer keeps its snapshot buffers for reuse between
+        saves, and would otherwise hold a copy of the model in host memory until the process exits.
+        """
+        writer, self._checkpoint_writer = self._checkpoint_writer, None
+        if writer is not None:
+            writer.close()
 
     # ----------------------------------------------------------------- the run
     def _launch(self, stage: str, module: TrainModule, *rest: Any) -> Any:
@@ -500,7 +522,7 @@ class Trainer:
         finally:
             self._restore_signal_handlers()
             self._call_callbacks("teardown", stage)
-            self.wait_for_checkpoints()
+            self._close_checkpoint_writer()
             module.teardown(stage)
             if datamodule is not None:
                 datamodule.teardown(stage)
