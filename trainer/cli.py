@@ -178,12 +178,10 @@ def main() -> None:
     """Entry point of ``geartrain`` and ``python -m trainer``."""
     import hydra
 
-    from trainer.config import register_configs
-
-    register_configs()
     # The user's own code (``model._target_=my_project.Net``) is importable from where they run.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     sys.argv.extend(shared_run_dir_overrides())
+    # config_dir() also registers the schemas: once, as each registration builds six structured configs.
     app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_task)
     app()
