@@ -94,3 +94,38 @@ def test_default_job_imports_neither_scikit_learn_nor_scipy_nor_torchmetrics(tmp
     assert "test/acc" in proc.stdout, proc.stdout[-3000:]  # the job ran to its end
     heavy = [line for line in proc.stdout.splitlines() if line.startswith("HEAVY:")]
     assert heavy == ["HEAVY:"], heavy
+
+
+_EXIT_SCRIPT = """
+import atexit, sys, threading, time
+from pathlib import Path
+from trainer.cli import exit_without_teardown
+
+out = Path(sys.argv[1])
+def slow_write():
+    time.sleep(0.3)
+    (out / "thread.txt").write_text("done")
+threading.Thread(target=slow_write, daemon=False).start()
+atexit.register(lambda: (out / "atexit.txt").write_text("done"))
+if sys.argv[2] == "profiled":
+    sys.setprofile(lambda *args: None)
+sys.stdout.write("buffered, no newline")
+exit_without_teardown()
+sys.setprofile(None)
+print(" / returned")
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["plain", "profiled"])
+def test_exit_without_teardown_still_waits_for_threads_runs_atexit_and_flushes(tmp_path: Path, mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path), mode], env=env, capture_output=True, text=True, timeout=50
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "thread.txt").read_text() == "done"  # a non-daemon thread finished first
+    assert (tmp_path / "atexit.txt").read_text() == "done"
+    # Under a profiler the function returns and the program goes on to a normal exit.
+    expected = "buffered, no newline / returned\n" if mode == "profiled" else "buffered, no newline"
+    assert proc.stdout == expected
