@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_callbacks", "main", "run_task"]
+__all__ = ["build_callbacks", "exit_without_teardown", "main", "run_task"]
 
 TASKS = ("fit", "validate", "test", "predict", "fit_test")
 
@@ -178,12 +178,40 @@ def main() -> None:
     """Entry point of ``geartrain`` and ``python -m trainer``."""
     import hydra
 
-    from trainer.config import register_configs
-
-    register_configs()
     # The user's own code (``model._target_=my_project.Net``) is importable from where they run.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     sys.argv.extend(shared_run_dir_overrides())
+    # config_dir() also registers the schemas: once, as each registration builds six structured configs.
     app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_task)
     app()
+    exit_without_teardown()
+
+
+def exit_without_teardown() -> None:
+    """End the finished process now, skipping the interpreter's teardown of every module.
+
+    Tearing down the thousands of modules torch and ``torch._dynamo`` (which every optimizer imports)
+    leave behind costs about 0.5 s of CPU on a 2-core machine, a quarter of a short job's whole process.
+    What an orderly exit does that anyone can observe still happens, in the interpreter's own order:
+    non-daemon threads are waited for (an asynchronous checkpoint write) and ``threading``'s exit
+    hooks run, then the ``atexit`` hooks (loggers close their files, process groups are destroyed,
+    ``logging`` flushes), then stdout and stderr are flushed; the exit status is 0. Errors never
+    come here (they leave ``main`` as exceptions or ``SystemExit``). Returns, leaving the normal
+    exit to Python, under a profiler or tracer (``python -m cProfile -m trainer`` reports after the
+    program returns) and if this Python lacks the two hooks used.
+    """
+    import atexit
+    import contextlib
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or run_exitfuncs is None or sys.getprofile() is not None or sys.gettrace() is not None:
+        return
+    shutdown()
+    run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or its reader went away: ignored as at exit
+            stream.flush()
+    os._exit(0)
