@@ -67,8 +67,7 @@ def run_startup(quick: bool = False, pairs: int = 3) -> list[Result]:
             ratio,
             "<= torch + 1.5 s",
             a - b <= 1.5,
-            f"the default digits job (fit one step, then test), whole process; {a - b:.2f} s more than import torch "
-            "(geartrain skips the interpreter's module teardown at exit, which import torch pays)",
+            f"the default digits job (fit one step, then test), whole process; {a - b:.2f} s more than import torch",
             ratios,
         ),
         Result(
@@ -78,8 +77,8 @@ def run_startup(quick: bool = False, pairs: int = 3) -> list[Result]:
             ratio2,
             "<= libs + 1.5 s",
             c - d <= 1.5,
-            f"twin: import torch, read the bundled digits, build AdamW (which imports torch._dynamo), exit normally; "
-            f"geartrain's own share {c - d:.2f} s (Hydra, the loop, TensorBoard, less the teardown it skips)",
+            f"twin: import torch, read the bundled digits, build AdamW (which imports torch._dynamo), "
+            f"geartrain's own share {c - d:.2f} s (Hydra, the loop, TensorBoard)",
             ratios2,
         ),
     ]
