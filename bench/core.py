@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import statistics
@@ -75,15 +76,25 @@ def paired(
     ratios: list[float] = []
     for i in range(pairs):
         if i % 2 == 0:
-            a = ours()
-            b = theirs()
+            a = _collected(ours)
+            b = _collected(theirs)
         else:
-            b = theirs()
-            a = ours()
+            b = _collected(theirs)
+            a = _collected(ours)
         a_times.append(a)
         b_times.append(b)
         ratios.append(a / b)
     return statistics.median(a_times), statistics.median(b_times), statistics.median(ratios), ratios
+
+
+def _collected(measure: Callable[[], float]) -> float:
+    """``measure()`` after a full garbage collection, so neither side pays for the other's garbage.
+
+    The collector stays on while measuring (what a side allocates, it pays for); only the leftovers of
+    the previous measurement are cleared first, as ``timeit`` does by other means.
+    """
+    gc.collect()
+    return measure()
 
 
 def ratio_result(
