@@ -34,9 +34,12 @@ class Preempted(Exception):
     """Raised inside the loop after a preemption checkpoint was saved; ``Trainer._run`` catches it."""
 
 
-#: Under several processes, how often (in optimizer steps) ranks agree on whether a preemption
-#: signal arrived; a signal stops training within this many steps, at the same step on every rank.
-PREEMPT_CHECK_EVERY = 10
+#: Under several processes, about how often (in seconds) ranks agree on whether a preemption signal
+#: arrived: a signal stops training about this long after it came (or after the next step, for
+#: slower steps), at the same step on every rank. See ``Trainer._preemption_requested``.
+PREEMPT_CHECK_SECONDS = 0.5
+#: ... and at least every this many optimizer steps.
+PREEMPT_CHECK_MAX_STEPS = 1000
 _STEP_DEFAULTS = (True, False)  # (on_step, on_epoch) for self.log in training steps
 _EPOCH_DEFAULTS = (False, True)  # ... in epoch-end hooks and evaluation
 
@@ -126,9 +129,10 @@ def train_epoch(trainer: Trainer) -> None:
                 store.pending_step.clear()
                 # Only after an optimizer step (gradients of a half-accumulated window are not in
                 # checkpoints). One process: an attribute test. Several: every rank takes part in a
-                # small all-reduce every PREEMPT_CHECK_EVERY steps (every step cost DDP 25% here).
+                # small all-reduce at the step they agreed on last time, about every
+                # PREEMPT_CHECK_SECONDS (after every step it cost DDP 25% here).
                 if (
-                    p.global_step % PREEMPT_CHECK_EVERY == 0 if agree else trainer._preempt_signal is not None
+                    p.global_step >= trainer._next_preempt_check if agree else trainer._preempt_signal is not None
                 ) and trainer._preemption_requested():
                     trainer._save_for_preemption()
                     raise Preempted

@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -188,6 +189,8 @@ class Trainer:
         self._preempt_signal: int | None = None
         # Set per fit: whether ranks must agree on a preemption (one collective per step).
         self._preempt_agree = False
+        self._next_preempt_check = 0
+        self._preempt_checked_at: tuple[float, int] | None = None
         self._resume_epoch_rng: dict[str, Any] | None = None
 
         self.fast_dev_run = int(fast_dev_run)
@@ -823,6 +826,8 @@ class Trainer:
         self._previous_handlers: dict[int, Any] = {}
         # Worked out once: in one process the loop's per-step check is a plain attribute test.
         self._preempt_agree = self.strategy.world_size > 1
+        self._next_preempt_check = 0  # under several processes: the global step of the next agreement
+        self._preempt_checked_at = None  # (time, global step) of the last agreement
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
 
@@ -842,9 +847,24 @@ class Trainer:
         """True when a signal arrived here or (under several processes) on any rank, on every rank alike."""
         requested = self._preempt_signal is not None
         if self._preempt_agree:
-            # One small collective per step so that every rank stops after the same step.
-            flag = torch.tensor([self._preempt_signal or 0], dtype=torch.int64, device=self.strategy.root_device)
-            self._preempt_signal = int(self.strategy.reduce(flag, "max").item()) or None
+            # One small collective, at a step every rank agreed on, so that every rank stops after the
+            # same step. It also agrees on the next such step: each rank proposes as many steps as it
+            # ran in PREEMPT_CHECK_SECONDS since the last agreement, and the largest proposal wins.
+            from trainer.loops import PREEMPT_CHECK_MAX_STEPS, PREEMPT_CHECK_SECONDS
+
+            step, now = self.progress.global_step, time.monotonic()
+            proposal = 1  # the first agreement of a run (fresh or resumed) comes before any measurement
+            if self._preempt_checked_at is not None:
+                last_time, last_step = self._preempt_checked_at
+                rate = (step - last_step) / max(now - last_time, 1e-6)
+                proposal = min(max(int(rate * PREEMPT_CHECK_SECONDS), 1), PREEMPT_CHECK_MAX_STEPS)
+            flag = torch.tensor(
+                [self._preempt_signal or 0, proposal], dtype=torch.int64, device=self.strategy.root_device
+            )
+            signal_any, interval = (int(v) for v in self.strategy.reduce(flag, "max").tolist())
+            self._preempt_signal = signal_any or None
+            self._preempt_checked_at = (now, step)
+            self._next_preempt_check = step + interval
             requested = self._preempt_signal is not None
         return requested
 
