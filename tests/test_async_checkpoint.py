@@ -35,19 +35,19 @@ def test_file_is_complete_and_holds_the_state_at_save_time(tmp_path: Path) -> No
 def test_two_saves_never_overlap_and_reused_buffers_do_not_leak(tmp_path: Path, monkeypatch: Any) -> None:
     active, most = [0], [0]
     lock = threading.Lock()
-    real = ckpt.save_checkpoint
+    real = ckpt.write_checkpoint
 
-    def slow_save(state: Any, path: Any) -> Any:
+    def slow_save(state: Any, path: Any, *rest: Any) -> Any:
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
         time.sleep(0.2)
-        out = real(state, path)
+        out = real(state, path, *rest)
         with lock:
             active[0] -= 1
         return out
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", slow_save)
+    monkeypatch.setattr(ckpt, "write_checkpoint", slow_save)
     writer = AsyncCheckpointWriter()
     w = torch.zeros(4)
     for i in range(3):
@@ -78,11 +78,11 @@ def test_process_does_not_exit_before_the_last_write(tmp_path: Path) -> None:
     code = f"""
 import time, torch
 import trainer.checkpoint as ckpt
-real = ckpt.save_checkpoint
-def slow(state, path):
+real = ckpt.write_checkpoint
+def slow(state, path, *rest):
     time.sleep(1.0)
-    return real(state, path)
-ckpt.save_checkpoint = slow
+    return real(state, path, *rest)
+ckpt.write_checkpoint = slow
 ckpt.AsyncCheckpointWriter().save({{"w": torch.ones(3)}}, {str(tmp_path / "x.ckpt")!r})
 """
     out = subprocess.run(

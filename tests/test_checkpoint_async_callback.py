@@ -154,16 +154,16 @@ def test_place_checkpoint_copies_where_links_fail(tmp_path: Path, monkeypatch: p
 def test_a_failed_background_write_raises_and_keeps_the_previous_best(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epochs: int
 ) -> None:
-    real = ckpt.save_checkpoint
+    real = ckpt._write_atomically
     calls = {"n": 0}
 
-    def failing(state: Any, path: Any) -> Path:
+    def failing(path: Path, write: Any, sync_dir: bool = True) -> Path:
         calls["n"] += 1
         if calls["n"] == 2:  # epoch 1's file, in the writer thread; it would evict epoch=0.ckpt
             raise CheckpointError(f"Could not write checkpoint {path}: disk full")
-        return real(state, path)
+        return real(path, write, sync_dir)
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", failing)
+    monkeypatch.setattr(ckpt, "_write_atomically", failing)
     root = tmp_path / "ck"
     cb = ModelCheckpoint(
         dirpath=root, filename="{epoch}", monitor="val/score", mode="max", save_last=True, async_save=True
@@ -199,14 +199,14 @@ def test_resume_from_an_async_last_ckpt_equals_an_uninterrupted_run(tmp_path: Pa
 
 
 def test_async_save_returns_before_the_file_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = ckpt.save_checkpoint
+    real = ckpt.write_checkpoint
     release = threading.Event()
 
-    def held(state: Any, path: Any) -> Path:
+    def held(state: Any, path: Any, *rest: Any) -> Path:
         release.wait(timeout=30)  # the write cannot finish before the training loop has moved on
-        return real(state, path)
+        return real(state, path, *rest)
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", held)
+    monkeypatch.setattr(ckpt, "write_checkpoint", held)
     root = tmp_path / "ck"
     cb = ModelCheckpoint(dirpath=root, filename="{epoch}", save_last=True, async_save=True)
     pending: list[bool] = []

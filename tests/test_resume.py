@@ -455,3 +455,19 @@ def test_ranks_agree_on_preemption_about_every_half_second(monkeypatch: pytest.M
         assert trainer._next_preempt_check == 10**6 + PREEMPT_CHECK_MAX_STEPS
     finally:
         trainer._restore_signal_handlers()
+
+
+def test_python_rng_state_is_one_tensor_and_older_list_checkpoints_still_restore() -> None:
+    import random
+
+    from trainer.checkpoint import rng_state, set_rng_state
+
+    random.seed(3)
+    state = rng_state()
+    expected = [random.random() for _ in range(3)]
+    assert isinstance(state["python"][1], torch.Tensor) and state["python"][1].dtype == torch.int64
+    set_rng_state(state)
+    assert [random.random() for _ in range(3)] == expected
+    old_format = {**state, "python": [state["python"][0], state["python"][1].tolist(), state["python"][2]]}
+    set_rng_state(old_format)
+    assert [random.random() for _ in range(3)] == expected

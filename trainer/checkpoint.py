@@ -60,7 +60,7 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
     return _write_atomically(Path(path), lambda f: torch.save(dict(state), f))
 
 
-def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str], sync_dir: bool = True) -> Path:
     """Copy a checkpoint file to ``path`` as atomically as :func:`save_checkpoint` writes one.
 
     Cheaper than saving the same state twice (``last.ckpt`` next to a top-k file): no state to
@@ -71,7 +71,7 @@ def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]
         with open(source, "rb") as src:
             shutil.copyfileobj(src, f, 1 << 20)
 
-    return _write_atomically(Path(path), copy)
+    return _write_atomically(Path(path), copy, sync_dir)
 
 
 def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
@@ -86,7 +86,10 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
     links (another device, FAT, some network mounts, ...) the file is copied as
     :func:`copy_checkpoint` does.
     """
-    source, path = Path(source), Path(path)
+    return _place(Path(source), Path(path), sync_dir=True)
+
+
+def _place(source: Path, path: Path, sync_dir: bool) -> Path:
     if source.resolve() == path.resolve():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,14 +103,15 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
             continue
         except OSError:
             # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
-            return copy_checkpoint(source, path)
+            return copy_checkpoint(source, path, sync_dir)
     try:
         os.replace(tmp, path)
     except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise CheckpointError(f"Could not place checkpoint {path}: {err}") from err
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
     return path
 
 
@@ -125,10 +129,15 @@ def write_checkpoint(
     raises :class:`CheckpointError` and skips the later steps, so the old files are still there. A
     superseded file that cannot be deleted only warns: nothing is lost by keeping it.
     """
-    path = save_checkpoint(state, path)
-    for other in also_at:
-        place_checkpoint(path, other)
-    keep = {path, *(Path(p) for p in also_at)}
+    extra = [Path(p) for p in also_at]
+    # The folders are fsynced once, after every rename (the usual last.ckpt sits next to its top-k
+    # file) and before any deletion: an old file goes only once the new names are durable.
+    path = _write_atomically(Path(path), lambda f: torch.save(dict(state), f), sync_dir=False)
+    for other in extra:
+        _place(path, other, sync_dir=False)
+    for folder in dict.fromkeys(p.parent for p in (path, *extra)):
+        _fsync_dir(folder)
+    keep = {path, *extra}
     for old in replaces:
         if Path(old) in keep:
             continue
@@ -139,7 +148,7 @@ def write_checkpoint(
     return path
 
 
-def _write_atomically(path: Path, write: Callable[[Any], None]) -> Path:
+def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool = True) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -154,7 +163,8 @@ def _write_atomically(path: Path, write: Callable[[Any], None]) -> Path:
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
         raise CheckpointError(f"Could not write checkpoint {path}: {err}") from err
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
     return path
 
 
@@ -454,7 +464,8 @@ def rng_state() -> dict[str, Any]:
     version, mt, gauss = random.getstate()
     np_state: Any = np.random.get_state()
     state: dict[str, Any] = {
-        "python": [version, list(mt), gauss],
+        # One int64 tensor, not 625 Python ints: pickling each int cost a third of a small checkpoint.
+        "python": [version, torch.tensor(mt, dtype=torch.int64), gauss],
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
         "torch": torch.get_rng_state(),
     }
@@ -468,6 +479,8 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     import numpy as np
 
     version, mt, gauss = state["python"]
+    if isinstance(mt, torch.Tensor):  # (checkpoints before 2026-11-30 hold a list of ints)
+        mt = mt.tolist()
     random.setstate((version, tuple(mt), gauss))
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
