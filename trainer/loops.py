@@ -633,9 +633,10 @@ def _iterate(
     ``is_last`` comes from the length when known, else from looking one batch ahead. Starting at
     ``start > 0`` (a mid-epoch resume) skips index batches in the sampler, with the epoch's order
     replayed from ``epoch_rng``, where the loader allows it; otherwise it fetches and drops them.
+    With a known length the result is a ``zip`` of C iterators, so a batch costs no Python frame.
     """
     if num <= start:
-        return
+        return iter(())
     sampler = getattr(loader, "batch_sampler", None)
     if start and isinstance(sampler, ResumableBatchSampler):
         sampler.resume(start, epoch_rng)
@@ -647,10 +648,14 @@ def _iterate(
         for _ in itertools.islice(iterator, start):
             pass
     if not math.isinf(num):
-        last = int(num) - 1
-        for idx, batch in zip(range(start, int(num)), iterator):
-            yield idx, batch, idx == last
-        return
+        count = int(num) - start
+        flags = itertools.chain(itertools.repeat(False, count - 1), (True,))
+        return zip(range(start, int(num)), iterator, flags)
+    return _look_ahead(iterator, start)
+
+
+def _look_ahead(iterator: Iterator[Any], start: int) -> Iterator[tuple[int, Any, bool]]:
+    """``(index, batch, is_last)`` of a loader without a length: one batch fetched ahead."""
     sentinel = object()
     current = next(iterator, sentinel)
     idx = start
