@@ -161,3 +161,44 @@ def test_batch_start_returning_minus_one_ends_the_epoch_on_the_plain_path() -> N
     trainer = Trainer(max_epochs=2, enable_progress_bar=False, enable_checkpointing=False, logger=False)
     trainer.fit(StopAtThree(log_loss=False), train_dataloaders=make_batches(6))
     assert trainer.global_step == 2 * 3
+
+
+class _Sized:
+    """A sized iterable whose ``len`` may disagree with what it yields (as some user loaders do)."""
+
+    def __init__(self, items: list[int], length: int) -> None:
+        self.items, self.length = items, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Any:
+        return iter(self.items)
+
+
+def test_iterate_indexes_marks_the_last_batch_and_never_reads_past_num() -> None:
+    pulled: list[int] = []
+
+    def counted(n: int) -> Any:
+        for i in range(n):
+            pulled.append(i)
+            yield i * 10
+
+    class Counted(_Sized):
+        def __iter__(self) -> Any:
+            return counted(self.length)
+
+    four = _Sized([0, 10, 20, 30], 4)
+    assert list(loops._iterate(four, 4)) == [(0, 0, False), (1, 10, False), (2, 20, False), (3, 30, True)]
+    assert list(loops._iterate(four, 4, start=3)) == [(3, 30, True)]
+    assert list(loops._iterate(four, 4, start=4)) == []
+    assert list(loops._iterate(_Sized([0, 10], 4), 4)) == [(0, 0, False), (1, 10, False)]  # shorter than its len
+    assert list(loops._iterate(Counted([], 4), 2)) == [(0, 0, False), (1, 10, True)]
+    assert pulled == [0, 1]  # a limit of 2 batches fetches 2, not a third
+    pulled.clear()
+    assert list(loops._iterate(counted(4), float("inf"))) == [
+        (0, 0, False),
+        (1, 10, False),
+        (2, 20, False),
+        (3, 30, True),
+    ]
