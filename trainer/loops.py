@@ -139,8 +139,7 @@ def train_epoch(trainer: Trainer) -> None:
             if validate_this_epoch and val_every and (batch_idx + 1) % val_every == 0:
                 _validate_during_fit(trainer)
                 last_val_at = p.batch_in_epoch
-            # _should_stop_training without its epoch test (mid-epoch that test cannot be true)
-            if p.should_stop or (p.global_step >= trainer.max_steps and trainer.max_steps != -1):
+            if _should_stop_training(trainer):
                 break
     if validate_this_epoch and last_val_at != p.batch_in_epoch and not p.should_stop and p.batch_in_epoch:
         _validate_during_fit(trainer)
