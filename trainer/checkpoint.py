@@ -60,18 +60,21 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
     return _write_atomically(Path(path), lambda f: torch.save(dict(state), f))
 
 
-def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str], sync_dir: bool = True) -> Path:
+def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
     """Copy a checkpoint file to ``path`` as atomically as :func:`save_checkpoint` writes one.
 
     Cheaper than saving the same state twice (``last.ckpt`` next to a top-k file): no state to
     build, nothing to serialise.
     """
+    return _copy(Path(source), Path(path), sync_dir=True)
 
+
+def _copy(source: Path, path: Path, sync_dir: bool) -> Path:
     def copy(f: Any) -> None:
         with open(source, "rb") as src:
             shutil.copyfileobj(src, f, 1 << 20)
 
-    return _write_atomically(Path(path), copy, sync_dir)
+    return _write_atomically(path, copy, sync_dir)
 
 
 def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
@@ -103,7 +106,7 @@ def _place(source: Path, path: Path, sync_dir: bool) -> Path:
             continue
         except OSError:
             # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
-            return copy_checkpoint(source, path, sync_dir)
+            return _copy(source, path, sync_dir)
     try:
         os.replace(tmp, path)
     except OSError as err:
