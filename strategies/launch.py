@@ -145,7 +145,7 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     except SignalException as exc:
         # SIGTERM/SIGINT reached this launcher: the agent has passed it on to the workers, which
         # finished their step and saved last.ckpt (the trainer's preemption handling) before exiting.
-        from trainer.loops import Preempted
+        from trainer.preemption import Preempted
 
         raise Preempted(f"the launcher received signal {exc.sigval}") from None
     except ChildFailedError as exc:

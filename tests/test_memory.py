@@ -218,7 +218,7 @@ def test_auto_oom_after_a_partial_backward_keeps_earlier_gradients_of_the_window
     flaky = FlakyNet()
     # Batches of 8 samples, two batches per optimizer step; micro-batches start at 4 after an OOM.
     t = trainer(micro_batch_size="auto", accumulate_grad_batches=2)
-    t._micro_batcher.size = 4  # type: ignore[union-attr]
+    t.micro_batcher.size = 4  # type: ignore[union-attr]
     t.fit(flaky, data(batch_size=8))
     assert flaky.failed and 2 in flaky.seen
     seed_everything(0)
@@ -345,4 +345,4 @@ def test_hydra_trainer_config_carries_the_memory_options() -> None:
     assert isinstance(kwargs, dict)
     t = Trainer(**{str(k): v for k, v in kwargs.items()}, strategy="single")
     assert t.activation_checkpointing == (Block,)
-    assert t._micro_batcher is not None and t._micro_batcher.auto
+    assert t.micro_batcher is not None and t.micro_batcher.auto

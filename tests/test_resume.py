@@ -417,9 +417,9 @@ def test_amp_kill_9_then_resume_is_exact(tmp_path: Path) -> None:
 
 def test_ranks_agree_on_preemption_about_every_half_second(monkeypatch: pytest.MonkeyPatch) -> None:
     """The agreement collective carries [signal, proposed interval]; every rank takes the maximum of each."""
-    import trainer.trainer as trainer_module
+    import trainer.preemption as preemption_module
     from strategies import SingleDeviceStrategy
-    from trainer.loops import PREEMPT_CHECK_MAX_STEPS, PREEMPT_CHECK_SECONDS
+    from trainer.preemption import PREEMPT_CHECK_MAX_STEPS, PREEMPT_CHECK_SECONDS
 
     other_rank = torch.tensor([0, 0])  # what the other rank puts in
 
@@ -433,28 +433,29 @@ def test_ranks_agree_on_preemption_about_every_half_second(monkeypatch: pytest.M
             return torch.maximum(tensor, other_rank)
 
     clock = [100.0]
-    monkeypatch.setattr(trainer_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(preemption_module.time, "monotonic", lambda: clock[0])
     trainer = Trainer(strategy=TwoRanks(device="cpu"), logger=False, enable_progress_bar=False)
-    trainer._install_preemption_handlers()
-    trainer._restore_signal_handlers()
+    preemption = trainer.preemption
+    preemption.install(trainer.strategy)
+    preemption.restore()
     try:
-        assert trainer._preempt_agree
-        assert not trainer._preemption_requested()
-        assert trainer._next_preempt_check == 1  # the first agreement measures nothing yet: next step
+        assert preemption.agree
+        assert not preemption.requested(trainer.global_step)
+        assert preemption.next_check == 1  # the first agreement measures nothing yet: next step
         trainer.progress.global_step, clock[0] = 51, 101.0  # 50 steps in one second
-        assert not trainer._preemption_requested()
-        assert trainer._next_preempt_check == 51 + int(50 * PREEMPT_CHECK_SECONDS)
+        assert not preemption.requested(trainer.global_step)
+        assert preemption.next_check == 51 + int(50 * PREEMPT_CHECK_SECONDS)
         other_rank[1] = 400  # the other rank measured faster steps: the larger proposal wins
         trainer.progress.global_step, clock[0] = 101, 102.0
-        assert not trainer._preemption_requested()
-        assert trainer._next_preempt_check == 101 + 400
+        assert not preemption.requested(trainer.global_step)
+        assert preemption.next_check == 101 + 400
         trainer.progress.global_step, clock[0] = 10**6, 102.5  # absurdly fast: capped
         other_rank[:] = torch.tensor([int(signal.SIGTERM), 0])  # and the signal reached only the other rank
-        assert trainer._preemption_requested()
-        assert trainer._preempt_signal == signal.SIGTERM
-        assert trainer._next_preempt_check == 10**6 + PREEMPT_CHECK_MAX_STEPS
+        assert preemption.requested(trainer.global_step)
+        assert preemption.signal == signal.SIGTERM
+        assert preemption.next_check == 10**6 + PREEMPT_CHECK_MAX_STEPS
     finally:
-        trainer._restore_signal_handlers()
+        preemption.restore()
 
 
 def test_python_rng_state_is_one_tensor_and_older_list_checkpoints_still_restore() -> None:

@@ -87,7 +87,7 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler(tmp_path: Path) -> None:
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     assert scheduler.last_epoch == 2
     # The scaler halved its scale on the overflow; that state is part of every checkpoint.
-    assert trainer._checkpoint_state()["precision"]["scaler"]["scale"] == 512.0
+    assert trainer.checkpointing.state()["precision"]["scaler"]["scale"] == 512.0
     saved = torch.load(trainer.checkpoint_callback.last_model_path, weights_only=True)  # type: ignore[union-attr]
     assert saved["precision"]["scaler"]["scale"] == 512.0
     # ... and a resumed run gets it back.

@@ -118,10 +118,10 @@ class MetricStore:
             tensor = torch.as_tensor(step_value).detach() if step_value is not None else None
         else:
             if isinstance(value, torch.Tensor):
-                # Cut from autograd without ``detach()``: measured in a training loop, ``detach()`` of the
-                # loss cost 1.5-2.5 us a step (it shares the version counter and builds autograd
-                # metadata), ``.data`` next to nothing. Safe here: the store only reads the value, and
-                # the running sums are tensors of their own (``value * n`` or a clone).
+                # Cut from autograd without ``detach()``, which costs microseconds a step (it shares the
+                # version counter and builds autograd metadata; see docs/performance.md), where ``.data``
+                # costs next to nothing. Safe here: the store only reads the value, and the running sums
+                # are tensors of their own (``value * n`` or a clone).
                 tensor = value.data if value.requires_grad else value
             else:
                 tensor = torch.as_tensor(value)
