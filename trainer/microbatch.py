@@ -142,14 +142,14 @@ def _release_memory() -> None:
 def micro_batches(
     trainer: Trainer,
     window: Window,
-    accumulate: Callable[[Any, int, float, bool], Any],
+    accumulate: Callable[[Any, int, bool, float], Any],
     batch: Any,
     batch_idx: int,
     sync: bool,
 ) -> Any:
     """The forward/backward part of the training step, one micro-batch at a time.
 
-    ``accumulate(piece, batch_idx, share, sync)`` is the step's forward and backward of one piece
+    ``accumulate(piece, batch_idx, sync, share)`` is the step's forward and backward of one piece
     (``loss * share / accumulate_grad_batches``); gradient sync (DDP) happens on the last piece of the
     window's last batch only. Returns the output of the last piece with its ``"loss"`` replaced by the
     samples-weighted mean loss.
@@ -161,7 +161,7 @@ def micro_batches(
 
     def step(piece: Any, share: float, last: bool) -> Any:
         router.current_batch = piece  # self.log weights epoch means by the piece's size
-        return accumulate(piece, batch_idx, share, sync and last)
+        return accumulate(piece, batch_idx, sync and last, share)
 
     keep = trainer.accumulate_grad_batches > 1 and window.has_loss
     outs = micro.run(batch, trainer.module.parameters, step, keep_grads=keep)

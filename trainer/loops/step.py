@@ -127,7 +127,7 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
         for name in ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
     )
 
-    def forward_backward(piece: Any, batch_idx: int, share: float) -> Any:
+    def forward_backward(piece: Any, batch_idx: int, sync: bool, share: float = 1.0) -> Any:
         """Forward and backward of one piece: the loss times ``share / k`` is accumulated into the gradients."""
         if forward_context is None:
             out = training_step(piece, batch_idx)
@@ -150,19 +150,15 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
             window.has_loss = True
         return out
 
-    def accumulate(piece: Any, batch_idx: int, share: float, sync: bool) -> Any:
-        if no_backward_sync is None:
-            return forward_backward(piece, batch_idx, share)
+    def synced(piece: Any, batch_idx: int, sync: bool, share: float = 1.0) -> Any:
+        assert no_backward_sync is not None
         with no_backward_sync(not sync):  # DDP/FSDP: gradients are synced on the window's last piece only
-            return forward_backward(piece, batch_idx, share)
+            return forward_backward(piece, batch_idx, sync, share)
 
-    if trainer.micro_batcher is None:
-
-        def run_pieces(batch: Any, batch_idx: int, sync: bool) -> Any:
-            return accumulate(batch, batch_idx, 1.0, sync)
-
-    else:  # Trainer(micro_batch_size=...): the batch in pieces, see trainer/microbatch.py
-        run_pieces = functools.partial(micro_batches, trainer, window, accumulate)
+    accumulate = forward_backward if no_backward_sync is None else synced
+    # Trainer(micro_batch_size=...): the batch in pieces, each through accumulate (trainer/microbatch.py).
+    micro = trainer.micro_batcher
+    run_pieces = accumulate if micro is None else functools.partial(micro_batches, trainer, window, accumulate)
 
     def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
         window_ends = is_last or (batch_idx + 1) % k == 0
