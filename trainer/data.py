@@ -14,7 +14,6 @@ stay random across samples and epochs, and become independent of worker count an
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -22,7 +21,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from trainer.checkpoint import rng_state, set_rng_state
+from trainer.common.env import seed_from_env
+from trainer.common.loaders import rebuild_dataloader
+from trainer.common.rng import rng_state, set_rng_state
 
 __all__ = ["ResumableBatchSampler", "SampleSeededDataset", "make_resumable", "rebuild_dataloader"]
 
@@ -126,38 +127,6 @@ def _set_sampler_state(batch_sampler: Any, state: dict[str, Any]) -> None:
         generator.set_state(state["generator"])
 
 
-def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[Any]:
-    """A new ``DataLoader`` with ``loader``'s settings and ``changes`` applied.
-
-    Giving ``sampler`` or ``batch_sampler`` replaces the batching (the original batch size and
-    ``drop_last`` are kept when only ``sampler`` is given).
-    """
-    kwargs: dict[str, Any] = {
-        "dataset": loader.dataset,
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-        "pin_memory_device": loader.pin_memory_device,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
-    if "batch_sampler" in changes:
-        pass
-    elif "sampler" in changes or loader.batch_sampler is None:
-        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
-    else:
-        kwargs["batch_sampler"] = loader.batch_sampler
-    kwargs.update(changes)
-    return DataLoader(**kwargs)
-
-
 def make_resumable(loader: Iterable[Any] | None) -> Iterable[Any] | None:
     """Wrap a map-style ``DataLoader``'s batch sampler in :class:`ResumableBatchSampler`.
 
@@ -171,5 +140,5 @@ def make_resumable(loader: Iterable[Any] | None) -> Iterable[Any] | None:
         return loader
     changes: dict[str, Any] = {"batch_sampler": ResumableBatchSampler(loader.batch_sampler)}
     if loader.num_workers > 0 and not loader.persistent_workers:
-        changes["dataset"] = SampleSeededDataset(loader.dataset, int(os.environ.get("GEARTRAIN_SEED", "0")))
+        changes["dataset"] = SampleSeededDataset(loader.dataset, seed_from_env())
     return rebuild_dataloader(loader, **changes)

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from trainer.checkpoint import rng_state, set_rng_state
+from trainer.common.errors import Preempted
+from trainer.common.rng import rng_state, set_rng_state
+from trainer.common.tree import move_to_device
 from trainer.data import ResumableBatchSampler
 from trainer.metrics import MetricStore
 from trainer.microbatch import train_micro_batches
-from trainer.utils import move_to_device
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = ["ManualOptimizer", "Preempted", "eval_loop", "fit_loop", "predict_loop"]
-
-
-class Preempted(Exception):
-    """Raised inside the loop after a preemption checkpoint was saved; ``Trainer._run`` catches it."""
 
 
 #: Under several processes, about how often (in seconds) ranks agree on whether a preemption signal

@@ -31,6 +31,7 @@ from trainer.checkpoint import (
     to_plain,
     write_checkpoint,
 )
+from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.data import ResumableBatchSampler, make_resumable
 from trainer.metrics import MetricStore
 from trainer.microbatch import MicroBatcher
@@ -43,9 +44,6 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
 
 __all__ = ["STARTED_BY_LAUNCHER", "Trainer"]
-
-#: Set to "1" in processes a strategy started itself, whose end state goes back to the caller.
-STARTED_BY_LAUNCHER = "GEARTRAIN_STARTED_BY_LAUNCHER"
 
 _LOADER_METHODS = {
     "fit": "train_dataloader",
