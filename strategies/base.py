@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from strategies.precision import NULL_CONTEXT, Precision, make_precision
-from trainer.utils import move_to_device
+from trainer.common.state_dict import load_module_state
+from trainer.common.tree import move_to_device
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -227,8 +228,6 @@ class Strategy:
     def load_model_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Load a full model state dict into the user's module."""
         assert self.module is not None
-        from trainer.checkpoint import load_module_state
-
         load_module_state(self.module, state, strict=strict)
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from strategies.base import Strategy
 from strategies.precision import Precision
-from trainer.utils import apply_to_tensors
+from trainer.common.tree import apply_to_tensors, batch_size_of, is_metric
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -146,9 +146,6 @@ class _LogRecorder:
     """Stands in for the trainer inside a replica: keeps ``self.log`` calls, forwards the rest."""
 
     def __init__(self, trainer: Trainer, batch: Any) -> None:
-        from trainer.metrics import is_metric
-        from trainer.utils import batch_size_of
-
         self._trainer = trainer
         self._share = batch_size_of(batch)
         self._is_metric = is_metric

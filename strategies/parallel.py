@@ -22,7 +22,8 @@ from typing_extensions import override
 from strategies.base import Strategy
 from strategies.launch import joined_environment, start_processes
 from strategies.precision import Precision
-from trainer.data import rebuild_dataloader
+from trainer.common.env import seed_from_env
+from trainer.common.loaders import rebuild_dataloader
 
 __all__ = ["EvalShardSampler", "ParallelStrategy", "StepRunner"]
 
@@ -253,7 +254,7 @@ class ParallelStrategy(Strategy):
                 num_replicas=world,
                 rank=self.global_rank,
                 shuffle=isinstance(dataloader.sampler, RandomSampler),
-                seed=int(os.environ.get("GEARTRAIN_SEED", "0")),
+                seed=seed_from_env(),
                 drop_last=dataloader.drop_last,
             )
         else:
