@@ -39,7 +39,6 @@ class Strategy:
 
     def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None
-        self._precision_arg = precision
         self.precision: Precision = make_precision(precision, self.root_device.type)
         self.module: nn.Module | None = None  # the user's module after setup
         self.model: nn.Module | None = None  # what forward runs through (a wrapper, or the module)

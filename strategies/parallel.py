@@ -7,7 +7,6 @@ deferred (:meth:`Strategy.no_backward_sync`).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -300,10 +299,6 @@ class ParallelStrategy(Strategy):
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
-
-    @override
-    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
 
     @override
     def __repr__(self) -> str:
