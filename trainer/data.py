@@ -14,6 +14,7 @@ stay random across samples and epochs, and become independent of worker count an
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -21,11 +22,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from trainer.common.env import seed_from_env
+from trainer.common.env import SEED_WORKERS, seed_from_env
 from trainer.common.loaders import rebuild_dataloader
-from trainer.common.rng import rng_state, set_rng_state
+from trainer.common.rng import WorkerInit, rng_state, set_rng_state
 
-__all__ = ["ResumableBatchSampler", "SampleSeededDataset", "make_resumable", "rebuild_dataloader"]
+__all__ = ["ResumableBatchSampler", "SampleSeededDataset", "add_worker_seeding", "make_resumable", "rebuild_dataloader"]
 
 
 class SampleSeededDataset(Dataset[Any]):
@@ -142,3 +143,20 @@ def make_resumable(loader: Iterable[Any] | None) -> Iterable[Any] | None:
     if loader.num_workers > 0 and not loader.persistent_workers:
         changes["dataset"] = SampleSeededDataset(loader.dataset, seed_from_env())
     return rebuild_dataloader(loader, **changes)
+
+
+def add_worker_seeding(loader: Iterable[Any] | None, rank: int) -> Iterable[Any] | None:
+    """Seed a DataLoader's worker processes from (base seed, worker id, ``rank``) if asked to.
+
+    Asked to means ``seed_everything(workers=True)`` (the ``GEARTRAIN_SEED_WORKERS`` variable is
+    "1"); then a ``DataLoader`` with worker processes is rebuilt with a :class:`WorkerInit` as its
+    ``worker_init_fn``, chaining the one it had, which is called after the seeding. Anything
+    else (no workers, not a ``DataLoader``, seeding not asked for, already seeded) is returned as
+    it is. In training with non-persistent workers :func:`make_resumable` then seeds every sample
+    on top, from (seed, epoch, index), which keeps exact resume.
+    """
+    if os.environ.get(SEED_WORKERS) != "1" or not isinstance(loader, DataLoader) or loader.num_workers == 0:
+        return loader
+    if isinstance(loader.worker_init_fn, WorkerInit):
+        return loader
+    return rebuild_dataloader(loader, worker_init_fn=WorkerInit(rank, loader.worker_init_fn))

@@ -32,7 +32,7 @@ from trainer.checkpoint import (
     write_checkpoint,
 )
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.data import ResumableBatchSampler, make_resumable
+from trainer.data import ResumableBatchSampler, add_worker_seeding, make_resumable
 from trainer.metrics import MetricStore
 from trainer.microbatch import MicroBatcher
 from trainer.module import DataModule, TrainModule
@@ -585,7 +585,9 @@ class Trainer:
             raise TypeError(
                 f"{method}: one dataloader is supported per stage, got a {type(loader).__name__} of {len(loader)}"
             )
-        return self.strategy.process_dataloader(loader, train=(stage == "fit"))
+        return add_worker_seeding(
+            self.strategy.process_dataloader(loader, train=(stage == "fit")), self.strategy.global_rank
+        )
 
     def _num_batches(self, stage: str, loader: Iterable[Any]) -> float:
         """Batches the stage will use: the loader's length cut by ``limit_*`` (inf if unsized)."""

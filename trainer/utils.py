@@ -16,8 +16,11 @@ __all__ = ["apply_to_tensors", "batch_size_of", "move_to_device", "seed_everythi
 def seed_everything(seed: int = 0, workers: bool = False) -> int:
     """Seed Python's, NumPy's and torch's random number generators (all devices) with ``seed``.
 
-    ``workers=True`` also makes every DataLoader worker derive its own seed from it (through the
-    ``GEARTRAIN_SEED_WORKERS`` environment variable the trainer reads). Returns the seed.
+    ``workers=True`` also gives every DataLoader worker process of the trainer's loaders its own
+    seeds, derived from the loader's base seed (drawn from the generators seeded here), the worker's
+    id and the process's global rank, so workers of different ranks draw different augmentations and
+    runs repeat (:func:`trainer.common.rng.seed_worker`; the ``GEARTRAIN_SEED_WORKERS`` environment
+    variable tells the trainer, and processes it starts inherit it). Returns the seed.
 
     >>> seed_everything(7)
     7

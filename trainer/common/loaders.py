@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 __all__ = ["rebuild_dataloader"]
 
@@ -18,7 +18,8 @@ def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[An
     """A new ``DataLoader`` with ``loader``'s settings and ``changes`` applied.
 
     Giving ``sampler`` or ``batch_sampler`` replaces the batching (the original batch size and
-    ``drop_last`` are kept when only ``sampler`` is given).
+    ``drop_last`` are kept when only ``sampler`` is given). A loader over an ``IterableDataset``
+    keeps its batch size and ``drop_last`` (such a loader has no sampler to carry over).
     """
     kwargs: dict[str, Any] = {
         "dataset": loader.dataset,
@@ -38,6 +39,8 @@ def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[An
         kwargs["in_order"] = loader.in_order
     if "batch_sampler" in changes:
         pass
+    elif isinstance(loader.dataset, IterableDataset) and "sampler" not in changes:
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)  # it takes no sampler
     elif "sampler" in changes or loader.batch_sampler is None:
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
     else:
