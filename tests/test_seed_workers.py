@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
+from typing_extensions import override
 
 from strategies import SingleDeviceStrategy
 from tests.conftest import quiet_trainer
@@ -111,6 +112,7 @@ class _Rank(SingleDeviceStrategy):
         self._rank = rank
 
     @property
+    @override
     def global_rank(self) -> int:
         return self._rank
 
