@@ -173,8 +173,9 @@ def test_data_parallel_replica_logs_are_averaged_and_logged_once(monkeypatch: py
         def __init__(self) -> None:
             self.calls: list[tuple[str, float, dict[str, object]]] = []
 
-        def _log(self, name: str, value: torch.Tensor, **kwargs: object) -> None:
-            self.calls.append((name, float(value), kwargs))
+        def _log(self, name: str, value: torch.Tensor, *args: object) -> None:  # TrainModule.log passes these
+            keys = ("on_step", "on_epoch", "prog_bar", "sync_dist", "reduce_fx", "batch_size")
+            self.calls.append((name, float(value), dict(zip(keys, args))))
 
     strategy = DataParallelStrategy()
     monkeypatch.setattr(DataParallelStrategy, "device_ids", property(lambda self: [0, 1]))

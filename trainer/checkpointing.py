@@ -11,17 +11,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.checkpoint import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    AsyncCheckpointWriter,
-    CheckpointError,
-    load_checkpoint,
-    rng_state,
-    set_rng_state,
-    to_plain,
-    write_checkpoint,
-)
+from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION, AsyncCheckpointWriter, load_checkpoint, write_checkpoint
+from trainer.common.errors import CheckpointError
+from trainer.common.rng import rng_state, set_rng_state
+from trainer.common.state_dict import to_plain
 from trainer.data import ResumableBatchSampler
 
 if TYPE_CHECKING:

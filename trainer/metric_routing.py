@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from trainer.common.tree import batch_size_of
 from trainer.metrics import MetricStore
-from trainer.utils import batch_size_of
 
 __all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter"]
 

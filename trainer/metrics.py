@@ -13,14 +13,11 @@ from typing import Any
 
 import torch
 
+from trainer.common.tree import is_metric
+
 __all__ = ["MetricStore"]
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
-
-
-def is_metric(value: Any) -> bool:
-    """True for a torchmetrics ``Metric`` (duck-typed, so torchmetrics is imported only by users)."""
-    return callable(getattr(value, "compute", None)) and callable(getattr(value, "reset", None))
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from trainer.utils import apply_to_tensors, batch_size_of
+from trainer.common.tree import apply_to_tensors, batch_size_of
 
 if TYPE_CHECKING:
     from trainer.loops.step import Window

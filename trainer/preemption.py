@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.common.errors import Preempted
+
 if TYPE_CHECKING:
     from strategies.base import Strategy
 
@@ -30,10 +32,6 @@ __all__ = ["PREEMPT_CHECK_MAX_STEPS", "PREEMPT_CHECK_SECONDS", "Preempted", "Pre
 PREEMPT_CHECK_SECONDS = 0.5
 #: ... and at least every this many optimizer steps.
 PREEMPT_CHECK_MAX_STEPS = 1000
-
-
-class Preempted(Exception):
-    """Raised inside the loop after a preemption checkpoint was saved; the trainer's run catches it."""
 
 
 class Preemption:

@@ -17,20 +17,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer import loops
-from trainer.checkpoint import load_module_state
-from trainer.data import make_resumable
+from trainer.common.env import STARTED_BY_LAUNCHER
+from trainer.common.errors import Preempted
+from trainer.common.state_dict import load_module_state
+from trainer.data import add_worker_seeding, make_resumable
 from trainer.loops.step import ManualOptimizer
 from trainer.optim import parse_optimizers
-from trainer.preemption import Preempted
 
 if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["STARTED_BY_LAUNCHER", "adopt", "final_state", "launch", "run_stage"]
-
-#: Set to "1" in processes a strategy started itself, whose end state goes back to the caller.
-STARTED_BY_LAUNCHER = "GEARTRAIN_STARTED_BY_LAUNCHER"
+__all__ = ["adopt", "final_state", "launch", "run_stage"]
 
 _LOADER_METHODS = {
     "fit": "train_dataloader",
@@ -176,7 +174,8 @@ def resolve_loader(
         raise TypeError(
             f"{method}: one dataloader is supported per stage, got a {type(loader).__name__} of {len(loader)}"
         )
-    return trainer.strategy.process_dataloader(loader, train=(stage == "fit"))
+    prepared = trainer.strategy.process_dataloader(loader, train=(stage == "fit"))
+    return add_worker_seeding(prepared, trainer.strategy.global_rank)
 
 
 def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> None:

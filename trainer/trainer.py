@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
+from strategies.registry import resolve_strategy
 from trainer import options, run
 from trainer.checkpointing import CheckpointConnector
+from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.hooks import HookDispatch
 from trainer.loops.step import ManualOptimizer, Window
 from trainer.metric_routing import MetricRouter
@@ -28,7 +30,6 @@ from trainer.module import DataModule, TrainModule
 from trainer.optim import SchedulerConfig
 from trainer.preemption import Preemption
 from trainer.progress import Progress
-from trainer.run import STARTED_BY_LAUNCHER
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -133,8 +134,6 @@ class Trainer:
         compile: bool = False,
         compile_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        from strategies.registry import resolve_strategy
-
         loop = options.loop_options(
             max_epochs=max_epochs,
             max_steps=max_steps,

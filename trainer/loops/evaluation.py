@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.checkpoint import rng_state, set_rng_state
+from trainer.common.rng import rng_state, set_rng_state
 from trainer.loops.iteration import iterate, num_batches
 from trainer.loops.step import make_eval_batch
 from trainer.metric_routing import EPOCH_DEFAULTS

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from trainer.common.errors import Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import Window, make_train_batch, step_schedulers
 from trainer.metric_routing import EPOCH_DEFAULTS, STEP_DEFAULTS
 from trainer.metrics import MetricStore
-from trainer.preemption import Preempted
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from trainer.checkpoint import rng_state, set_rng_state
+from trainer.common.rng import rng_state, set_rng_state
 from trainer.data import ResumableBatchSampler
 
 __all__ = ["iterate", "num_batches", "set_sampler_epoch"]

@@ -22,8 +22,8 @@ import torch
 
 from strategies.base import Strategy
 from strategies.precision import Precision
+from trainer.common.tree import move_to_device
 from trainer.microbatch import micro_batches
-from trainer.utils import move_to_device
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
