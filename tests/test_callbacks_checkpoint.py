@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from callbacks import ModelCheckpoint
-from tests._cb_helpers import NotRankZero, Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import NotRankZero, Scripted, loaders, quiet_trainer
 from trainer.checkpoint import load_checkpoint
 
 SCORES = [0.5, 0.8, 0.6, 0.9, 0.7, 0.85]  # val/score per epoch; 4 steps per epoch

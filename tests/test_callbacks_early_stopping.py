@@ -8,7 +8,7 @@ import math
 import pytest
 
 from callbacks import EarlyStopping, ModelCheckpoint
-from tests._cb_helpers import OtherRankStrategy, Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import OtherRankStrategy, Scripted, loaders, quiet_trainer
 from trainer.checkpoint import load_checkpoint
 
 

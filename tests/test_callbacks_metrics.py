@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassPrecision
 
-from tests._cb_helpers import Recorder, quiet_trainer
+from tests.helpers.callback_tools import Recorder, quiet_trainer
 from trainer import TrainModule
 
 C = 4

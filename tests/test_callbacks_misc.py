@@ -25,7 +25,7 @@ from callbacks import (
     Timer,
 )
 from callbacks.base import HOOKS
-from tests._cb_helpers import NotRankZero, Recorder, Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import NotRankZero, Recorder, Scripted, loaders, quiet_trainer
 from trainer.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

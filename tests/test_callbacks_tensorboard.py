@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from callbacks import Callback, LearningRateMonitor, TensorBoardLogger
-from tests._cb_helpers import Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import Scripted, loaders, quiet_trainer
 
 SCORES = [0.3, 0.7, 0.5]
 

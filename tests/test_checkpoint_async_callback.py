@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 import trainer.checkpoint as ckpt
 from callbacks import Callback, ModelCheckpoint
-from tests._cb_helpers import Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import Scripted, loaders, quiet_trainer
 from tests.helpers.distributed import spawn
 from trainer import Trainer
 from trainer.checkpoint import CheckpointError, load_checkpoint, place_checkpoint

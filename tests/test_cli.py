@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.clitools import run_dirs, run_geartrain
+from tests.helpers.cli import run_dirs, run_geartrain
 
 pytestmark = pytest.mark.timeout(300)
 

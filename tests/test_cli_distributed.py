@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.clitools import REPO, run_dirs, run_geartrain
+from tests.helpers.cli import REPO, run_dirs, run_geartrain
 
 ONE_EPOCH = ["task=fit", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
 

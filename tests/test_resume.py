@@ -20,8 +20,8 @@ import trainer.checkpoint as ckpt_io
 from trainer import Trainer, TrainModule
 from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
-JOB = Path(__file__).with_name("resume_job.py")
-REPO = JOB.parents[1]
+JOB = Path(__file__).parent / "helpers" / "resume_job.py"
+REPO = JOB.parents[2]
 
 pytestmark = pytest.mark.timeout(240)
 
