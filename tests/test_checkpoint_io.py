@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import Regressor, assert_same_weights, make_loader, quiet_trainer, sgd
+from tests.helpers.regression import Regressor, assert_same_weights, make_loader, sgd
+from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 

@@ -10,7 +10,7 @@ import torchmetrics
 from torch.nn import functional as F
 
 from callbacks.base import Callback
-from tests.conftest import Regressor, make_dataset, make_loader
+from tests.helpers.regression import Regressor, make_dataset, make_loader
 
 
 class LogRecorder(Callback):

@@ -14,7 +14,7 @@ import torch
 from torchmetrics.classification import MulticlassAccuracy
 
 from examples.digits import DIGITS_PATH, DigitsClassifier, DigitsData, load_digits
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from trainer import Trainer, seed_everything
 
 #: Imported by the default job before its data moved into the repository; each cost start-up time.

@@ -12,10 +12,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from tests.helpers import jobs
-from tests.helpers.distributed import clean_distributed_env, run_python, spawn
+from tests.helpers.distributed import run_python, spawn
 from trainer import Trainer
-
-__all__ = ["clean_distributed_env"]
 
 SCRIPT = str(Path(__file__).parent / "helpers" / "ddp_script.py")
 

@@ -24,11 +24,8 @@ from strategies import (
 from strategies.launch import first_host, joined_environment, slurm_environment
 from strategies.parallel import EvalShardSampler
 from strategies.registry import resolve_strategy
-from tests.helpers import jobs
-from tests.helpers.distributed import REPO_ROOT, clean_distributed_env
+from tests.helpers import REPO_ROOT, jobs
 from trainer import Trainer, seed_everything
-
-__all__ = ["clean_distributed_env"]
 
 
 @pytest.mark.parametrize(

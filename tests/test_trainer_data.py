@@ -10,7 +10,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
-from tests.conftest import Regressor, assert_same_weights, make_dataset, make_loader, plain_copy, sgd
+from tests.helpers.regression import Regressor, assert_same_weights, make_dataset, make_loader, plain_copy, sgd
 from trainer import DataModule
 
 

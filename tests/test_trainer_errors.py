@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import Regressor, make_loader, sgd
+from tests.helpers.regression import Regressor, make_loader, sgd
 from trainer import Trainer, TrainModule
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from callbacks.base import HOOKS, Callback
-from tests.conftest import Regressor, make_loader
+from tests.helpers.regression import Regressor, make_loader
 from trainer import TrainModule
 
 MODULE_HOOKS = [name for name in vars(TrainModule) if name.startswith("on_")] + ["setup", "teardown"]

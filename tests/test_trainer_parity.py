@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from tests.conftest import Regressor, assert_same_weights, make_loader, plain_copy, sgd
+from tests.helpers.regression import Regressor, assert_same_weights, make_loader, plain_copy, sgd
 
 
 def reference_fit(
