@@ -18,7 +18,8 @@ import torch
 from omegaconf import OmegaConf
 
 from callbacks import Callback, LearningRateMonitor, TensorBoardLogger
-from tests.helpers.callback_tools import Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import Scripted, loaders
+from tests.helpers.trainers import quiet_trainer
 
 SCORES = [0.3, 0.7, 0.5]
 
@@ -51,7 +52,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Re
     root = tmp_path_factory.mktemp("tb")
     logger, recorder = TensorBoardLogger(save_dir=root, name="run"), Recorder()
     config = OmegaConf.create({"model": {"lr": 0.1, "hidden": 4}, "seed": 7, "tags": ["a", "b"]})
-    trainer = quiet_trainer([logger, LearningRateMonitor(), recorder], max_epochs=3, log_every_n_steps=1, config=config)
+    trainer = quiet_trainer(
+        callbacks=[logger, LearningRateMonitor(), recorder], max_epochs=3, log_every_n_steps=1, config=config
+    )
     train, val = loaders()
     module = Halving(SCORES)
     trainer.fit(module, train, val)
