@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from examples.charlm import DEFAULT_PATH, VOCAB, CharData, CharLM, decode, encode
-from trainer import Trainer, seed_everything
+from tests.helpers.trainers import quiet_trainer
+from trainer import seed_everything
 from trainer.cli import config_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,9 +32,7 @@ def test_trains_and_prints_a_sample_at_the_end(capsys: pytest.CaptureFixture[str
     seed_everything(0)
     module = CharLM(**TINY, lr=1e-2, warmup_steps=2, sample_chars=40, prompt="The ")
     data = CharData(batch_size=16, block_size=32)
-    trainer = Trainer(
-        max_steps=30, limit_val_batches=2, enable_progress_bar=False, enable_checkpointing=False, logger=False
-    )
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_steps=30, limit_val_batches=2)
     trainer.fit(module, datamodule=data)
     assert float(trainer.callback_metrics["train/loss"]) < math.log(len(VOCAB)) - 0.8  # learnt the letters
     assert math.isfinite(float(trainer.callback_metrics["val/loss"]))

@@ -14,7 +14,7 @@ import torch
 
 import trainer.checkpoint as ckpt
 from bench.overhead import TinyMLP, make_batches
-from trainer import Trainer
+from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import AsyncCheckpointWriter, CheckpointError, load_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,7 +93,7 @@ ckpt.AsyncCheckpointWriter().save({{"w": torch.ones(3)}}, {str(tmp_path / "x.ckp
 
 
 def test_trainer_async_save_matches_a_synchronous_one(tmp_path: Path) -> None:
-    trainer = Trainer(max_epochs=1, enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1)
     trainer.fit(TinyMLP(), train_dataloaders=make_batches(3))
     trainer.save_checkpoint(tmp_path / "sync.ckpt")
     trainer.save_checkpoint(tmp_path / "async.ckpt", async_=True)

@@ -16,14 +16,11 @@ from bench.overhead import Batches, TinyMLP, make_batches
 from callbacks import Callback
 from strategies import SingleDeviceStrategy
 from strategies.precision import MixedPrecision
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 from trainer.metrics import MetricStore
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _quiet(**kwargs: Any) -> Trainer:
-    return Trainer(enable_progress_bar=False, enable_checkpointing=False, logger=False, **kwargs)
 
 
 def test_fit_matches_hand_written_loop_bitwise() -> None:
@@ -32,7 +29,7 @@ def test_fit_matches_hand_written_loop_bitwise() -> None:
     ours = TinyMLP()
     torch.manual_seed(0)
     theirs = TinyMLP()
-    _quiet(max_epochs=2).fit(ours, train_dataloaders=batches)
+    quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=2).fit(ours, train_dataloaders=batches)
     optimizer = torch.optim.SGD(theirs.parameters(), lr=0.05)
     for _ in range(2):
         for x, y in batches:
@@ -47,7 +44,7 @@ def test_validate_mean_matches_hand_computed() -> None:
     batches = Batches([(x[: 10 + i], y[: 10 + i]) for i, (x, y) in enumerate(make_batches(5).batches)])
     torch.manual_seed(0)
     model = TinyMLP()
-    result = _quiet().validate(model, dataloaders=batches)
+    result = quiet_trainer(strategy="auto", num_sanity_val_steps=2).validate(model, dataloaders=batches)
     with torch.no_grad():
         losses = [nn.functional.cross_entropy(model.net(x), y).double() * len(x) for x, y in batches]
     expected = float(sum(losses) / sum(len(x) for x, _ in batches))
@@ -61,7 +58,7 @@ def test_loss_equal_to_minus_one_does_not_end_the_epoch() -> None:
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             return (self.net(batch[0]) * 0).sum() - 1.0
 
-    trainer = _quiet(max_epochs=1)
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1)
     trainer.fit(MinusOne(), train_dataloaders=make_batches(4))
     assert trainer.global_step == 4
 
@@ -85,7 +82,9 @@ def test_hooks_dispatch_module_then_callbacks_in_order() -> None:
 
     module = Module()
     module.on_after_backward = lambda: calls.append("instance")  # type: ignore[method-assign]
-    trainer = _quiet(max_epochs=1, callbacks=[Recorder("a"), Recorder("b")])
+    trainer = quiet_trainer(
+        callbacks=[Recorder("a"), Recorder("b")], strategy="auto", num_sanity_val_steps=2, max_epochs=1
+    )
     trainer.fit(module, train_dataloaders=make_batches(5))
     assert trainer.global_step == 2  # the module's -1 ended the epoch at batch 2
     assert calls == ["instance", "module", "a", "b"] * 2

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import trainer.checkpoint as ckpt_io
-from trainer import Trainer, TrainModule
+from tests.helpers.trainers import quiet_trainer
+from trainer import TrainModule
 from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 JOB = Path(__file__).parent / "helpers" / "resume_job.py"
@@ -175,7 +176,7 @@ class Small(TrainModule):
 @pytest.fixture
 def good_ckpt(tmp_path: Path) -> Path:
     module = Small()
-    trainer = Trainer(max_steps=2, enable_progress_bar=False, logger=False, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path, strategy="auto", num_sanity_val_steps=2, enable_checkpointing=True, max_steps=2)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
     trainer.fit(module, data)
     path = tmp_path / "checkpoints" / "last.ckpt"
@@ -184,7 +185,7 @@ def good_ckpt(tmp_path: Path) -> Path:
 
 
 def evaluate_with(tmp_path: Path, path: Path, module: TrainModule | None = None) -> None:
-    trainer = Trainer(enable_progress_bar=False, logger=False, default_root_dir=tmp_path / "eval")
+    trainer = quiet_trainer(tmp_path / "eval", strategy="auto", num_sanity_val_steps=2, enable_checkpointing=True)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
     trainer.fit(module or Small(), data, ckpt_path=path)
 
@@ -297,13 +298,11 @@ def nan_data() -> torch.utils.data.DataLoader[Any]:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 3, generator=g)), batch_size=4)
 
 
-def quiet(**kwargs: Any) -> Trainer:
-    return Trainer(enable_progress_bar=False, logger=False, enable_checkpointing=False, **kwargs)
-
-
 def test_nonfinite_raise_names_epoch_step_and_batch() -> None:
     with pytest.raises(FloatingPointError, match=r"epoch 0, global step 2, batch 2"):
-        quiet(max_epochs=1, on_nonfinite="raise").fit(SpikyModule({2}), nan_data())
+        quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1, on_nonfinite="raise").fit(
+            SpikyModule({2}), nan_data()
+        )
 
 
 def test_nonfinite_skip_drops_exactly_that_step() -> None:
@@ -311,7 +310,7 @@ def test_nonfinite_skip_drops_exactly_that_step() -> None:
     module = SpikyModule({2, 4})
     reference = Small()
     reference.load_state_dict(module.state_dict())
-    trainer = quiet(max_epochs=1, on_nonfinite="skip")
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1, on_nonfinite="skip")
     trainer.fit(module, nan_data())
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for i, (x,) in enumerate(nan_data()):
@@ -329,7 +328,9 @@ def test_nonfinite_skip_drops_exactly_that_step() -> None:
 
 def test_nonfinite_skip_gives_up_after_too_many_in_a_row() -> None:
     with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
-        quiet(max_epochs=1, on_nonfinite="skip", max_nonfinite_in_a_row=3).fit(SpikyModule({1, 2, 3}), nan_data())
+        quiet_trainer(
+            strategy="auto", num_sanity_val_steps=2, max_epochs=1, on_nonfinite="skip", max_nonfinite_in_a_row=3
+        ).fit(SpikyModule({1, 2, 3}), nan_data())
 
 
 # ----------------------------------------------------------------- DDP: 2 processes over gloo
@@ -434,7 +435,7 @@ def test_ranks_agree_on_preemption_about_every_half_second(monkeypatch: pytest.M
 
     clock = [100.0]
     monkeypatch.setattr(trainer_module.time, "monotonic", lambda: clock[0])
-    trainer = Trainer(strategy=TwoRanks(device="cpu"), logger=False, enable_progress_bar=False)
+    trainer = quiet_trainer(strategy=TwoRanks(device="cpu"), num_sanity_val_steps=2, enable_checkpointing=True)
     trainer._install_preemption_handlers()
     trainer._restore_signal_handlers()
     try:

@@ -15,7 +15,8 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from examples.digits import DIGITS_PATH, DigitsClassifier, DigitsData, load_digits
 from tests.helpers import REPO_ROOT
-from trainer import Trainer, seed_everything
+from tests.helpers.trainers import quiet_trainer
+from trainer import seed_everything
 
 #: Imported by the default job before its data moved into the repository; each cost start-up time.
 HEAVY = ("sklearn", "scipy", "torchmetrics")
@@ -58,9 +59,7 @@ def test_accuracy_is_the_share_of_correct_predictions_over_the_whole_set(tmp_pat
     seed_everything(0)
     module = DigitsClassifier()
     data = DigitsData()
-    trainer = Trainer(
-        max_steps=5, logger=False, enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path
-    )
+    trainer = quiet_trainer(tmp_path, strategy="auto", num_sanity_val_steps=2, max_steps=5)
     trainer.fit(module, datamodule=data)
     metrics = trainer.validate(module, datamodule=data)
     assert data.val_set is not None

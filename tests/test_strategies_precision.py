@@ -15,6 +15,7 @@ from callbacks import Callback
 from strategies import AMPStrategy
 from strategies.precision import MixedPrecision
 from tests.helpers import jobs
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 
 
@@ -51,12 +52,10 @@ class WeightHistory(Callback):
 def _fp16_trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
     # A small initial scale: the default 65536 overflows float16 (max 65504) on the very first step.
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    return Trainer(
+    return quiet_trainer(
+        tmp_path,
         strategy=AMPStrategy(precision=MixedPrecision(torch.float16, "cpu", scaler), device="cpu"),
-        enable_progress_bar=False,
-        logger=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
+        enable_checkpointing=True,
         **kwargs,
     )
 
@@ -114,14 +113,7 @@ def test_bf16_mixed_trains_and_is_the_amp_default_on_cpu(tmp_path: Path) -> None
             return float(nn.functional.cross_entropy(module(data.tensors[0]), data.tensors[1]))
 
     before = full_loss()
-    trainer = Trainer(
-        strategy=AMPStrategy(device="cpu"),
-        max_epochs=5,
-        enable_progress_bar=False,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, strategy=AMPStrategy(device="cpu"), num_sanity_val_steps=2, max_epochs=5)
     assert trainer.strategy.precision.name == "bf16-mixed"
     trainer.fit(module, DataLoader(data, batch_size=16, shuffle=True))
     assert module.dtypes == {torch.bfloat16}

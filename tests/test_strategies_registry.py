@@ -25,6 +25,7 @@ from strategies.launch import first_host, joined_environment, slurm_environment
 from strategies.parallel import EvalShardSampler
 from strategies.registry import resolve_strategy
 from tests.helpers import REPO_ROOT, jobs
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, seed_everything
 
 
@@ -118,14 +119,14 @@ def test_data_parallel_on_cpu_is_bitwise_single_device(tmp_path: Path) -> None:
     def run(strategy: str) -> tuple[dict[str, torch.Tensor], Trainer]:
         seed_everything(3)
         module = jobs.BlockNet()
-        trainer = Trainer(
+        trainer = quiet_trainer(
+            tmp_path / strategy,
             strategy=strategy,
+            num_sanity_val_steps=2,
+            enable_checkpointing=True,
             max_epochs=2,
             gradient_clip_val=0.5,
             accumulate_grad_batches=2,
-            enable_progress_bar=False,
-            logger=False,
-            default_root_dir=tmp_path / strategy,
         )
         data = jobs.dataset(64)
         trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=16))
