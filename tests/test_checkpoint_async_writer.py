@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trainer.checkpoint as ckpt
-from bench.overhead import TinyMLP, make_batches
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import AsyncCheckpointWriter, CheckpointError, load_checkpoint
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from bench.overhead import Batches, TinyMLP, make_batches
 from callbacks import Callback
 from strategies import SingleDeviceStrategy
 from strategies.precision import MixedPrecision
+from tests.helpers.tiny_mlp import Batches, TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 from trainer.metrics import MetricStore

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import trainer.loops as loops
-from bench.overhead import TinyMLP, make_batches
 from callbacks import Callback
 from strategies import SingleDeviceStrategy
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 

@@ -2,6 +2,7 @@
 
 - :mod:`tests.helpers.trainers`: :func:`~tests.helpers.trainers.quiet_trainer`, the one quiet CPU trainer.
 - :mod:`tests.helpers.regression`: the tiny regressor and data of the parity tests.
+- :mod:`tests.helpers.tiny_mlp`: a small classifier on fixed in-memory batches (training-step tests).
 - :mod:`tests.helpers.callback_tools`: a module with a scripted metric, fake other ranks, a metric recorder.
 - :mod:`tests.helpers.jobs`, :mod:`tests.helpers.distributed`: multi-process jobs and ``spawn``.
 - :mod:`tests.helpers.cli`: the ``geartrain`` command in a subprocess.
