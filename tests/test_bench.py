@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench import ddp, gpu_lm
 from bench.__main__ import main as bench_main
 from bench.core import Result, format_table, paired
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
 
 
 def test_paired_alternates_and_takes_the_median_ratio() -> None:
@@ -66,8 +64,8 @@ def test_ddp_benchmark_pairs_run_in_two_processes_and_train_alike() -> None:
 def test_import_benchmark_runs_as_a_command() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench", "import", "--quick", "--pairs", "1"],
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=120,

@@ -25,12 +25,10 @@ from callbacks import (
     Timer,
 )
 from callbacks.base import HOOKS
+from tests.helpers import REPO_ROOT
 from tests.helpers.callback_tools import NotRankZero, Recorder, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import load_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 # ----------------------------------------------------------------- progress bar
 NUM = r"[-+0-9.e]+"
@@ -275,7 +273,7 @@ def test_import_callbacks_is_cheap() -> None:
         "import sys, callbacks; heavy = ('tensorboard', 'rich', 'torchmetrics', 'torch.utils.tensorboard');"
         "print([m for m in heavy if m in sys.modules]); print(sorted(callbacks.__all__))"
     )
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
     heavy, names = out.stdout.splitlines()
     assert heavy == "[]"

@@ -14,11 +14,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from examples.charlm import DEFAULT_PATH, VOCAB, CharData, CharLM, decode, encode
+from tests.helpers import REPO_ROOT
 from tests.helpers.trainers import quiet_trainer
 from trainer import seed_everything
 from trainer.cli import config_dir
 
-REPO = Path(__file__).resolve().parent.parent
 TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
 
 
@@ -93,7 +93,7 @@ def test_geartrain_experiment_charlm_runs_from_the_command_line(tmp_path: Path) 
         "model.sample_chars=10",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
         [sys.executable, "-m", "trainer", _experiment_override("charlm"), *overrides],
         cwd=tmp_path,

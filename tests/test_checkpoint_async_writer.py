@@ -13,11 +13,10 @@ import pytest
 import torch
 
 import trainer.checkpoint as ckpt
+from tests.helpers import REPO_ROOT
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import AsyncCheckpointWriter, CheckpointError, load_checkpoint
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_file_is_complete_and_holds_the_state_at_save_time(tmp_path: Path) -> None:
@@ -86,7 +85,7 @@ ckpt.write_checkpoint = slow
 ckpt.AsyncCheckpointWriter().save({{"w": torch.ones(3)}}, {str(tmp_path / "x.ckpt")!r})
 """
     out = subprocess.run(
-        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert torch.equal(torch.load(tmp_path / "x.ckpt", weights_only=True)["w"], torch.ones(3))

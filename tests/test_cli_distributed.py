@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.cli import REPO, run_dirs, run_geartrain
+from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_dirs, run_geartrain
 
 ONE_EPOCH = ["task=fit", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
 
@@ -26,7 +27,7 @@ def steps_in(run: Path) -> int:
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *args],
         cwd=cwd,

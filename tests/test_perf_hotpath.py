@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,12 +14,11 @@ from torch import nn
 from callbacks import Callback
 from strategies import SingleDeviceStrategy
 from strategies.precision import MixedPrecision
+from tests.helpers import REPO_ROOT
 from tests.helpers.tiny_mlp import Batches, TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 from trainer.metrics import MetricStore
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_fit_matches_hand_written_loop_bitwise() -> None:
@@ -122,7 +120,7 @@ def test_import_trainer_leaves_heavy_packages_out() -> None:
         "if m in sys.modules))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""

@@ -17,18 +17,18 @@ import torch
 from torch import nn
 
 import trainer.checkpoint as ckpt_io
+from tests.helpers import REPO_ROOT
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule
 from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
-JOB = Path(__file__).parent / "helpers" / "resume_job.py"
-REPO = JOB.parents[2]
+JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def start(out: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, str(JOB), str(out), *args],
         stdout=subprocess.PIPE,
@@ -125,7 +125,7 @@ def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+        env={**env, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
     for text in proc.stdout:
@@ -339,7 +339,7 @@ DDP = ["--strategy", "ddp", "--devices", "2"]
 
 def kill_group_at(out: Path, line: str, *args: str) -> None:
     """Start the job in its own process group and SIGKILL the whole group (launcher and workers)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, str(JOB), str(out), *args],
         stdout=subprocess.PIPE,
