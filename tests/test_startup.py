@@ -144,3 +144,17 @@ def test_freezing_the_startup_objects_keeps_collection_and_the_normal_exit(tmp_p
     assert (tmp_path / "atexit.txt").read_text() == "done"
     assert (tmp_path / "unclosed.txt").read_text() == "kept"
     assert proc.stdout == "buffered, no newline"
+
+
+@pytest.mark.timeout(60)
+def test_import_trainer_leaves_heavy_packages_out() -> None:
+    code = (
+        "import sys, trainer, strategies, callbacks; "
+        "print(','.join(m for m in ('tensorboard', 'torchmetrics', 'hydra', 'rich', 'sklearn', 'omegaconf') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

@@ -1,8 +1,9 @@
 """Mixed precision on CPU: fp16 with a GradScaler (unscale before clipping, skipped overflow steps,
-scaler state in checkpoints) and bf16 autocast that trains."""
+scaler state in checkpoints), bf16 autocast that trains, and the shared do-nothing contexts."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
-from strategies import AMPStrategy
+from strategies import AMPStrategy, SingleDeviceStrategy
 from strategies.precision import MixedPrecision
 from tests.helpers import jobs
 from tests.helpers.trainers import quiet_trainer
@@ -119,3 +120,12 @@ def test_bf16_mixed_trains_and_is_the_amp_default_on_cpu(tmp_path: Path) -> None
     assert module.dtypes == {torch.bfloat16}
     assert module.head.weight.dtype == torch.float32  # mixed: the weights stay float32
     assert full_loss() < 0.7 * before
+
+
+def test_contexts_are_shared_do_nothing_objects_and_autocast_still_applies() -> None:
+    strategy = SingleDeviceStrategy(device="cpu")
+    assert strategy.forward_context() is strategy.forward_context()
+    assert isinstance(strategy.no_backward_sync(True), contextlib.nullcontext)
+    mixed = MixedPrecision(torch.bfloat16, "cpu")
+    with mixed.forward_context():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
