@@ -1,26 +1,22 @@
-"""Exact resume, preemption and safe checkpoints, with real processes killed for real."""
+"""Exact resume and preemption, with real processes killed for real (kill -9, SIGTERM, SIGUSR1, DDP).
+
+Bad checkpoint files are in test_checkpoint_errors.py, non-finite losses in test_trainer_nonfinite.py.
+"""
 
 from __future__ import annotations
 
-import errno
 import os
-import pickle
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
-import trainer.checkpoint as ckpt_io
 from tests.helpers import REPO_ROOT
 from tests.helpers.trainers import quiet_trainer
-from trainer import TrainModule
-from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from trainer.checkpoint import CheckpointError, load_checkpoint
 
 JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 
@@ -160,179 +156,6 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path)
         load_checkpoint(partial[0])
 
 
-# ----------------------------------------------------------------- bad checkpoints, in process
-class Small(TrainModule):
-    def __init__(self, width: int = 4) -> None:
-        super().__init__()
-        self.layer = nn.Linear(3, width)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-@pytest.fixture
-def good_ckpt(tmp_path: Path) -> Path:
-    module = Small()
-    trainer = quiet_trainer(tmp_path, strategy="auto", num_sanity_val_steps=2, enable_checkpointing=True, max_steps=2)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
-    trainer.fit(module, data)
-    path = tmp_path / "checkpoints" / "last.ckpt"
-    assert path.is_file()
-    return path
-
-
-def evaluate_with(tmp_path: Path, path: Path, module: TrainModule | None = None) -> None:
-    trainer = quiet_trainer(tmp_path / "eval", strategy="auto", num_sanity_val_steps=2, enable_checkpointing=True)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
-    trainer.fit(module or Small(), data, ckpt_path=path)
-
-
-def test_truncated_checkpoint(tmp_path: Path, good_ckpt: Path) -> None:
-    cut = tmp_path / "cut.ckpt"
-    cut.write_bytes(good_ckpt.read_bytes()[:200])
-    with pytest.raises(CheckpointError, match="truncated or corrupted"):
-        load_checkpoint(cut)
-
-
-def test_random_bytes(tmp_path: Path) -> None:
-    noise = tmp_path / "noise.ckpt"
-    noise.write_bytes(os.urandom(4096))
-    with pytest.raises(CheckpointError, match="not a readable torch file"):
-        load_checkpoint(noise)
-
-
-def test_not_a_geartrain_checkpoint(tmp_path: Path) -> None:
-    plain = tmp_path / "plain.pt"
-    torch.save({"weight": torch.zeros(2)}, plain)
-    with pytest.raises(CheckpointError, match="not a geartrain checkpoint"):
-        load_checkpoint(plain)
-
-
-def test_newer_format_version(tmp_path: Path, good_ckpt: Path) -> None:
-    state = torch.load(good_ckpt, weights_only=True)
-    state["version"] = ckpt_io.FORMAT_VERSION + 1
-    newer = tmp_path / "newer.ckpt"
-    torch.save(state, newer)
-    with pytest.raises(CheckpointError, match="newer than this geartrain reads"):
-        load_checkpoint(newer)
-
-
-def test_checkpoint_of_a_different_model_lists_keys_and_shapes(tmp_path: Path, good_ckpt: Path) -> None:
-    with pytest.raises(CheckpointError) as info:
-        evaluate_with(tmp_path, good_ckpt, Small(width=5))
-    assert "shape mismatches" in str(info.value)
-    assert "layer.weight: checkpoint (4, 3) vs model (5, 3)" in str(info.value)
-
-    class Renamed(Small):
-        def __init__(self) -> None:
-            super().__init__()
-            self.extra = nn.Linear(1, 1)
-
-    with pytest.raises(CheckpointError) as info:
-        evaluate_with(tmp_path, good_ckpt, Renamed())
-    assert "missing keys (2): extra.bias, extra.weight" in str(info.value)
-
-
-class Payload:
-    """Creates a file when unpickled: what a malicious checkpoint would do."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, (f"touch {self.target}",))
-
-
-def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
-    target = tmp_path / "pwned"
-    evil = tmp_path / "evil.ckpt"
-    with evil.open("wb") as f:
-        pickle.dump({"format": "geartrain", "version": 1, "state_dict": Payload(target)}, f)
-    with pytest.raises(CheckpointError, match="refusing"):
-        load_checkpoint(evil)
-    torch.save({"format": "geartrain", "version": 1, "x": Payload(target)}, tmp_path / "evil2.ckpt")
-    with pytest.raises(CheckpointError, match="refusing"):
-        load_checkpoint(tmp_path / "evil2.ckpt")
-    assert not target.exists()
-
-
-@pytest.fixture
-def disk_full(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """torch.save writes a little, then fails as a full disk does."""
-
-    def failing_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        f.write(b"partial bytes")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(ckpt_io.torch, "save", failing_save)
-    yield
-
-
-def test_disk_full_keeps_the_previous_checkpoint(tmp_path: Path, good_ckpt: Path, disk_full: None) -> None:
-    before = good_ckpt.read_bytes()
-    files_before = sorted(p.name for p in good_ckpt.parent.iterdir())
-    with pytest.raises(CheckpointError, match="No space left on device"):
-        save_checkpoint({"format": "geartrain"}, good_ckpt)
-    assert good_ckpt.read_bytes() == before
-    assert sorted(p.name for p in good_ckpt.parent.iterdir()) == files_before  # no temporary file left
-
-
-# ----------------------------------------------------------------- non-finite losses
-class SpikyModule(Small):
-    """Loss is NaN for the batches listed in ``bad``."""
-
-    def __init__(self, bad: set[int]) -> None:
-        super().__init__()
-        self.bad = bad
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        loss = super().training_step(batch, batch_idx)
-        return loss * float("nan") if batch_idx in self.bad else loss
-
-
-def nan_data() -> torch.utils.data.DataLoader[Any]:
-    g = torch.Generator().manual_seed(3)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 3, generator=g)), batch_size=4)
-
-
-def test_nonfinite_raise_names_epoch_step_and_batch() -> None:
-    with pytest.raises(FloatingPointError, match=r"epoch 0, global step 2, batch 2"):
-        quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1, on_nonfinite="raise").fit(
-            SpikyModule({2}), nan_data()
-        )
-
-
-def test_nonfinite_skip_drops_exactly_that_step() -> None:
-    torch.manual_seed(0)
-    module = SpikyModule({2, 4})
-    reference = Small()
-    reference.load_state_dict(module.state_dict())
-    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1, on_nonfinite="skip")
-    trainer.fit(module, nan_data())
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for i, (x,) in enumerate(nan_data()):
-        if i in (2, 4):
-            continue
-        opt.zero_grad()
-        reference.layer(x).pow(2).mean().backward()
-        opt.step()
-    for a, b in zip(module.parameters(), reference.parameters()):
-        assert torch.equal(a, b)
-    assert trainer.global_step == 4
-    assert trainer.progress.nonfinite_skipped == 2
-    assert float(trainer.callback_metrics["train/nonfinite_skipped"]) == 2.0
-
-
-def test_nonfinite_skip_gives_up_after_too_many_in_a_row() -> None:
-    with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
-        quiet_trainer(
-            strategy="auto", num_sanity_val_steps=2, max_epochs=1, on_nonfinite="skip", max_nonfinite_in_a_row=3
-        ).fit(SpikyModule({1, 2, 3}), nan_data())
-
-
 # ----------------------------------------------------------------- DDP: 2 processes over gloo
 DDP = ["--strategy", "ddp", "--devices", "2"]
 
@@ -456,19 +279,3 @@ def test_ranks_agree_on_preemption_about_every_half_second(monkeypatch: pytest.M
         assert trainer._next_preempt_check == 10**6 + PREEMPT_CHECK_MAX_STEPS
     finally:
         trainer._restore_signal_handlers()
-
-
-def test_python_rng_state_is_one_tensor_and_older_list_checkpoints_still_restore() -> None:
-    import random
-
-    from trainer.checkpoint import rng_state, set_rng_state
-
-    random.seed(3)
-    state = rng_state()
-    expected = [random.random() for _ in range(3)]
-    assert isinstance(state["python"][1], torch.Tensor) and state["python"][1].dtype == torch.int64
-    set_rng_state(state)
-    assert [random.random() for _ in range(3)] == expected
-    old_format = {**state, "python": [state["python"][0], state["python"][1].tolist(), state["python"][2]]}
-    set_rng_state(old_format)
-    assert [random.random() for _ in range(3)] == expected

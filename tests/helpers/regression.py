@@ -83,3 +83,17 @@ def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
     assert sa.keys() == sb.keys()
     for name in sa:
         assert torch.equal(sa[name], sb[name]), f"{name} differs: max |diff| {(sa[name] - sb[name]).abs().max()}"
+
+
+class Small(TrainModule):
+    """One linear layer (3 -> ``width``) trained to shrink its outputs (loss: mean of squares), SGD lr 0.1."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, width)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
