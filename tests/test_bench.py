@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bench import ddp, gpu_lm
 from bench.__main__ import main as bench_main
@@ -87,3 +88,18 @@ def test_gpt2_small_shape_is_124m_parameters() -> None:
         model = gpu_lm.GPT(gpu_lm.GPTConfig(50304, 1024, 12, 12, 768, 0.0))
     assert 123e6 < model.num_parameters() < 126e6
     assert gpu_lm.flops_per_token(model) > 6 * 123e6
+
+
+def test_gpu_check_says_so_and_exits_cleanly_without_cuda(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["gpu_check.py"])
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "bench" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main() == 0
+    assert "CUDA is not available" in capsys.readouterr().out
