@@ -52,6 +52,7 @@ def test_quick_run_of_in_process_benchmarks(capsys: pytest.CaptureFixture[str]) 
     assert "| benchmark" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_ddp_benchmark_pairs_run_in_two_processes_and_train_alike() -> None:
     out = ddp.measure(quick=True, pairs=1)
@@ -61,6 +62,7 @@ def test_ddp_benchmark_pairs_run_in_two_processes_and_train_alike() -> None:
     assert out["same_weights"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_import_benchmark_runs_as_a_command() -> None:
     out = subprocess.run(

@@ -71,6 +71,7 @@ def test_trainer_switches_still_drop_group_entries() -> None:
     assert "ProgressBar" not in _kinds(built) and "ModelCheckpoint" not in _kinds(built)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cli_run_with_overrides(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

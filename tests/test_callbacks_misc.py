@@ -268,6 +268,7 @@ def test_callback_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None
     assert fresh.loaded == {"batches": 4}
 
 
+@pytest.mark.slow
 def test_import_callbacks_is_cheap() -> None:
     code = (
         "import sys, callbacks; heavy = ('tensorboard', 'rich', 'torchmetrics', 'torch.utils.tensorboard');"

@@ -21,6 +21,8 @@ from callbacks import Callback, LearningRateMonitor, TensorBoardLogger
 from tests.helpers.callback_tools import Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 SCORES = [0.3, 0.7, 0.5]
 
 

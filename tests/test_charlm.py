@@ -83,6 +83,7 @@ def test_ddp_experiment_builds_on_charlm_with_two_processes() -> None:
     assert cfg.trainer.devices == 2 and cfg.data.batch_size * 2 == 32
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_geartrain_experiment_charlm_runs_from_the_command_line(tmp_path: Path) -> None:
     overrides = [f"model.{k}={v}" for k, v in TINY.items()] + [

@@ -237,6 +237,7 @@ def ddp_job(root: str) -> dict[str, Any]:
     return {"state": cb.state_dict(), "files": files, "last_step": trainer.global_step, "world": trainer.world_size}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_rank_zero_writes_in_the_background_and_ranks_agree(tmp_path: Path) -> None:
     rank0, rank1 = spawn(ddp_job, str(tmp_path), world_size=2)

@@ -72,6 +72,7 @@ def test_a_failed_write_is_raised_on_wait_and_on_the_next_save(tmp_path: Path) -
     assert not (tmp_path / "a.ckpt").exists() and not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_process_does_not_exit_before_the_last_write(tmp_path: Path) -> None:
     code = f"""

@@ -14,6 +14,8 @@ import torch
 from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_dirs, run_geartrain
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 ONE_EPOCH = ["task=fit", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
 
 

@@ -19,6 +19,8 @@ import torch
 
 from tests.helpers import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 JOBS = {
     "default": [],  # the full default job: fit 20 epochs, then test
     "smoke": ["trainer.max_epochs=1", "task=fit"],

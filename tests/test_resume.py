@@ -79,6 +79,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_kill_9_at_five_points_then_resume_is_exact(
     tmp_path: Path, workers: str, uninterrupted: dict[str, dict[str, torch.Tensor]]
@@ -96,6 +97,7 @@ def test_kill_9_at_five_points_then_resume_is_exact(
     assert_same_weights(final_weights(tmp_path), uninterrupted[workers])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_0_and_resumes_exactly(
     tmp_path: Path, uninterrupted: dict[str, dict[str, torch.Tensor]]
 ) -> None:
@@ -108,6 +110,7 @@ def test_sigterm_saves_exits_0_and_resumes_exactly(
     assert_same_weights(final_weights(tmp_path), uninterrupted["0"])
 
 
+@pytest.mark.slow
 def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -134,6 +137,7 @@ def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path) -> None:
     proc = start(tmp_path, "--slow-save", "--delay", "0")
     assert proc.stdout is not None
@@ -191,6 +195,7 @@ def ddp_whole(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     return final_weights(whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
@@ -201,6 +206,7 @@ def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path, ddp_whol
     assert_same_weights(final_weights(run), ddp_whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_sigterm_to_the_launcher_saves_on_every_rank_and_exits_0(
     tmp_path: Path, ddp_whole: dict[str, torch.Tensor]
@@ -214,6 +220,7 @@ def test_ddp_sigterm_to_the_launcher_saves_on_every_rank_and_exits_0(
     assert_same_weights(final_weights(tmp_path), ddp_whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
@@ -225,6 +232,7 @@ def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, ddp_wh
     assert_same_weights(final_weights(run), ddp_whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_amp_kill_9_then_resume_is_exact(tmp_path: Path) -> None:
     """bf16 autocast (AMP's CPU default) resumes bit for bit too."""

@@ -76,6 +76,7 @@ def test_accuracy_is_the_share_of_correct_predictions_over_the_whole_set(tmp_pat
     assert metrics["val/loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), abs=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_default_job_imports_neither_scikit_learn_nor_scipy_nor_torchmetrics(tmp_path: Path) -> None:
     # The job as `geartrain trainer.max_steps=1` runs it; the modules are listed when the process exits.
@@ -129,6 +130,7 @@ import user_code
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_freezing_the_startup_objects_keeps_collection_and_the_normal_exit(tmp_path: Path) -> None:
     """torch's import-time objects are frozen; the user's are collected, and the exit is Python's own."""
@@ -146,6 +148,7 @@ def test_freezing_the_startup_objects_keeps_collection_and_the_normal_exit(tmp_p
     assert proc.stdout == "buffered, no newline"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_import_trainer_leaves_heavy_packages_out() -> None:
     code = (

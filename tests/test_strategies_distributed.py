@@ -16,6 +16,8 @@ from tests.helpers.distributed import run_python, spawn
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 SCRIPT = str(Path(__file__).parent / "helpers" / "ddp_script.py")
 
 
