@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf
 
 from callbacks import Callback, LearningRateMonitor, TensorBoardLogger
 from tests.helpers.callback_tools import Scripted, loaders
+from tests.helpers.distributed import free_port
 from tests.helpers.trainers import quiet_trainer
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -43,12 +43,6 @@ class Recorder(Callback):
             self.seen.setdefault(key, []).append((step, float(value)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Recorder, TensorBoardLogger]]:
     root = tmp_path_factory.mktemp("tb")
@@ -67,7 +61,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Re
 
 @pytest.fixture
 def server(run_dir: tuple[Path, Recorder, TensorBoardLogger]) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(run_dir[0]), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--load_fast=false", "--reload_interval", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

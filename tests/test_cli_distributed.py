@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_dirs, run_geartrain
+from tests.helpers.distributed import free_port
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -38,12 +38,6 @@ def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.timeout(300)
