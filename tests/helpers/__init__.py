@@ -1,7 +1,7 @@
 """Helpers shared by the test files (fixtures stay in ``tests/conftest.py``).
 
 - :mod:`tests.helpers.trainers`: :func:`~tests.helpers.trainers.quiet_trainer`, the one quiet CPU trainer.
-- :mod:`tests.helpers.regression`: the tiny regressor and data of the parity tests.
+- :mod:`tests.helpers.regression`: the tiny regressor and data of the parity tests; ``Small``.
 - :mod:`tests.helpers.tiny_mlp`: a small classifier on fixed in-memory batches (training-step tests).
 - :mod:`tests.helpers.callback_tools`: a module with a scripted metric, fake other ranks, a metric recorder.
 - :mod:`tests.helpers.jobs`, :mod:`tests.helpers.distributed`: multi-process jobs and ``spawn``.

@@ -1,4 +1,4 @@
-"""A tiny deterministic regressor and its data, for tests that compare with a hand-written loop.
+"""Tiny deterministic regressors and their data, for tests that compare with a hand-written loop.
 
 Everything here runs on the CPU on purpose: parity tests compare the trainer with a hand-written
 loop bit for bit, which only holds when both run the same kernels on the same device.
