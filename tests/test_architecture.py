@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO_ROOT
 
 PACKAGES = ("trainer", "strategies", "callbacks")
 SOURCES = sorted(p for package in PACKAGES for p in (REPO_ROOT / package).rglob("*.py"))

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback, DeviceStatsMonitor
 from strategies.registry import STRATEGIES, resolve_strategy
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
 from trainer.checkpoint import CheckpointError, load_module_state, save_checkpoint
 from trainer.microbatch import split_batch
@@ -65,10 +66,8 @@ def data(n: int = 48, dim: int = 8, batch_size: int = 16) -> DataLoader:
 
 
 def trainer(**kwargs: Any) -> Trainer:
-    base: dict[str, Any] = dict(
-        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, strategy="single"
-    )
-    return Trainer(**{**base, **kwargs})
+    base: dict[str, Any] = dict(max_epochs=2, strategy="single", num_sanity_val_steps=2)
+    return quiet_trainer(**{**base, **kwargs})
 
 
 def fitted(net_kwargs: dict[str, Any] | None = None, loader: DataLoader | None = None, **kwargs: Any) -> Net:

@@ -15,9 +15,10 @@ import pytest
 import torch
 from torch import nn
 
-from bench.overhead import TinyMLP, make_batches
 from callbacks import Callback
 from strategies import SingleDeviceStrategy, Strategy
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 from trainer.loops.iteration import iterate
 
@@ -91,16 +92,7 @@ class LoggingMLP(TinyMLP):
 def _fit(strategy: Any, callbacks: list[Callback]) -> tuple[Trainer, TinyMLP]:
     torch.manual_seed(0)
     module = LoggingMLP()
-    trainer = Trainer(
-        strategy=strategy,
-        max_epochs=2,
-        log_every_n_steps=3,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        logger=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(callbacks=callbacks, strategy=strategy, max_epochs=2, log_every_n_steps=3)
     trainer.fit(module, train_dataloaders=make_batches(12), val_dataloaders=make_batches(4, seed=1))
     return trainer, module
 
@@ -149,9 +141,9 @@ def test_a_seam_that_does_something_takes_the_general_path() -> None:
     torch.manual_seed(0)
     plain = TinyMLP(log_loss=False)
     for module, strategy in ((doubled, Doubling(device="cpu")), (plain, "single")):
-        Trainer(
-            strategy=strategy, max_steps=1, enable_progress_bar=False, enable_checkpointing=False, logger=False
-        ).fit(module, train_dataloaders=make_batches(1))
+        quiet_trainer(strategy=strategy, num_sanity_val_steps=2, max_steps=1).fit(
+            module, train_dataloaders=make_batches(1)
+        )
     assert not torch.equal(doubled.net[0].weight, plain.net[0].weight)  # the override ran
 
 
@@ -160,7 +152,7 @@ def test_batch_start_returning_minus_one_ends_the_epoch_on_the_plain_path() -> N
         def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
             return -1 if batch_idx == 3 else None
 
-    trainer = Trainer(max_epochs=2, enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=2)
     trainer.fit(StopAtThree(log_loss=False), train_dataloaders=make_batches(6))
     assert trainer.global_step == 2 * 3
 
