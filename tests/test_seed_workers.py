@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from typing_extensions import override
 
 from strategies import SingleDeviceStrategy
-from tests.conftest import quiet_trainer
+from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule, seed_everything
 from trainer.common.rng import WorkerInit
 from trainer.data import add_worker_seeding
