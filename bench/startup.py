@@ -14,7 +14,7 @@ __all__ = ["run_import", "run_startup"]
 
 #: What the default job needs whatever runs it: torch, its bundled data (read with NumPy), and an AdamW
 #: optimizer, whose construction imports ``torch._dynamo`` (``Optimizer.add_param_group`` is wrapped
-#: in ``torch._disable_dynamo``, which imports it on first call: about 1 s of CPU here).
+#: in ``torch._disable_dynamo``, which imports it on first call: the largest part of the start-up, printed by this benchmark).
 _JOB_LIBRARIES = (
     "import numpy, torch; "
     f"d = numpy.load({str(REPO_ROOT / 'examples' / 'data' / 'digits.npz')!r}); d['images'], d['labels']; "

@@ -121,7 +121,7 @@ class ModelCheckpoint(Callback):
     @override
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath = trainer.default_root_dir / "checkpoints"
+            self.dirpath = trainer.checkpointing.default_directory()
 
     @override
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -239,7 +239,7 @@ class ModelCheckpoint(Callback):
                 self.best_model_path = best
                 self.best_model_score = self.best_k_models[best]
         if self.save_last:
-            self.last_model_path = str(self.dirpath / "last.ckpt")
+            self.last_model_path = str(trainer.checkpointing.last_path(self.dirpath))
         # Same state in last.ckpt: a link to (or copy of) the top-k file, not a second serialisation.
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []

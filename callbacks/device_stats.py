@@ -95,7 +95,7 @@ class DeviceStatsMonitor(Callback):
             return  # not a step boundary (accumulating), or not one we log
         self._last_step = step
         stats = self.measure(trainer.strategy.root_device)
-        trainer._emit({k: torch.tensor(v) for k, v in stats.items()}, step - 1)
+        trainer.log_metrics(stats, step - 1)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:

@@ -11,6 +11,7 @@ import torch
 from typing_extensions import override
 
 from callbacks.base import Callback
+from trainer.common.state_dict import to_plain
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -159,8 +160,6 @@ class TensorBoardLogger(Callback):
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
-    from trainer.checkpoint import to_plain
-
     plain = to_plain(config)
     return plain if isinstance(plain, dict) else {}
 

@@ -9,7 +9,7 @@ import torch
 from typing_extensions import override
 
 from callbacks.base import Callback
-from trainer.utils import batch_size_of
+from trainer.common.tree import batch_size_of
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule

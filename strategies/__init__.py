@@ -8,10 +8,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# The trainer package first: strategies.base needs trainer.utils, and trainer imports strategies.base.
-# A process whose first import is strategies.* (a spawned worker unpickling its task) would otherwise
-# hit the cycle half-way.
-import trainer  # noqa: F401
 from strategies.base import Strategy
 from strategies.precision import Precision
 from strategies.single import SingleDeviceStrategy

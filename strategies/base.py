@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from strategies.precision import NULL_CONTEXT, Precision, make_precision
-from trainer.utils import move_to_device
+from trainer.common.state_dict import load_module_state
+from trainer.common.tree import move_to_device
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -38,7 +39,6 @@ class Strategy:
 
     def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None
-        self._precision_arg = precision
         self.precision: Precision = make_precision(precision, self.root_device.type)
         self.module: nn.Module | None = None  # the user's module after setup
         self.model: nn.Module | None = None  # what forward runs through (a wrapper, or the module)
@@ -227,8 +227,6 @@ class Strategy:
     def load_model_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Load a full model state dict into the user's module."""
         assert self.module is not None
-        from trainer.checkpoint import load_module_state
-
         load_module_state(self.module, state, strict=strict)
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

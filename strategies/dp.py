@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -13,13 +13,15 @@ from typing_extensions import override
 
 from strategies.base import Strategy
 from strategies.precision import Precision
-from trainer.utils import apply_to_tensors
+from trainer.common.tree import apply_to_tensors, batch_size_of, is_metric
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
-    from trainer.trainer import Trainer
 
 __all__ = ["DataParallelStrategy"]
+
+#: One ``self.log`` call in a replica: name, value, the replica's batch share, the keyword options.
+_LogCall = tuple[str, Any, int, dict[str, Any]]
 
 
 class DataParallelStrategy(Strategy):
@@ -44,7 +46,7 @@ class DataParallelStrategy(Strategy):
         self._devices: int | str = "auto"
         self.configure(devices=devices)
         super().__init__(precision=precision, device=None)
-        self._records: list[tuple[int, list[tuple[str, Any, dict[str, Any]]]]] = []
+        self._records: list[tuple[int, list[_LogCall]]] = []
         self._lock = threading.Lock()
 
     @override
@@ -91,34 +93,33 @@ class DataParallelStrategy(Strategy):
         return apply_to_tensors(out, lambda t: t.mean() if t.ndim == 1 and t.shape[0] <= replicas else t)
 
     # ----------------------------------------------------------------- logging from replicas
-    def _record(self, device_index: int, records: list[tuple[str, Any, dict[str, Any]]]) -> None:
+    def _record(self, device_index: int, records: list[_LogCall]) -> None:
         with self._lock:
             self._records.append((device_index, records))
 
     def _log_replica_values(self) -> None:
-        """Log each name once: the batch-share-weighted mean of what the replicas logged."""
-        trainer = getattr(self.module, "_trainer", None)
-        if trainer is None:
-            return
+        """Log each name once, through the module's own ``log``: the batch-share-weighted mean of the replicas'."""
+        assert self.module is not None
+        module = cast("TrainModule", self.module)
         grouped: dict[str, list[tuple[torch.Tensor, int]]] = defaultdict(list)
         options: dict[str, dict[str, Any]] = {}
         for _, records in sorted(self._records, key=lambda r: r[0]):
-            for name, value, kwargs in records:
-                share = kwargs.pop("_share")
+            for name, value, share, kwargs in records:
                 grouped[name].append((torch.as_tensor(value).detach().to(self.root_device).float(), share))
                 options[name] = kwargs
+        self._records = []
         for name, values in grouped.items():
             total = sum(share for _, share in values)
             mean = sum(v * share for v, share in values) / total
-            trainer._log(name, mean, **options[name])
-        self._records = []
+            module.log(name, mean, **options[name])
 
 
 class _ReplicaRunner(nn.Module):
     """Runs ``module.<hook>(*args)`` in a replica; on several GPUs it records ``self.log`` calls.
 
-    Each replica is a shallow copy of the module, so pointing the copy's ``_trainer`` at a recorder
-    affects only that replica's thread.
+    Each replica is a shallow copy of the module, so giving the copy an instance attribute ``log``
+    (a :class:`_LogRecorder`'s method, found before ``TrainModule.log``) affects only that replica's
+    thread; ``log_dict`` goes through it too. The strategy merges the records after the step.
     """
 
     def __init__(self, module: nn.Module, strategy: DataParallelStrategy) -> None:
@@ -129,51 +130,55 @@ class _ReplicaRunner(nn.Module):
     @override
     def forward(self, hook: str, *args: Any) -> Any:
         module = self.module
-        trainer = getattr(module, "_trainer", None)
-        if trainer is None or len(self._strategy.device_ids) < 2:
+        if len(self._strategy.device_ids) < 2:
             return getattr(module, hook)(*args)
-        recorder = _LogRecorder(trainer, args[0] if args else None)
-        module._trainer = recorder  # type: ignore[assignment]
+        recorder = _LogRecorder(batch_size_of(args[0]) if args else 1)
+        attributes = vars(module)
+        shadowed = attributes.get("log", _NOTHING)
+        attributes["log"] = recorder.log
         try:
             return getattr(module, hook)(*args)
         finally:
-            module._trainer = trainer
+            if shadowed is _NOTHING:
+                del attributes["log"]
+            else:
+                attributes["log"] = shadowed
             device = next(module.parameters()).device
             self._strategy._record(device.index or 0, recorder.records)
 
 
+_NOTHING = object()
+
+
 class _LogRecorder:
-    """Stands in for the trainer inside a replica: keeps ``self.log`` calls, forwards the rest."""
+    """Stands in for ``TrainModule.log`` inside a replica: keeps each call for the strategy to merge.
 
-    def __init__(self, trainer: Trainer, batch: Any) -> None:
-        from trainer.metrics import is_metric
-        from trainer.utils import batch_size_of
+    Args:
+        share: the replica's number of samples (its weight in the merged mean).
+    """
 
-        self._trainer = trainer
-        self._share = batch_size_of(batch)
-        self._is_metric = is_metric
-        self.records: list[tuple[str, Any, dict[str, Any]]] = []
+    def __init__(self, share: int) -> None:
+        self.share = share
+        self.records: list[_LogCall] = []
 
-    def _log(
+    def log(
         self,
         name: str,
         value: Any,
-        on_step: bool | None,
-        on_epoch: bool | None,
-        prog_bar: bool,
-        sync_dist: bool,
-        reduce_fx: str,
-        batch_size: int | None,
+        *,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+        sync_dist: bool = False,
+        reduce_fx: str = "mean",
+        batch_size: int | None = None,
     ) -> None:
-        """Keep one ``self.log`` call (``Trainer._log``'s arguments) for the strategy to merge."""
-        if self._is_metric(value):
+        """Keep one ``self.log`` call (``TrainModule.log``'s signature)."""
+        if is_metric(value):
             raise RuntimeError(
                 f"self.log({name!r}, <Metric>) in a DataParallel replica: torchmetrics objects cannot be "
                 "updated from replicas. Log a tensor in training_step, or use strategy='ddp'."
             )
         options: dict[str, Any] = dict(on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, sync_dist=sync_dist)
-        options.update(reduce_fx=reduce_fx, batch_size=batch_size, _share=self._share)
-        self.records.append((name, value, options))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._trainer, name)
+        options.update(reduce_fx=reduce_fx, batch_size=batch_size)
+        self.records.append((name, value, self.share, options))

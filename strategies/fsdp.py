@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from strategies.parallel import ParallelStrategy, StepRunner
 from strategies.precision import Precision
+from trainer.common.state_dict import strip_wrapper_prefixes
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -184,8 +185,6 @@ class FSDPStrategy(ParallelStrategy):
     @override
     def load_model_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        from trainer.checkpoint import strip_wrapper_prefixes
 
         assert self.module is not None
         set_model_state_dict(self.module, strip_wrapper_prefixes(state), options=self._options(strict=strict))

@@ -27,6 +27,10 @@ from typing import Any
 
 import torch
 
+from trainer.common.env import STARTED_BY_LAUNCHER
+from trainer.common.errors import Preempted
+from trainer.common.rng import rng_state, set_rng_state
+
 __all__ = [
     "WorkerFailedError",
     "joined_environment",
@@ -116,8 +120,6 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     # pipe payload can leave the parent blocked on the write.
     workdir = tempfile.mkdtemp(prefix="geartrain-launch-")
     payload = os.path.join(workdir, "task.pkl")
-    from trainer.checkpoint import rng_state
-
     with open(payload, "wb") as f:
         # The caller's random state travels too: every worker starts where the caller stands, as
         # every rank of a torchrun job does after the same seed_everything() and the same set-up.
@@ -145,8 +147,6 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     except SignalException as exc:
         # SIGTERM/SIGINT reached this launcher: the agent has passed it on to the workers, which
         # finished their step and saved last.ckpt (the trainer's preemption handling) before exiting.
-        from trainer.loops import Preempted
-
         raise Preempted(f"the launcher received signal {exc.sigval}") from None
     except ChildFailedError as exc:
         failed = ", ".join(str(rank) for rank in sorted(exc.failures))
@@ -171,9 +171,6 @@ def _worker(payload: str) -> bytes | None:
 
 def _run_payload(payload: str) -> bytes | None:
     import torch.distributed as dist
-
-    from trainer.checkpoint import set_rng_state
-    from trainer.trainer import STARTED_BY_LAUNCHER
 
     with open(payload, "rb") as f:
         fn, args, rng = pickle.load(f)

@@ -7,7 +7,6 @@ deferred (:meth:`Strategy.no_backward_sync`).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -22,7 +21,8 @@ from typing_extensions import override
 from strategies.base import Strategy
 from strategies.launch import joined_environment, start_processes
 from strategies.precision import Precision
-from trainer.data import rebuild_dataloader
+from trainer.common.env import seed_from_env
+from trainer.common.loaders import rebuild_dataloader
 
 __all__ = ["EvalShardSampler", "ParallelStrategy", "StepRunner"]
 
@@ -253,7 +253,7 @@ class ParallelStrategy(Strategy):
                 num_replicas=world,
                 rank=self.global_rank,
                 shuffle=isinstance(dataloader.sampler, RandomSampler),
-                seed=int(os.environ.get("GEARTRAIN_SEED", "0")),
+                seed=seed_from_env(),
                 drop_last=dataloader.drop_last,
             )
         else:
@@ -299,10 +299,6 @@ class ParallelStrategy(Strategy):
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
-
-    @override
-    def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
 
     @override
     def __repr__(self) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.common.tree import apply_to_tensors
+
 __all__ = ["NULL_CONTEXT", "PRECISIONS", "HalfPrecision", "MixedPrecision", "Precision", "make_precision"]
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
@@ -126,8 +128,6 @@ class HalfPrecision(Precision):
         return module.to(dtype=self.dtype)
 
     def convert_input(self, batch: Any) -> Any:
-        from trainer.utils import apply_to_tensors
-
         return apply_to_tensors(batch, lambda t: t.to(self.dtype) if t.is_floating_point() else t)
 
 

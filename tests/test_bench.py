@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+import torch
 
 from bench import ddp, gpu_lm
 from bench.__main__ import main as bench_main
 from bench.core import Result, format_table, paired
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
 
 
 def test_paired_alternates_and_takes_the_median_ratio() -> None:
@@ -53,6 +52,7 @@ def test_quick_run_of_in_process_benchmarks(capsys: pytest.CaptureFixture[str]) 
     assert "| benchmark" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_ddp_benchmark_pairs_run_in_two_processes_and_train_alike() -> None:
     out = ddp.measure(quick=True, pairs=1)
@@ -62,12 +62,13 @@ def test_ddp_benchmark_pairs_run_in_two_processes_and_train_alike() -> None:
     assert out["same_weights"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_import_benchmark_runs_as_a_command() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench", "import", "--quick", "--pairs", "1"],
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -89,3 +90,18 @@ def test_gpt2_small_shape_is_124m_parameters() -> None:
         model = gpu_lm.GPT(gpu_lm.GPTConfig(50304, 1024, 12, 12, 768, 0.0))
     assert 123e6 < model.num_parameters() < 126e6
     assert gpu_lm.flops_per_token(model) > 6 * 123e6
+
+
+def test_gpu_check_says_so_and_exits_cleanly_without_cuda(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["gpu_check.py"])
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "bench" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main() == 0
+    assert "CUDA is not available" in capsys.readouterr().out

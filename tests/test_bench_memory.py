@@ -8,6 +8,8 @@ import pytest
 
 from bench import memory
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 @pytest.mark.timeout(180)
 def test_quick_memory_benchmark_measures_both_comparisons() -> None:

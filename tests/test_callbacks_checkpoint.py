@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from callbacks import ModelCheckpoint
-from tests._cb_helpers import NotRankZero, Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import NotRankZero, Scripted, loaders
+from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import load_checkpoint
 
 SCORES = [0.5, 0.8, 0.6, 0.9, 0.7, 0.85]  # val/score per epoch; 4 steps per epoch
@@ -17,7 +18,7 @@ SCORES = [0.5, 0.8, 0.6, 0.9, 0.7, 0.85]  # val/score per epoch; 4 steps per epo
 
 def _fit(tmp_path: Path, cb: ModelCheckpoint, scores: list[float] = SCORES, **kwargs: object) -> None:
     train, val = loaders()
-    trainer = quiet_trainer([cb], max_epochs=len(scores), default_root_dir=tmp_path, **kwargs)
+    trainer = quiet_trainer(tmp_path, [cb], max_epochs=len(scores), **kwargs)
     trainer.fit(Scripted(scores), train, val)
 
 
@@ -107,7 +108,7 @@ def test_interrupted_write_leaves_previous_files_and_no_partial_file(
     scores = [0.5, 0.9]
     cb = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}", monitor="val/score", mode="max", save_last=True)
     train, val = loaders()
-    trainer = quiet_trainer([cb], max_epochs=2, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path, [cb], max_epochs=2)
     real_save = torch.save
     calls = {"n": 0}
 
@@ -134,7 +135,7 @@ def test_interrupted_write_leaves_previous_files_and_no_partial_file(
 def test_only_rank_zero_writes(tmp_path: Path) -> None:
     cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val/score", mode="max", save_last=True)
     train, val = loaders()
-    trainer = quiet_trainer([cb], max_epochs=2, default_root_dir=tmp_path, strategy=NotRankZero(device="cpu"))
+    trainer = quiet_trainer(tmp_path, [cb], max_epochs=2, strategy=NotRankZero(device="cpu"))
     trainer.fit(Scripted([0.1, 0.2]), train, val)
     assert not (tmp_path / "ck").exists()
     assert cb.best_model_score == pytest.approx(0.2)  # the bookkeeping is the same on every rank

@@ -13,9 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import callbacks as cbs
+from tests.helpers import REPO_ROOT
 from trainer.cli import build_callbacks, config_dir
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _build(*overrides: str) -> tuple[Any, list[Any], dict[str, Any]]:
@@ -72,9 +71,10 @@ def test_trainer_switches_still_drop_group_entries() -> None:
     assert "ProgressBar" not in _kinds(built) and "ModelCheckpoint" not in _kinds(built)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cli_run_with_overrides(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     cmd = [sys.executable, "-m", "trainer", "task=fit", "trainer.max_epochs=2", "trainer.limit_train_batches=3"]
     cmd += ["~callbacks.progress_bar"]
     cmd += ["logger=csv", f"hydra.run.dir={tmp_path / 'run'}"]

@@ -8,14 +8,15 @@ import math
 import pytest
 
 from callbacks import EarlyStopping, ModelCheckpoint
-from tests._cb_helpers import OtherRankStrategy, Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import OtherRankStrategy, Scripted, loaders
+from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import load_checkpoint
 
 
 def _run(es: EarlyStopping, scores: list[float], **kwargs: object) -> int:
     """Fit on ``scores`` (val/score per epoch); return the number of epochs that ran."""
     train, val = loaders()
-    trainer = quiet_trainer([es], max_epochs=len(scores), **kwargs)
+    trainer = quiet_trainer(callbacks=[es], max_epochs=len(scores), **kwargs)
     module = Scripted(scores)
     trainer.fit(module, train, val)
     assert trainer.global_step % 4 == 0  # stopped at an epoch boundary, after a whole epoch
@@ -54,7 +55,7 @@ def test_says_why_and_keeps_state_in_checkpoints(tmp_path: object) -> None:
     es = EarlyStopping(monitor="val/score", patience=1, stream=out)
     ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=0, save_last=True)  # type: ignore[arg-type]
     train, val = loaders()
-    quiet_trainer([es, ck], max_epochs=5).fit(Scripted([1.0, 2.0, 0.5, 0.5, 0.5]), train, val)
+    quiet_trainer(callbacks=[es, ck], max_epochs=5).fit(Scripted([1.0, 2.0, 0.5, 0.5, 0.5]), train, val)
     assert out.getvalue() == (
         "EarlyStopping: stopping after epoch 1: val/score did not improve by more than 0.0 for 1 checks; best 1\n"
     )

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassPrecision
 
-from tests._cb_helpers import Recorder, quiet_trainer
+from tests.helpers.callback_tools import Recorder
+from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule
 
 C = 4
@@ -71,7 +72,7 @@ def _accuracy(n: int, epoch: int, start: int = 0) -> float:
 
 def test_metric_and_collection_compute_at_epoch_end_and_reset() -> None:
     recorder = Recorder()
-    trainer = quiet_trainer([recorder], max_epochs=2, log_every_n_steps=1)
+    trainer = quiet_trainer(callbacks=[recorder], max_epochs=2, log_every_n_steps=1)
     module = Scripted()
     trainer.fit(module, _data(N_TRAIN), _data(N_VAL))
     # Per step: the batch's own accuracy.

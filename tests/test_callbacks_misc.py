@@ -25,11 +25,10 @@ from callbacks import (
     Timer,
 )
 from callbacks.base import HOOKS
-from tests._cb_helpers import NotRankZero, Recorder, Scripted, loaders, quiet_trainer
+from tests.helpers import REPO_ROOT
+from tests.helpers.callback_tools import NotRankZero, Recorder, Scripted, loaders
+from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import load_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 # ----------------------------------------------------------------- progress bar
 NUM = r"[-+0-9.e]+"
@@ -38,9 +37,9 @@ NUM = r"[-+0-9.e]+"
 def test_progress_bar_plain_lines() -> None:
     out = io.StringIO()
     train, val = loaders()  # 4 training batches, 2 validation batches
-    quiet_trainer([ProgressBar(refresh_every_n_steps=2, stream=out)], max_epochs=2, num_sanity_val_steps=2).fit(
-        Scripted(), train, val
-    )
+    quiet_trainer(
+        callbacks=[ProgressBar(refresh_every_n_steps=2, stream=out)], max_epochs=2, num_sanity_val_steps=2
+    ).fit(Scripted(), train, val)
     metrics = rf"train/loss={NUM} val/loss={NUM}"
     expected = [
         rf"epoch 0 \| batch 2/4 \| step 2 \| {NUM} it/s \| eta 0:00:\d\d \| train/loss={NUM}",
@@ -64,7 +63,7 @@ def test_progress_bar_in_a_terminal_draws_with_rich() -> None:
 
     out = Tty()
     train, val = loaders()
-    quiet_trainer([ProgressBar(stream=out)], max_epochs=2).fit(Scripted(), train, val)
+    quiet_trainer(callbacks=[ProgressBar(stream=out)], max_epochs=2).fit(Scripted(), train, val)
     text = out.getvalue()
     assert "Epoch 0" in text and "Epoch 1" in text and "4/4" in text and "train/loss=" in text
 
@@ -74,7 +73,7 @@ def test_nothing_is_printed_on_other_ranks(capsys: pytest.CaptureFixture[str], t
     train, val = loaders()
     callbacks = [ProgressBar(refresh_every_n_steps=1, stream=out), ProgressBar(refresh_every_n_steps=1), ModelSummary()]
     callbacks += [EarlyStopping(monitor="val/loss", patience=0), Timer(max_time=0), CSVLogger(save_dir=tmp_path)]
-    trainer = quiet_trainer(callbacks, max_epochs=3, strategy=NotRankZero(device="cpu"))
+    trainer = quiet_trainer(callbacks=callbacks, max_epochs=3, strategy=NotRankZero(device="cpu"))
     trainer.fit(Scripted(), train, val)
     assert trainer.should_stop  # the timer did run and stop training
     assert out.getvalue() == ""
@@ -86,7 +85,7 @@ def test_nothing_is_printed_on_other_ranks(capsys: pytest.CaptureFixture[str], t
 def test_csv_logger_writes_what_loggers_get(tmp_path: Path) -> None:
     recorder, logger = Recorder(), CSVLogger(save_dir=tmp_path)
     train, val = loaders()
-    trainer = quiet_trainer([logger, LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=1)
+    trainer = quiet_trainer(callbacks=[logger, LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=1)
     trainer.fit(Scripted(), train, val)
     assert logger.path == tmp_path / "csv" / "metrics.csv"
     with logger.path.open() as f:
@@ -108,7 +107,7 @@ class StepDecay(Scripted):
 def test_learning_rate_monitor_logs_the_rate_each_logged_step_used() -> None:
     recorder = Recorder()
     train, val = loaders()
-    trainer = quiet_trainer([LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=2)
+    trainer = quiet_trainer(callbacks=[LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=2)
     trainer.fit(StepDecay(), train, val)
     assert recorder.of("lr-SGD") == [(i, pytest.approx(0.1 * 0.5**i)) for i in (1, 3, 5, 7)]
     assert recorder.of("lr-SGD/pg1") == [(i, pytest.approx(0.5**i)) for i in (1, 3, 5, 7)]
@@ -118,7 +117,7 @@ def test_learning_rate_monitor_logs_the_rate_each_logged_step_used() -> None:
 def test_throughput_is_logged_through_the_loggers() -> None:
     recorder = Recorder()
     train, val = loaders()
-    quiet_trainer([ThroughputMonitor(every_n_steps=2), recorder], max_epochs=2).fit(Scripted(), train, val)
+    quiet_trainer(callbacks=[ThroughputMonitor(every_n_steps=2), recorder], max_epochs=2).fit(Scripted(), train, val)
     samples, batches = recorder.of("throughput/samples_per_sec"), recorder.of("throughput/batches_per_sec")
     assert [s for s, _ in samples] == [s for s, _ in batches] == [1, 3, 5, 7]
     for (_, per_sample), (_, per_batch) in zip(samples, batches):
@@ -128,7 +127,7 @@ def test_throughput_is_logged_through_the_loggers() -> None:
 def test_model_summary_table() -> None:
     out = io.StringIO()
     train, val = loaders()
-    quiet_trainer([ModelSummary(stream=out)], max_epochs=1).fit(Scripted(), train, val)
+    quiet_trainer(callbacks=[ModelSummary(stream=out)], max_epochs=1).fit(Scripted(), train, val)
     assert out.getvalue().splitlines() == [
         "  | Name  | Type   | Params",
         "-" * 27,
@@ -152,7 +151,7 @@ def test_timer_stops_cleanly_when_time_is_up(tmp_path: Path) -> None:
     timer = Timer(max_time="00:00:00:25", clock=lambda: now[0], verbose=False)
     ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=0, save_last=True)
     train, val = loaders()
-    trainer = quiet_trainer([Tick(), timer, ck], max_epochs=5)
+    trainer = quiet_trainer(callbacks=[Tick(), timer, ck], max_epochs=5)
     trainer.fit(Scripted(), train, val)
     assert trainer.global_step == 3  # 30 s >= 25 s after the third step
     assert timer.time_elapsed() == 30.0
@@ -193,7 +192,7 @@ def test_every_hook_exists_and_is_called_in_order(tmp_path: Path) -> None:
     each: Any = Each()
     each.calls = []
     train, val = loaders(n_train=16)
-    trainer = quiet_trainer([each], max_epochs=1)
+    trainer = quiet_trainer(callbacks=[each], max_epochs=1)
     trainer.fit(Scripted(), train, val)
     trainer.save_checkpoint(tmp_path / "a.ckpt")
     batch = [
@@ -241,7 +240,7 @@ def test_exception_reaches_on_exception_and_teardown_still_runs() -> None:
 
     train, val = loaders()
     with pytest.raises(RuntimeError, match="boom"):
-        quiet_trainer([Watch()], max_epochs=1).fit(Broken(), train, val)
+        quiet_trainer(callbacks=[Watch()], max_epochs=1).fit(Broken(), train, val)
     assert isinstance(seen[0], RuntimeError) and seen[1:] == ["teardown fit"]
 
 
@@ -261,20 +260,21 @@ def test_callback_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None
             self.loaded = state
 
     train, val = loaders()
-    first = quiet_trainer([Counter()], max_epochs=1)
+    first = quiet_trainer(callbacks=[Counter()], max_epochs=1)
     first.fit(Scripted(), train, val)
     first.save_checkpoint(tmp_path / "c.ckpt")
     fresh = Counter()
-    quiet_trainer([fresh], max_epochs=2).fit(Scripted(), train, val, ckpt_path=tmp_path / "c.ckpt")
+    quiet_trainer(callbacks=[fresh], max_epochs=2).fit(Scripted(), train, val, ckpt_path=tmp_path / "c.ckpt")
     assert fresh.loaded == {"batches": 4}
 
 
+@pytest.mark.slow
 def test_import_callbacks_is_cheap() -> None:
     code = (
         "import sys, callbacks; heavy = ('tensorboard', 'rich', 'torchmetrics', 'torch.utils.tensorboard');"
         "print([m for m in heavy if m in sys.modules]); print(sorted(callbacks.__all__))"
     )
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
     heavy, names = out.stdout.splitlines()
     assert heavy == "[]"

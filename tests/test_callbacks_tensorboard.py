@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,11 @@ import torch
 from omegaconf import OmegaConf
 
 from callbacks import Callback, LearningRateMonitor, TensorBoardLogger
-from tests._cb_helpers import Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import Scripted, loaders
+from tests.helpers.distributed import free_port
+from tests.helpers.trainers import quiet_trainer
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 SCORES = [0.3, 0.7, 0.5]
 
@@ -40,18 +43,14 @@ class Recorder(Callback):
             self.seen.setdefault(key, []).append((step, float(value)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Recorder, TensorBoardLogger]]:
     root = tmp_path_factory.mktemp("tb")
     logger, recorder = TensorBoardLogger(save_dir=root, name="run"), Recorder()
     config = OmegaConf.create({"model": {"lr": 0.1, "hidden": 4}, "seed": 7, "tags": ["a", "b"]})
-    trainer = quiet_trainer([logger, LearningRateMonitor(), recorder], max_epochs=3, log_every_n_steps=1, config=config)
+    trainer = quiet_trainer(
+        callbacks=[logger, LearningRateMonitor(), recorder], max_epochs=3, log_every_n_steps=1, config=config
+    )
     train, val = loaders()
     module = Halving(SCORES)
     trainer.fit(module, train, val)
@@ -62,7 +61,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Re
 
 @pytest.fixture
 def server(run_dir: tuple[Path, Recorder, TensorBoardLogger]) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(run_dir[0]), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--load_fast=false", "--reload_interval", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

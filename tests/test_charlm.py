@@ -14,10 +14,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from examples.charlm import DEFAULT_PATH, VOCAB, CharData, CharLM, decode, encode
-from trainer import Trainer, seed_everything
+from tests.helpers import REPO_ROOT
+from tests.helpers.trainers import quiet_trainer
+from trainer import seed_everything
 from trainer.cli import config_dir
 
-REPO = Path(__file__).resolve().parent.parent
 TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
 
 
@@ -31,9 +32,7 @@ def test_trains_and_prints_a_sample_at_the_end(capsys: pytest.CaptureFixture[str
     seed_everything(0)
     module = CharLM(**TINY, lr=1e-2, warmup_steps=2, sample_chars=40, prompt="The ")
     data = CharData(batch_size=16, block_size=32)
-    trainer = Trainer(
-        max_steps=30, limit_val_batches=2, enable_progress_bar=False, enable_checkpointing=False, logger=False
-    )
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_steps=30, limit_val_batches=2)
     trainer.fit(module, datamodule=data)
     assert float(trainer.callback_metrics["train/loss"]) < math.log(len(VOCAB)) - 0.8  # learnt the letters
     assert math.isfinite(float(trainer.callback_metrics["val/loss"]))
@@ -84,6 +83,7 @@ def test_ddp_experiment_builds_on_charlm_with_two_processes() -> None:
     assert cfg.trainer.devices == 2 and cfg.data.batch_size * 2 == 32
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_geartrain_experiment_charlm_runs_from_the_command_line(tmp_path: Path) -> None:
     overrides = [f"model.{k}={v}" for k, v in TINY.items()] + [
@@ -94,7 +94,7 @@ def test_geartrain_experiment_charlm_runs_from_the_command_line(tmp_path: Path) 
         "model.sample_chars=10",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
         [sys.executable, "-m", "trainer", _experiment_override("charlm"), *overrides],
         cwd=tmp_path,

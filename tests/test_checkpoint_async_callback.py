@@ -15,8 +15,9 @@ from torch.utils.data import DataLoader
 
 import trainer.checkpoint as ckpt
 from callbacks import Callback, ModelCheckpoint
-from tests._cb_helpers import Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import Scripted, loaders
 from tests.helpers.distributed import spawn
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer
 from trainer.checkpoint import CheckpointError, load_checkpoint, place_checkpoint
 
@@ -39,7 +40,7 @@ def _shuffled_train() -> DataLoader:
 def _fit(root: Path, cb: ModelCheckpoint, scores: list[float]) -> tuple[WithMomentum, Trainer]:
     torch.manual_seed(0)
     module = WithMomentum(scores)
-    trainer = quiet_trainer([cb], max_epochs=len(scores), default_root_dir=root)
+    trainer = quiet_trainer(root, [cb], max_epochs=len(scores))
     trainer.fit(module, _shuffled_train(), loaders()[1])
     return module, trainer
 
@@ -122,7 +123,7 @@ def test_last_is_a_hard_link_and_a_later_save_never_writes_into_it(tmp_path: Pat
             seen.append((best.stat().st_ino, (root / "last.ckpt").stat().st_ino))
 
     torch.manual_seed(0)
-    trainer = quiet_trainer([cb, Probe()], max_epochs=4, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path, [cb, Probe()], max_epochs=4)
     trainer.fit(WithMomentum([0.5, 0.9, 0.1, 0.2]), _shuffled_train(), loaders()[1])
     # Epochs 0 and 1: last.ckpt is the top-k file (a copy where this filesystem has no hard links).
     assert (seen[0][0] == seen[0][1] and seen[1][0] == seen[1][1]) is links
@@ -189,7 +190,7 @@ def test_resume_from_an_async_last_ckpt_equals_an_uninterrupted_run(tmp_path: Pa
     _fit(tmp_path, cb, scores[:2])
     torch.manual_seed(123)  # whatever the process did meanwhile: the checkpoint's RNG states win
     resumed_module = WithMomentum(scores)
-    trainer = quiet_trainer([_checkpoint(root, async_save=True)], max_epochs=4, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path, [_checkpoint(root, async_save=True)], max_epochs=4)
     trainer.fit(resumed_module, _shuffled_train(), loaders()[1], ckpt_path=root / "last.ckpt")
 
     for key, value in reference.state_dict().items():
@@ -217,7 +218,7 @@ def test_async_save_returns_before_the_file_is_written(tmp_path: Path, monkeypat
             release.set()
 
     torch.manual_seed(0)
-    trainer = quiet_trainer([cb, Probe()], max_epochs=1, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path, [cb, Probe()], max_epochs=1)
     trainer.fit(WithMomentum([0.5]), _shuffled_train(), loaders()[1])
     assert pending == [True]
     assert _names(root) == {"epoch=0.ckpt", "last.ckpt"}  # and fit returned only once both were there
@@ -230,12 +231,13 @@ def ddp_job(root: str) -> dict[str, Any]:
     cb = _checkpoint(folder, async_save=True)
     torch.manual_seed(0)
     train, val = loaders()
-    trainer = quiet_trainer([cb], strategy="ddp", max_epochs=len(SCORES), default_root_dir=root)
+    trainer = quiet_trainer(root, [cb], strategy="ddp", max_epochs=len(SCORES))
     trainer.fit(WithMomentum(SCORES), train, val)
     files = sorted(p.name for p in folder.iterdir()) if trainer.is_global_zero else []
     return {"state": cb.state_dict(), "files": files, "last_step": trainer.global_step, "world": trainer.world_size}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_rank_zero_writes_in_the_background_and_ranks_agree(tmp_path: Path) -> None:
     rank0, rank1 = spawn(ddp_job, str(tmp_path), world_size=2)

@@ -1,4 +1,4 @@
-"""Checkpoint files: what the default ModelCheckpoint writes, safe loading, resume, clear errors."""
+"""Checkpoint files: what the default ModelCheckpoint writes, safe loading, resume, clear errors, RNG state."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import Regressor, assert_same_weights, make_loader, quiet_trainer, sgd
+from tests.helpers.regression import Regressor, assert_same_weights, make_loader, sgd
+from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
@@ -162,3 +163,19 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path)
         save_checkpoint({"bad": lambda: None}, path)  # a lambda cannot be serialised
     assert [p.name for p in tmp_path.iterdir()] == ["c.ckpt"]
     assert torch.equal(load_checkpoint(path)["x"], torch.ones(1))
+
+
+def test_python_rng_state_is_one_tensor_and_older_list_checkpoints_still_restore() -> None:
+    import random
+
+    from trainer.checkpoint import rng_state, set_rng_state
+
+    random.seed(3)
+    state = rng_state()
+    expected = [random.random() for _ in range(3)]
+    assert isinstance(state["python"][1], torch.Tensor) and state["python"][1].dtype == torch.int64
+    set_rng_state(state)
+    assert [random.random() for _ in range(3)] == expected
+    old_format = {**state, "python": [state["python"][0], state["python"][1].tolist(), state["python"][2]]}
+    set_rng_state(old_format)
+    assert [random.random() for _ in range(3)] == expected

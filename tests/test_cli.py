@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.clitools import run_dirs, run_geartrain
+from tests.helpers.cli import run_dirs, run_geartrain
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,6 +22,7 @@ def final_metrics(stdout: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(r"^\s+(\S+)\s+(-?[\d.]+)\s*$", block, re.MULTILINE)}
 
 
+@pytest.mark.slow
 def test_typo_in_a_key_fails_naming_it(tmp_path: Path) -> None:
     result = run_geartrain("trainer.max_epoch=3", cwd=tmp_path)
     assert result.returncode != 0
@@ -29,6 +30,7 @@ def test_typo_in_a_key_fails_naming_it(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("outputs/*/*/checkpoints"))
 
 
+@pytest.mark.slow
 def test_bad_value_fails_naming_the_key(tmp_path: Path) -> None:
     result = run_geartrain("trainer.max_epochs=abc", cwd=tmp_path)
     assert result.returncode != 0
@@ -36,6 +38,7 @@ def test_bad_value_fails_naming_the_key(tmp_path: Path) -> None:
     assert "abc" in result.stderr
 
 
+@pytest.mark.slow
 def test_unknown_strategy_lists_the_valid_ones(tmp_path: Path) -> None:
     result = run_geartrain("strategy=foo", cwd=tmp_path)
     assert result.returncode != 0
@@ -44,6 +47,7 @@ def test_unknown_strategy_lists_the_valid_ones(tmp_path: Path) -> None:
         assert name in result.stderr
 
 
+@pytest.mark.slow
 def test_help_shows_groups_and_overrides(tmp_path: Path) -> None:
     result = run_geartrain("--help", cwd=tmp_path, timeout=60)
     assert result.returncode == 0
@@ -51,6 +55,7 @@ def test_help_shows_groups_and_overrides(tmp_path: Path) -> None:
         assert text in result.stdout
 
 
+@pytest.mark.slow
 def test_user_project_with_its_own_config_dir(tmp_path: Path) -> None:
     pkg = tmp_path / "my_project"
     pkg.mkdir()
@@ -101,6 +106,7 @@ def test_user_project_with_its_own_config_dir(tmp_path: Path) -> None:
     assert "user/loss" in final_metrics(result.stdout)
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_evaluates_the_newest_run(tmp_path: Path) -> None:
     first = run_geartrain(*QUICK, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -112,6 +118,7 @@ def test_ckpt_path_last_evaluates_the_newest_run(tmp_path: Path) -> None:
     assert final_metrics(second.stdout)["test/acc"] == trained
 
 
+@pytest.mark.slow
 def test_sweep_gives_one_directory_per_job(tmp_path: Path) -> None:
     result = run_geartrain("-m", "optim.lr=0.01,0.003", "task=fit", *QUICK, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -125,6 +132,7 @@ def test_sweep_gives_one_directory_per_job(tmp_path: Path) -> None:
     assert lrs == {0.01, 0.003}
 
 
+@pytest.mark.slow
 def test_submitit_local_launcher_runs_a_job(tmp_path: Path) -> None:
     result = run_geartrain("-m", "hydra/launcher=local", "task=fit", *QUICK, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

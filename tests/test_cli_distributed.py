@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.clitools import REPO, run_dirs, run_geartrain
+from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_dirs, run_geartrain
+from tests.helpers.distributed import free_port
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 ONE_EPOCH = ["task=fit", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
 
@@ -26,7 +29,7 @@ def steps_in(run: Path) -> int:
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *args],
         cwd=cwd,
@@ -35,12 +38,6 @@ def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.timeout(300)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer import Trainer, TrainModule
+from tests.helpers.trainers import quiet_trainer
+from trainer import TrainModule
 from trainer.checkpoint import load_checkpoint
 
 
@@ -49,10 +50,10 @@ def test_compile_trains_like_eager_and_checkpoints_have_plain_keys(tmp_path: Pat
     eager, compiled = Net(), Net()
     compiled.load_state_dict(eager.state_dict())
     keys = list(compiled.state_dict())
-    kwargs: dict[str, Any] = dict(max_epochs=2, enable_progress_bar=False, enable_checkpointing=False, logger=False)
-    Trainer(**kwargs).fit(eager, train_dataloaders=Batches())
+    kwargs: dict[str, Any] = dict(strategy="auto", num_sanity_val_steps=2, max_epochs=2)
+    quiet_trainer(**kwargs).fit(eager, train_dataloaders=Batches())
     # aot_eager: dynamo capture and AOT autograd as inductor gets them, without its C++ build (45 s on 2 cores).
-    trainer = Trainer(**kwargs, compile=True, compile_kwargs={"backend": "aot_eager", "dynamic": False})
+    trainer = quiet_trainer(**kwargs, compile=True, compile_kwargs={"backend": "aot_eager", "dynamic": False})
     before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     trainer.fit(compiled, train_dataloaders=Batches())
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > before  # forward went through dynamo

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 JOBS = {
     "default": [],  # the full default job: fit 20 epochs, then test

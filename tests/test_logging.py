@@ -10,7 +10,8 @@ import torchmetrics
 from torch.nn import functional as F
 
 from callbacks.base import Callback
-from tests.conftest import Regressor, make_dataset, make_loader
+from tests.helpers.regression import Regressor, make_dataset, make_loader
+from trainer.metrics import MetricStore
 
 
 class LogRecorder(Callback):
@@ -259,3 +260,18 @@ def test_log_rejects_non_scalars_and_unknown_reductions(make_trainer: Any) -> No
         make_trainer().validate(M(torch.ones(2)), make_loader(2, 2))
     with pytest.raises(ValueError, match="reduce_fx must be one of"):
         make_trainer().validate(M(1.0, "median"), make_loader(2, 2))
+
+
+def test_metric_sums_accumulate_in_place_and_widen_on_mixed_dtypes() -> None:
+    store = MetricStore(lambda t, op: t)
+    kwargs: dict[str, Any] = dict(on_step=False, on_epoch=True, prog_bar=True, sync_dist=False)
+    store.log("s", torch.tensor(1.5, dtype=torch.bfloat16), reduce_fx="sum", batch_size=lambda: 1, **kwargs)
+    store.log("s", torch.tensor(0.25, dtype=torch.float64), reduce_fx="sum", batch_size=lambda: 1, **kwargs)
+    store.log("m", torch.tensor(2.0), reduce_fx="mean", batch_size=lambda: 3, **kwargs)
+    store.log("m", torch.tensor(4.0), reduce_fx="mean", batch_size=lambda: 1, **kwargs)
+    first = store.epoch_values()
+    assert first["s"].dtype == torch.float64 and float(first["s"]) == 1.75
+    assert float(first["m"]) == pytest.approx(2.5)
+    assert store.prog_bar_keys() == {"s", "m"}
+    store.log("s", torch.tensor(1.0, dtype=torch.float64), reduce_fx="sum", batch_size=lambda: 1, **kwargs)
+    assert float(first["s"]) == 1.75  # an epoch value handed out is not changed by later logging

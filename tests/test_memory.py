@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback, DeviceStatsMonitor
 from strategies.registry import STRATEGIES, resolve_strategy
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
 from trainer.checkpoint import CheckpointError, load_module_state, save_checkpoint
 from trainer.microbatch import split_batch
@@ -65,10 +66,8 @@ def data(n: int = 48, dim: int = 8, batch_size: int = 16) -> DataLoader:
 
 
 def trainer(**kwargs: Any) -> Trainer:
-    base: dict[str, Any] = dict(
-        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, strategy="single"
-    )
-    return Trainer(**{**base, **kwargs})
+    base: dict[str, Any] = dict(max_epochs=2, strategy="single", num_sanity_val_steps=2)
+    return quiet_trainer(**{**base, **kwargs})
 
 
 def fitted(net_kwargs: dict[str, Any] | None = None, loader: DataLoader | None = None, **kwargs: Any) -> Net:
@@ -218,7 +217,7 @@ def test_auto_oom_after_a_partial_backward_keeps_earlier_gradients_of_the_window
     flaky = FlakyNet()
     # Batches of 8 samples, two batches per optimizer step; micro-batches start at 4 after an OOM.
     t = trainer(micro_batch_size="auto", accumulate_grad_batches=2)
-    t._micro_batcher.size = 4  # type: ignore[union-attr]
+    t.micro_batcher.size = 4  # type: ignore[union-attr]
     t.fit(flaky, data(batch_size=8))
     assert flaky.failed and 2 in flaky.seen
     seed_everything(0)
@@ -345,4 +344,4 @@ def test_hydra_trainer_config_carries_the_memory_options() -> None:
     assert isinstance(kwargs, dict)
     t = Trainer(**{str(k): v for k, v in kwargs.items()}, strategy="single")
     assert t.activation_checkpointing == (Block,)
-    assert t._micro_batcher is not None and t._micro_batcher.auto
+    assert t.micro_batcher is not None and t.micro_batcher.auto

@@ -1,33 +1,30 @@
-"""Exact resume, preemption and safe checkpoints, with real processes killed for real."""
+"""Exact resume and preemption, with real processes killed for real (kill -9, SIGTERM, SIGUSR1, DDP).
+
+Bad checkpoint files are in test_checkpoint_errors.py, non-finite losses in test_trainer_nonfinite.py.
+"""
 
 from __future__ import annotations
 
-import errno
 import os
-import pickle
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
-import trainer.checkpoint as ckpt_io
-from trainer import Trainer, TrainModule
-from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from tests.helpers import REPO_ROOT
+from tests.helpers.trainers import quiet_trainer
+from trainer.checkpoint import CheckpointError, load_checkpoint
 
-JOB = Path(__file__).with_name("resume_job.py")
-REPO = JOB.parents[1]
+JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def start(out: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, str(JOB), str(out), *args],
         stdout=subprocess.PIPE,
@@ -82,6 +79,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_kill_9_at_five_points_then_resume_is_exact(
     tmp_path: Path, workers: str, uninterrupted: dict[str, dict[str, torch.Tensor]]
@@ -99,6 +97,7 @@ def test_kill_9_at_five_points_then_resume_is_exact(
     assert_same_weights(final_weights(tmp_path), uninterrupted[workers])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_0_and_resumes_exactly(
     tmp_path: Path, uninterrupted: dict[str, dict[str, torch.Tensor]]
 ) -> None:
@@ -111,6 +110,7 @@ def test_sigterm_saves_exits_0_and_resumes_exactly(
     assert_same_weights(final_weights(tmp_path), uninterrupted["0"])
 
 
+@pytest.mark.slow
 def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -124,7 +124,7 @@ def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+        env={**env, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
     for text in proc.stdout:
@@ -137,6 +137,7 @@ def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path) -> None:
     proc = start(tmp_path, "--slow-save", "--delay", "0")
     assert proc.stdout is not None
@@ -159,186 +160,13 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path)
         load_checkpoint(partial[0])
 
 
-# ----------------------------------------------------------------- bad checkpoints, in process
-class Small(TrainModule):
-    def __init__(self, width: int = 4) -> None:
-        super().__init__()
-        self.layer = nn.Linear(3, width)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-@pytest.fixture
-def good_ckpt(tmp_path: Path) -> Path:
-    module = Small()
-    trainer = Trainer(max_steps=2, enable_progress_bar=False, logger=False, default_root_dir=tmp_path)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
-    trainer.fit(module, data)
-    path = tmp_path / "checkpoints" / "last.ckpt"
-    assert path.is_file()
-    return path
-
-
-def evaluate_with(tmp_path: Path, path: Path, module: TrainModule | None = None) -> None:
-    trainer = Trainer(enable_progress_bar=False, logger=False, default_root_dir=tmp_path / "eval")
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4)
-    trainer.fit(module or Small(), data, ckpt_path=path)
-
-
-def test_truncated_checkpoint(tmp_path: Path, good_ckpt: Path) -> None:
-    cut = tmp_path / "cut.ckpt"
-    cut.write_bytes(good_ckpt.read_bytes()[:200])
-    with pytest.raises(CheckpointError, match="truncated or corrupted"):
-        load_checkpoint(cut)
-
-
-def test_random_bytes(tmp_path: Path) -> None:
-    noise = tmp_path / "noise.ckpt"
-    noise.write_bytes(os.urandom(4096))
-    with pytest.raises(CheckpointError, match="not a readable torch file"):
-        load_checkpoint(noise)
-
-
-def test_not_a_geartrain_checkpoint(tmp_path: Path) -> None:
-    plain = tmp_path / "plain.pt"
-    torch.save({"weight": torch.zeros(2)}, plain)
-    with pytest.raises(CheckpointError, match="not a geartrain checkpoint"):
-        load_checkpoint(plain)
-
-
-def test_newer_format_version(tmp_path: Path, good_ckpt: Path) -> None:
-    state = torch.load(good_ckpt, weights_only=True)
-    state["version"] = ckpt_io.FORMAT_VERSION + 1
-    newer = tmp_path / "newer.ckpt"
-    torch.save(state, newer)
-    with pytest.raises(CheckpointError, match="newer than this geartrain reads"):
-        load_checkpoint(newer)
-
-
-def test_checkpoint_of_a_different_model_lists_keys_and_shapes(tmp_path: Path, good_ckpt: Path) -> None:
-    with pytest.raises(CheckpointError) as info:
-        evaluate_with(tmp_path, good_ckpt, Small(width=5))
-    assert "shape mismatches" in str(info.value)
-    assert "layer.weight: checkpoint (4, 3) vs model (5, 3)" in str(info.value)
-
-    class Renamed(Small):
-        def __init__(self) -> None:
-            super().__init__()
-            self.extra = nn.Linear(1, 1)
-
-    with pytest.raises(CheckpointError) as info:
-        evaluate_with(tmp_path, good_ckpt, Renamed())
-    assert "missing keys (2): extra.bias, extra.weight" in str(info.value)
-
-
-class Payload:
-    """Creates a file when unpickled: what a malicious checkpoint would do."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, (f"touch {self.target}",))
-
-
-def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
-    target = tmp_path / "pwned"
-    evil = tmp_path / "evil.ckpt"
-    with evil.open("wb") as f:
-        pickle.dump({"format": "geartrain", "version": 1, "state_dict": Payload(target)}, f)
-    with pytest.raises(CheckpointError, match="refusing"):
-        load_checkpoint(evil)
-    torch.save({"format": "geartrain", "version": 1, "x": Payload(target)}, tmp_path / "evil2.ckpt")
-    with pytest.raises(CheckpointError, match="refusing"):
-        load_checkpoint(tmp_path / "evil2.ckpt")
-    assert not target.exists()
-
-
-@pytest.fixture
-def disk_full(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """torch.save writes a little, then fails as a full disk does."""
-
-    def failing_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        f.write(b"partial bytes")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(ckpt_io.torch, "save", failing_save)
-    yield
-
-
-def test_disk_full_keeps_the_previous_checkpoint(tmp_path: Path, good_ckpt: Path, disk_full: None) -> None:
-    before = good_ckpt.read_bytes()
-    files_before = sorted(p.name for p in good_ckpt.parent.iterdir())
-    with pytest.raises(CheckpointError, match="No space left on device"):
-        save_checkpoint({"format": "geartrain"}, good_ckpt)
-    assert good_ckpt.read_bytes() == before
-    assert sorted(p.name for p in good_ckpt.parent.iterdir()) == files_before  # no temporary file left
-
-
-# ----------------------------------------------------------------- non-finite losses
-class SpikyModule(Small):
-    """Loss is NaN for the batches listed in ``bad``."""
-
-    def __init__(self, bad: set[int]) -> None:
-        super().__init__()
-        self.bad = bad
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        loss = super().training_step(batch, batch_idx)
-        return loss * float("nan") if batch_idx in self.bad else loss
-
-
-def nan_data() -> torch.utils.data.DataLoader[Any]:
-    g = torch.Generator().manual_seed(3)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 3, generator=g)), batch_size=4)
-
-
-def quiet(**kwargs: Any) -> Trainer:
-    return Trainer(enable_progress_bar=False, logger=False, enable_checkpointing=False, **kwargs)
-
-
-def test_nonfinite_raise_names_epoch_step_and_batch() -> None:
-    with pytest.raises(FloatingPointError, match=r"epoch 0, global step 2, batch 2"):
-        quiet(max_epochs=1, on_nonfinite="raise").fit(SpikyModule({2}), nan_data())
-
-
-def test_nonfinite_skip_drops_exactly_that_step() -> None:
-    torch.manual_seed(0)
-    module = SpikyModule({2, 4})
-    reference = Small()
-    reference.load_state_dict(module.state_dict())
-    trainer = quiet(max_epochs=1, on_nonfinite="skip")
-    trainer.fit(module, nan_data())
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for i, (x,) in enumerate(nan_data()):
-        if i in (2, 4):
-            continue
-        opt.zero_grad()
-        reference.layer(x).pow(2).mean().backward()
-        opt.step()
-    for a, b in zip(module.parameters(), reference.parameters()):
-        assert torch.equal(a, b)
-    assert trainer.global_step == 4
-    assert trainer.progress.nonfinite_skipped == 2
-    assert float(trainer.callback_metrics["train/nonfinite_skipped"]) == 2.0
-
-
-def test_nonfinite_skip_gives_up_after_too_many_in_a_row() -> None:
-    with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
-        quiet(max_epochs=1, on_nonfinite="skip", max_nonfinite_in_a_row=3).fit(SpikyModule({1, 2, 3}), nan_data())
-
-
 # ----------------------------------------------------------------- DDP: 2 processes over gloo
 DDP = ["--strategy", "ddp", "--devices", "2"]
 
 
 def kill_group_at(out: Path, line: str, *args: str) -> None:
     """Start the job in its own process group and SIGKILL the whole group (launcher and workers)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, str(JOB), str(out), *args],
         stdout=subprocess.PIPE,
@@ -367,6 +195,7 @@ def ddp_whole(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     return final_weights(whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
@@ -377,6 +206,7 @@ def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path, ddp_whol
     assert_same_weights(final_weights(run), ddp_whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_sigterm_to_the_launcher_saves_on_every_rank_and_exits_0(
     tmp_path: Path, ddp_whole: dict[str, torch.Tensor]
@@ -390,6 +220,7 @@ def test_ddp_sigterm_to_the_launcher_saves_on_every_rank_and_exits_0(
     assert_same_weights(final_weights(tmp_path), ddp_whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
@@ -401,6 +232,7 @@ def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, ddp_wh
     assert_same_weights(final_weights(run), ddp_whole)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_amp_kill_9_then_resume_is_exact(tmp_path: Path) -> None:
     """bf16 autocast (AMP's CPU default) resumes bit for bit too."""
@@ -417,9 +249,9 @@ def test_amp_kill_9_then_resume_is_exact(tmp_path: Path) -> None:
 
 def test_ranks_agree_on_preemption_about_every_half_second(monkeypatch: pytest.MonkeyPatch) -> None:
     """The agreement collective carries [signal, proposed interval]; every rank takes the maximum of each."""
-    import trainer.trainer as trainer_module
+    import trainer.preemption as preemption_module
     from strategies import SingleDeviceStrategy
-    from trainer.loops import PREEMPT_CHECK_MAX_STEPS, PREEMPT_CHECK_SECONDS
+    from trainer.preemption import PREEMPT_CHECK_MAX_STEPS, PREEMPT_CHECK_SECONDS
 
     other_rank = torch.tensor([0, 0])  # what the other rank puts in
 
@@ -433,41 +265,26 @@ def test_ranks_agree_on_preemption_about_every_half_second(monkeypatch: pytest.M
             return torch.maximum(tensor, other_rank)
 
     clock = [100.0]
-    monkeypatch.setattr(trainer_module.time, "monotonic", lambda: clock[0])
-    trainer = Trainer(strategy=TwoRanks(device="cpu"), logger=False, enable_progress_bar=False)
-    trainer._install_preemption_handlers()
-    trainer._restore_signal_handlers()
+    monkeypatch.setattr(preemption_module.time, "monotonic", lambda: clock[0])
+    trainer = quiet_trainer(strategy=TwoRanks(device="cpu"), num_sanity_val_steps=2, enable_checkpointing=True)
+    preemption = trainer.preemption
+    preemption.install(trainer.strategy)
+    preemption.restore()
     try:
-        assert trainer._preempt_agree
-        assert not trainer._preemption_requested()
-        assert trainer._next_preempt_check == 1  # the first agreement measures nothing yet: next step
+        assert preemption.agree
+        assert not preemption.requested(trainer.global_step)
+        assert preemption.next_check == 1  # the first agreement measures nothing yet: next step
         trainer.progress.global_step, clock[0] = 51, 101.0  # 50 steps in one second
-        assert not trainer._preemption_requested()
-        assert trainer._next_preempt_check == 51 + int(50 * PREEMPT_CHECK_SECONDS)
+        assert not preemption.requested(trainer.global_step)
+        assert preemption.next_check == 51 + int(50 * PREEMPT_CHECK_SECONDS)
         other_rank[1] = 400  # the other rank measured faster steps: the larger proposal wins
         trainer.progress.global_step, clock[0] = 101, 102.0
-        assert not trainer._preemption_requested()
-        assert trainer._next_preempt_check == 101 + 400
+        assert not preemption.requested(trainer.global_step)
+        assert preemption.next_check == 101 + 400
         trainer.progress.global_step, clock[0] = 10**6, 102.5  # absurdly fast: capped
         other_rank[:] = torch.tensor([int(signal.SIGTERM), 0])  # and the signal reached only the other rank
-        assert trainer._preemption_requested()
-        assert trainer._preempt_signal == signal.SIGTERM
-        assert trainer._next_preempt_check == 10**6 + PREEMPT_CHECK_MAX_STEPS
+        assert preemption.requested(trainer.global_step)
+        assert preemption.signal == signal.SIGTERM
+        assert preemption.next_check == 10**6 + PREEMPT_CHECK_MAX_STEPS
     finally:
-        trainer._restore_signal_handlers()
-
-
-def test_python_rng_state_is_one_tensor_and_older_list_checkpoints_still_restore() -> None:
-    import random
-
-    from trainer.checkpoint import rng_state, set_rng_state
-
-    random.seed(3)
-    state = rng_state()
-    expected = [random.random() for _ in range(3)]
-    assert isinstance(state["python"][1], torch.Tensor) and state["python"][1].dtype == torch.int64
-    set_rng_state(state)
-    assert [random.random() for _ in range(3)] == expected
-    old_format = {**state, "python": [state["python"][0], state["python"][1].tolist(), state["python"][2]]}
-    set_rng_state(old_format)
-    assert [random.random() for _ in range(3)] == expected
+        preemption.restore()

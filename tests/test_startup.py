@@ -14,8 +14,9 @@ import torch
 from torchmetrics.classification import MulticlassAccuracy
 
 from examples.digits import DIGITS_PATH, DigitsClassifier, DigitsData, load_digits
-from tests.conftest import REPO_ROOT
-from trainer import Trainer, seed_everything
+from tests.helpers import REPO_ROOT
+from tests.helpers.trainers import quiet_trainer
+from trainer import seed_everything
 
 #: Imported by the default job before its data moved into the repository; each cost start-up time.
 HEAVY = ("sklearn", "scipy", "torchmetrics")
@@ -58,9 +59,7 @@ def test_accuracy_is_the_share_of_correct_predictions_over_the_whole_set(tmp_pat
     seed_everything(0)
     module = DigitsClassifier()
     data = DigitsData()
-    trainer = Trainer(
-        max_steps=5, logger=False, enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path
-    )
+    trainer = quiet_trainer(tmp_path, strategy="auto", num_sanity_val_steps=2, max_steps=5)
     trainer.fit(module, datamodule=data)
     metrics = trainer.validate(module, datamodule=data)
     assert data.val_set is not None
@@ -77,6 +76,7 @@ def test_accuracy_is_the_share_of_correct_predictions_over_the_whole_set(tmp_pat
     assert metrics["val/loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), abs=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_default_job_imports_neither_scikit_learn_nor_scipy_nor_torchmetrics(tmp_path: Path) -> None:
     # The job as `geartrain trainer.max_steps=1` runs it; the modules are listed when the process exits.
@@ -130,6 +130,7 @@ import user_code
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_freezing_the_startup_objects_keeps_collection_and_the_normal_exit(tmp_path: Path) -> None:
     """torch's import-time objects are frozen; the user's are collected, and the exit is Python's own."""
@@ -145,3 +146,18 @@ def test_freezing_the_startup_objects_keeps_collection_and_the_normal_exit(tmp_p
     assert (tmp_path / "atexit.txt").read_text() == "done"
     assert (tmp_path / "unclosed.txt").read_text() == "kept"
     assert proc.stdout == "buffered, no newline"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_import_trainer_leaves_heavy_packages_out() -> None:
+    code = (
+        "import sys, trainer, strategies, callbacks; "
+        "print(','.join(m for m in ('tensorboard', 'torchmetrics', 'hydra', 'rich', 'sklearn', 'omegaconf') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

@@ -12,10 +12,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from tests.helpers import jobs
-from tests.helpers.distributed import clean_distributed_env, run_python, spawn
+from tests.helpers.distributed import run_python, spawn
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer
 
-__all__ = ["clean_distributed_env"]
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 SCRIPT = str(Path(__file__).parent / "helpers" / "ddp_script.py")
 
@@ -65,7 +66,7 @@ def test_fsdp_two_ranks_match_one_process_and_checkpoint_is_full(
     optimizer.load_state_dict(ckpt["optimizers"][0])
     assert len(optimizer.state) == len(list(plain.parameters()))
     # Evaluation under FSDP (full weights gathered once, unpadded shards) equals one process.
-    trainer = Trainer(strategy="single", enable_progress_bar=False, logger=False, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path, strategy="single", num_sanity_val_steps=2, enable_checkpointing=True)
     expected = trainer.validate(plain, DataLoader(jobs.dataset(37, seed=2), batch_size=5))
     assert two_ranks[0]["fsdp_val"]["val/acc"] == expected["val/acc"]
 
@@ -82,7 +83,7 @@ def test_fsdp_fp16_ranks_skip_an_overflow_together(two_ranks: list[dict[str, Any
 def test_ddp_validation_on_odd_sized_data_equals_one_process(two_ranks: list[dict[str, Any]], tmp_path: Path) -> None:
     module = jobs.BlockNet()
     module.load_state_dict(two_ranks[0]["ddp_weights"])
-    trainer = Trainer(strategy="single", enable_progress_bar=False, logger=False, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path, strategy="single", num_sanity_val_steps=2, enable_checkpointing=True)
     expected = trainer.validate(module, DataLoader(jobs.dataset(37, seed=2), batch_size=5))
     for rank in two_ranks:
         # 37 samples: rank 0 sees 19, rank 1 sees 18, none twice; torchmetrics sums counts exactly and

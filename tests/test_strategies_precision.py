@@ -1,8 +1,9 @@
 """Mixed precision on CPU: fp16 with a GradScaler (unscale before clipping, skipped overflow steps,
-scaler state in checkpoints) and bf16 autocast that trains."""
+scaler state in checkpoints), bf16 autocast that trains, and the shared do-nothing contexts."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
-from strategies import AMPStrategy
+from strategies import AMPStrategy, SingleDeviceStrategy
 from strategies.precision import MixedPrecision
 from tests.helpers import jobs
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 
 
@@ -51,12 +53,10 @@ class WeightHistory(Callback):
 def _fp16_trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
     # A small initial scale: the default 65536 overflows float16 (max 65504) on the very first step.
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    return Trainer(
+    return quiet_trainer(
+        tmp_path,
         strategy=AMPStrategy(precision=MixedPrecision(torch.float16, "cpu", scaler), device="cpu"),
-        enable_progress_bar=False,
-        logger=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
+        enable_checkpointing=True,
         **kwargs,
     )
 
@@ -87,7 +87,7 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler(tmp_path: Path) -> None:
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     assert scheduler.last_epoch == 2
     # The scaler halved its scale on the overflow; that state is part of every checkpoint.
-    assert trainer._checkpoint_state()["precision"]["scaler"]["scale"] == 512.0
+    assert trainer.checkpointing.state()["precision"]["scaler"]["scale"] == 512.0
     saved = torch.load(trainer.checkpoint_callback.last_model_path, weights_only=True)  # type: ignore[union-attr]
     assert saved["precision"]["scaler"]["scale"] == 512.0
     # ... and a resumed run gets it back.
@@ -114,16 +114,18 @@ def test_bf16_mixed_trains_and_is_the_amp_default_on_cpu(tmp_path: Path) -> None
             return float(nn.functional.cross_entropy(module(data.tensors[0]), data.tensors[1]))
 
     before = full_loss()
-    trainer = Trainer(
-        strategy=AMPStrategy(device="cpu"),
-        max_epochs=5,
-        enable_progress_bar=False,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, strategy=AMPStrategy(device="cpu"), num_sanity_val_steps=2, max_epochs=5)
     assert trainer.strategy.precision.name == "bf16-mixed"
     trainer.fit(module, DataLoader(data, batch_size=16, shuffle=True))
     assert module.dtypes == {torch.bfloat16}
     assert module.head.weight.dtype == torch.float32  # mixed: the weights stay float32
     assert full_loss() < 0.7 * before
+
+
+def test_contexts_are_shared_do_nothing_objects_and_autocast_still_applies() -> None:
+    strategy = SingleDeviceStrategy(device="cpu")
+    assert strategy.forward_context() is strategy.forward_context()
+    assert isinstance(strategy.no_backward_sync(True), contextlib.nullcontext)
+    mixed = MixedPrecision(torch.bfloat16, "cpu")
+    with mixed.forward_context():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16

@@ -25,10 +25,8 @@ from strategies.launch import first_host, joined_environment, slurm_environment
 from strategies.parallel import EvalShardSampler
 from strategies.registry import resolve_strategy
 from tests.helpers import jobs
-from tests.helpers.distributed import REPO_ROOT, clean_distributed_env
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, seed_everything
-
-__all__ = ["clean_distributed_env"]
 
 
 @pytest.mark.parametrize(
@@ -121,14 +119,14 @@ def test_data_parallel_on_cpu_is_bitwise_single_device(tmp_path: Path) -> None:
     def run(strategy: str) -> tuple[dict[str, torch.Tensor], Trainer]:
         seed_everything(3)
         module = jobs.BlockNet()
-        trainer = Trainer(
+        trainer = quiet_trainer(
+            tmp_path / strategy,
             strategy=strategy,
+            num_sanity_val_steps=2,
+            enable_checkpointing=True,
             max_epochs=2,
             gradient_clip_val=0.5,
             accumulate_grad_batches=2,
-            enable_progress_bar=False,
-            logger=False,
-            default_root_dir=tmp_path / strategy,
         )
         data = jobs.dataset(64)
         trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=16))
@@ -150,21 +148,6 @@ def test_strategies_package_exports() -> None:
     assert strategies.DDPStrategy is DDPStrategy and strategies.FSDPStrategy is FSDPStrategy
 
 
-def test_gpu_check_says_so_and_exits_cleanly_without_cuda(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import importlib.util
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr("sys.argv", ["gpu_check.py"])
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "bench" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    assert gpu_check.main() == 0
-    assert "CUDA is not available" in capsys.readouterr().out
-
-
 def test_data_parallel_replica_logs_are_averaged_and_logged_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """What two GPU replicas would do, run by hand on CPU: each logs, the strategy logs the mean once."""
     from strategies.dp import _ReplicaRunner
@@ -173,8 +156,9 @@ def test_data_parallel_replica_logs_are_averaged_and_logged_once(monkeypatch: py
         def __init__(self) -> None:
             self.calls: list[tuple[str, float, dict[str, object]]] = []
 
-        def _log(self, name: str, value: torch.Tensor, **kwargs: object) -> None:
-            self.calls.append((name, float(value), kwargs))
+        def _log(self, name: str, value: torch.Tensor, *args: object) -> None:  # TrainModule.log passes these
+            keys = ("on_step", "on_epoch", "prog_bar", "sync_dist", "reduce_fx", "batch_size")
+            self.calls.append((name, float(value), dict(zip(keys, args))))
 
     strategy = DataParallelStrategy()
     monkeypatch.setattr(DataParallelStrategy, "device_ids", property(lambda self: [0, 1]))

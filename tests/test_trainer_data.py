@@ -7,10 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
-from tests.conftest import Regressor, assert_same_weights, make_dataset, make_loader, plain_copy, sgd
+from tests.helpers.regression import Regressor, assert_same_weights, make_dataset, make_loader, plain_copy, sgd
+from tests.helpers.tiny_mlp import Batches, TinyMLP, make_batches
+from tests.helpers.trainers import quiet_trainer
 from trainer import DataModule
 
 
@@ -35,6 +38,17 @@ def test_validate_and_test_return_hand_computed_metrics(make_trainer: Any) -> No
     assert trainer.validate(module, make_loader(10, 4)) == {"val_loss": pytest.approx(expected, rel=1e-6)}
     assert trainer.test(module, make_loader(10, 4)) == {"test_loss": pytest.approx(expected, rel=1e-6)}
     assert trainer.global_step == 0
+
+
+def test_validate_mean_matches_hand_computed() -> None:
+    batches = Batches([(x[: 10 + i], y[: 10 + i]) for i, (x, y) in enumerate(make_batches(5).batches)])
+    torch.manual_seed(0)
+    model = TinyMLP()
+    result = quiet_trainer(strategy="auto", num_sanity_val_steps=2).validate(model, dataloaders=batches)
+    with torch.no_grad():
+        losses = [nn.functional.cross_entropy(model.net(x), y).double() * len(x) for x, y in batches]
+    expected = float(sum(losses) / sum(len(x) for x, _ in batches))
+    assert result["val/loss"] == pytest.approx(expected, rel=1e-6)
 
 
 class RecordingData(DataModule):

@@ -7,8 +7,10 @@ from typing import Any
 import torch
 
 from callbacks.base import HOOKS, Callback
-from tests.conftest import Regressor, make_loader
-from trainer import TrainModule
+from tests.helpers.regression import Regressor, make_loader
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
+from tests.helpers.trainers import quiet_trainer
+from trainer import Trainer, TrainModule
 
 MODULE_HOOKS = [name for name in vars(TrainModule) if name.startswith("on_")] + ["setup", "teardown"]
 STEPS = ["training_step", "validation_step", "test_step", "predict_step", "configure_optimizers"]
@@ -195,3 +197,42 @@ def test_train_and_eval_modes_and_gradients_per_stage(make_trainer: Any) -> None
         ("predict", False, False, False),
     ]
     assert module.training
+
+
+def test_loss_equal_to_minus_one_does_not_end_the_epoch() -> None:
+    """Only ``on_train_batch_start`` returning -1 ends an epoch; a loss tensor of -1 must not."""
+
+    class MinusOne(TinyMLP):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return (self.net(batch[0]) * 0).sum() - 1.0
+
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1)
+    trainer.fit(MinusOne(), train_dataloaders=make_batches(4))
+    assert trainer.global_step == 4
+
+
+def test_hooks_dispatch_module_then_callbacks_in_order() -> None:
+    calls: list[str] = []
+
+    class Recorder(Callback):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_before_zero_grad(self, trainer: Trainer, module: TrainModule, optimizer: Any) -> None:
+            calls.append(self.name)
+
+    class Module(TinyMLP):
+        def on_before_zero_grad(self, optimizer: Any) -> None:
+            calls.append("module")
+
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+            return -1 if batch_idx == 2 else None
+
+    module = Module()
+    module.on_after_backward = lambda: calls.append("instance")  # type: ignore[method-assign]
+    trainer = quiet_trainer(
+        callbacks=[Recorder("a"), Recorder("b")], strategy="auto", num_sanity_val_steps=2, max_epochs=1
+    )
+    trainer.fit(module, train_dataloaders=make_batches(5))
+    assert trainer.global_step == 2  # the module's -1 ended the epoch at batch 2
+    assert calls == ["instance", "module", "a", "b"] * 2

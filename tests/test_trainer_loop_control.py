@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from callbacks.base import Callback
-from tests.conftest import Regressor, make_loader
+from tests.helpers.regression import Regressor, make_loader
 from trainer import Trainer
 
 

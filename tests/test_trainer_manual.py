@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from callbacks.base import Callback
-from tests.conftest import Regressor, assert_same_weights, make_loader, plain_copy, sgd
+from tests.helpers.regression import Regressor, assert_same_weights, make_loader, plain_copy, sgd
 
 
 def two_optimizers(net: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer, Any]:

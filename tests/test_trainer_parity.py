@@ -2,7 +2,8 @@
 
 Each test trains a :class:`Regressor` with the trainer and a deep copy of its network with a plain
 loop that does what DESIGN.md's step says (loss / k, backward, clip, step, schedulers, zero_grad),
-then compares every parameter with ``torch.equal``.
+then compares every parameter with ``torch.equal``; the last one does the same with a
+:class:`~tests.helpers.tiny_mlp.TinyMLP` on in-memory batches.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from tests.conftest import Regressor, assert_same_weights, make_loader, plain_copy, sgd
+from tests.helpers.regression import Regressor, assert_same_weights, make_loader, plain_copy, sgd
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
+from tests.helpers.trainers import quiet_trainer
 
 
 def reference_fit(
@@ -211,3 +214,20 @@ def test_plateau_scheduler_steps_only_in_epochs_that_validated(make_trainer: Any
     reference_fit(net, make_loader(10, 4), opt, epochs=6, after_epoch=after_epoch)
     assert_same_weights(module.net, net)
     assert trainer.optimizers[0].param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.05 * 0.5**2
+
+
+def test_fit_matches_hand_written_loop_bitwise() -> None:
+    batches = make_batches(30)
+    torch.manual_seed(0)
+    ours = TinyMLP()
+    torch.manual_seed(0)
+    theirs = TinyMLP()
+    quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=2).fit(ours, train_dataloaders=batches)
+    optimizer = torch.optim.SGD(theirs.parameters(), lr=0.05)
+    for _ in range(2):
+        for x, y in batches:
+            nn.functional.cross_entropy(theirs.net(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()):
+        assert torch.equal(a, b)

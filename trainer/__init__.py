@@ -1,10 +1,38 @@
 """geartrain's trainer: the loop and the user-facing API.
 
 >>> from trainer import Trainer, TrainModule, DataModule, seed_everything
+
+The names are imported on first use, so importing a submodule (``trainer.common.tree``, which the
+strategies and callbacks use) does not import the Trainer, and through it the strategies and callbacks.
 """
 
-from trainer.module import DataModule, TrainModule
-from trainer.trainer import Trainer
-from trainer.utils import seed_everything
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.module import DataModule, TrainModule
+    from trainer.trainer import Trainer
+    from trainer.utils import seed_everything
 
 __all__ = ["DataModule", "TrainModule", "Trainer", "seed_everything"]
+
+_LAZY = {
+    "DataModule": "trainer.module",
+    "TrainModule": "trainer.module",
+    "Trainer": "trainer.trainer",
+    "seed_everything": "trainer.utils",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later look-ups find it without calling this again
+        return value
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

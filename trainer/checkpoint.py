@@ -1,8 +1,12 @@
-"""Checkpoint files: atomic writes, safe loads, clear errors, and state-dict loading without prefixes.
+"""Checkpoint files: atomic writes, safe loads, clear errors.
 
 A checkpoint is one dict of tensors and plain containers of numbers and strings, so it loads with
 ``torch.load(path, weights_only=True)``: loading never runs pickled code. What goes into it is
 assembled in one place, ``Trainer._checkpoint_state``; this module only reads and writes it.
+
+State-dict loading without wrapper prefixes and the RNG state live in the leaf
+(:mod:`trainer.common.state_dict`, :mod:`trainer.common.rng`), which strategies import too; their
+names stay importable from here.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -21,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+
+from trainer.common.errors import CheckpointError
+from trainer.common.rng import rng_state, set_rng_state
+from trainer.common.state_dict import load_module_state, plain_state_dict, strip_wrapper_prefixes, to_plain
+from trainer.common.tree import apply_to_tensors
 
 __all__ = [
     "FORMAT_NAME",
@@ -43,11 +50,6 @@ __all__ = [
 
 FORMAT_NAME = "geartrain"
 FORMAT_VERSION = 1
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written, read, or applied; the message says which file and why."""
 
 
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -185,8 +187,6 @@ def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = 
             new memory (fresh memory costs page faults, often more than the copy). On return it holds
             this snapshot's tensors, for the next call.
     """
-    from trainer.utils import apply_to_tensors
-
     old = list(reuse) if reuse is not None else []
     new: list[torch.Tensor] = []
 
@@ -374,122 +374,6 @@ def _pickled_imports(path: Path) -> list[str]:
     except Exception:
         return []
     return [n for n in dict.fromkeys(names) if not n.startswith(_SAFE_IMPORTS)]
-
-
-def plain_state_dict(obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``obj`` if it is a plain state dict (str -> tensor), or the one it holds under a usual key."""
-    if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
-        return dict(obj)
-    for key in ("state_dict", "model_state_dict", "model"):
-        inner = obj.get(key)
-        if isinstance(inner, Mapping) and "format" not in obj:
-            return plain_state_dict(inner)
-    return None
-
-
-def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
-    """Drop the ``module.`` / ``_orig_mod.`` prefixes DataParallel, DDP and torch.compile add to keys."""
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        changed = True
-        while changed:
-            changed = False
-            for prefix in _WRAPPER_PREFIXES:
-                if key.startswith(prefix):
-                    key, changed = key[len(prefix) :], True
-        out[key] = value
-    return out
-
-
-def load_module_state(module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
-    """Load ``state`` into ``module``, ignoring wrapper prefixes; on mismatch, list what differs.
-
-    A key is used as it is when the module has it, else without the prefixes DataParallel, DDP and
-    ``torch.compile`` add (``module.``, ``_orig_mod.``, also inside the key), so a module whose own
-    attribute is called ``module`` still loads its own state dict.
-    """
-    own = module.state_dict()
-    state = {_match_key(key, own): value for key, value in state.items()}
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = [
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in sorted(set(own) & set(state))
-        if isinstance(state[k], torch.Tensor) and state[k].shape != own[k].shape
-    ]
-    if shapes or (strict and (missing or unexpected)):
-        lines = [f"The checkpoint does not match {type(module).__name__}:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:20])}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}")
-        if shapes:
-            lines.append(f"  shape mismatches ({len(shapes)}): {'; '.join(shapes[:20])}")
-        raise CheckpointError("\n".join(lines))
-    module.load_state_dict(state, strict=strict)
-
-
-def _match_key(key: str, own: Mapping[str, Any]) -> str:
-    """``key`` as the module names it: wrapper prefixes dropped one at a time until it matches."""
-    candidate = key.replace("._orig_mod.", ".")
-    while candidate not in own:
-        prefix = next((p for p in _WRAPPER_PREFIXES if candidate.startswith(p)), None)
-        if prefix is None:
-            return key  # no match: reported under its own name
-        candidate = candidate[len(prefix) :]
-    return candidate
-
-
-def to_plain(obj: Any) -> Any:
-    """Turn ``obj`` into tensors, numbers, strings and plain containers (others become their repr)."""
-    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
-        return obj
-    if isinstance(obj, Mapping):
-        return {str(k): to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    try:  # OmegaConf containers
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return to_plain(OmegaConf.to_container(obj, resolve=True))
-    except ImportError:  # pragma: no cover - hydra is a dependency
-        pass
-    return repr(obj)
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's Python, NumPy, torch CPU and CUDA generator states, as plain data."""
-    import numpy as np
-
-    version, mt, gauss = random.getstate()
-    np_state: Any = np.random.get_state()
-    state: dict[str, Any] = {
-        # One int64 tensor, not 625 Python ints: pickling each int cost a third of a small checkpoint.
-        "python": [version, torch.tensor(mt, dtype=torch.int64), gauss],
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
-    import numpy as np
-
-    version, mt, gauss = state["python"]
-    if isinstance(mt, torch.Tensor):  # (checkpoints before 2026-11-30 hold a list of ints)
-        mt = mt.tolist()
-    random.setstate((version, tuple(mt), gauss))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -203,4 +203,8 @@ def freeze_startup_objects() -> None:
     """
     import gc
 
+    # The package imports its names lazily: import the Trainer (torch, the loops, the callbacks' base)
+    # now, so that what every run imports anyway is made before the freeze and is among the frozen.
+    import trainer.trainer  # noqa: F401
+
     gc.freeze()

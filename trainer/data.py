@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from trainer.checkpoint import rng_state, set_rng_state
+from trainer.common.env import SEED_WORKERS, seed_from_env
+from trainer.common.loaders import rebuild_dataloader
+from trainer.common.rng import WorkerInit, rng_state, set_rng_state
 
-__all__ = ["ResumableBatchSampler", "SampleSeededDataset", "make_resumable", "rebuild_dataloader"]
+__all__ = ["ResumableBatchSampler", "SampleSeededDataset", "add_worker_seeding", "make_resumable", "rebuild_dataloader"]
 
 
 class SampleSeededDataset(Dataset[Any]):
@@ -126,38 +128,6 @@ def _set_sampler_state(batch_sampler: Any, state: dict[str, Any]) -> None:
         generator.set_state(state["generator"])
 
 
-def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[Any]:
-    """A new ``DataLoader`` with ``loader``'s settings and ``changes`` applied.
-
-    Giving ``sampler`` or ``batch_sampler`` replaces the batching (the original batch size and
-    ``drop_last`` are kept when only ``sampler`` is given).
-    """
-    kwargs: dict[str, Any] = {
-        "dataset": loader.dataset,
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-        "pin_memory_device": loader.pin_memory_device,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
-    if "batch_sampler" in changes:
-        pass
-    elif "sampler" in changes or loader.batch_sampler is None:
-        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
-    else:
-        kwargs["batch_sampler"] = loader.batch_sampler
-    kwargs.update(changes)
-    return DataLoader(**kwargs)
-
-
 def make_resumable(loader: Iterable[Any] | None) -> Iterable[Any] | None:
     """Wrap a map-style ``DataLoader``'s batch sampler in :class:`ResumableBatchSampler`.
 
@@ -171,5 +141,22 @@ def make_resumable(loader: Iterable[Any] | None) -> Iterable[Any] | None:
         return loader
     changes: dict[str, Any] = {"batch_sampler": ResumableBatchSampler(loader.batch_sampler)}
     if loader.num_workers > 0 and not loader.persistent_workers:
-        changes["dataset"] = SampleSeededDataset(loader.dataset, int(os.environ.get("GEARTRAIN_SEED", "0")))
+        changes["dataset"] = SampleSeededDataset(loader.dataset, seed_from_env())
     return rebuild_dataloader(loader, **changes)
+
+
+def add_worker_seeding(loader: Iterable[Any] | None, rank: int) -> Iterable[Any] | None:
+    """Seed a DataLoader's worker processes from (base seed, worker id, ``rank``) if asked to.
+
+    Asked to means ``seed_everything(workers=True)`` (the ``GEARTRAIN_SEED_WORKERS`` variable is
+    "1"); then a ``DataLoader`` with worker processes is rebuilt with a :class:`WorkerInit` as its
+    ``worker_init_fn``, chaining the one it had, which is called after the seeding. Anything
+    else (no workers, not a ``DataLoader``, seeding not asked for, already seeded) is returned as
+    it is. In training with non-persistent workers :func:`make_resumable` then seeds every sample
+    on top, from (seed, epoch, index), which keeps exact resume.
+    """
+    if os.environ.get(SEED_WORKERS) != "1" or not isinstance(loader, DataLoader) or loader.num_workers == 0:
+        return loader
+    if isinstance(loader.worker_init_fn, WorkerInit):
+        return loader
+    return rebuild_dataloader(loader, worker_init_fn=WorkerInit(rank, loader.worker_init_fn))

@@ -13,14 +13,11 @@ from typing import Any
 
 import torch
 
+from trainer.common.tree import is_metric
+
 __all__ = ["MetricStore"]
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
-
-
-def is_metric(value: Any) -> bool:
-    """True for a torchmetrics ``Metric`` (duck-typed, so torchmetrics is imported only by users)."""
-    return callable(getattr(value, "compute", None)) and callable(getattr(value, "reset", None))
 
 
 @dataclass
@@ -118,10 +115,10 @@ class MetricStore:
             tensor = torch.as_tensor(step_value).detach() if step_value is not None else None
         else:
             if isinstance(value, torch.Tensor):
-                # Cut from autograd without ``detach()``: measured in a training loop, ``detach()`` of the
-                # loss cost 1.5-2.5 us a step (it shares the version counter and builds autograd
-                # metadata), ``.data`` next to nothing. Safe here: the store only reads the value, and
-                # the running sums are tensors of their own (``value * n`` or a clone).
+                # Cut from autograd without ``detach()``, which costs microseconds a step (it shares the
+                # version counter and builds autograd metadata; see docs/performance.md), where ``.data``
+                # costs next to nothing. Safe here: the store only reads the value, and the running sums
+                # are tensors of their own (``value * n`` or a clone).
                 tensor = value.data if value.requires_grad else value
             else:
                 tensor = torch.as_tensor(value)

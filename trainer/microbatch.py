@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from trainer.utils import apply_to_tensors, batch_size_of
+from trainer.common.tree import apply_to_tensors, batch_size_of
 
 if TYPE_CHECKING:
+    from trainer.loops.step import Window
     from trainer.trainer import Trainer
 
-__all__ = ["MicroBatcher", "split_batch", "train_micro_batches"]
+__all__ = ["MicroBatcher", "micro_batches", "split_batch"]
 
 
 def split_batch(batch: Any, size: int) -> Iterator[tuple[Any, int]]:
@@ -138,44 +139,41 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def train_micro_batches(trainer: Trainer, batch: Any, batch_idx: int, boundary: bool) -> Any:
-    """The forward/backward part of an automatic-optimisation step, one micro-batch at a time.
+def micro_batches(
+    trainer: Trainer,
+    window: Window,
+    accumulate: Callable[[Any, int, bool, float], Any],
+    batch: Any,
+    batch_idx: int,
+    sync: bool,
+) -> Any:
+    """The forward/backward part of the training step, one micro-batch at a time.
 
-    Every micro-batch runs ``training_step``, ``on_before_backward``, backward of
-    ``loss * share / accumulate_grad_batches`` and ``on_after_backward``; gradient sync (DDP) is
-    deferred to the last micro-batch of the last batch of the accumulation window. Returns the
-    output of the last micro-batch with its ``"loss"`` replaced by the samples-weighted mean loss.
+    ``accumulate(piece, batch_idx, sync, share)`` is the step's forward and backward of one piece
+    (``loss * share / accumulate_grad_batches``); gradient sync (DDP) happens on the last piece of the
+    window's last batch only. Returns the output of the last piece with its ``"loss"`` replaced by the
+    samples-weighted mean loss.
     """
-    from trainer.loops import _loss_of
+    from trainer.loops.step import loss_of
 
-    strategy, k = trainer.strategy, trainer.accumulate_grad_batches
-    micro = trainer._micro_batcher
+    micro, router = trainer.micro_batcher, trainer.metric_router
     assert micro is not None and trainer.module is not None
 
-    def step(piece: Any, weight: float, last: bool) -> Any:
-        trainer._current_batch = piece  # self.log weights epoch means by the piece's size
-        with strategy.no_backward_sync(not (boundary and last)):
-            with strategy.forward_context():
-                out = strategy.step("training_step", piece, batch_idx)
-            loss = _loss_of(out)
-            if loss is not None:
-                trainer._hook("on_before_backward", loss)
-                strategy.backward(loss * weight / k)
-                trainer._hook("on_after_backward")
-                trainer._window_has_loss = True
-        return out
+    def step(piece: Any, share: float, last: bool) -> Any:
+        router.current_batch = piece  # self.log weights epoch means by the piece's size
+        return accumulate(piece, batch_idx, sync and last, share)
 
-    keep = k > 1 and trainer._window_has_loss
+    keep = trainer.accumulate_grad_batches > 1 and window.has_loss
     outs = micro.run(batch, trainer.module.parameters, step, keep_grads=keep)
-    trainer._current_batch = batch
+    router.current_batch = batch
     if micro.news is not None:
         if trainer.is_global_zero:
             print(micro.news)
-        trainer._emit({"micro_batch_size": torch.tensor(float(micro.size or 0))}, trainer.global_step)
+        router.emit({"micro_batch_size": torch.tensor(float(micro.size or 0))}, trainer.global_step)
         micro.news = None
     if len(outs) == 1:
         return outs[0][0]
-    losses = [_loss_of(out) for out, _ in outs]
+    losses = [loss_of(out) for out, _ in outs]
     if any(loss is None for loss in losses):
         return outs[-1][0]
     mean = torch.stack([loss.detach() * w for loss, (_, w) in zip(losses, outs)]).sum()  # type: ignore[union-attr]

@@ -198,7 +198,7 @@ class TrainModule(nn.Module):
     # ----------------------------------------------------------------- manual optimisation
     def optimizers(self) -> Any:
         """The optimizer(s) from ``configure_optimizers``; one object if there is one."""
-        handles = self.trainer._optimizer_handles
+        handles = self.trainer.optimizer_handles
         return handles[0] if len(handles) == 1 else handles
 
     def lr_schedulers(self) -> Any:
@@ -209,8 +209,14 @@ class TrainModule(nn.Module):
         return schedulers[0] if len(schedulers) == 1 else schedulers
 
     def manual_backward(self, loss: torch.Tensor) -> None:
-        """Backward through the strategy (loss scaling, sync), in place of ``loss.backward()``."""
-        self.trainer.strategy.backward(loss)
+        """Backward through the strategy (loss scaling, sync), in place of ``loss.backward()``.
+
+        The trainer's ``on_nonfinite`` policy applies: a non-finite loss raises, warns, or (``"skip"``)
+        is not backpropagated and the next ``opt.step()`` is dropped.
+        """
+        from trainer.loops.step import manual_backward
+
+        manual_backward(self.trainer, loss)
 
     def clip_gradients(
         self,

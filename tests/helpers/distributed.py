@@ -20,9 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT
 
 
 def free_port() -> int:
@@ -70,13 +68,6 @@ def restored_environment() -> Iterator[None]:
             dist.destroy_process_group()
         os.environ.clear()
         os.environ.update(saved)
-
-
-@pytest.fixture
-def clean_distributed_env() -> Iterator[None]:
-    """Fixture form of :func:`restored_environment`."""
-    with restored_environment():
-        yield
 
 
 def child_env(**extra: str) -> dict[str, str]:

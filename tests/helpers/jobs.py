@@ -10,6 +10,7 @@ import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 
 STEPS = 20  # optimizer steps of the equivalence runs
@@ -81,15 +82,13 @@ def train(strategy: str | Any, per_rank_batch: int, root: str | Path, **kwargs: 
     is split over the ranks, so W ranks on batch B/W compute the gradient one process does on B.
     """
     module = BlockNet()
-    trainer = Trainer(
+    trainer = quiet_trainer(
+        root,
         strategy=strategy,
+        enable_checkpointing=True,
         max_steps=STEPS,
         accumulate_grad_batches=ACCUMULATE,
         gradient_clip_val=CLIP,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        logger=False,
-        default_root_dir=root,
         **kwargs,
     )
     loader = DataLoader(dataset(160), batch_size=per_rank_batch, shuffle=False)
@@ -115,7 +114,14 @@ def rank_job(root: str) -> dict[str, Any]:
     out["fsdp_val"] = trainer.validate(module, val_loader)
 
     module = OverflowOneShard()
-    trainer = Trainer(strategy="fsdp", precision="16-mixed", max_steps=3, logger=False, enable_progress_bar=False)
+    trainer = quiet_trainer(
+        f"{root}/fp16",
+        strategy="fsdp",
+        num_sanity_val_steps=2,
+        enable_checkpointing=True,
+        precision="16-mixed",
+        max_steps=3,
+    )
     trainer.fit(module, DataLoader(dataset(64), batch_size=4))
     out["fsdp_fp16_skipped"] = trainer.progress.skipped_steps
     out["fsdp_fp16_scale"] = trainer.strategy.precision.scaler.get_scale()  # type: ignore[attr-defined]

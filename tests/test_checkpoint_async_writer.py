@@ -13,11 +13,10 @@ import pytest
 import torch
 
 import trainer.checkpoint as ckpt
-from bench.overhead import TinyMLP, make_batches
-from trainer import Trainer
+from tests.helpers import REPO_ROOT
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
+from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint import AsyncCheckpointWriter, CheckpointError, load_checkpoint
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_file_is_complete_and_holds_the_state_at_save_time(tmp_path: Path) -> None:
@@ -73,6 +72,7 @@ def test_a_failed_write_is_raised_on_wait_and_on_the_next_save(tmp_path: Path) -
     assert not (tmp_path / "a.ckpt").exists() and not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_process_does_not_exit_before_the_last_write(tmp_path: Path) -> None:
     code = f"""
@@ -86,14 +86,14 @@ ckpt.write_checkpoint = slow
 ckpt.AsyncCheckpointWriter().save({{"w": torch.ones(3)}}, {str(tmp_path / "x.ckpt")!r})
 """
     out = subprocess.run(
-        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert torch.equal(torch.load(tmp_path / "x.ckpt", weights_only=True)["w"], torch.ones(3))
 
 
 def test_trainer_async_save_matches_a_synchronous_one(tmp_path: Path) -> None:
-    trainer = Trainer(max_epochs=1, enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=1)
     trainer.fit(TinyMLP(), train_dataloaders=make_batches(3))
     trainer.save_checkpoint(tmp_path / "sync.ckpt")
     trainer.save_checkpoint(tmp_path / "async.ckpt", async_=True)

@@ -1,4 +1,4 @@
-"""Small modules and fake strategies shared by the callback tests."""
+"""A module with a scripted validation metric, fake other ranks and a metric recorder, for callback tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 # trainer first: `import strategies` before `trainer` hits a circular import in the foundation.
-from trainer import Trainer, TrainModule  # isort: split
+from trainer import TrainModule  # isort: split
 
 from callbacks import Callback
 from strategies import SingleDeviceStrategy
@@ -48,19 +48,6 @@ class Scripted(TrainModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
-
-
-def quiet_trainer(callbacks: list[Any], **kwargs: Any) -> Trainer:
-    """A CPU trainer with only ``callbacks`` (no default bar, logger or checkpoint)."""
-    options: dict[str, Any] = {
-        "strategy": SingleDeviceStrategy(device="cpu"),
-        "enable_progress_bar": False,
-        "enable_checkpointing": False,
-        "logger": False,
-        "num_sanity_val_steps": 0,
-    }
-    options.update(kwargs)
-    return Trainer(callbacks=callbacks, **options)
 
 
 class NotRankZero(SingleDeviceStrategy):

@@ -1,8 +1,10 @@
-"""The plain (fused) training and evaluation batches behave exactly like the general ones.
+"""The one training step with its seams bound to plain operations behaves exactly like through the strategy.
 
-``trainer/loops.py`` runs a batch without the strategy's and precision's seams when every one of them
-is the base class's do-nothing. These tests run the same job twice, once on that path and once on a
-strategy that overrides a seam (so the general path runs), and compare everything observable.
+``trainer/loops/step.py`` binds every seam the strategy and precision keep at the base class's
+do-nothing version to the plain operation (the module's own ``training_step``, ``loss.backward``,
+``optimizer.step``). These tests run the same job twice, once with every seam bound that way and
+once on a strategy that overrides a seam (so that seam goes through the strategy), and compare
+everything observable.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-import trainer.loops as loops
-from bench.overhead import TinyMLP, make_batches
 from callbacks import Callback
-from strategies import SingleDeviceStrategy
+from strategies import SingleDeviceStrategy, Strategy
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
+from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
+from trainer.loops.iteration import iterate
 
 
 class Seamed(SingleDeviceStrategy):
@@ -89,35 +92,26 @@ class LoggingMLP(TinyMLP):
 def _fit(strategy: Any, callbacks: list[Callback]) -> tuple[Trainer, TinyMLP]:
     torch.manual_seed(0)
     module = LoggingMLP()
-    trainer = Trainer(
-        strategy=strategy,
-        max_epochs=2,
-        log_every_n_steps=3,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        logger=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(callbacks=callbacks, strategy=strategy, max_epochs=2, log_every_n_steps=3)
     trainer.fit(module, train_dataloaders=make_batches(12), val_dataloaders=make_batches(4, seed=1))
     return trainer, module
 
 
 def test_plain_and_general_paths_agree_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:
-    general_steps: list[int] = []
-    original = loops._automatic_step
+    general_steps: list[str] = []
+    original = Strategy.step
 
-    def counting(*args: Any) -> Any:
-        general_steps.append(1)
-        return original(*args)
+    def counting(self: Strategy, hook: str, *args: Any) -> Any:
+        general_steps.append(hook)
+        return original(self, hook, *args)
 
-    monkeypatch.setattr(loops, "_automatic_step", counting)
+    monkeypatch.setattr(Strategy, "step", counting)
     plain_rec, general_rec = Recorder(), Recorder()
     plain, plain_module = _fit("single", [plain_rec])
-    assert general_steps == []  # the plain path ran every training batch
+    assert general_steps == []  # every step was bound to the module's own method
     seamed = Seamed()
     general, general_module = _fit(seamed, [general_rec])
-    assert len(general_steps) == 24 and seamed.steps == 24 + 2 * 4  # training and validation batches
+    assert len(general_steps) == 24 + 2 * 4 and seamed.steps == 24 + 2 * 4  # training and validation batches
 
     for a, b in zip(plain_module.state_dict().values(), general_module.state_dict().values()):
         assert torch.equal(a, b)
@@ -147,9 +141,9 @@ def test_a_seam_that_does_something_takes_the_general_path() -> None:
     torch.manual_seed(0)
     plain = TinyMLP(log_loss=False)
     for module, strategy in ((doubled, Doubling(device="cpu")), (plain, "single")):
-        Trainer(
-            strategy=strategy, max_steps=1, enable_progress_bar=False, enable_checkpointing=False, logger=False
-        ).fit(module, train_dataloaders=make_batches(1))
+        quiet_trainer(strategy=strategy, num_sanity_val_steps=2, max_steps=1).fit(
+            module, train_dataloaders=make_batches(1)
+        )
     assert not torch.equal(doubled.net[0].weight, plain.net[0].weight)  # the override ran
 
 
@@ -158,7 +152,7 @@ def test_batch_start_returning_minus_one_ends_the_epoch_on_the_plain_path() -> N
         def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
             return -1 if batch_idx == 3 else None
 
-    trainer = Trainer(max_epochs=2, enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    trainer = quiet_trainer(strategy="auto", num_sanity_val_steps=2, max_epochs=2)
     trainer.fit(StopAtThree(log_loss=False), train_dataloaders=make_batches(6))
     assert trainer.global_step == 2 * 3
 
@@ -189,14 +183,14 @@ def test_iterate_indexes_marks_the_last_batch_and_never_reads_past_num() -> None
             return counted(self.length)
 
     four = _Sized([0, 10, 20, 30], 4)
-    assert list(loops._iterate(four, 4)) == [(0, 0, False), (1, 10, False), (2, 20, False), (3, 30, True)]
-    assert list(loops._iterate(four, 4, start=3)) == [(3, 30, True)]
-    assert list(loops._iterate(four, 4, start=4)) == []
-    assert list(loops._iterate(_Sized([0, 10], 4), 4)) == [(0, 0, False), (1, 10, False)]  # shorter than its len
-    assert list(loops._iterate(Counted([], 4), 2)) == [(0, 0, False), (1, 10, True)]
+    assert list(iterate(four, 4)) == [(0, 0, False), (1, 10, False), (2, 20, False), (3, 30, True)]
+    assert list(iterate(four, 4, start=3)) == [(3, 30, True)]
+    assert list(iterate(four, 4, start=4)) == []
+    assert list(iterate(_Sized([0, 10], 4), 4)) == [(0, 0, False), (1, 10, False)]  # shorter than its len
+    assert list(iterate(Counted([], 4), 2)) == [(0, 0, False), (1, 10, True)]
     assert pulled == [0, 1]  # a limit of 2 batches fetches 2, not a third
     pulled.clear()
-    assert list(loops._iterate(counted(4), float("inf"))) == [
+    assert list(iterate(counted(4), float("inf"))) == [
         (0, 0, False),
         (1, 10, False),
         (2, 20, False),

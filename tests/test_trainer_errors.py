@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import Regressor, make_loader, sgd
-from trainer import Trainer, TrainModule
+from tests.helpers.regression import Regressor, make_loader, sgd
+from tests.helpers.trainers import quiet_trainer
+from trainer import TrainModule
 
 
 def test_module_without_training_step(make_trainer: Any) -> None:
@@ -127,7 +128,7 @@ def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: An
 )
 def test_bad_trainer_arguments(kwargs: dict[str, Any], error: type[Exception], pattern: str) -> None:
     with pytest.raises(error, match=pattern):
-        Trainer(enable_progress_bar=False, logger=False, enable_checkpointing=False, **kwargs)
+        quiet_trainer(**{"strategy": "auto", "num_sanity_val_steps": 2, **kwargs})
 
 
 def test_epoch_and_step_limits_follow_lightning(make_trainer: Any) -> None:

@@ -5,7 +5,7 @@ an augmentation drawing from torch's RNG in ``__getitem__``, and validation in t
 Each optimizer step saves ``last.ckpt``; the job prints ``STEP n`` after each step and ``VAL n``
 after each validation, so a test can kill it at a chosen point.
 
-    python resume_job.py OUT_DIR [--workers N] [--resume] [--slow-save] [--strategy NAME --devices N]
+    python tests/helpers/resume_job.py OUT_DIR [--workers N] [--resume] [--slow-save] [--strategy NAME --devices N]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO_ROOT
 
 
 def run_geartrain(
@@ -15,7 +15,7 @@ def run_geartrain(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m trainer ARGS`` in ``cwd`` with this checkout first on the path; output captured."""
     child_env = {**os.environ, **(env or {})}
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), child_env.get("PYTHONPATH", "")]))
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH", "")]))
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     return subprocess.run(
         [sys.executable, "-m", module, *args],

@@ -1,0 +1,39 @@
+"""The one quiet trainer of the test suite: CPU, no progress bar, no logger, no checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from callbacks import Callback
+from strategies import SingleDeviceStrategy
+from trainer import Trainer
+
+
+def quiet_trainer(root: str | Path | None = None, callbacks: Iterable[Callback] = (), **kwargs: Any) -> Trainer:
+    """A trainer that writes nothing and prints nothing unless ``kwargs`` say otherwise.
+
+    Defaults: ``strategy=SingleDeviceStrategy(device="cpu")`` (parity tests compare bitwise with a
+    loop on the CPU), ``num_sanity_val_steps=0``, no progress bar, logger or ``ModelCheckpoint``,
+    and ``default_root_dir=root`` when ``root`` is given (else the Trainer's own default). Any
+    keyword overrides them; a test that needs the Trainer's defaults passes them explicitly, e.g.
+    ``quiet_trainer(strategy="auto", num_sanity_val_steps=2)``.
+
+    Args:
+        root: ``default_root_dir``.
+        callbacks: the trainer's callbacks.
+        **kwargs: any other ``Trainer`` argument.
+    """
+    options: dict[str, Any] = {
+        "enable_progress_bar": False,
+        "logger": False,
+        "enable_checkpointing": False,
+        "num_sanity_val_steps": 0,
+    }
+    if root is not None:
+        options["default_root_dir"] = root
+    options.update(kwargs)
+    if "strategy" not in options:  # built only when used: a Strategy is a fresh object per trainer
+        options["strategy"] = SingleDeviceStrategy(device="cpu")
+    return Trainer(callbacks=list(callbacks), **options)

@@ -1,0 +1,205 @@
+"""Checkpoint state: what a checkpoint of a run holds, writing it, reading it back, and where it is.
+
+The file format and the writing itself (atomic, asynchronous) are :mod:`trainer.checkpoint`'s; this
+room decides the content (DESIGN.md, "Checkpoints"), restores a run from it, resolves
+``ckpt_path="last"``/``"best"``, and is the one owner of where ``last.ckpt`` lives.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION, AsyncCheckpointWriter, load_checkpoint, write_checkpoint
+from trainer.common.errors import CheckpointError
+from trainer.common.rng import rng_state, set_rng_state
+from trainer.common.state_dict import to_plain
+from trainer.data import ResumableBatchSampler
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from trainer.trainer import Trainer
+
+__all__ = ["LAST_CHECKPOINT", "CheckpointConnector"]
+
+#: File name of the checkpoint that always holds the newest state of a run.
+LAST_CHECKPOINT = "last.ckpt"
+
+
+class CheckpointConnector:
+    """Dumps and restores one trainer's run (see the module docstring)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+        self._writer: AsyncCheckpointWriter | None = None  # made on the first asynchronous save
+        #: The sampler's epoch order saved in the checkpoint a run resumed from (None: none);
+        #: the training loop takes it once, to replay the interrupted epoch's order.
+        self.resume_epoch_rng: dict[str, Any] | None = None
+
+    # ----------------------------------------------------------------- where
+    def default_directory(self) -> Path:
+        """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
+        return self._trainer.default_root_dir / "checkpoints"
+
+    def directory(self) -> Path:
+        """Where this run's checkpoints go: the checkpoint callback's folder, else :meth:`default_directory`."""
+        dirpath = getattr(self._trainer.checkpoint_callback, "dirpath", None)
+        return Path(dirpath) if dirpath else self.default_directory()
+
+    def last_path(self, directory: str | os.PathLike[str] | None = None) -> Path:
+        """The path of ``last.ckpt`` in ``directory`` (default: :meth:`directory`)."""
+        return Path(directory if directory is not None else self.directory()) / LAST_CHECKPOINT
+
+    def resolve(self, ckpt_path: str | os.PathLike[str]) -> Path:
+        """A path as given, or the file ``"last"``/``"best"`` stands for in this run."""
+        if str(ckpt_path) not in ("last", "best"):
+            return Path(ckpt_path)
+        cb = self._trainer.checkpoint_callback
+        attr = "last_model_path" if str(ckpt_path) == "last" else "best_model_path"
+        found = getattr(cb, attr, None) if cb is not None else None
+        if not found and str(ckpt_path) == "last" and cb is not None:
+            candidate = self.last_path()
+            found = str(candidate) if candidate.exists() else None
+        if not found:
+            raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
+        return Path(found)
+
+    # ----------------------------------------------------------------- dump
+    def state(self, weights_only: bool = False) -> dict[str, Any]:
+        """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints")."""
+        t = self._trainer
+        assert t.module is not None
+        state: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "state_dict": t.strategy.model_state_dict(),
+            "progress": t.progress.state_dict(),
+            "hparams": to_plain(t.module.hparams),
+            "config": to_plain(t.config),
+        }
+        if not weights_only:
+            state["optimizers"] = [t.strategy.optimizer_state_dict(opt) for opt in t.optimizers]
+            state["lr_schedulers"] = [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs]
+            state["precision"] = t.strategy.precision.state_dict()
+            state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
+            state["rng"] = t.strategy.gather_object(rng_state())  # one entry per rank
+            sampler = getattr(t.loaders.get("fit"), "batch_sampler", None)
+            if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
+                state["loops"] = {"epoch_rng": sampler.epoch_rng}
+            if t.datamodule is not None:
+                state["datamodule"] = t.datamodule.state_dict()
+        t.module.on_save_checkpoint(state)
+        t.hooks.callbacks_only("on_save_checkpoint", state)
+        return state
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        weights_only: bool,
+        async_: bool,
+        also_at: Iterable[str | os.PathLike[str]],
+        replaces: Iterable[str | os.PathLike[str]],
+    ) -> None:
+        """Write a checkpoint (rank 0 writes; every rank calls this). See ``Trainer.save_checkpoint``."""
+        t = self._trainer
+        state = self.state(weights_only)
+        if t.is_global_zero:
+            if async_:
+                if self._writer is None:
+                    self._writer = AsyncCheckpointWriter()
+                self._writer.save(state, path, also_at, replaces)
+            else:
+                self.wait()  # an older asynchronous write must not land after this one
+                write_checkpoint(state, path, also_at, replaces)
+        t.strategy.barrier("save_checkpoint")
+
+    def save_last(self) -> Path:
+        """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it (the preemption checkpoint)."""
+        path = self.last_path()
+        self._trainer.save_checkpoint(path)
+        cb = self._trainer.checkpoint_callback
+        if cb is not None and hasattr(cb, "last_model_path"):
+            cb.last_model_path = str(path)
+        return path
+
+    def wait(self) -> None:
+        """Block until asynchronous writes are on disk; re-raise a failed write's error."""
+        if self._writer is not None:
+            self._writer.wait()
+
+    def close(self) -> None:
+        """Wait for the last asynchronous write, then free the writer's CPU copy of the state.
+
+        Called at the end of every run: the writer keeps its snapshot buffers for reuse between
+        saves, and would otherwise hold a copy of the model in host memory until the process exits.
+        """
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    # ----------------------------------------------------------------- restore
+    def restart_path(self) -> Path | None:
+        """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
+        try:
+            path = self.resolve("last")
+        except CheckpointError:
+            return None
+        if self._trainer.is_global_zero:
+            print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
+        return path
+
+    def restore(self, ckpt_path: str | os.PathLike[str], full: bool) -> None:
+        """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
+
+        A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
+        and all) sets the weights only: for evaluation, or to start training from them.
+        """
+        t = self._trainer
+        self.wait()
+        path = self.resolve(ckpt_path)
+        state = load_checkpoint(path, plain_weights=True)
+        assert t.module is not None
+        if state.get("plain_weights"):
+            if full and t.is_global_zero:
+                print(f"{path} is a plain state dict: training starts from its weights, with fresh optimizer state")
+            self._load_weights(path, state["state_dict"])
+            return
+        t.module.on_load_checkpoint(state)
+        t.hooks.callbacks_only("on_load_checkpoint", state)
+        self._load_weights(path, state["state_dict"])
+        if not full:
+            return
+        if "optimizers" not in state:
+            raise CheckpointError(f"{path} holds weights only; it cannot resume training")
+        if len(state["optimizers"]) != len(t.optimizers):
+            raise CheckpointError(
+                f"{path} has {len(state['optimizers'])} optimizer states, the module configures {len(t.optimizers)}"
+            )
+        for opt, opt_state in zip(t.optimizers, state["optimizers"]):
+            t.strategy.load_optimizer_state_dict(opt, opt_state)
+        for cfg, sched_state in zip(t.lr_scheduler_configs, state["lr_schedulers"]):
+            cfg.scheduler.load_state_dict(sched_state)
+        t.strategy.precision.load_state_dict(state.get("precision", {}))
+        t.progress.load_state_dict(state["progress"])
+        for cb in t.callbacks:
+            if cb.state_key in state.get("callbacks", {}):
+                cb.load_state_dict(state["callbacks"][cb.state_key])
+        if t.datamodule is not None and "datamodule" in state:
+            t.datamodule.load_state_dict(state["datamodule"])
+        self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
+        rngs = state.get("rng", [])
+        if rngs:
+            set_rng_state(rngs[min(t.global_rank, len(rngs) - 1)])
+
+    def take_resume_epoch_rng(self) -> dict[str, Any] | None:
+        """The restored epoch order, once (the first epoch after a resume replays it)."""
+        epoch_rng, self.resume_epoch_rng = self.resume_epoch_rng, None
+        return epoch_rng
+
+    def _load_weights(self, path: Path, state_dict: dict[str, Any]) -> None:
+        try:
+            self._trainer.strategy.load_model_state_dict(state_dict)
+        except CheckpointError as err:
+            raise CheckpointError(f"Cannot load the weights in {path}. {err}") from err

@@ -1,0 +1,49 @@
+"""Rebuilding a ``DataLoader`` with some settings changed and every other one kept.
+
+A ``DataLoader`` cannot be modified once built, yet strategies give it a sharding sampler and the
+trainer a resumable batch sampler; both rebuild it through :func:`rebuild_dataloader`, so no setting
+of the user's loader (workers, pinning, collate function, ...) is lost on the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+__all__ = ["rebuild_dataloader"]
+
+
+def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[Any]:
+    """A new ``DataLoader`` with ``loader``'s settings and ``changes`` applied.
+
+    Giving ``sampler`` or ``batch_sampler`` replaces the batching (the original batch size and
+    ``drop_last`` are kept when only ``sampler`` is given). A loader over an ``IterableDataset``
+    keeps its batch size and ``drop_last`` (such a loader has no sampler to carry over).
+    """
+    kwargs: dict[str, Any] = {
+        "dataset": loader.dataset,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    if "batch_sampler" in changes:
+        pass
+    elif isinstance(loader.dataset, IterableDataset) and "sampler" not in changes:
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)  # it takes no sampler
+    elif "sampler" in changes or loader.batch_sampler is None:
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
+    else:
+        kwargs["batch_sampler"] = loader.batch_sampler
+    kwargs.update(changes)
+    return DataLoader(**kwargs)

@@ -1,0 +1,90 @@
+"""Hook dispatch: who is called, in which order, for every moment of a run.
+
+A hook named ``on_x`` runs the module's method first, then every callback whose class overrides it,
+in the order the callbacks were given. Which callbacks override which hook is worked out once when
+the trainer is built (:func:`callbacks.base.overridden_hooks`), and the callables of a run are resolved
+on first use, so a hook that neither the module nor any callback overrides costs one dict lookup, and
+the loops can ask :meth:`HookDispatch.overridden` once per epoch and skip it altogether.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from callbacks.base import Callback, overridden_hooks
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+
+__all__ = ["HookDispatch"]
+
+_Resolved = tuple[Callable[..., Any] | None, tuple[Callable[..., Any], ...]]
+
+
+class HookDispatch:
+    """Calls the hooks of one trainer's module and callbacks.
+
+    Args:
+        callbacks: the trainer's callbacks, in calling order.
+        owner: what callbacks receive as their first argument (the :class:`~trainer.Trainer`).
+    """
+
+    def __init__(self, callbacks: list[Callback], owner: Any) -> None:
+        self.callbacks = callbacks
+        self._owner = owner
+        self._by_hook = overridden_hooks(callbacks)
+        self._module: TrainModule | None = None
+        self._resolved: dict[str, _Resolved] = {}
+
+    def bind(self, module: TrainModule) -> None:
+        """Dispatch to ``module`` from now on (once per ``fit``/``validate``/... call)."""
+        self._module = module
+        self._resolved = {}
+
+    def __call__(self, hook: str, *args: Any) -> Any:
+        """Call the module's ``hook`` and then every callback overriding it; return the module's result."""
+        try:
+            module_fn, callback_fns = self._resolved[hook]
+        except KeyError:
+            module_fn, callback_fns = self._resolved[hook] = self._resolve(hook)
+        out = module_fn(*args) if module_fn is not None else None
+        for fn in callback_fns:
+            fn(*args)
+        return out
+
+    def module(self, hook: str, *args: Any) -> Any:
+        """Call only the module's ``hook`` (for epoch ends, where metrics are computed in between)."""
+        assert self._module is not None
+        return getattr(self._module, hook)(*args)
+
+    def callbacks_only(self, hook: str, *args: Any) -> None:
+        """Call only the callbacks overriding ``hook`` (hooks the module does not have, e.g. ``on_log_metrics``)."""
+        for cb in self._by_hook[hook]:
+            getattr(cb, hook)(self._owner, self._module, *args)
+
+    def overridden(self, hook: str) -> bool:
+        """Whether the module or a callback does something in ``hook``, so it must be called at all."""
+        try:
+            module_fn, callback_fns = self._resolved[hook]
+        except KeyError:
+            module_fn, callback_fns = self._resolved[hook] = self._resolve(hook)
+        return module_fn is not None or bool(callback_fns)
+
+    def bound(self, hook: str) -> Callable[..., Any] | None:
+        """``hook`` as one callable for a loop to keep, or None where nobody overrides it."""
+        return functools.partial(self, hook) if self.overridden(hook) else None
+
+    def _resolve(self, hook: str) -> _Resolved:
+        """The module's ``hook`` (None where it keeps TrainModule's empty default) and the callbacks' ones."""
+        from trainer.module import TrainModule
+
+        module = self._module
+        assert module is not None
+        fn = getattr(module, hook)
+        if getattr(fn, "__func__", None) is getattr(TrainModule, hook, None):
+            fn = None  # TrainModule's hooks do nothing; skipping the call changes nothing
+        owner = self._owner
+        callback_fns = tuple(functools.partial(getattr(cb, hook), owner, module) for cb in self._by_hook.get(hook, ()))
+        return fn, callback_fns

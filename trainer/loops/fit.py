@@ -1,0 +1,158 @@
+"""The fit loop: epochs of training batches, validation when due, schedulers, stopping, preemption.
+
+Hooks named ``hook`` below call the module's method first, then every callback that overrides it.
+Where metrics are computed at an epoch's end, that happens between the two, so callbacks (checkpoint,
+early stopping, loggers) see what the module logged in its own epoch-end hook.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from trainer.common.errors import Preempted
+from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
+from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
+from trainer.loops.step import Window, make_train_batch, step_schedulers
+from trainer.metric_routing import EPOCH_DEFAULTS, STEP_DEFAULTS
+from trainer.metrics import MetricStore
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = ["fit_loop", "should_stop_training", "train_epoch"]
+
+
+def fit_loop(trainer: Trainer) -> None:
+    """Train until ``max_epochs``, ``max_steps`` or ``should_stop``.
+
+    Hook order::
+
+        on_fit_start
+        on_sanity_check_start, validation loop on num_sanity_val_steps batches, on_sanity_check_end
+        on_train_start
+        for each epoch:
+            on_train_epoch_start
+            for each batch:                                 (trainer/loops/step.py)
+                on_train_batch_start(batch, i)              (module returning -1 ends the epoch)
+                batch = strategy.batch_to_device(batch)
+                for each micro-batch (one unless micro_batch_size):
+                    with no_backward_sync(unless the window's last), forward_context():
+                        out = training_step(batch, i)
+                    on_before_backward(loss); strategy.backward(loss * share / k); on_after_backward
+                if last batch of the accumulation window:
+                    on_before_optimizer_step(optimizer)
+                    strategy.clip_gradients(...)            (unscales exactly once first)
+                    stepped = strategy.optimizer_step(optimizer)
+                    if stepped: step-interval schedulers
+                    on_before_zero_grad(optimizer); optimizer.zero_grad(set_to_none=True)
+                    global_step += 1
+                on_train_batch_end(out, batch, i)
+                step values to loggers every log_every_n_steps steps
+                preemption: after an optimizer step, save last.ckpt and stop if a signal came
+                validation loop when val_check_interval says so
+            validation loop at the epoch's end (if it did not just run)
+            module.on_train_epoch_end; epoch values computed and logged
+            epoch-interval schedulers; callbacks' on_train_epoch_end
+        on_train_end
+        on_fit_end
+
+    Validation loop: see :func:`~trainer.loops.evaluation.eval_loop`.
+    """
+    p, hooks = trainer.progress, trainer.hooks
+    hooks("on_fit_start")
+    if validation_enabled(trainer) and trainer.num_sanity_val_steps != 0 and not trainer.fast_dev_run:
+        sanity_check(trainer)
+    assert trainer.module is not None
+    trainer.module.train()
+    hooks("on_train_start")
+    while not should_stop_training(trainer):
+        if p.epoch_finished:
+            p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
+            if should_stop_training(trainer):
+                break
+        train_epoch(trainer, trainer.window)
+    hooks("on_train_end")
+    hooks("on_fit_end")
+
+
+def train_epoch(trainer: Trainer, window: Window) -> None:
+    """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order."""
+    p, hooks, router, preemption = trainer.progress, trainer.hooks, trainer.metric_router, trainer.preemption
+    loader = trainer.loaders["fit"]
+    assert loader is not None
+    num = num_batches(loader, trainer.limits["fit"])
+    trainer.num_training_batches = num
+    set_sampler_epoch(loader, p.epoch)
+    store = MetricStore(trainer.strategy.reduce)
+    val_every = _val_every(trainer, num)
+    validate_this_epoch = validation_enabled(trainer) and (p.epoch + 1) % trainer.check_val_every_n_epoch == 0
+    last_val_at = -1
+    router.epoch_keys.clear()
+    with router.logging(store, EPOCH_DEFAULTS):
+        hooks("on_train_epoch_start")
+    resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
+    train_batch = make_train_batch(trainer, window)
+    log_every = trainer.log_every_n_steps
+    with router.logging(store, STEP_DEFAULTS):
+        for batch_idx, batch, is_last in iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng):
+            steps_before = p.global_step
+            result = train_batch(batch, batch_idx, is_last)
+            # An identity-and-type test: ``out == -1`` on a loss tensor would run a kernel and, on a GPU,
+            # wait for it (a host-device sync every step).
+            if type(result) is int and result == -1:
+                break
+            if p.global_step != steps_before:
+                if p.global_step % log_every == 0:
+                    router.emit(dict(store.pending_step), p.global_step - 1)
+                store.pending_step.clear()
+                # Only after an optimizer step (gradients of a half-accumulated window are not in
+                # checkpoints). One process: an attribute test; several: a small all-reduce about
+                # every PREEMPT_CHECK_SECONDS, at a step the ranks agreed on.
+                if preemption.due(p.global_step) and preemption.requested(p.global_step):
+                    trainer.checkpointing.save_last()
+                    preemption.requeue(trainer.is_global_zero)
+                    raise Preempted
+            if validate_this_epoch and val_every and (batch_idx + 1) % val_every == 0:
+                eval_loop(trainer, "validate")
+                last_val_at = p.batch_in_epoch
+            if should_stop_training(trainer):
+                break
+    if validate_this_epoch and last_val_at != p.batch_in_epoch and not p.should_stop and p.batch_in_epoch:
+        eval_loop(trainer, "validate")
+        last_val_at = p.batch_in_epoch
+    with router.logging(store, EPOCH_DEFAULTS):
+        hooks.module("on_train_epoch_end")
+        router.publish_epoch(store, max(p.global_step - 1, 0))
+        # A validation metric may legitimately be missing in an epoch without validation
+        # (check_val_every_n_epoch > 1, an early stop); a missing name is an error only when
+        # validation ran (or there is none).
+        step_schedulers(trainer, "epoch", metrics_due=last_val_at >= 0 or not validation_enabled(trainer))
+        p.epoch_finished = True
+        hooks.callbacks_only("on_train_epoch_end")
+    store.reset()
+
+
+def should_stop_training(trainer: Trainer) -> bool:
+    """``should_stop``, ``max_steps`` reached, or ``max_epochs`` done."""
+    p = trainer.progress
+    if p.should_stop:
+        return True
+    if trainer.max_steps != -1 and p.global_step >= trainer.max_steps:
+        return True
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and max_epochs != -1:
+        return p.epoch + (1 if p.epoch_finished else 0) >= max_epochs
+    return False
+
+
+def _val_every(trainer: Trainer, num: float) -> int | None:
+    """Training batches between validation runs within an epoch (None: only at the epoch's end)."""
+    interval = trainer.val_check_interval
+    if isinstance(interval, int):
+        return interval
+    if math.isinf(num):
+        return None
+    if interval is None:
+        return int(num) or None
+    return max(1, int(num * interval))

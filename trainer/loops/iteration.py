@@ -1,0 +1,85 @@
+"""Going through a dataloader: how many batches a stage uses, indices, the last-batch flag, resuming.
+
+With a known length the batches come from a ``zip`` of C iterators, so a batch costs no Python frame;
+a loader without a length is read one batch ahead to know which batch is the last.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from trainer.common.rng import rng_state, set_rng_state
+from trainer.data import ResumableBatchSampler
+
+__all__ = ["iterate", "num_batches", "set_sampler_epoch"]
+
+
+def num_batches(loader: Iterable[Any], limit: int | float | None) -> float:
+    """Batches a stage will use: the loader's length cut by its ``limit_*_batches`` (inf if unsized)."""
+    try:
+        total: float = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        total = math.inf
+    if limit is None:
+        return total
+    if isinstance(limit, float):
+        if math.isinf(total):
+            if limit == 1.0:
+                return total
+            raise ValueError(f"A fractional limit ({limit}) needs a dataloader with a length")
+        return int(total * limit)
+    return min(total, limit)
+
+
+def iterate(
+    loader: Iterable[Any], num: float, start: int = 0, epoch_rng: dict[str, Any] | None = None
+) -> Iterator[tuple[int, Any, bool]]:
+    """Yield ``(index, batch, is_last)`` for the first ``num`` batches, from index ``start``.
+
+    ``is_last`` comes from the length when known, else from looking one batch ahead. Starting at
+    ``start > 0`` (a mid-epoch resume) skips index batches in the sampler, with the epoch's order
+    replayed from ``epoch_rng``, where the loader allows it; otherwise it fetches and drops them.
+    """
+    if num <= start:
+        return iter(())
+    sampler = getattr(loader, "batch_sampler", None)
+    if start and isinstance(sampler, ResumableBatchSampler):
+        sampler.resume(start, epoch_rng)
+        rng_now = rng_state()
+        iterator = iter(loader)
+        set_rng_state(rng_now)  # creating the iterator drew a worker seed; the run had drawn it earlier
+    else:
+        iterator = iter(loader)
+        for _ in itertools.islice(iterator, start):
+            pass
+    if not math.isinf(num):
+        count = int(num) - start
+        flags = itertools.chain(itertools.repeat(False, count - 1), (True,))
+        return zip(range(start, int(num)), iterator, flags)
+    return _look_ahead(iterator, start)
+
+
+def _look_ahead(iterator: Iterator[Any], start: int) -> Iterator[tuple[int, Any, bool]]:
+    """``(index, batch, is_last)`` of a loader without a length: one batch fetched ahead."""
+    sentinel = object()
+    current = next(iterator, sentinel)
+    idx = start
+    while current is not sentinel:
+        following = next(iterator, sentinel)
+        yield idx, current, following is sentinel
+        current, idx = following, idx + 1
+
+
+def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
+    """Tell a distributed (or any epoch-aware) sampler and dataset which epoch it is."""
+    for target in (
+        getattr(loader, "dataset", None),
+        getattr(loader, "sampler", None),
+        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    ):
+        set_epoch = getattr(target, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)

@@ -1,0 +1,145 @@
+"""Metric routing: from ``self.log`` to ``callback_metrics``, the progress bar and the loggers.
+
+``TrainModule.log`` lands in :meth:`MetricRouter.log`, which records the value in the store of the
+stage in progress (a :class:`~trainer.metrics.MetricStore`, set by the loops with :meth:`logging`).
+Values become visible to callbacks through :attr:`MetricRouter.callback_metrics` and reach the loggers
+(callbacks overriding ``on_log_metrics``) through :meth:`MetricRouter.emit`, on rank 0's schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from trainer.common.tree import batch_size_of
+from trainer.metrics import MetricStore
+
+__all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter"]
+
+#: ``(on_step, on_epoch)`` defaults of ``self.log`` in training steps ...
+STEP_DEFAULTS = (True, False)
+#: ... and in epoch-end hooks and evaluation.
+EPOCH_DEFAULTS = (False, True)
+
+
+class MetricRouter:
+    """Where logged values go, and the latest of them.
+
+    Args:
+        emit_to_loggers: calls the loggers' ``on_log_metrics(metrics, step)`` (the hook dispatch).
+        sanity_checking: tells whether the sanity check is running (its values reach no logger).
+    """
+
+    def __init__(
+        self,
+        emit_to_loggers: Callable[[dict[str, torch.Tensor], int], None],
+        sanity_checking: Callable[[], bool],
+    ) -> None:
+        self._emit_to_loggers = emit_to_loggers
+        self._sanity_checking = sanity_checking
+        #: Latest value of everything logged (tensors), read by checkpointing and early stopping.
+        self.callback_metrics: dict[str, torch.Tensor] = {}
+        #: Latest values handed to the loggers.
+        self.logged_metrics: dict[str, torch.Tensor] = {}
+        #: Latest values logged with ``prog_bar=True``.
+        self.progress_bar_metrics: dict[str, torch.Tensor] = {}
+        #: ``callback_metrics`` keys updated in the training epoch in progress.
+        self.epoch_keys: set[str] = set()
+        #: The batch whose step is running (``self.log`` infers epoch-mean weights from it).
+        self.current_batch: Any = None
+        self.store: MetricStore | None = None
+        self.defaults: tuple[bool, bool] = STEP_DEFAULTS
+        self._batch_size_cache: tuple[Any, int] = (None, 1)
+
+    @contextlib.contextmanager
+    def logging(self, store: MetricStore, defaults: tuple[bool, bool]) -> Iterator[None]:
+        """Route ``self.log`` to ``store`` with ``defaults`` for ``(on_step, on_epoch)`` inside the block."""
+        previous = self.store, self.defaults
+        self.store, self.defaults = store, defaults
+        try:
+            yield
+        finally:
+            self.store, self.defaults = previous
+
+    def log(
+        self,
+        name: str,
+        value: Any,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        prog_bar: bool,
+        sync_dist: bool,
+        reduce_fx: str,
+        batch_size: int | None,
+    ) -> None:
+        """Back end of ``TrainModule.log`` (arguments in its order; positional, as it runs every step)."""
+        store = self.store
+        if store is None:
+            raise RuntimeError(
+                f"self.log({name!r}) was called outside the steps and hooks of fit/validate/test "
+                "(logging is not supported in predict or in setup hooks)"
+            )
+        if on_step is None:
+            on_step = self.defaults[0]
+        if on_epoch is None:
+            on_epoch = self.defaults[1]
+        if not (on_step or on_epoch):
+            raise ValueError(f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged")
+        size = self._current_batch_size if batch_size is None else lambda: batch_size
+        key = store.log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, size)
+        if key is not None:
+            self._remember_one(key, store.pending_step[key], store.prog_bar_keys())
+
+    def _current_batch_size(self) -> int:
+        """``batch_size_of`` the current batch, worked out once per batch however many values are logged."""
+        batch = self.current_batch
+        cached_batch, size = self._batch_size_cache
+        if cached_batch is not batch:
+            size = batch_size_of(batch)
+            self._batch_size_cache = (batch, size)
+        return size
+
+    def remember(self, values: Mapping[str, torch.Tensor], store: MetricStore) -> None:
+        """Make ``values`` visible in ``callback_metrics`` (and the progress bar)."""
+        if not values:
+            return
+        prog_bar = store.prog_bar_keys()
+        for key, value in values.items():
+            self._remember_one(key, value, prog_bar)
+
+    def _remember_one(self, key: str, value: torch.Tensor, prog_bar: set[str]) -> None:
+        self.callback_metrics[key] = value
+        base = key.removesuffix("_step").removesuffix("_epoch")
+        if base != key:
+            self.callback_metrics[base] = value
+        self.epoch_keys.add(key)
+        self.epoch_keys.add(base)
+        if key in prog_bar:
+            self.progress_bar_metrics[key] = value
+
+    def emit(self, metrics: dict[str, torch.Tensor], step: int) -> None:
+        """Hand ``metrics`` to the loggers at x = ``step`` (nothing during the sanity check)."""
+        if not metrics:
+            return
+        self.logged_metrics.update(metrics)
+        if self._sanity_checking():
+            return
+        self._emit_to_loggers(metrics, step)
+
+    def publish_epoch(self, store: MetricStore, step: int) -> dict[str, torch.Tensor]:
+        """Compute ``store``'s epoch values, make them visible and hand them to the loggers; return them."""
+        values = store.epoch_values()
+        self.remember(values, store)
+        self.emit(values, step)
+        return values
+
+    def snapshot(self) -> tuple[dict[str, torch.Tensor], ...]:
+        """Copies of the three metric dicts, for :meth:`restore` (the sanity check leaves no trace)."""
+        return dict(self.callback_metrics), dict(self.progress_bar_metrics), dict(self.logged_metrics)
+
+    def restore(self, snapshot: tuple[dict[str, torch.Tensor], ...]) -> None:
+        """Put back what :meth:`snapshot` took."""
+        self.callback_metrics, self.progress_bar_metrics, self.logged_metrics = snapshot

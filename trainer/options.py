@@ -1,0 +1,199 @@
+"""Trainer options: checks with messages that name the option and what it accepts, and the defaults.
+
+:func:`loop_options` turns ``Trainer(...)``'s loop arguments into their checked, resolved values
+(Lightning's rule for ``max_epochs``, what ``fast_dev_run`` overrides); :func:`default_callbacks` adds
+the progress bar, logger and checkpoint a run gets unless the user gave their own.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from callbacks.base import Callback
+
+__all__ = ["LoopOptions", "check_module", "default_callbacks", "loop_options", "resolve_classes"]
+
+
+@dataclass
+class LoopOptions:
+    """The resolved loop arguments of ``Trainer(...)`` (see its docstring for each)."""
+
+    max_epochs: int | None
+    max_steps: int
+    val_check_interval: int | float | None
+    check_val_every_n_epoch: int
+    limits: dict[str, int | float | None]
+    num_sanity_val_steps: int
+    log_every_n_steps: int
+    fast_dev_run: int
+
+
+def loop_options(
+    *,
+    max_epochs: int | None,
+    max_steps: int,
+    val_check_interval: int | float | None,
+    check_val_every_n_epoch: int,
+    limit_train_batches: int | float | None,
+    limit_val_batches: int | float | None,
+    limit_test_batches: int | float | None,
+    limit_predict_batches: int | float | None,
+    num_sanity_val_steps: int,
+    fast_dev_run: bool | int,
+    log_every_n_steps: int,
+) -> LoopOptions:
+    """Check the loop arguments and resolve them (``max_epochs=None``, ``fast_dev_run``)."""
+    check_positive_int("log_every_n_steps", log_every_n_steps)
+    check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+    if max_epochs is None and max_steps == -1:
+        max_epochs = 1000  # Lightning's rule; -1 means "no limit" explicitly
+    if max_epochs is not None and max_epochs < -1:
+        raise ValueError(f"max_epochs must be >= -1 or None, got {max_epochs}")
+    if max_steps < -1:
+        raise ValueError(f"max_steps must be >= -1, got {max_steps}")
+    if val_check_interval is not None:
+        if isinstance(val_check_interval, float) and not 0.0 < val_check_interval <= 1.0:
+            raise ValueError(f"val_check_interval as a fraction must be in (0, 1], got {val_check_interval}")
+        if isinstance(val_check_interval, int) and val_check_interval < 1:
+            raise ValueError(f"val_check_interval as a batch count must be >= 1, got {val_check_interval}")
+    limits = {
+        "fit": limit_train_batches,
+        "validate": limit_val_batches,
+        "test": limit_test_batches,
+        "predict": limit_predict_batches,
+    }
+    for stage, name in (("fit", "train"), ("validate", "val"), ("test", "test"), ("predict", "predict")):
+        check_limit(f"limit_{name}_batches", limits[stage])
+    n = int(fast_dev_run)
+    if n < 0:
+        raise ValueError(f"fast_dev_run must be a bool or a positive int, got {fast_dev_run}")
+    if n:
+        max_epochs, max_steps = 1, n
+        limits = dict.fromkeys(limits, n)
+        num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, None, 1
+        log_every_n_steps = 1
+    return LoopOptions(
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        val_check_interval=val_check_interval,
+        check_val_every_n_epoch=check_val_every_n_epoch,
+        limits=limits,
+        num_sanity_val_steps=num_sanity_val_steps,
+        log_every_n_steps=log_every_n_steps,
+        fast_dev_run=n,
+    )
+
+
+def check_step_options(
+    accumulate_grad_batches: int,
+    gradient_clip_val: float | None,
+    gradient_clip_algorithm: str,
+    on_nonfinite: str | None,
+    max_nonfinite_in_a_row: int,
+) -> None:
+    """Check the arguments of the training step."""
+    check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
+    if gradient_clip_algorithm not in ("norm", "value"):
+        raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}")
+    if gradient_clip_val is not None and gradient_clip_val <= 0:
+        raise ValueError(f"gradient_clip_val must be > 0 or None, got {gradient_clip_val}")
+    if on_nonfinite not in (None, "raise", "skip", "warn"):
+        raise ValueError(f"on_nonfinite must be 'raise', 'skip', 'warn' or None, got {on_nonfinite!r}")
+    check_positive_int("max_nonfinite_in_a_row", max_nonfinite_in_a_row)
+
+
+def use_deterministic_algorithms(deterministic: bool) -> None:
+    """``Trainer(deterministic=True)``: torch's deterministic kernels (errors where none exists)."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def default_callbacks(
+    given: list[Callback],
+    *,
+    root: Path,
+    progress_bar: bool,
+    checkpointing: bool,
+    logger: bool,
+    fast_dev_run: int,
+) -> list[Callback]:
+    """Prepend the default progress bar, logger and checkpoint unless the user gave their own.
+
+    Under ``fast_dev_run`` callbacks that write files or logs are left out, with a warning naming them.
+    """
+    import callbacks as cbs
+
+    kinds = {type(cb) for cb in given}
+    defaults: list[Callback] = []
+    if progress_bar and not any(issubclass(k, cbs.ProgressBar) for k in kinds):
+        defaults.append(cbs.ProgressBar())
+    if logger and not any(getattr(k, "is_logger", False) for k in kinds):
+        defaults.append(cbs.TensorBoardLogger(save_dir=root))
+    if checkpointing and not any(issubclass(k, cbs.ModelCheckpoint) for k in kinds):
+        defaults.append(cbs.ModelCheckpoint(dirpath=root / "checkpoints", save_last=True))
+    chosen = defaults + given
+    if fast_dev_run:
+        dropped = [type(cb).__name__ for cb in chosen if not cb.runs_in_fast_dev_run]
+        if dropped:
+            warnings.warn(f"fast_dev_run: leaving out {', '.join(dropped)}", stacklevel=3)
+        chosen = [cb for cb in chosen if cb.runs_in_fast_dev_run]
+    return chosen
+
+
+def resolve_classes(classes: Iterable[type[torch.nn.Module] | str]) -> tuple[type[torch.nn.Module], ...]:
+    """Classes from classes or dotted paths (``"examples.gpt.Block"``, as Hydra configs give them)."""
+    if isinstance(classes, str):
+        classes = [classes]
+    resolved = []
+    for cls in classes:
+        if isinstance(cls, str):
+            from hydra.utils import get_class
+
+            try:
+                cls = get_class(cls)
+            except Exception as err:
+                raise ValueError(f"activation_checkpointing: cannot import class {cls!r}: {err}") from err
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise TypeError(f"activation_checkpointing takes nn.Module classes or their paths, got {cls!r}")
+        resolved.append(cls)
+    return tuple(resolved)
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    """``value`` must be an int >= 1 (bools refused)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_limit(name: str, value: Any) -> None:
+    """A ``limit_*_batches`` value: None, an int >= 0 (batches) or a float in [0, 1] (a fraction)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an int (batches), a float in [0, 1] (fraction) or None, got {value!r}")
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} as a fraction must be in [0, 1], got {value}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{name} as a batch count must be >= 0, got {value}")
+
+
+def check_module(module: Any) -> None:
+    """``fit`` needs a TrainModule that defines ``training_step``."""
+    from trainer.module import TrainModule
+
+    if not isinstance(module, TrainModule):
+        raise TypeError(f"Trainer.fit needs a TrainModule, got {type(module).__name__}")
+    if type(module).training_step is TrainModule.training_step:
+        raise NotImplementedError(
+            f"{type(module).__name__} does not define training_step(self, batch, batch_idx); "
+            "the trainer has nothing to train"
+        )

@@ -1,0 +1,116 @@
+"""Preemption: signals noted, ranks agreeing on when to stop, the checkpoint, the requeue.
+
+On SIGTERM or SIGUSR1 the handler only notes the signal. The training loop asks :meth:`Preemption.due`
+after every optimizer step (a plain attribute test in one process), and, when due,
+:meth:`Preemption.requested`: under several processes a small all-reduce at a step every rank agreed
+on, so that every rank stops after the same step. The trainer then saves ``last.ckpt`` where
+``ckpt_path="last"`` finds it, asks Slurm to requeue the job on SIGUSR1, and stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.common.errors import Preempted
+
+if TYPE_CHECKING:
+    from strategies.base import Strategy
+
+__all__ = ["PREEMPT_CHECK_MAX_STEPS", "PREEMPT_CHECK_SECONDS", "Preempted", "Preemption"]
+
+#: Under several processes, about how often (in seconds) ranks agree on whether a preemption signal
+#: arrived: a signal stops training about this long after it came (or after the next step, for
+#: slower steps), at the same step on every rank.
+PREEMPT_CHECK_SECONDS = 0.5
+#: ... and at least every this many optimizer steps.
+PREEMPT_CHECK_MAX_STEPS = 1000
+
+
+class Preemption:
+    """What a run does on SIGTERM/SIGUSR1 (see the module docstring).
+
+    Args:
+        exit_code: the process exits with this code after the checkpoint; ``None`` returns from
+            ``fit`` instead (``trainer.preempted`` tells).
+        slurm_requeue: on SIGUSR1 under Slurm, ask Slurm to requeue the job after saving.
+    """
+
+    def __init__(self, exit_code: int | None, slurm_requeue: bool) -> None:
+        self.exit_code = exit_code
+        self.slurm_requeue = slurm_requeue
+        #: True once a run stopped for a preemption.
+        self.preempted = False
+        #: The signal noted (on any rank, once ranks agreed), else None.
+        self.signal: int | None = None
+        # Set per fit: whether ranks must agree (one collective per agreement).
+        self.agree = False
+        #: Under several processes: the global step of the next agreement.
+        self.next_check = 0
+        self._checked_at: tuple[float, int] | None = None  # (time, global step) of the last agreement
+        self._strategy: Strategy | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self, strategy: Strategy) -> None:
+        """Note SIGTERM/SIGUSR1 from now on (only the main thread may set handlers)."""
+        self._strategy = strategy
+        self._previous = {}
+        # Worked out once: in one process the loop's per-step check is a plain attribute test.
+        self.agree = strategy.world_size > 1
+        self.next_check = 0
+        self._checked_at = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def note(signum: int, frame: Any) -> None:
+            self.signal = signum
+
+        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+            if sig is not None:
+                self._previous[sig] = signal.signal(sig, note)
+
+    def restore(self) -> None:
+        """Put back the signal handlers :meth:`install` replaced."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def due(self, global_step: int) -> bool:
+        """Whether :meth:`requested` must be asked after this step (cheap: runs every step)."""
+        return global_step >= self.next_check if self.agree else self.signal is not None
+
+    def requested(self, global_step: int) -> bool:
+        """True when a signal arrived here or (under several processes) on any rank, on every rank alike."""
+        if not self.agree:
+            return self.signal is not None
+        assert self._strategy is not None
+        # The same all-reduce agrees on the next check: each rank proposes as many steps as it ran in
+        # PREEMPT_CHECK_SECONDS since the last agreement, and the largest proposal wins.
+        now = time.monotonic()
+        proposal = 1  # the first agreement of a run (fresh or resumed) comes before any measurement
+        if self._checked_at is not None:
+            last_time, last_step = self._checked_at
+            rate = (global_step - last_step) / max(now - last_time, 1e-6)
+            proposal = min(max(int(rate * PREEMPT_CHECK_SECONDS), 1), PREEMPT_CHECK_MAX_STEPS)
+        flag = torch.tensor([self.signal or 0, proposal], dtype=torch.int64, device=self._strategy.root_device)
+        signal_any, interval = (int(v) for v in self._strategy.reduce(flag, "max").tolist())
+        self.signal = signal_any or None
+        self._checked_at = (now, global_step)
+        self.next_check = global_step + interval
+        return self.signal is not None
+
+    def requeue(self, is_global_zero: bool) -> None:
+        """After the checkpoint: on SIGUSR1 under Slurm, ``scontrol requeue`` the job (rank 0)."""
+        job = os.environ.get("SLURM_JOB_ID")
+        usr1 = getattr(signal, "SIGUSR1", None)
+        if self.slurm_requeue and job and self.signal == usr1 and is_global_zero:
+            result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                warnings.warn(f"scontrol requeue {job} failed: {result.stderr.strip()}", stacklevel=2)

@@ -1,0 +1,202 @@
+"""What one entry point (``fit``/``validate``/``test``/``predict``) does in every process.
+
+:func:`launch` hands :func:`run_stage` to the strategy, which runs it here or in the processes it
+starts (or joins). :func:`run_stage` sets up (data module, module, callbacks, strategy, optimizers,
+a checkpoint to restore), runs the stage's loop and tears down, also after an exception. When the
+stage ran in processes the strategy started, :func:`adopt` copies rank 0's end state into the
+caller's trainer and module, so code after ``fit`` reads the same on every strategy.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer import loops
+from trainer.common.env import STARTED_BY_LAUNCHER
+from trainer.common.errors import Preempted
+from trainer.common.state_dict import load_module_state
+from trainer.data import add_worker_seeding, make_resumable
+from trainer.loops.step import ManualOptimizer
+from trainer.optim import parse_optimizers
+
+if TYPE_CHECKING:
+    from trainer.module import DataModule, TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["adopt", "final_state", "launch", "run_stage"]
+
+_LOADER_METHODS = {
+    "fit": "train_dataloader",
+    "validate": "val_dataloader",
+    "test": "test_dataloader",
+    "predict": "predict_dataloader",
+}
+
+
+def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any:
+    """Run ``stage`` in every process the strategy uses; return rank 0's output."""
+    try:
+        output, final = trainer.strategy.launch(run_stage, trainer, stage, module, *rest)
+    except Preempted:  # the processes the strategy started were stopped by a signal
+        trainer.preemption.preempted = True
+        return None
+    if final["pid"] != os.getpid():
+        adopt(trainer, module, final)
+    return output
+
+
+def run_stage(
+    trainer: Trainer,
+    stage: str,
+    module: TrainModule,
+    loader: Iterable[Any] | None,
+    val_loader: Iterable[Any] | None,
+    datamodule: DataModule | None,
+    ckpt_path: str | os.PathLike[str] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """Everything one entry point does, in every process: set up, run the loop, tear down.
+
+    Returns ``(output, end state)``; :func:`launch` uses the end state when this ran elsewhere.
+    """
+    t = trainer
+    t.stage, t.module, t.datamodule = stage, module, datamodule
+    t.hooks.bind(module)
+    module._trainer = t
+    t.strategy.setup_environment()
+    try:
+        if datamodule is not None:
+            datamodule.prepare_data()
+            datamodule.setup(stage)
+        module.setup(stage)
+        t.hooks.callbacks_only("setup", stage)
+        _apply_memory_options(t, module, stage)
+        t.strategy.setup(module)
+        if t.compile:
+            t.strategy.compile_model(**t.compile_kwargs)
+        if stage == "fit":
+            _configure_optimizers(t, module)
+        if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            ckpt_path = t.checkpointing.restart_path()
+        if ckpt_path is not None:
+            t.checkpointing.restore(ckpt_path, full=(stage == "fit"))
+        if stage == "fit":
+            t.preemption.install(t.strategy)
+            t.loaders = {
+                "fit": make_resumable(resolve_loader(t, "fit", loader)),
+                "validate": resolve_loader(t, "validate", val_loader, required=False),
+            }
+            loops.fit_loop(t)
+            return None, final_state(t, stage)
+        t.loaders = {stage: resolve_loader(t, stage, loader)}
+        if stage == "predict":
+            return loops.predict_loop(t), final_state(t, stage)
+        metrics = loops.eval_loop(t, stage)
+        return {k: float(v) for k, v in metrics.items()}, final_state(t, stage)
+    except Preempted:
+        t.preemption.preempted = True
+        return None, final_state(t, "fit")
+    except BaseException as exc:
+        t.hooks.callbacks_only("on_exception", exc)
+        raise
+    finally:
+        t.preemption.restore()
+        t.hooks.callbacks_only("teardown", stage)
+        t.checkpointing.close()
+        module.teardown(stage)
+        if datamodule is not None:
+            datamodule.teardown(stage)
+        t.strategy.teardown()
+        t.stage = None
+
+
+def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
+    """What :func:`adopt` needs, taken in every process before the strategy tears down."""
+    t, cpu = trainer, torch.device("cpu")
+    return {
+        "pid": os.getpid(),
+        "preempted": t.preempted,
+        # Full weights, needed only when they travel back to the process that started this one
+        # (under FSDP gathering them is a collective: every rank decides alike, from the env).
+        "state_dict": (
+            t.strategy.model_state_dict() if stage == "fit" and os.environ.get(STARTED_BY_LAUNCHER) == "1" else None
+        ),
+        "progress": t.progress.state_dict(),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
+        "metrics": [
+            {k: v.detach().to(cpu) for k, v in metrics.items()}
+            for metrics in (t.callback_metrics, t.logged_metrics, t.progress_bar_metrics)
+        ],
+    }
+
+
+def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
+    """Copy rank 0's end state, returned from another process, into ``trainer`` and ``module``."""
+    if final["state_dict"] is not None:
+        load_module_state(module, final["state_dict"])
+    trainer.module = module
+    trainer.preemption.preempted = final["preempted"]
+    trainer.progress.load_state_dict(final["progress"])
+    for cb in trainer.callbacks:
+        if cb.state_key in final["callbacks"]:
+            cb.load_state_dict(final["callbacks"][cb.state_key])
+    router = trainer.metric_router
+    router.callback_metrics, router.logged_metrics, router.progress_bar_metrics = final["metrics"]
+
+
+def resolve_loader(
+    trainer: Trainer, stage: str, explicit: Iterable[Any] | None, required: bool = True
+) -> Iterable[Any] | None:
+    """The dataloader for ``stage``: given explicitly, else the datamodule's, else the module's."""
+    method = _LOADER_METHODS[stage]
+    loader = explicit
+    for source in (trainer.datamodule, trainer.module):
+        if loader is not None:
+            break
+        fn = getattr(source, method, None) if source is not None else None
+        if fn is not None:
+            try:
+                loader = fn()
+            except NotImplementedError:
+                loader = None
+    if loader is None:
+        if required:
+            raise ValueError(
+                f"No data for {stage}: pass dataloaders to trainer.{stage}(...), a datamodule "
+                f"defining {method}(), or define {method}() on the module"
+            )
+        return None
+    if isinstance(loader, (list, tuple)):
+        raise TypeError(
+            f"{method}: one dataloader is supported per stage, got a {type(loader).__name__} of {len(loader)}"
+        )
+    prepared = trainer.strategy.process_dataloader(loader, train=(stage == "fit"))
+    return add_worker_seeding(prepared, trainer.strategy.global_rank)
+
+
+def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> None:
+    """Activation checkpointing (before the strategy wraps the module) and micro-batching checks."""
+    if trainer.activation_checkpointing:
+        found = trainer.strategy.apply_activation_checkpointing(module, trainer.activation_checkpointing)
+        if not found:
+            names = ", ".join(c.__qualname__ for c in trainer.activation_checkpointing)
+            warnings.warn(f"activation_checkpointing: {type(module).__name__} has no {names} submodule", stacklevel=2)
+    if stage == "fit" and trainer.micro_batcher is not None and not module.automatic_optimization:
+        raise ValueError("micro_batch_size needs automatic optimisation; split batches yourself in training_step")
+
+
+def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
+    optimizers, schedulers = parse_optimizers(module.configure_optimizers())
+    if module.automatic_optimization and len(optimizers) > 1:
+        raise ValueError(
+            f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimisation "
+            "steps one. Set `automatic_optimization = False` and step them in training_step."
+        )
+    trainer.optimizers = trainer.strategy.setup_optimizers(optimizers)
+    trainer.lr_scheduler_configs = schedulers
+    trainer.window.has_loss = trainer.window.nonfinite = False
+    trainer.optimizer_handles = [ManualOptimizer(trainer, opt, trainer.window) for opt in trainer.optimizers]
