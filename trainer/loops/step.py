@@ -118,7 +118,9 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
     plain_backward = _keeps(strategy, Strategy, "backward") and _keeps(precision, Precision, "backward")
     backward = torch.Tensor.backward if plain_backward else strategy.backward
     plain_step = _keeps(strategy, Strategy, "optimizer_step") and _keeps(precision, Precision, "optimizer_step")
-    optimizer_step = _plain_optimizer_step if plain_step else strategy.optimizer_step
+    # Called without arguments: the optimizer's own (instance-bound: schedulers patch it) ``step``, whose
+    # None counts as a step taken, or the strategy's, which returns False for a skipped step (fp16).
+    optimizer_step = optimizer.step if plain_step else functools.partial(strategy.optimizer_step, optimizer)
     clip = strategy.clip_gradients if clip_val is not None else None
     nonfinite = NonFinite(trainer) if trainer.on_nonfinite is not None else None
     schedulers = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
@@ -174,7 +176,7 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
             before_optimizer_step(optimizer)
         if clip is not None:
             clip(optimizer, clip_val, clip_algorithm)
-        if optimizer_step(optimizer):
+        if optimizer_step() is not False:
             if schedulers:
                 step_schedulers(trainer, "step", steps_done=progress.global_step + 1)
         else:
@@ -359,11 +361,6 @@ def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = No
                 )
             continue
         cfg.scheduler.step(float(value))  # a sync, once per interval
-
-
-def _plain_optimizer_step(optimizer: torch.optim.Optimizer) -> bool:
-    optimizer.step()
-    return True
 
 
 def _keeps(obj: object, base: type, name: str) -> bool:
