@@ -74,7 +74,7 @@ def test_import_benchmark_runs_as_a_command() -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert "import trainer vs import torch" in out.stdout
+    assert "from trainer import Trainer vs import torch" in out.stdout
 
 
 @pytest.mark.timeout(120)
