@@ -88,9 +88,9 @@ def test_default_job_reaches_accuracy_and_leaves_its_artifacts(jobs: Any) -> Non
     model.load_state_dict(ckpt["state_dict"])
     model.eval()
     data = DigitsData()
-    data.setup("validate")
-    assert data.val_set is not None
-    x, y = data.val_set.tensors
+    data.setup("test")
+    assert data.test_set is not None
+    x, y = data.test_set.tensors
     with torch.no_grad():
         accuracy = float((model(x).argmax(dim=1) == y).float().mean())
     assert accuracy == pytest.approx(metrics["test/acc"], abs=1e-3)  # the file holds the trained weights
