@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.errors import MetricNotLoggedError, closest
+from trainer.common.errors import MetricNotLoggedError, closest
 
 if TYPE_CHECKING:
     from callbacks.base import Callback

@@ -14,7 +14,8 @@ import pytest
 
 from callbacks import EarlyStopping, ModelCheckpoint
 from callbacks._monitor import MonitorNotLoggedWarning
-from tests._cb_helpers import NotRankZero, Scripted, loaders, quiet_trainer
+from tests.helpers.callback_tools import NotRankZero, Scripted, loaders
+from tests.helpers.trainers import quiet_trainer
 from trainer.errors import MetricNotLoggedError, UserError
 
 EPOCHS = 3
@@ -23,7 +24,7 @@ EPOCHS = 3
 def _fit(callback: object, **kwargs: object) -> tuple[int, list[warnings.WarningMessage]]:
     """Fit ``Scripted`` (logs train/loss, val/loss) for EPOCHS epochs; return the steps and the warnings."""
     train, val = loaders()
-    trainer = quiet_trainer([callback], max_epochs=EPOCHS, **kwargs)
+    trainer = quiet_trainer(callbacks=[callback], max_epochs=EPOCHS, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(Scripted(), train, val)

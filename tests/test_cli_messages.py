@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clitools import REPO
+from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,7 +55,7 @@ FULL = Mistake(("ckpt_path=last",), ("Traceback", "ckpt_path=last"), env=(("HYDR
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, Path]]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.clitools import run_dirs, run_geartrain
+from tests.helpers.cli import run_dirs, run_geartrain
 
 NET = '''
 import torch

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import UserError, closest
+from trainer.common.errors import CheckpointError, UserError, closest
 
 __all__ = ["describe", "remove_if_untouched", "reported", "untouched"]
 
@@ -36,8 +36,6 @@ def describe(err: BaseException) -> str | None:
         OverrideParseException,
     )
     from omegaconf.errors import OmegaConfBaseException
-
-    from trainer.checkpoint import CheckpointError
 
     if isinstance(err, MissingConfigException):
         return _missing_option(err)
