@@ -8,6 +8,7 @@ commands start at once, in folders of their own, to keep the suite's wall time d
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import REPO_ROOT
 
@@ -42,6 +44,10 @@ MISTAKES = {
     "missing_checkpoint": Mistake(("ckpt_path=missing.ckpt",), ("missing.ckpt", "ckpt_path=last")),
     "no_run_to_resume": Mistake(("ckpt_path=last",), ("ckpt_path=last", "outputs", "Train first")),
     "unreadable_checkpoint": Mistake(("ckpt_path=garbage.ckpt",), ("garbage.ckpt", "not a readable")),
+    "resume_with_another_optimizer": Mistake(
+        ("optim=sgd", "ckpt_path=adamw.ckpt"), ("adamw.ckpt", "optimizer AdamW", "configures SGD", "weights.pt")
+    ),
+    "checkpoint_missing_an_entry": Mistake(("ckpt_path=no_progress.ckpt",), ("no_progress.ckpt", "'progress'")),
     "class_not_found": Mistake(("model._target_=my_project.Net",), ("model", "my_project", "folder")),
     "monitor_never_logged": Mistake(
         ("trainer.max_epochs=1", "callbacks.early_stopping.monitor=val/los", "callbacks.early_stopping.strict=true"),
@@ -53,8 +59,23 @@ MISTAKES = {
 FULL = Mistake(("ckpt_path=last",), ("Traceback", "ckpt_path=last"), env=(("HYDRA_FULL_ERROR", "1"),))
 
 
+def write_checkpoints(folder: Path) -> None:
+    """``adamw.ckpt``: the default job's model after one step (AdamW, cosine); ``no_progress.ckpt``: without progress."""
+    from examples.digits import DigitsClassifier, DigitsData
+    from tests.helpers.trainers import quiet_trainer
+
+    trainer = quiet_trainer(folder / "first", max_steps=1, limit_val_batches=0)
+    trainer.fit(DigitsClassifier(), datamodule=DigitsData())
+    trainer.save_checkpoint(folder / "adamw.ckpt")
+    state = torch.load(folder / "adamw.ckpt", weights_only=True)
+    del state["progress"]
+    torch.save(state, folder / "no_progress.ckpt")
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, Path]]]:
+    checkpoints = tmp_path_factory.mktemp("checkpoints")
+    write_checkpoints(checkpoints)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
@@ -62,6 +83,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tup
         for name, mistake in {**MISTAKES, "full_error": FULL}.items():
             cwd = tmp_path_factory.mktemp(name)
             (cwd / "garbage.ckpt").write_bytes(b"not a checkpoint\n")
+            for file in ("adamw.ckpt", "no_progress.ckpt"):
+                shutil.copy(checkpoints / file, cwd / file)
             proc = subprocess.Popen(
                 [sys.executable, "-m", "trainer", "trainer.enable_progress_bar=false", *mistake.args],
                 cwd=cwd,

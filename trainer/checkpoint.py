@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -323,7 +324,7 @@ def load_checkpoint(
                 "code when loaded; refusing it. geartrain checkpoints hold only tensors and plain containers."
             ) from err
         raise CheckpointError(
-            f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {err}"
+            f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {_first_reason(err)}"
         ) from err
     weights = plain_state_dict(state) if plain_weights and isinstance(state, dict) else None
     if weights is not None and state.get("format") != FORMAT_NAME:
@@ -341,6 +342,16 @@ def load_checkpoint(
             f"({FORMAT_VERSION}); upgrade geartrain to load it."
         )
     return state
+
+
+def _first_reason(err: BaseException) -> str:
+    """The line of torch's error that says what is wrong with the file, not its advice on ``weights_only``."""
+    text = str(err)
+    unpickler = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
+    if unpickler is not None:
+        return unpickler.group(1).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    return first if len(first) <= 200 else first[:200] + "..."
 
 
 _SAFE_IMPORTS = ("torch.", "collections.OrderedDict", "builtins.")
