@@ -346,12 +346,8 @@ def load_checkpoint(
 
 def _first_reason(err: BaseException) -> str:
     """The line of torch's error that says what is wrong with the file, not its advice on ``weights_only``."""
-    text = str(err)
-    unpickler = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
-    if unpickler is not None:
-        return unpickler.group(1).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
-    return first if len(first) <= 200 else first[:200] + "..."
+    found = re.search(r"WeightsUnpickler error:\s*(\S.*)", str(err)) or re.search(r"(\S.{0,200})", str(err))
+    return found.group(1).strip() if found else type(err).__name__
 
 
 _SAFE_IMPORTS = ("torch.", "collections.OrderedDict", "builtins.")
