@@ -54,6 +54,18 @@ MISTAKES = {
         ("EarlyStopping(monitor='val/los')", "logged: ", "callbacks.early_stopping.monitor=val/loss"),
         before_training=False,
     ),
+    # Raised in a worker process: it reaches the command as a failed worker, and is still told short.
+    "monitor_never_logged_under_ddp": Mistake(
+        (
+            "strategy=ddp",
+            "trainer.devices=2",
+            "trainer.max_epochs=1",
+            "callbacks.early_stopping.monitor=val/los",
+            "callbacks.early_stopping.strict=true",
+        ),
+        ("(rank ", "EarlyStopping(monitor='val/los')", "callbacks.early_stopping.monitor=val/loss"),
+        before_training=False,
+    ),
 }
 #: The same mistake with HYDRA_FULL_ERROR=1: the traceback is back.
 FULL = Mistake(("ckpt_path=last",), ("Traceback", "ckpt_path=last"), env=(("HYDRA_FULL_ERROR", "1"),))

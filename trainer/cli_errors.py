@@ -47,7 +47,25 @@ def describe(err: BaseException) -> str | None:
         return _instantiation(err)
     if isinstance(err, (UserError, CheckpointError, OmegaConfBaseException)):
         return str(err)
-    return None
+    return _from_a_worker(err)
+
+
+def _from_a_worker(err: BaseException) -> str | None:
+    """A user's mistake raised in a worker process (DDP, FSDP), which reaches here as its type's name."""
+    from strategies.launch import WorkerFailedError
+
+    if not isinstance(err, WorkerFailedError):
+        return None
+    kind, _, message = err.cause.partition(": ")
+    mistakes = {CheckpointError.__name__, UserError.__name__, *(c.__name__ for c in _subclasses(UserError))}
+    return f"(rank {err.rank}) {message}" if kind in mistakes and message else None
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
 
 
 @contextlib.contextmanager
