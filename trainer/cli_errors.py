@@ -62,8 +62,9 @@ def _from_a_worker(err: BaseException) -> str | None:
 
 
 def _subclasses(cls: type) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
+    found: list[type] = []
+    direct: list[type] = cls.__subclasses__()
+    for sub in direct:
         found += [sub, *_subclasses(sub)]
     return found
 
@@ -73,10 +74,11 @@ def reported() -> Iterator[None]:
     """Run the Hydra app inside: a user's mistake is printed short and ends the process with code 1.
 
     Hydra prints errors itself unless ``HYDRA_FULL_ERROR=1``, in which case it raises them; it is set
-    here so that the exception reaches :func:`describe`. A user who set it gets the traceback.
+    here so that the exception reaches :func:`describe`. A user who set it gets the traceback. It is
+    set before any thread starts and left set: changing the environment while torch's threads may
+    read it is not safe, and the process ends with the command.
     """
     wanted_traceback = os.environ.get(FULL_ERROR) == "1"
-    previous = os.environ.get(FULL_ERROR)
     os.environ[FULL_ERROR] = "1"
     try:
         yield
@@ -90,11 +92,6 @@ def reported() -> Iterator[None]:
         print("geartrain: error: " + "\n  ".join(lines), file=sys.stderr)
         print(f"(the traceback: run again with {FULL_ERROR}=1)", file=sys.stderr)
         sys.exit(1)
-    finally:
-        if previous is None:
-            os.environ.pop(FULL_ERROR, None)
-        else:
-            os.environ[FULL_ERROR] = previous
 
 
 def untouched(run_dir: Path) -> bool:
