@@ -20,7 +20,7 @@ import torch
 
 from tests.helpers import REPO_ROOT
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @dataclass(frozen=True)

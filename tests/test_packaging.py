@@ -38,6 +38,7 @@ def _folder(package: str) -> Path:
     return REPO_ROOT.joinpath("conf", *package.split(".")[2:])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_wheel_builds_quietly_and_its_geartrain_finds_the_configs(tmp_path: Path) -> None:
     source = tmp_path / "src"
