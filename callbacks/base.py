@@ -23,6 +23,9 @@ class Callback:
 
     #: False for callbacks that write files or logs; ``fast_dev_run`` leaves those out.
     runs_in_fast_dev_run: bool = True
+    #: Where this callback's settings live in the ``geartrain`` config (``"callbacks.model_checkpoint"``),
+    #: set by the command so that messages name the override that changes a setting; ``None`` in Python.
+    config_key: str | None = None
 
     @property
     def state_key(self) -> str:

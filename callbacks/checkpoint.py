@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._monitor import Monitor
+from callbacks._monitor import Monitor, MonitorNotLoggedWarning
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -54,10 +54,14 @@ class ModelCheckpoint(Callback):
             CPU copy of the state, kept between saves. Two writes never overlap; a failed write is
             raised (as :class:`~trainer.checkpoint.CheckpointError`) by the next save or at the end
             of fitting, with the bookkeeping rolled back to the files that are really on disk.
+        missing_monitor: what a ``monitor`` still missing after a validation pass does. ``"raise"``
+            (Lightning's behaviour): :class:`~trainer.errors.MetricNotLoggedError`, a ``KeyError``
+            naming the metrics that were logged. ``"warn"``: say so once and keep only
+            ``last.ckpt`` (which needs ``save_last=True``); the ``geartrain`` default callbacks use
+            this, so a project that logs other metrics than the default job still trains.
 
     A save whose monitored value was not updated since the previous ranked save (an epoch in which
-    validation did not run) writes ``last.ckpt`` only. A monitor that is still missing after a
-    validation pass is a typo and raises ``KeyError`` naming the logged metrics.
+    validation did not run) writes ``last.ckpt`` only.
 
     Example:
         >>> cb = ModelCheckpoint(filename="{epoch}-{val/acc:.2f}", monitor="val/acc", mode="max")
@@ -79,9 +83,12 @@ class ModelCheckpoint(Callback):
         every_n_epochs: int | None = None,
         save_weights_only: bool = False,
         async_save: bool = False,
+        missing_monitor: str = "raise",
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
+        if missing_monitor not in ("raise", "warn"):
+            raise ValueError(f"ModelCheckpoint missing_monitor must be 'raise' or 'warn', got {missing_monitor!r}")
         if save_top_k < -1:
             raise ValueError(f"save_top_k must be >= -1, got {save_top_k}")
         if every_n_train_steps is not None and every_n_train_steps < 0:
@@ -105,7 +112,13 @@ class ModelCheckpoint(Callback):
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
-        self._monitor = Monitor("ModelCheckpoint", monitor) if monitor is not None else None
+        self.missing_monitor = missing_monitor
+        kept = "only last.ckpt is kept" if save_last else "no checkpoint is kept (save_last=False)"
+        self._monitor = (
+            Monitor(self, monitor, on_missing=missing_monitor, consequence=f"no best checkpoint: {kept}")
+            if monitor is not None
+            else None
+        )
         self._last_saved_step = -1
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
@@ -148,10 +161,18 @@ class ModelCheckpoint(Callback):
         if self.save_last and trainer.global_step != self._last_saved_step:
             self._save(trainer, rank=False)
         self._confirm(trainer)  # the last write's failure surfaces here, with the bookkeeping rolled back
-        if self._monitor is not None and self.save_top_k != 0 and not self._monitor.seen and trainer.is_global_zero:
+        monitor = self._monitor
+        if (
+            monitor is not None
+            and self.save_top_k != 0
+            and not monitor.seen
+            and not monitor.told
+            and trainer.is_global_zero
+        ):
             warnings.warn(
                 f"ModelCheckpoint(monitor={self.monitor!r}): the metric was never logged during fit, "
                 "so no best checkpoint was kept",
+                MonitorNotLoggedWarning,
                 stacklevel=2,
             )
 

@@ -40,6 +40,11 @@ class EarlyStopping(Callback):
         divergence_threshold: stop once the value is worse than this (no point going on).
         verbose: print why training stopped (rank 0).
         stream: where to print (default: standard output).
+        strict: a ``monitor`` still missing after a validation pass raises
+            :class:`~trainer.errors.MetricNotLoggedError` naming the metrics that were logged
+            (Lightning's default). ``False`` says so once and stands aside: training runs to its end
+            as if there were no early stopping. The ``geartrain`` default callbacks use ``False``,
+            so a project that logs other metrics than the default job still trains.
 
     Example:
         >>> es = EarlyStopping(monitor="val/loss", patience=2)
@@ -60,6 +65,7 @@ class EarlyStopping(Callback):
         divergence_threshold: float | None = None,
         verbose: bool = True,
         stream: TextIO | None = None,
+        strict: bool = True,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}")
@@ -76,12 +82,18 @@ class EarlyStopping(Callback):
         self.divergence_threshold = divergence_threshold
         self.verbose = verbose
         self.stream = stream
+        self.strict = strict
         self.wait_count = 0
         self.best_score = math.inf if mode == "min" else -math.inf
         #: Epoch in which training was stopped (-1 while it was not).
         self.stopped_epoch = -1
         self.stopping_reason = ""
-        self._monitor = Monitor("EarlyStopping", monitor)
+        self._monitor = Monitor(
+            self,
+            monitor,
+            on_missing="raise" if strict else "warn",
+            consequence="early stopping stands aside and training runs to its end",
+        )
 
     @property
     @override

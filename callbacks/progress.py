@@ -25,6 +25,11 @@ def _clock(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
 
+def _batches(n: int) -> str:
+    """``"1 batch"``, ``"2 batches"``."""
+    return "1 batch" if n == 1 else f"{n} batches"
+
+
 class ProgressBar(Callback):
     """Show training and validation progress with it/s, ETA and the values logged with ``prog_bar=True``.
 
@@ -188,7 +193,7 @@ class ProgressBar(Callback):
         elif not self._interactive() and not trainer.sanity_checking:
             metrics = self._metrics_text(trainer)
             print(
-                f"validation | epoch {trainer.current_epoch} | {self._val_batches} batches"
+                f"validation | epoch {trainer.current_epoch} | {_batches(self._val_batches)}"
                 + (f" | {metrics}" if metrics else ""),
                 file=self._out,
                 flush=True,

@@ -48,6 +48,7 @@ class DataParallelStrategy(Strategy):
         super().__init__(precision=precision, device=None)
         self._records: list[tuple[int, list[_LogCall]]] = []
         self._lock = threading.Lock()
+        self._said_one_device = False
 
     @override
     def configure(self, *, devices: int | str = "auto", num_nodes: int = 1) -> None:
@@ -67,7 +68,11 @@ class DataParallelStrategy(Strategy):
     @override
     def setup(self, module: TrainModule) -> nn.Module:
         ids = self.device_ids
-        if len(ids) < 2:
+        # Said once per strategy, not left to the warnings registry: setup runs for every stage
+        # (fit, then test), and the registry forgets what it showed whenever a library changes the
+        # warning filters (importing torch._dynamo, which every optimizer does, imports sympy, which does).
+        if len(ids) < 2 and not self._said_one_device:
+            self._said_one_device = True
             warnings.warn(
                 f"DataParallelStrategy: {len(ids)} GPU(s) visible, so training runs on one device "
                 f"({self.root_device}) without replication.",

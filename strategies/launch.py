@@ -17,6 +17,7 @@ every worker: a script that trains must keep its top-level code under ``if __nam
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import re
@@ -40,7 +41,16 @@ __all__ = [
 
 
 class WorkerFailedError(RuntimeError):
-    """A training process raised; the message holds its rank and its traceback."""
+    """A training process raised; the message holds its rank and its traceback.
+
+    ``rank`` and ``cause`` (``"ExceptionType: message"``, as the failing worker recorded it) let the
+    caller tell a user's mistake raised in a worker (a checkpoint that does not fit) from a crash.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, cause: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause
 
 
 def slurm_environment(env: dict[str, str] | None = None) -> dict[str, str] | None:
@@ -142,6 +152,11 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     # Workers inherit this environment. Without a thread limit each one starts an OpenMP pool as big
     # as the machine, and N pools spinning on the same cores make CPU steps many times slower.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    # The agent logs a failed worker's traceback, then raises it in ChildFailedError, which
+    # WorkerFailedError carries: one copy is enough, and the caller decides how to show it.
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    agent_level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
     try:
         results = elastic_launch(config, _worker)(payload)
     except SignalException as exc:
@@ -150,8 +165,12 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
         raise Preempted(f"the launcher received signal {exc.sigval}") from None
     except ChildFailedError as exc:
         failed = ", ".join(str(rank) for rank in sorted(exc.failures))
-        raise WorkerFailedError(f"training process(es) of rank {failed} failed:{exc}") from None
+        first = min(exc.failures)
+        raise WorkerFailedError(
+            f"training process(es) of rank {failed} failed:{exc}", first, _recorded_cause(exc.failures[first])
+        ) from None
     finally:
+        agent_log.setLevel(agent_level)
         shutil.rmtree(workdir, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
@@ -160,6 +179,15 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
                 os.environ[key] = value
     data = results[0]
     return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+
+
+def _recorded_cause(failure: Any) -> str:
+    """``"ExceptionType: message"`` as the failed worker recorded it in its error file, else ``""``."""
+    data = getattr(failure, "error_file_data", None)
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    return message if isinstance(message, str) else ""
 
 
 def _worker(payload: str) -> bytes | None:

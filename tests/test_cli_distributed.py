@@ -48,8 +48,8 @@ def test_sweep_of_ddp_jobs_each_trained_by_two_processes(tmp_path: Path) -> None
     assert len(jobs) == 2
     for job in jobs:
         assert len(event_files(job)) == 1  # rank 0 alone writes TensorBoard files
-        # 1,437 training images, 64 per process and step, 2 processes: 12 steps (1 process: 23).
-        assert steps_in(job) == 12
+        # 1,079 training images, 64 per process and step, 2 processes: 9 steps (1 process: 17).
+        assert steps_in(job) == 9
     assert not list(tmp_path.glob("outputs"))  # no second Hydra start wrote a run directory
 
 
@@ -61,7 +61,7 @@ def test_torchrun_two_processes_share_one_run_directory(tmp_path: Path) -> None:
     (run,) = run_dirs(tmp_path)
     assert len(list(tmp_path.glob("outputs/*/*"))) == 1  # rank 1 wrote no directory of its own
     assert len(event_files(run)) == 1
-    assert steps_in(run) == 12
+    assert steps_in(run) == 9
     assert out.count("final metrics") == 1  # only rank 0 prints
 
 
@@ -83,5 +83,5 @@ def test_two_torchrun_nodes_form_one_world_of_four(tmp_path: Path) -> None:
     assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
     (run,) = run_dirs(tmp_path)
     assert len(event_files(run)) == 1
-    # 1,437 images over 4 processes at 64 per process and step: 6 steps per epoch.
-    assert steps_in(run) == 6
+    # 1,079 images over 4 processes at 64 per process and step: 5 steps per epoch.
+    assert steps_in(run) == 5

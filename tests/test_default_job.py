@@ -56,6 +56,13 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[i
                 proc.wait()
 
 
+def stated_range(page: Path) -> tuple[float, float]:
+    """The range of the default job's test accuracy that ``page`` states: "`test/acc` LOW-HIGH" (an en dash)."""
+    found = re.search(r"`test/acc` (\d\.\d+)[\u2013-](\d\.\d+)", page.read_text())
+    assert found is not None, f"{page} no longer states the test accuracy as a range"
+    return float(found.group(1)), float(found.group(2))
+
+
 def final_metrics(output: str) -> tuple[dict[str, float], Path]:
     """Parse the table the job prints last, and the run directory it names."""
     header = re.search(r"^final metrics \((\w+), run directory (.+)\):$", output, re.MULTILINE)
@@ -72,6 +79,12 @@ def test_default_job_reaches_accuracy_and_leaves_its_artifacts(jobs: Any) -> Non
     metrics, run_dir = final_metrics(output)
     assert metrics["val/acc"] >= 0.95, metrics
     assert metrics["test/acc"] >= 0.95, metrics
+    # What the README and the examples guide promise a user is what this run gives.
+    low, high = stated_range(REPO_ROOT / "README.md")
+    assert stated_range(REPO_ROOT / "docs" / "examples.md") == (low, high)
+    assert low >= 0.95 and low <= metrics["test/acc"] <= high, (low, high, metrics)
+    best = [p.name for p in (run_dir / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
+    assert len(best) == 1 and re.fullmatch(r"epoch=\d+-step=\d+-val_acc=0\.\d{4}\.ckpt", best[0]), best
     assert run_dir.is_relative_to(cwd / "outputs")
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}/\d{2}-\d{2}-\d{2}", run_dir.relative_to(cwd / "outputs").as_posix())
 
@@ -88,9 +101,9 @@ def test_default_job_reaches_accuracy_and_leaves_its_artifacts(jobs: Any) -> Non
     model.load_state_dict(ckpt["state_dict"])
     model.eval()
     data = DigitsData()
-    data.setup("validate")
-    assert data.val_set is not None
-    x, y = data.val_set.tensors
+    data.setup("test")
+    assert data.test_set is not None
+    x, y = data.test_set.tensors
     with torch.no_grad():
         accuracy = float((model(x).argmax(dim=1) == y).float().mean())
     assert accuracy == pytest.approx(metrics["test/acc"], abs=1e-3)  # the file holds the trained weights

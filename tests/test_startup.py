@@ -39,15 +39,17 @@ def test_data_module_gives_the_tensors_the_sklearn_path_gave() -> None:
 
     data = DigitsData(seed=3)
     data.setup("fit")
-    assert data.train_set is not None and data.val_set is not None
-    # What DigitsData.setup computed from scikit-learn before the data were bundled.
+    assert data.train_set is not None and data.val_set is not None and data.test_set is not None
+    # What DigitsData.setup computed from scikit-learn before the data were bundled (with the test
+    # split cut from the training part since: validation first, then test, then training).
     images, labels = sklearn_digits(return_X_y=True)
     x = torch.tensor(images, dtype=torch.float32) / 16.0
     y = torch.tensor(labels, dtype=torch.long)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(3))
-    val_idx, train_idx = order[:359], order[359:]
+    val_idx, test_idx, train_idx = order[:359], order[359:718], order[718:]
     for got, want in zip(
-        (*data.train_set.tensors, *data.val_set.tensors), (x[train_idx], y[train_idx], x[val_idx], y[val_idx])
+        (*data.train_set.tensors, *data.val_set.tensors, *data.test_set.tensors),
+        (x[train_idx], y[train_idx], x[val_idx], y[val_idx], x[test_idx], y[test_idx]),
     ):
         assert got.dtype == want.dtype
         assert torch.equal(got, want)

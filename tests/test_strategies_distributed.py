@@ -157,5 +157,5 @@ def test_geartrain_hydra_app_runs_ddp_on_two_processes(tmp_path: Path) -> None:
     assert result.stdout.count("final metrics (fit_test") == 1 and "test/acc" in result.stdout
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
-    assert saved["progress"]["global_step"] == 12  # 1437 samples / 2 ranks / batch 64, rounded up
+    assert saved["progress"]["global_step"] == 9  # 1079 training samples / 2 ranks / batch 64, rounded up
     assert result.leftovers == []

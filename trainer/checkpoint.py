@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -323,7 +324,7 @@ def load_checkpoint(
                 "code when loaded; refusing it. geartrain checkpoints hold only tensors and plain containers."
             ) from err
         raise CheckpointError(
-            f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {err}"
+            f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {_first_reason(err)}"
         ) from err
     weights = plain_state_dict(state) if plain_weights and isinstance(state, dict) else None
     if weights is not None and state.get("format") != FORMAT_NAME:
@@ -341,6 +342,12 @@ def load_checkpoint(
             f"({FORMAT_VERSION}); upgrade geartrain to load it."
         )
     return state
+
+
+def _first_reason(err: BaseException) -> str:
+    """The line of torch's error that says what is wrong with the file, not its advice on ``weights_only``."""
+    found = re.search(r"WeightsUnpickler error:\s*(\S.*)", str(err)) or re.search(r"(\S.{0,200})", str(err))
+    return found.group(1).strip() if found else type(err).__name__
 
 
 _SAFE_IMPORTS = ("torch.", "collections.OrderedDict", "builtins.")

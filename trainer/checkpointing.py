@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import resume_checks
 from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION, AsyncCheckpointWriter, load_checkpoint, write_checkpoint
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
@@ -82,6 +83,9 @@ class CheckpointConnector:
         if not weights_only:
             state["optimizers"] = [t.strategy.optimizer_state_dict(opt) for opt in t.optimizers]
             state["lr_schedulers"] = [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs]
+            # The kinds, so that resuming with another optimizer or scheduler is refused by name.
+            state["optimizer_types"] = resume_checks.types_of(t.optimizers)
+            state["lr_scheduler_types"] = resume_checks.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs])
             state["precision"] = t.strategy.precision.state_dict()
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
             state["rng"] = t.strategy.gather_object(rng_state())  # one entry per rank
@@ -168,19 +172,17 @@ class CheckpointConnector:
             return
         t.module.on_load_checkpoint(state)
         t.hooks.callbacks_only("on_load_checkpoint", state)
+        if full:  # before anything is loaded: a mismatch is one message, not an error from inside torch
+            resume_checks.check_resumable(path, state, t)
         self._load_weights(path, state["state_dict"])
         if not full:
             return
-        if "optimizers" not in state:
-            raise CheckpointError(f"{path} holds weights only; it cannot resume training")
-        if len(state["optimizers"]) != len(t.optimizers):
-            raise CheckpointError(
-                f"{path} has {len(state['optimizers'])} optimizer states, the module configures {len(t.optimizers)}"
-            )
         for opt, opt_state in zip(t.optimizers, state["optimizers"]):
             t.strategy.load_optimizer_state_dict(opt, opt_state)
+        planned = [resume_checks.schedule_length(cfg.scheduler) for cfg in t.lr_scheduler_configs]
         for cfg, sched_state in zip(t.lr_scheduler_configs, state["lr_schedulers"]):
             cfg.scheduler.load_state_dict(sched_state)
+        resume_checks.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
         for cb in t.callbacks:

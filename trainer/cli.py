@@ -7,7 +7,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_callbacks", "freeze_startup_objects", "main", "run_task"]
+from trainer.errors import ConfigError
+
+__all__ = [
+    "build_callbacks",
+    "can_test",
+    "check_config",
+    "freeze_startup_objects",
+    "main",
+    "resolve_ckpt_path",
+    "run_task",
+]
 
 TASKS = ("fit", "validate", "test", "predict", "fit_test")
 
@@ -30,6 +40,10 @@ def config_dir() -> Path:
 def run_task(cfg: Any) -> dict[str, float]:
     """Build module, data, strategy, callbacks and trainer from ``cfg``; run ``cfg.task``.
 
+    Everything the config decides is checked before anything is built or run: the task, the seed,
+    values the schemas refuse, and ``ckpt_path`` (a file that exists, or a ``last.ckpt`` to resume).
+    A mistake raises :class:`~trainer.errors.ConfigError` naming the key and the fix.
+
     Returns the final metrics: the fit's last values, then the evaluation's where the task has one.
     """
     from hydra.core.hydra_config import HydraConfig
@@ -38,29 +52,35 @@ def run_task(cfg: Any) -> dict[str, float]:
 
     from trainer import Trainer, seed_everything
 
-    if cfg.task not in TASKS:
-        raise ValueError(f"task={cfg.task!r} is not one of {', '.join(TASKS)}")
-    seed_everything(int(cfg.seed))
+    check_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
+    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    seed_everything(int(cfg.seed))
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
     strategy = instantiate(cfg.strategy)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
     callbacks = build_callbacks(cfg, trainer_kwargs)
-    trainer = Trainer(
-        **{str(k): v for k, v in trainer_kwargs.items()},
-        strategy=strategy,
-        callbacks=callbacks,
-        default_root_dir=run_dir,
-        config=cfg,
-    )
-    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    try:
+        trainer = Trainer(
+            **{str(k): v for k, v in trainer_kwargs.items()},
+            strategy=strategy,
+            callbacks=callbacks,
+            default_root_dir=run_dir,
+            config=cfg,
+        )
+    except (TypeError, ValueError) as err:
+        # Every argument comes from the config's trainer node (or objects built from their groups).
+        raise ConfigError(f"trainer: {err}") from err
     metrics: dict[str, float] = {}
     if cfg.task in ("fit", "fit_test"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    if cfg.task in ("validate", "test", "fit_test"):
+    tests = cfg.task != "fit_test" or can_test(module, datamodule)
+    if cfg.task == "fit_test" and not tests and trainer.is_global_zero:
+        print("task=fit_test: the module has no test_step or no test data (test_dataloader), so it was fit only")
+    if cfg.task in ("validate", "test", "fit_test") and tests:
         stage = "validate" if cfg.task == "validate" else "test"
         eval_ckpt = ckpt if cfg.task != "fit_test" else None
         # fit_test reports the fit's final values (validation included) next to the test's.
@@ -76,24 +96,73 @@ def run_task(cfg: Any) -> dict[str, float]:
     return metrics
 
 
+def can_test(module: Any, datamodule: Any) -> bool:
+    """Whether the module has a ``test_step`` and test data (its own or the datamodule's ``test_dataloader``).
+
+    The default task, ``fit_test``, tests only then: a project without a test set still trains.
+    """
+    from trainer import DataModule
+
+    def defines_test_data(source: Any) -> bool:
+        own = getattr(type(source), "test_dataloader", None)
+        return own is not None and own is not getattr(DataModule, "test_dataloader", None)
+
+    has_data = any(defines_test_data(s) for s in (datamodule, module) if s is not None)
+    return has_data and callable(getattr(module, "test_step", None))
+
+
+def check_config(cfg: Any) -> None:
+    """Refuse, naming the key, what composing the config let through: the task, the seed, schema checks.
+
+    Hydra checks a typed node's keys and value types as it composes; the checks a schema makes in
+    ``__post_init__`` (``trainer/config.py``) run here, by building the schema objects.
+    """
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if cfg.task not in TASKS:
+        raise ConfigError(f"task={cfg.task}: no such task; choose one of {', '.join(TASKS)}")
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
+        raise ConfigError(f"seed={cfg.seed}: the seed must be a whole number, e.g. seed=42")
+    for key in ("trainer", "strategy", "optim"):
+        node = cfg.get(key)
+        if isinstance(node, DictConfig) and OmegaConf.get_type(node) not in (dict, None):
+            try:
+                OmegaConf.to_object(node)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+            except OmegaConfBaseException as err:
+                raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
+
+
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     """``"last"`` means this run's ``checkpoints/last.ckpt``, else the newest ``last.ckpt`` of earlier runs.
 
     Earlier runs are searched under ``outputs/`` and ``multirun/`` of the folder ``geartrain`` was
-    started in; the choice is printed, so a resume never silently picks the wrong file.
+    started in; the choice is printed, so a resume never silently picks the wrong file. Any other
+    value must name a file (or a sharded checkpoint's folder) that exists.
     """
-    if ckpt_path != "last":
-        return ckpt_path
-    own = run_dir / "checkpoints" / "last.ckpt"
-    if own.is_file():
-        return str(own)
     from hydra.core.hydra_config import HydraConfig
 
     base = Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd()
+    if ckpt_path is None or ckpt_path == "best":  # "best": the Trainer's own, of this run
+        return ckpt_path
+    if ckpt_path != "last":
+        path = Path(ckpt_path) if Path(ckpt_path).is_absolute() else base / ckpt_path
+        if not path.exists():
+            raise ConfigError(
+                f"ckpt_path={ckpt_path}: no such file ({path}). Give the path of a .ckpt file, or "
+                "ckpt_path=last for the newest last.ckpt under outputs/ and multirun/"
+            )
+        return str(path)
+    own = run_dir / "checkpoints" / "last.ckpt"
+    if own.is_file():
+        return str(own)
     found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
     if not found:
-        raise FileNotFoundError(
-            f"ckpt_path=last: no last.ckpt in {own.parent} nor under {base / 'outputs'} or {base / 'multirun'}"
+        raise ConfigError(
+            f"ckpt_path=last: no last.ckpt under {base / 'outputs'} or {base / 'multirun'}. "
+            "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
         )
     newest = max(found, key=lambda p: p.stat().st_mtime)
     print(f"ckpt_path=last: using {newest}")
@@ -160,7 +229,13 @@ def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
     for group in ("callbacks", "logger"):
         node = cfg.get(group)
         if node:
-            built.extend(instantiate(c) for c in node.values() if c is not None)
+            for name, entry in node.items():
+                if entry is None:
+                    continue
+                callback = instantiate(entry)
+                if isinstance(callback, cbs.Callback):
+                    callback.config_key = f"{group}.{name}"  # its messages name the overrides that change it
+                built.append(callback)
     switches = (
         ("enable_progress_bar", "callbacks", lambda cb: isinstance(cb, cbs.ProgressBar)),
         ("enable_checkpointing", "callbacks", lambda cb: isinstance(cb, cbs.ModelCheckpoint)),
@@ -182,10 +257,30 @@ def main() -> None:
     # The user's own code (``model._target_=my_project.Net``) is importable from where they run.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    sys.argv.extend(shared_run_dir_overrides())
-    # config_dir() also registers the schemas: once, as each registration builds six structured configs.
-    app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_task)
-    app()
+    from trainer.cli_errors import reported
+
+    with reported():
+        sys.argv.extend(shared_run_dir_overrides())
+        # config_dir() also registers the schemas: once, as each registration builds the structured configs.
+        app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
+        app()
+
+
+def run_job(cfg: Any) -> dict[str, float]:
+    """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from trainer.cli_errors import remove_if_untouched, untouched
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    fresh = untouched(run_dir)  # not a folder reused with hydra.run.dir=..., which holds files of its own
+    try:
+        return run_task(cfg)
+    except BaseException:
+        if fresh:
+            remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))
+        raise
 
 
 def freeze_startup_objects() -> None:

@@ -1,6 +1,6 @@
 """Dataclass schemas behind the Hydra config groups, registered in Hydra's ConfigStore.
 
-A YAML file in ``conf/trainer/`` or ``conf/strategy/`` names its schema first in its defaults list
+A YAML file in ``conf/trainer/``, ``conf/strategy/`` or ``conf/optim/`` names its schema first in its defaults list
 (``- /schema/strategy@_here_: single``),
 so a typo'd key (``trainer.max_epoch=3``) or a value of the wrong type (``trainer.max_epochs=abc``)
 fails while the config is composed, before anything runs, with a message naming the key.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional  # noqa: UP035
 
-__all__ = ["TrainerConfig", "register_configs"]
+__all__ = ["OptimConfig", "SGDOptimConfig", "TrainerConfig", "register_configs"]
 
 
 # OmegaConf reads these annotations at run time: they must be typing forms it knows (Optional, Any),
@@ -123,6 +123,38 @@ class DPStrategyConfig:
     precision: Optional[str] = None  # noqa: UP045
 
 
+@dataclass
+class OptimConfig:
+    """``optim=adamw``: the values its ``optimizer`` and ``scheduler`` entries interpolate.
+
+    ``optimizer`` and ``scheduler`` are ``_partial_`` objects for ``hydra.utils.instantiate``, handed
+    to the model, which calls them with its parameters and its optimizer.
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    optimizer: Any = None
+    scheduler: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be a positive learning rate, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class SGDOptimConfig(OptimConfig):
+    """``optim=sgd``: also the momentum."""
+
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.momentum < 0:
+            raise ValueError(f"optim.momentum must be >= 0, got {self.momentum}")
+
+
 def register_configs() -> None:
     """Put the schemas into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -134,3 +166,5 @@ def register_configs() -> None:
     cs.store(group="schema/strategy", name="ddp", node=DDPStrategyConfig)
     cs.store(group="schema/strategy", name="fsdp", node=FSDPStrategyConfig)
     cs.store(group="schema/strategy", name="dp", node=DPStrategyConfig)
+    cs.store(group="schema/optim", name="adamw", node=OptimConfig)
+    cs.store(group="schema/optim", name="sgd", node=SGDOptimConfig)

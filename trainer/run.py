@@ -18,7 +18,7 @@ import torch
 
 from trainer import loops
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.common.errors import Preempted
+from trainer.common.errors import Preempted, UserError
 from trainer.common.state_dict import load_module_state
 from trainer.data import add_worker_seeding, make_resumable
 from trainer.loops.step import ManualOptimizer
@@ -165,7 +165,7 @@ def resolve_loader(
                 loader = None
     if loader is None:
         if required:
-            raise ValueError(
+            raise UserError(
                 f"No data for {stage}: pass dataloaders to trainer.{stage}(...), a datamodule "
                 f"defining {method}(), or define {method}() on the module"
             )

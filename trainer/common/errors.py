@@ -1,12 +1,17 @@
-"""Exceptions raised by one room of geartrain and caught by another.
+"""Exceptions raised by one room of geartrain and caught by another, or by the user.
 
-They live in the leaf so that the code raising them (a strategy's launcher, a state-dict loader)
-does not have to import the trainer that catches them.
+They live in the leaf so that the code raising them (a strategy's launcher, a state-dict loader, a
+callback) does not have to import the trainer that catches them. :class:`UserError` and its
+subclasses are the user's mistakes, which the ``geartrain`` command prints without a traceback;
+users import them from ``trainer.errors``.
 """
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "Preempted"]
+import difflib
+from collections.abc import Iterable
+
+__all__ = ["CheckpointError", "ConfigError", "MetricNotLoggedError", "Preempted", "UserError", "closest"]
 
 
 class CheckpointError(RuntimeError):
@@ -18,3 +23,35 @@ class Preempted(Exception):
 
     The launcher raises it too, when a signal stopped the processes it started (they saved first).
     """
+
+
+class UserError(ValueError):
+    """A mistake in what the user asked for; the message names it and the fix."""
+
+
+class ConfigError(UserError):
+    """A config value or key that cannot work; the message names its key (``optim.lr``)."""
+
+
+class MetricNotLoggedError(UserError, KeyError):
+    """A callback or scheduler monitors a metric that was never logged (a typo, or another module's name).
+
+    Also a ``KeyError``, the type this error had before it had its own.
+    """
+
+    def __str__(self) -> str:
+        # KeyError's str() quotes its argument, as it expects a key; this one carries a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+def closest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The choice most like ``word`` (for "did you mean ...?"), or ``None`` when none is close.
+
+    Example:
+        >>> closest("max_epoch", ["max_steps", "max_epochs", "min_epochs"])
+        'max_epochs'
+        >>> closest("zzz", ["max_steps"]) is None
+        True
+    """
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return found[0] if found else None

@@ -22,6 +22,7 @@ import torch
 
 from strategies.base import Strategy
 from strategies.precision import Precision
+from trainer.common.errors import MetricNotLoggedError
 from trainer.common.tree import move_to_device
 from trainer.microbatch import micro_batches
 
@@ -355,7 +356,7 @@ def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = No
         if value is None:
             if cfg.strict and metrics_due:
                 logged = ", ".join(sorted(metrics)) or "nothing"
-                raise KeyError(
+                raise MetricNotLoggedError(  # a KeyError too
                     f"{type(cfg.scheduler).__name__} monitors {cfg.monitor!r}, which was not logged "
                     f"(logged: {logged}); log it with self.log({cfg.monitor!r}, value)"
                 )

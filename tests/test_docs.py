@@ -1,0 +1,165 @@
+"""Every Python and shell block in README.md and docs/ runs as written.
+
+The blocks of one page run in order, in one temporary folder per page (a later block may use a file
+an earlier one wrote), with the repository's ``.venv`` first on ``PATH`` (what
+``source .venv/bin/activate`` gives) and the checkout on ``PYTHONPATH`` (what running from the
+repository root gives). Python blocks run as a script with this interpreter; shell blocks with bash
+``-euo pipefail``. Two HTML comments right before a fence change what happens to it:
+
+- ``<!-- skip-test: REASON -->``: not run (a GPU, a cluster, a server, a long run); the test is
+  reported as skipped with REASON, so ``pytest -ra`` lists each one.
+- ``<!-- file: PATH -->``: the block is written to PATH in the page's folder instead of run.
+
+Other languages (``text``, ``yaml``, output listings) are shown, not run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("**/*.md"))]
+RUN = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
+TIMEOUT_S = 240
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
+MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip-test|file):\s*(?P<value>.*?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    skip: str | None = None
+    file: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(REPO_ROOT).as_posix()}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of ``page`` with the markers right before them."""
+    lines = page.read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if opening is None:
+            i += 1
+            continue
+        indent, lang = len(opening["indent"]), opening["lang"].lower()
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+        code = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
+        marks = {}
+        k = i - 1
+        while k >= 0 and (mark := MARK.match(lines[k])):
+            marks[mark["kind"]] = mark["value"]
+            k -= 1
+        found.append(Block(page, i + 1, lang, code, marks.get("skip-test"), marks.get("file")))
+        i = end + 1
+    return found
+
+
+ALL = [b for page in PAGES for b in blocks(page) if b.lang in RUN or b.file is not None]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Path]:
+    """One working folder per page, made on first use."""
+    return {}
+
+
+def top_level_entries() -> set[str]:
+    """The repository's tracked top-level files and folders."""
+    out = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    return {line.split("/", 1)[0] for line in out.splitlines()}
+
+
+def folder_for(block: Block, folders: dict[Path, Path], factory: pytest.TempPathFactory) -> Path:
+    """The page's folder: a stand-in for the repository root whose entries link to this checkout's.
+
+    Commands that name repository paths (``tests/...``, ``conf/...``, ``.venv/bin/activate``) work
+    as from the root, while what the blocks write (``outputs/``, ``my_project/``) stays in the folder.
+    """
+    if block.page not in folders:
+        folder = factory.mktemp(block.page.stem.lower())
+        for name in top_level_entries():
+            (folder / name).symlink_to(REPO_ROOT / name)
+        (folder / ".venv").symlink_to(Path(sys.executable).parent.parent, target_is_directory=True)
+        folders[block.page] = folder
+    return folders[block.page]
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYDRA_FULL_ERROR"))}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["COLUMNS"] = "120"
+    return env
+
+
+def test_the_pages_have_blocks_to_run() -> None:
+    assert len(PAGES) > 1, PAGES
+    assert sum(b.skip is None and b.file is None for b in ALL) >= 10
+
+
+def test_the_files_the_pages_name_exist() -> None:
+    """Paths such as ``tests/test_resume.py`` or ``conf/callbacks/default.yaml`` in the text are real files."""
+    named = re.compile(
+        r"`((?:tests|conf|examples|bench|trainer|strategies|callbacks|docs)/[\w./-]+\.(?:py|yaml|md|png|npz|txt))"
+    )
+    missing = [
+        f"{page.relative_to(REPO_ROOT)}: {path}"
+        for page in PAGES
+        for path in named.findall(page.read_text())
+        if not (REPO_ROOT / path).exists() and not re.search(r"[A-Z]{4,}", path)  # not a placeholder (GROUP)
+    ]
+    assert not missing, missing
+
+
+def test_every_skip_says_why() -> None:
+    for block in ALL:
+        assert block.skip is None or len(block.skip) > 8, f"{block.name}: say why it is skipped"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S + 30)
+@pytest.mark.parametrize("block", ALL, ids=[b.name for b in ALL])
+def test_block_runs(block: Block, folders: dict[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
+    if block.skip is not None:
+        pytest.skip(f"{block.name}: {block.skip}")
+    cwd = folder_for(block, folders, tmp_path_factory)
+    if block.file is not None:
+        target = cwd / block.file
+        assert target.resolve().is_relative_to(cwd.resolve()), (
+            f"{block.name}: {block.file} would write into the checkout"
+        )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(block.code)
+        return
+    if RUN[block.lang] == "python":
+        script = cwd / f"block_{block.line}.py"
+        script.write_text(block.code)
+        command = [sys.executable, script.name]
+    else:
+        command = [shutil.which("bash") or "/bin/bash", "-euo", "pipefail", "-c", block.code]
+    result = subprocess.run(
+        command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    assert result.returncode == 0, (
+        f"{block.name} failed:\n{block.code}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    )

@@ -1,0 +1,154 @@
+"""Whether a checkpoint can resume this run: its entries, its optimizers and schedulers, its schedule's length.
+
+Resuming loads the optimizer and scheduler states of the checkpoint into the ones the module
+configures now. Torch accepts a state of another kind and fails later, from inside its own code
+(``KeyError: 'step'`` at the first step when an SGD state went into AdamW), and a missing entry fails
+as a bare ``KeyError``. These checks run before anything is loaded and raise one
+:class:`~trainer.common.errors.CheckpointError` that names the file, what differs and what to do.
+
+A learning-rate schedule restored from a checkpoint keeps the length it was made with (a cosine's
+``T_max``): resuming to train longer than that runs past its end. :func:`warn_if_schedule_ends_early`
+says so after the restore, with the lengths and how to start a schedule of the new length.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.common.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from trainer.optim import SchedulerConfig
+    from trainer.trainer import Trainer
+
+__all__ = ["ScheduleEndsEarlyWarning", "check_resumable", "types_of", "warn_if_schedule_ends_early"]
+
+#: What a full resume reads besides the weights.
+REQUIRED = ("optimizers", "lr_schedulers", "progress")
+#: Param-group flags that torch adds to optimizers over its versions; they say nothing of the kind.
+_GENERIC_GROUP_KEYS = {"params", "foreach", "maximize", "capturable", "differentiable", "fused", "initial_lr"}
+_GENERIC_SCHEDULER_KEYS = {"base_lrs", "last_epoch", "verbose", "optimizer"}
+#: Attributes that hold a schedule's length, by the schedulers that have one.
+_LENGTH_ATTRS = ("T_max", "total_steps", "total_iters")
+
+
+class ScheduleEndsEarlyWarning(UserWarning):
+    """A restored learning-rate schedule ends before the resumed run does."""
+
+
+def types_of(objects: Sequence[Any]) -> list[str]:
+    """Class names, as checkpoints record them (``["AdamW"]``)."""
+    return [type(obj).__name__ for obj in objects]
+
+
+def weights_only_hint(path: Path) -> str:
+    """How to start afresh from a checkpoint's weights: a plain state dict initialises them only."""
+    return (
+        f"start afresh from its weights: save them with torch.save(torch.load('{path}', "
+        "weights_only=True)['state_dict'], 'weights.pt') and pass ckpt_path='weights.pt'"
+    )
+
+
+def check_resumable(path: Path, state: Mapping[str, Any], trainer: Trainer) -> None:
+    """Raise :class:`CheckpointError` unless ``state`` holds what resuming needs, of the kinds configured."""
+    if "optimizers" not in state:
+        raise CheckpointError(
+            f"{path} holds weights only; it cannot resume training (to train from it, {weights_only_hint(path)})"
+        )
+    missing = [key for key in REQUIRED if key not in state]
+    if missing:
+        raise CheckpointError(
+            f"{path} has no {', '.join(repr(k) for k in missing)} entry, which resuming needs (it holds: "
+            f"{', '.join(sorted(map(str, state)))}); it was not written whole by Trainer.save_checkpoint"
+        )
+    _check_kinds(path, "optimizer", state["optimizers"], state.get("optimizer_types"), trainer.optimizers)
+    schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
+    _check_kinds(path, "scheduler", state["lr_schedulers"], state.get("lr_scheduler_types"), schedulers)
+
+
+def _check_kinds(
+    path: Path, what: str, saved: Sequence[Any], saved_types: Sequence[str] | None, current: Sequence[Any]
+) -> None:
+    now = types_of(current)
+    if len(saved) != len(current):
+        raise CheckpointError(
+            f"{path} has {len(saved)} {what} state(s) ({', '.join(saved_types or []) or 'kinds not recorded'}), "
+            f"the module configures {len(current)} ({', '.join(now) or 'none'}): resume with the {what}s "
+            f"it was trained with, or {weights_only_hint(path)}"
+        )
+    for i, (state, obj) in enumerate(zip(saved, current)):
+        if saved_types is not None:
+            differs = saved_types[i] != type(obj).__name__
+            was = saved_types[i]
+        else:  # an older checkpoint: tell the kinds apart by the keys their states hold
+            differs = _signature(state, what) != _signature(_state_of(obj), what)
+            was = "another kind (" + ", ".join(sorted(_signature(state, what))) + ")"
+        if differs:
+            raise CheckpointError(
+                f"{path} was trained with the {what} {was}, this run configures {type(obj).__name__}: "
+                f"resume with the {what} it was trained with, or {weights_only_hint(path)}"
+            )
+
+
+def _state_of(obj: Any) -> Any:
+    return obj.state_dict()
+
+
+def _signature(state: Any, what: str) -> set[str]:
+    """The keys that tell an optimizer's (a scheduler's) kind: its param-group options (its settings)."""
+    if not isinstance(state, Mapping):
+        return set()
+    if what == "optimizer":
+        groups = state.get("param_groups") or [{}]
+        return {str(k) for k in groups[0]} - _GENERIC_GROUP_KEYS
+    return {str(k) for k in state if not str(k).startswith("_")} - _GENERIC_SCHEDULER_KEYS
+
+
+def schedule_length(scheduler: Any) -> tuple[str, int] | None:
+    """The attribute holding ``scheduler``'s length and its value, for schedulers that end; else ``None``."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.CosineAnnealingWarmRestarts):
+        return None  # restarts by design: it has no end to run past
+    for attr in _LENGTH_ATTRS:
+        value = getattr(scheduler, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return attr, value
+    return None
+
+
+def warn_if_schedule_ends_early(
+    path: Path, configs: Sequence[SchedulerConfig], configured: Sequence[tuple[str, int] | None], trainer: Trainer
+) -> None:
+    """Warn for each restored schedule that ends before this run: its name, its length, the run's length.
+
+    ``configured`` holds each schedule's length as the module made it for this run, before the
+    restore replaced it: a schedule whose length did not change (a run resumed as it was planned)
+    behaves as it would have without the interruption, and is not reported.
+    """
+    for cfg, planned in zip(configs, configured):
+        length = schedule_length(cfg.scheduler)
+        if length is None or length == planned:
+            continue
+        attr, value = length
+        per_epoch = cfg.interval == "epoch"
+        if per_epoch:
+            run = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
+        else:
+            run = trainer.max_steps if trainer.max_steps > 0 else None
+        unit = "epochs" if per_epoch else "optimizer steps"
+        if run is None or run <= value * cfg.frequency:
+            continue
+        name = type(cfg.scheduler).__name__
+        if trainer.is_global_zero:
+            warnings.warn(
+                f"{name} restored from {path} has {attr}={value} ({unit}), but this run trains for {run} "
+                f"{unit}: after {value} {unit} the learning rate runs past the schedule's end. To keep the "
+                f"schedule, resume with the run length it was made for; to schedule the new length, "
+                f"{weights_only_hint(path)}",
+                ScheduleEndsEarlyWarning,
+                stacklevel=2,
+            )
