@@ -537,9 +537,12 @@ def test_sync_batchnorm() -> None:
     module = BatchNormNet()
     quiet_trainer(sync_batchnorm=True, max_epochs=1).fit(module, make_batches(1))
     assert type(module.net[1]) is nn.BatchNorm1d
-    # Several processes: BatchNorm layers become SyncBatchNorm, in place.
+    # Several processes: BatchNorm layers become SyncBatchNorm, in place, once.
     arguments.convert_sync_batchnorm(module, True, world_size=2)
-    assert type(module.net[1]) is nn.SyncBatchNorm
+    synced = module.net[1]
+    assert type(synced) is nn.SyncBatchNorm
+    arguments.convert_sync_batchnorm(module, True, world_size=2)
+    assert module.net[1] is synced
 
 
 # ----------------------------------------------------------------- ddp_fork

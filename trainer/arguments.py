@@ -291,10 +291,17 @@ def check_sync_batchnorm(sync_batchnorm: bool, strategy: Strategy) -> None:
 
 
 def convert_sync_batchnorm(module: nn.Module, sync_batchnorm: bool, world_size: int) -> None:
-    """Replace the module's BatchNorm layers by ``SyncBatchNorm`` (in place) when several processes train."""
-    if sync_batchnorm and world_size > 1:
-        # The module itself is not a BatchNorm, so its children are replaced in place.
-        nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    """Replace the module's BatchNorm layers by ``SyncBatchNorm`` (in place) when several processes train.
+
+    Layers that are ``SyncBatchNorm`` already are kept (``fit`` then ``test`` converts once).
+    """
+    if not sync_batchnorm or world_size <= 1:
+        return
+    for name, child in module.named_children():
+        if isinstance(child, nn.modules.batchnorm._BatchNorm) and not isinstance(child, nn.SyncBatchNorm):
+            setattr(module, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
+        else:
+            convert_sync_batchnorm(child, sync_batchnorm, world_size)
 
 
 def overfit_loader(loader: Iterable[Any]) -> Iterable[Any]:

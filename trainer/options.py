@@ -7,7 +7,6 @@ the progress bar, logger and checkpoint a run gets unless the user gave their ow
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -136,13 +135,6 @@ def check_step_options(
     if on_nonfinite not in (None, "raise", "skip", "warn"):
         raise ValueError(f"on_nonfinite must be 'raise', 'skip', 'warn' or None, got {on_nonfinite!r}")
     check_positive_int("max_nonfinite_in_a_row", max_nonfinite_in_a_row)
-
-
-def use_deterministic_algorithms(deterministic: bool) -> None:
-    """``Trainer(deterministic=True)``: torch's deterministic kernels (errors where none exists)."""
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
 
 
 def default_callbacks(
