@@ -138,6 +138,11 @@ def start_processes(
     payload = os.path.join(workdir, "task.pkl")
     if start_method not in ("spawn", "fork"):
         raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "Cannot fork training processes: CUDA is already initialised in this process (a forked child "
+            "cannot use it). Use strategy='ddp' (spawn), or do not touch CUDA before trainer.fit"
+        )
     # The caller's random state travels too: every worker starts where the caller stands, as
     # every rank of a torchrun job does after the same seed_everything() and the same set-up.
     if start_method == "fork":

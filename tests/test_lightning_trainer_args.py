@@ -74,7 +74,7 @@ NON_DEFAULTS: dict[str, tuple[Any, str]] = {
     "accelerator": ("cpu", "test_accelerator_chooses_the_device_of_named_strategies"),
     "strategy": ("ddp_spawn", "test_lightning_strategy_names_build_ours"),
     "devices": ("0,1", "test_devices_forms"),
-    "num_nodes": (2, "tests/test_strategies_registry.py::test_hydra_built_instance_learns_trainer_devices"),
+    "num_nodes": (2, "test_num_nodes"),
     "precision": ("64-true", "test_64_true_trains_like_a_float64_hand_written_loop"),
     "logger": ([], "test_logger_instances_and_lists_join_the_callbacks"),
     "callbacks": ([], "test_a_single_callback_instance_is_accepted"),
@@ -207,6 +207,18 @@ def test_devices_forms() -> None:
             Trainer(devices=bad)
     with pytest.raises(TypeError, match="devices must be"):
         Trainer(devices=1.5)
+
+
+def test_num_nodes(clean_distributed_env: None) -> None:
+    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, num_nodes=2, logger=False)
+    assert trainer.strategy.world_size == 4
+    # Processes on other machines are not started from here: torchrun or srun start them.
+    with pytest.raises(
+        RuntimeError, match=re.escape("num_nodes=2: start one launcher per machine, e.g. `torchrun --nnodes=2")
+    ):
+        trainer.fit(TinyMLP(), make_batches(1))
+    with pytest.raises(ValueError, match="strategy='single' runs on one node; got num_nodes=2"):
+        Trainer(strategy="single", num_nodes=2)
 
 
 # ----------------------------------------------------------------- precision
@@ -546,6 +558,14 @@ def test_sync_batchnorm() -> None:
 
 
 # ----------------------------------------------------------------- ddp_fork
+def test_fork_after_cuda_is_initialised_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from strategies.launch import start_processes
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="Cannot fork training processes: CUDA is already initialised"):
+        start_processes(print, (), 2, start_method="fork")
+
+
 FORK_SCRIPT = """
 import json, sys, torch
 from torch import nn

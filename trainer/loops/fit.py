@@ -24,7 +24,7 @@ __all__ = ["fit_loop", "should_stop_training", "train_epoch"]
 
 
 def fit_loop(trainer: Trainer) -> None:
-    """Train until ``max_epochs``, ``max_steps`` or ``should_stop``.
+    """Train until ``max_epochs``, ``max_steps`` or ``should_stop`` (obeyed once ``min_epochs``/``min_steps`` are met).
 
     Hook order::
 
@@ -32,6 +32,7 @@ def fit_loop(trainer: Trainer) -> None:
         on_sanity_check_start, validation loop on num_sanity_val_steps batches, on_sanity_check_end
         on_train_start
         for each epoch:
+            every reload_dataloaders_every_n_epochs epochs: train/val loaders requested again
             on_train_epoch_start
             for each batch:                                 (trainer/loops/step.py)
                 on_train_batch_start(batch, i)              (module returning -1 ends the epoch)
