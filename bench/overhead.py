@@ -87,6 +87,7 @@ def geartrain_fit(batches: Batches, epochs: int, root: Path | None = None, log_l
             max_epochs=epochs,
             enable_progress_bar=False,
             enable_checkpointing=False,
+            enable_model_summary=False,
             logger=False,
             num_sanity_val_steps=0,
         )
@@ -98,7 +99,13 @@ def geartrain_fit(batches: Batches, epochs: int, root: Path | None = None, log_l
             TensorBoardLogger(save_dir=root),
             ModelCheckpoint(dirpath=root / "checkpoints", save_last=True),
         ]
-        trainer = Trainer(max_epochs=epochs, log_every_n_steps=50, callbacks=callbacks, default_root_dir=root)
+        trainer = Trainer(
+            max_epochs=epochs,
+            log_every_n_steps=50,
+            callbacks=callbacks,
+            default_root_dir=root,
+            enable_model_summary=False,  # a one-off print the hand-written side does not do
+        )
     start = clock()
     trainer.fit(model, train_dataloaders=batches)
     return clock() - start
@@ -142,7 +149,7 @@ def hand_fit(batches: Batches, epochs: int, root: Path | None = None) -> float:
 def geartrain_validate(batches: Batches) -> float:
     """Seconds spent in ``Trainer.validate`` (batch-size-weighted mean loss over the batches)."""
     model = fresh_model()
-    trainer = Trainer(enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    trainer = Trainer(enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False, logger=False)
     start = clock()
     trainer.validate(model, dataloaders=batches)
     return clock() - start

@@ -36,6 +36,8 @@ class Strategy:
 
     #: Name used in the registry and in ``Trainer(strategy=...)``.
     name = "base"
+    #: Whether evaluation may run under ``torch.inference_mode()`` (``Trainer(inference_mode=True)``).
+    supports_inference_mode = True
 
     def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None

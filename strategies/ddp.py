@@ -41,6 +41,8 @@ class DDPStrategy(ParallelStrategy):
             optimisations.
         gradient_as_bucket_view: gradients are views into DDP's communication buckets (saves one
             copy of the gradients in memory).
+        start_method: ``"spawn"`` or ``"fork"`` for the processes the strategy starts itself
+            (``strategy="ddp_fork"``/``"ddp_notebook"`` choose fork).
 
     >>> DDPStrategy(devices=2, device="cpu")
     DDPStrategy(devices=2, num_nodes=1, precision='32-true')
@@ -60,6 +62,7 @@ class DDPStrategy(ParallelStrategy):
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
+        start_method: str = "spawn",
     ) -> None:
         super().__init__(
             devices=devices,
@@ -69,6 +72,7 @@ class DDPStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
             max_restarts=max_restarts,
+            start_method=start_method,
         )
         self.ddp_kwargs: dict[str, Any] = {
             "find_unused_parameters": find_unused_parameters,

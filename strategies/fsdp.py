@@ -47,6 +47,9 @@ class FSDPStrategy(ParallelStrategy):
     """
 
     name = "fsdp"
+    # FSDP gathers and frees parameters around evaluation forwards; under inference_mode the gathered
+    # tensors would be inference tensors it cannot reshard, so evaluation runs under no_grad.
+    supports_inference_mode = False
 
     def __init__(
         self,

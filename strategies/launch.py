@@ -10,8 +10,11 @@ There is one launch model (DESIGN.md, "Processes"):
   to run and its arguments (the trainer, the module, the dataloaders) are pickled and handed over;
   ``sys.argv`` is never re-run. Rank 0's return value comes back to the caller.
 
-The workers are started with the ``spawn`` method, which imports the caller's main module again in
-every worker: a script that trains must keep its top-level code under ``if __name__ == "__main__":``.
+The workers are started with the ``spawn`` method by default, which imports the caller's main module
+again in every worker: a script that trains must keep its top-level code under
+``if __name__ == "__main__":``. With ``start_method="fork"`` (``strategy="ddp_fork"``/``"ddp_notebook"``)
+the workers are copies of the caller: nothing is imported again or pickled, so classes defined in a
+notebook or in ``python -`` work; fork only before CUDA is initialised in the caller.
 """
 
 from __future__ import annotations
@@ -110,7 +113,17 @@ def joined_environment() -> bool:
     return True
 
 
-def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, max_restarts: int = 0) -> Any:
+#: The task of a forked launch: the workers inherit it in memory (key: the payload path).
+_FORKED_TASKS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}
+
+
+def start_processes(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    nprocs: int,
+    max_restarts: int = 0,
+    start_method: str = "spawn",
+) -> Any:
     """Run ``fn(*args)`` in ``nprocs`` new local processes; return rank 0's result.
 
     With ``max_restarts`` > 0 a failing worker makes the elastic agent restart the whole group (up
@@ -121,6 +134,9 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     of each tensor rather than shared memory that the ranks would all write to), and rank 0's result
     comes back as bytes written by ``torch.save``. If any worker raises, the elastic agent stops the
     others and :class:`WorkerFailedError` carries the failing rank's traceback.
+
+    With ``start_method="fork"`` the task is not pickled: the forked workers find it in this
+    process's memory (copied on write, so each worker still has its own tensors).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -130,10 +146,20 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
     # pipe payload can leave the parent blocked on the write.
     workdir = tempfile.mkdtemp(prefix="geartrain-launch-")
     payload = os.path.join(workdir, "task.pkl")
-    with open(payload, "wb") as f:
-        # The caller's random state travels too: every worker starts where the caller stands, as
-        # every rank of a torchrun job does after the same seed_everything() and the same set-up.
-        pickle.dump((fn, args, rng_state()), f, protocol=pickle.HIGHEST_PROTOCOL)
+    if start_method not in ("spawn", "fork"):
+        raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "Cannot fork training processes: CUDA is already initialised in this process (a forked child "
+            "cannot use it). Use strategy='ddp' (spawn), or do not touch CUDA before trainer.fit"
+        )
+    # The caller's random state travels too: every worker starts where the caller stands, as
+    # every rank of a torchrun job does after the same seed_everything() and the same set-up.
+    if start_method == "fork":
+        _FORKED_TASKS[payload] = (fn, args, rng_state())
+    else:
+        with open(payload, "wb") as f:
+            pickle.dump((fn, args, rng_state()), f, protocol=pickle.HIGHEST_PROTOCOL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -144,7 +170,7 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
         rdzv_endpoint="127.0.0.1:0",
         max_restarts=max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=start_method,
     )
     # The agent keeps a few seconds for workers to exit after SIGTERM before it sends SIGKILL.
     config.shutdown_timeout = 5
@@ -171,6 +197,7 @@ def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
         ) from None
     finally:
         agent_log.setLevel(agent_level)
+        _FORKED_TASKS.pop(payload, None)
         shutil.rmtree(workdir, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
@@ -200,8 +227,11 @@ def _worker(payload: str) -> bytes | None:
 def _run_payload(payload: str) -> bytes | None:
     import torch.distributed as dist
 
-    with open(payload, "rb") as f:
-        fn, args, rng = pickle.load(f)
+    if payload in _FORKED_TASKS:
+        fn, args, rng = _FORKED_TASKS[payload]
+    else:
+        with open(payload, "rb") as f:
+            fn, args, rng = pickle.load(f)
     set_rng_state(rng)
     os.environ[STARTED_BY_LAUNCHER] = "1"  # the trainer then returns its full weights to the caller
     # On an exception the group is left as it is: the agent stops every worker, and a clean shutdown

@@ -87,6 +87,9 @@ class ParallelStrategy(Strategy):
         max_restarts: when the strategy starts its own processes, restart the whole group this many
             times after a worker fails; training resumes from the last checkpoint (under ``torchrun``
             use its ``--max-restarts``: the resume is the same).
+        start_method: how the strategy starts its own processes: ``"spawn"`` (fresh interpreters) or
+            ``"fork"`` (copies of this one, so a module class defined in a notebook or in ``python -``
+            trains; CPU, or CUDA not yet initialised).
     """
 
     name = "parallel"
@@ -100,10 +103,14 @@ class ParallelStrategy(Strategy):
         process_group_backend: str | None = None,
         timeout: float | timedelta = timedelta(minutes=30),
         max_restarts: int = 0,
+        start_method: str = "spawn",
     ) -> None:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        if start_method not in ("spawn", "fork"):
+            raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
         self.max_restarts = max_restarts
+        self.start_method = start_method
         self._device_type = torch.device(device).type if device is not None else None
         self._devices: int | str = "auto"
         self.num_nodes = 1
@@ -180,7 +187,9 @@ class ParallelStrategy(Strategy):
                 f"--nnodes={self.num_nodes} --nproc-per-node={self.num_processes} --rdzv-backend=c10d "
                 "--rdzv-endpoint=HOST:PORT your_script.py`, or `srun` under Slurm"
             )
-        result: T = start_processes(fn, args, self.num_processes, max_restarts=self.max_restarts)
+        result: T = start_processes(
+            fn, args, self.num_processes, max_restarts=self.max_restarts, start_method=self.start_method
+        )
         return result
 
     @override

@@ -3,7 +3,9 @@
 Each plugin is an object that does nothing where its feature is off, so the trainer never branches on
 precision. ``"32-true"`` is plain PyTorch; ``"16-mixed"`` is autocast float16 with a GradScaler;
 ``"bf16-mixed"`` is autocast bfloat16 (no scaler needed: bf16 has float32's exponent range);
-``"bf16-true"`` casts the module's floating point parameters to bfloat16.
+``"bf16-true"``, ``"16-true"`` and ``"64-true"`` cast the module's floating point parameters and inputs
+to bfloat16, float16 or float64. Every Lightning spelling is accepted (``32``, ``"16"``, ``"bf16"``, ...);
+Lightning's plugin precisions (Transformer Engine, bitsandbytes, DeepSpeed) are refused by name.
 """
 
 from __future__ import annotations
@@ -16,9 +18,30 @@ from torch import nn
 
 from trainer.common.tree import apply_to_tensors
 
-__all__ = ["NULL_CONTEXT", "PRECISIONS", "HalfPrecision", "MixedPrecision", "Precision", "make_precision"]
+__all__ = [
+    "NULL_CONTEXT",
+    "PRECISIONS",
+    "HalfPrecision",
+    "MixedPrecision",
+    "Precision",
+    "make_precision",
+    "normalize_precision",
+]
 
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+
+#: Lightning's other spellings of the names in :data:`PRECISIONS`.
+ALIASES: dict[str | int, str] = {
+    32: "32-true",
+    "32": "32-true",
+    16: "16-mixed",
+    "16": "16-mixed",
+    "bf16": "bf16-mixed",
+    64: "64-true",
+    "64": "64-true",
+}
+
+_TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
 
 #: The context of every precision without autocast. ``nullcontext`` keeps no state, so one shared
 #: instance serves every step and nesting; a generator-based context would cost microseconds per step.
@@ -117,12 +140,20 @@ class MixedPrecision(Precision):
 
 
 class HalfPrecision(Precision):
-    """Train entirely in ``bfloat16``: parameters and floating point inputs are cast."""
+    """Train entirely in one dtype: parameters and floating point inputs are cast to it.
+
+    ``bfloat16`` (``"bf16-true"``, the default), ``float16`` (``"16-true"``) or ``float64``
+    (``"64-true"``, useful for numerical checks). No autocast and no loss scaling.
+    """
 
     name = "bf16-true"
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16):
+        names = {dtype: name for name, dtype in _TRUE_DTYPES.items()}
+        if dtype not in names:
+            raise ValueError(f"HalfPrecision dtype must be bfloat16, float16 or float64, got {dtype}")
         self.dtype = dtype
+        self.name = names[dtype]
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self.dtype)
@@ -131,23 +162,39 @@ class HalfPrecision(Precision):
         return apply_to_tensors(batch, lambda t: t.to(self.dtype) if t.is_floating_point() else t)
 
 
-def make_precision(precision: str | Precision | None, device_type: str) -> Precision:
+def normalize_precision(precision: str | int) -> str:
+    """Lightning's spelling of a precision to its name in :data:`PRECISIONS`; others refused by name.
+
+    >>> normalize_precision(16), normalize_precision("bf16"), normalize_precision("64")
+    ('16-mixed', 'bf16-mixed', '64-true')
+    """
+    if isinstance(precision, bool) or not isinstance(precision, (str, int)):
+        raise TypeError(f"precision must be a name such as '32-true' or '16-mixed', got {precision!r}")
+    name = ALIASES.get(precision, precision)
+    if name in PRECISIONS:
+        return str(name)
+    if isinstance(name, str) and name.startswith(("transformer-engine", "nf4", "int8", "fp8", "deepspeed", "bnb")):
+        raise ValueError(
+            f"precision={precision!r} is a Lightning plugin precision that geartrain does not support; "
+            f"use one of {', '.join(PRECISIONS)} (or Lightning's spellings 32, 16, 'bf16', 64)"
+        )
+    raise ValueError(f"Unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+
+
+def make_precision(precision: str | int | Precision | None, device_type: str) -> Precision:
     """Build the precision plugin for a name in :data:`PRECISIONS` (or return an instance as is).
 
-    ``None`` means ``"32-true"``.
+    ``None`` means ``"32-true"``; Lightning's spellings (``32``, ``"16"``, ``"bf16"``, ``64``) are accepted.
     """
     if precision is None:
         return Precision()
     if isinstance(precision, Precision):
         return precision
-    aliases = {"32": "32-true", 32: "32-true", "16": "16-mixed", 16: "16-mixed", "bf16": "bf16-mixed"}
-    name = aliases.get(precision, precision)
+    name = normalize_precision(precision)
     if name == "32-true":
         return Precision()
     if name == "16-mixed":
         return MixedPrecision(torch.float16, device_type)
     if name == "bf16-mixed":
         return MixedPrecision(torch.bfloat16, device_type)
-    if name == "bf16-true":
-        return HalfPrecision()
-    raise ValueError(f"Unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    return HalfPrecision(_TRUE_DTYPES[name])

@@ -122,7 +122,7 @@ def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: An
         ({"fast_dev_run": -1}, ValueError, "fast_dev_run must be a bool or a positive int, got -1"),
         ({"strategy": "nope"}, ValueError, "Unknown strategy 'nope'; valid names: auto, single, dp, ddp, amp, fsdp"),
         ({"strategy": 3}, TypeError, "strategy must be a name or a Strategy instance, got int"),
-        ({"strategy": "single", "precision": "64"}, ValueError, "Unknown precision '64'; expected one of 32-true"),
+        ({"strategy": "single", "precision": "8"}, ValueError, "Unknown precision '8'; expected one of 32-true"),
         ({"strategy": "single", "devices": 2}, ValueError, "strategy='single' runs on one device; got devices=2"),
     ],
 )

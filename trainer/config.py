@@ -20,16 +20,23 @@ __all__ = ["OptimConfig", "SGDOptimConfig", "TrainerConfig", "register_configs"]
 class TrainerConfig:
     """Every ``Trainer`` option that a config can set (``strategy`` and ``callbacks`` come from their groups)."""
 
+    accelerator: str = "auto"
     devices: Any = "auto"
     num_nodes: int = 1
-    precision: Optional[str] = None  # noqa: UP045
+    #: A name ("16-mixed") or Lightning's short spellings (16, "bf16", 64).
+    precision: Any = None
     max_epochs: Optional[int] = None  # noqa: UP045
+    min_epochs: Optional[int] = None  # noqa: UP045
     max_steps: int = -1
+    min_steps: Optional[int] = None  # noqa: UP045
+    #: "DD:HH:MM:SS" or a dict such as {hours: 5}.
+    max_time: Any = None
+    overfit_batches: Any = 0.0
     accumulate_grad_batches: int = 1
     gradient_clip_val: Optional[float] = None  # noqa: UP045
     gradient_clip_algorithm: str = "norm"
     val_check_interval: Any = None
-    check_val_every_n_epoch: int = 1
+    check_val_every_n_epoch: Optional[int] = 1  # noqa: UP045
     limit_train_batches: Any = None
     limit_val_batches: Any = None
     limit_test_batches: Any = None
@@ -37,10 +44,24 @@ class TrainerConfig:
     num_sanity_val_steps: int = 2
     fast_dev_run: Any = False
     log_every_n_steps: int = 50
-    deterministic: bool = False
+    #: true, false or "warn".
+    deterministic: Any = False
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
+    enable_model_summary: Optional[bool] = None  # noqa: UP045
     logger: bool = True
+    benchmark: Optional[bool] = None  # noqa: UP045
+    inference_mode: bool = True
+    use_distributed_sampler: bool = True
+    detect_anomaly: bool = False
+    barebones: bool = False
+    sync_batchnorm: bool = False
+    reload_dataloaders_every_n_epochs: int = 0
+    #: Refused until they exist (the Trainer's message names the alternative).
+    profiler: Any = None
+    plugins: Any = None
+    enable_autolog_hparams: bool = True
+    model_registry: Optional[str] = None  # noqa: UP045
     on_nonfinite: Optional[str] = None  # noqa: UP045
     max_nonfinite_in_a_row: int = 3
     preemption_exit_code: Optional[int] = 0  # noqa: UP045
@@ -103,6 +124,28 @@ class DDPStrategyConfig(_ParallelStrategyConfig):
     find_unused_parameters: bool = False
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
+    #: "spawn", or "fork" (ddp_fork / ddp_notebook: classes defined in __main__ work).
+    start_method: str = "spawn"
+
+
+@dataclass
+class DDPAliasConfig(_ParallelStrategyConfig):
+    """Lightning's DDP names (``strategy=ddp_fork``, ``ddp_spawn``, ...): ``null`` keeps the alias's choice."""
+
+    _target_: str = "strategies.registry.build_strategy"
+    name: str = "ddp"
+    find_unused_parameters: Optional[bool] = None  # noqa: UP045
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
+    start_method: Optional[str] = None  # noqa: UP045
+
+
+@dataclass
+class SingleAliasConfig(_OneDeviceStrategyConfig):
+    """``strategy=single_device``: Lightning's name for ``single``."""
+
+    _target_: str = "strategies.registry.build_strategy"
+    name: str = "single_device"
 
 
 @dataclass
@@ -166,5 +209,7 @@ def register_configs() -> None:
     cs.store(group="schema/strategy", name="ddp", node=DDPStrategyConfig)
     cs.store(group="schema/strategy", name="fsdp", node=FSDPStrategyConfig)
     cs.store(group="schema/strategy", name="dp", node=DPStrategyConfig)
+    cs.store(group="schema/strategy", name="ddp_alias", node=DDPAliasConfig)
+    cs.store(group="schema/strategy", name="single_alias", node=SingleAliasConfig)
     cs.store(group="schema/optim", name="adamw", node=OptimConfig)
     cs.store(group="schema/optim", name="sgd", node=SGDOptimConfig)

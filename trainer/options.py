@@ -7,7 +7,6 @@ the progress bar, logger and checkpoint a run gets unless the user gave their ow
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,20 +27,27 @@ class LoopOptions:
 
     max_epochs: int | None
     max_steps: int
+    min_epochs: int
+    min_steps: int
     val_check_interval: int | float | None
-    check_val_every_n_epoch: int
+    check_val_every_n_epoch: int | None
     limits: dict[str, int | float | None]
     num_sanity_val_steps: int
     log_every_n_steps: int
     fast_dev_run: int
+    overfit_batches: int | float
 
 
 def loop_options(
     *,
     max_epochs: int | None,
     max_steps: int,
+    min_epochs: int | None = None,
+    min_steps: int | None = None,
+    max_time: Any = None,
+    overfit_batches: int | float = 0.0,
     val_check_interval: int | float | None,
-    check_val_every_n_epoch: int,
+    check_val_every_n_epoch: int | None,
     limit_train_batches: int | float | None,
     limit_val_batches: int | float | None,
     limit_test_batches: int | float | None,
@@ -50,11 +56,27 @@ def loop_options(
     fast_dev_run: bool | int,
     log_every_n_steps: int,
 ) -> LoopOptions:
-    """Check the loop arguments and resolve them (``max_epochs=None``, ``fast_dev_run``)."""
+    """Check the loop arguments and resolve them (``max_epochs=None``, ``fast_dev_run``, ``overfit_batches``).
+
+    ``check_val_every_n_epoch=None`` (Lightning's) needs an int ``val_check_interval``: validation
+    then runs every that many training batches counted across epochs. ``overfit_batches`` sets the
+    training and validation limits (see :func:`trainer.arguments.overfit_loader` for the order).
+    """
     check_positive_int("log_every_n_steps", log_every_n_steps)
-    check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
-    if max_epochs is None and max_steps == -1:
+    if check_val_every_n_epoch is None:
+        if not isinstance(val_check_interval, int) or isinstance(val_check_interval, bool):
+            raise ValueError(
+                "check_val_every_n_epoch=None validates every val_check_interval training batches across "
+                f"epochs, so val_check_interval must be an int; got {val_check_interval!r}"
+            )
+    else:
+        check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+    for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
+    if max_epochs is None and max_steps == -1 and max_time is None:
         max_epochs = 1000  # Lightning's rule; -1 means "no limit" explicitly
+    check_limit("overfit_batches", overfit_batches)
     if max_epochs is not None and max_epochs < -1:
         raise ValueError(f"max_epochs must be >= -1 or None, got {max_epochs}")
     if max_steps < -1:
@@ -72,6 +94,8 @@ def loop_options(
     }
     for stage, name in (("fit", "train"), ("validate", "val"), ("test", "test"), ("predict", "predict")):
         check_limit(f"limit_{name}_batches", limits[stage])
+    if overfit_batches:
+        limits["fit"] = limits["validate"] = overfit_batches
     n = int(fast_dev_run)
     if n < 0:
         raise ValueError(f"fast_dev_run must be a bool or a positive int, got {fast_dev_run}")
@@ -83,12 +107,15 @@ def loop_options(
     return LoopOptions(
         max_epochs=max_epochs,
         max_steps=max_steps,
+        min_epochs=min_epochs or 0,
+        min_steps=min_steps or 0,
         val_check_interval=val_check_interval,
         check_val_every_n_epoch=check_val_every_n_epoch,
         limits=limits,
         num_sanity_val_steps=num_sanity_val_steps,
         log_every_n_steps=log_every_n_steps,
         fast_dev_run=n,
+        overfit_batches=overfit_batches,
     )
 
 
@@ -110,13 +137,6 @@ def check_step_options(
     check_positive_int("max_nonfinite_in_a_row", max_nonfinite_in_a_row)
 
 
-def use_deterministic_algorithms(deterministic: bool) -> None:
-    """``Trainer(deterministic=True)``: torch's deterministic kernels (errors where none exists)."""
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-
-
 def default_callbacks(
     given: list[Callback],
     *,
@@ -125,21 +145,32 @@ def default_callbacks(
     checkpointing: bool,
     logger: bool,
     fast_dev_run: int,
+    model_summary: bool = False,
+    loggers: Iterable[Callback] = (),
+    max_time: Any = None,
 ) -> list[Callback]:
-    """Prepend the default progress bar, logger and checkpoint unless the user gave their own.
+    """Prepend the default progress bar, model summary, logger and checkpoint unless given.
+
+    ``loggers`` (``Trainer(logger=[...])``) join the callbacks after the defaults; ``max_time`` adds a
+    :class:`~callbacks.Timer` (as Lightning does).
 
     Under ``fast_dev_run`` callbacks that write files or logs are left out, with a warning naming them.
     """
     import callbacks as cbs
 
+    given = [*loggers, *given]
     kinds = {type(cb) for cb in given}
     defaults: list[Callback] = []
     if progress_bar and not any(issubclass(k, cbs.ProgressBar) for k in kinds):
         defaults.append(cbs.ProgressBar())
+    if model_summary and not any(issubclass(k, cbs.ModelSummary) for k in kinds):
+        defaults.append(cbs.ModelSummary())
     if logger and not any(getattr(k, "is_logger", False) for k in kinds):
         defaults.append(cbs.TensorBoardLogger(save_dir=root))
     if checkpointing and not any(issubclass(k, cbs.ModelCheckpoint) for k in kinds):
         defaults.append(cbs.ModelCheckpoint(dirpath=root / "checkpoints", save_last=True))
+    if max_time is not None:
+        defaults.append(cbs.Timer(max_time, interval="step"))
     chosen = defaults + given
     if fast_dev_run:
         dropped = [type(cb).__name__ for cb in chosen if not cb.runs_in_fast_dev_run]
@@ -172,6 +203,12 @@ def check_positive_int(name: str, value: Any) -> None:
     """``value`` must be an int >= 1 (bools refused)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_non_negative_int(name: str, value: Any) -> None:
+    """``value`` must be an int >= 0 (bools refused)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
 
 
 def check_limit(name: str, value: Any) -> None:

@@ -22,6 +22,8 @@ class Progress:
         skipped_steps: optimizer steps skipped by the precision plugin (fp16 overflow).
         nonfinite_skipped: optimizer steps dropped for a non-finite loss (``on_nonfinite="skip"``).
         nonfinite_in_a_row: such steps since the last good one.
+        batches_before_epoch: training batches of the finished epochs (for validation every n batches
+            across epochs, ``check_val_every_n_epoch=None``).
     """
 
     epoch: int = 0
@@ -32,6 +34,7 @@ class Progress:
     skipped_steps: int = 0
     nonfinite_skipped: int = 0
     nonfinite_in_a_row: int = 0
+    batches_before_epoch: int = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The counters as a plain dict."""

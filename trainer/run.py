@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer import loops
+from trainer import arguments, loops
 from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.common.errors import Preempted, UserError
 from trainer.common.state_dict import load_module_state
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["adopt", "final_state", "launch", "run_stage"]
+__all__ = ["adopt", "final_state", "launch", "reload_loaders", "run_stage"]
 
 _LOADER_METHODS = {
     "fit": "train_dataloader",
@@ -75,6 +75,7 @@ def run_stage(
         module.setup(stage)
         t.hooks.callbacks_only("setup", stage)
         _apply_memory_options(t, module, stage)
+        arguments.convert_sync_batchnorm(module, t.sync_batchnorm, t.strategy.world_size)
         t.strategy.setup(module)
         if t.compile:
             t.strategy.compile_model(**t.compile_kwargs)
@@ -86,11 +87,10 @@ def run_stage(
             t.checkpointing.restore(ckpt_path, full=(stage == "fit"))
         if stage == "fit":
             t.preemption.install(t.strategy)
-            t.loaders = {
-                "fit": make_resumable(resolve_loader(t, "fit", loader)),
-                "validate": resolve_loader(t, "validate", val_loader, required=False),
-            }
-            loops.fit_loop(t)
+            t.loader_sources = {"fit": loader, "validate": val_loader}
+            reload_loaders(t)
+            with arguments.anomaly_context(t.detect_anomaly):
+                loops.fit_loop(t)
             return None, final_state(t, stage)
         t.loaders = {stage: resolve_loader(t, stage, loader)}
         if stage == "predict":
@@ -148,6 +148,19 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     router.callback_metrics, router.logged_metrics, router.progress_bar_metrics = final["metrics"]
 
 
+def reload_loaders(trainer: Trainer) -> None:
+    """(Re)build the fit stage's loaders: at fit start, and every ``reload_dataloaders_every_n_epochs``.
+
+    Loaders passed to ``fit`` are used again as they are; the datamodule's or module's
+    ``train_dataloader()``/``val_dataloader()`` are called again.
+    """
+    sources = trainer.loader_sources
+    trainer.loaders = {
+        "fit": make_resumable(resolve_loader(trainer, "fit", sources.get("fit"))),
+        "validate": resolve_loader(trainer, "validate", sources.get("validate"), required=False),
+    }
+
+
 def resolve_loader(
     trainer: Trainer, stage: str, explicit: Iterable[Any] | None, required: bool = True
 ) -> Iterable[Any] | None:
@@ -174,8 +187,11 @@ def resolve_loader(
         raise TypeError(
             f"{method}: one dataloader is supported per stage, got a {type(loader).__name__} of {len(loader)}"
         )
-    prepared = trainer.strategy.process_dataloader(loader, train=(stage == "fit"))
-    return add_worker_seeding(prepared, trainer.strategy.global_rank)
+    if trainer.overfit_batches and stage in ("fit", "validate") and trainer.stage == "fit":
+        loader = arguments.overfit_loader(loader)
+    if trainer.use_distributed_sampler:
+        loader = trainer.strategy.process_dataloader(loader, train=(stage == "fit"))
+    return add_worker_seeding(loader, trainer.strategy.global_rank)
 
 
 def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> None:

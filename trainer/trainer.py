@@ -12,14 +12,16 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from callbacks.base import Callback
-from strategies.registry import resolve_strategy
-from trainer import options, run
+from strategies.precision import normalize_precision
+from strategies.registry import resolve_accelerator, resolve_strategy
+from trainer import arguments, options, run
 from trainer.checkpointing import CheckpointConnector
 from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.hooks import HookDispatch
@@ -40,55 +42,11 @@ __all__ = ["STARTED_BY_LAUNCHER", "Trainer"]
 class Trainer:
     """Runs the forward / loss / backward / step loop of a :class:`~trainer.TrainModule`.
 
-    Args:
-        strategy: ``"auto"``, ``"single"``, ``"dp"``, ``"ddp"``, ``"amp"``, ``"fsdp"`` or an instance.
-        devices: devices (processes) per node for multi-device strategies; ``"auto"`` for all.
-        num_nodes: machines taking part.
-        precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"``; ``None`` keeps
-            the strategy's default (float32, mixed for ``"amp"``).
-        max_epochs: stop after this many epochs; ``-1`` for no limit. If ``max_epochs`` is ``None``
-            and ``max_steps`` is ``-1``, training runs 1000 epochs (Lightning's rule).
-        max_steps: stop after this many optimizer steps; ``-1`` for no limit.
-        accumulate_grad_batches: micro-batches per optimizer step; the loss is divided by it.
-        gradient_clip_val: clip gradients to this total norm (or value); ``None`` disables.
-        gradient_clip_algorithm: ``"norm"`` or ``"value"``.
-        val_check_interval: validate every this many training batches (int) or fraction of an epoch
-            (float); ``None`` means once at the end of the epoch.
-        check_val_every_n_epoch: validate only in every n-th epoch.
-        limit_train_batches: use only this many (int) or this fraction (float) of training batches.
-        limit_val_batches: the same for validation (``limit_test_batches``, ``limit_predict_batches``
-            likewise).
-        num_sanity_val_steps: validation batches run before training to catch bugs early (not logged).
-        fast_dev_run: ``True`` (1) or n: run n batches of each stage once, without loggers and
-            checkpoints, to check that the code runs.
-        log_every_n_steps: how often step-level values go to the loggers.
-        callbacks: extra callbacks, run in the order given after the defaults.
-        default_root_dir: where default loggers and checkpoints write.
-        deterministic: ask torch for deterministic algorithms (errors where none exists).
-        enable_progress_bar: add a :class:`~callbacks.ProgressBar` unless one is given.
-        enable_checkpointing: add a :class:`~callbacks.ModelCheckpoint` (last) unless one is given.
-        logger: add a :class:`~callbacks.TensorBoardLogger` unless a logger callback is given.
-        on_nonfinite: what a NaN/inf training loss does: ``"raise"`` (naming epoch, step and batch),
-            ``"skip"`` (drop that optimizer step: gradients zeroed, no scheduler move, counted in
-            ``train/nonfinite_skipped``), ``"warn"``, or ``None`` (no check; the check reads the loss
-            on the host, one device sync per step, so it is off unless asked for).
-        max_nonfinite_in_a_row: with ``"skip"``, raise after this many skipped steps in a row.
-        preemption_exit_code: on SIGTERM or SIGUSR1 the trainer finishes the optimizer step, saves
-            ``last.ckpt`` and exits the process with this code; ``None`` returns from ``fit`` instead
-            (``trainer.preempted`` tells).
-        slurm_requeue: on SIGUSR1 under Slurm (``SLURM_JOB_ID`` set), ask Slurm to requeue the job
-            (``scontrol requeue``) after saving.
-        config: the resolved run configuration (Hydra's), saved in checkpoints and as hparams.
-        micro_batch_size: split every training batch into micro-batches of this many samples and
-            accumulate, so the step equals the whole batch's; ``"auto"`` halves it on out-of-memory
-            and retries the batch (see :mod:`trainer.microbatch`). ``None``: no splitting.
-        activation_checkpointing: module classes (or their dotted paths) whose activations are
-            recomputed in backward instead of stored (see ``Strategy.apply_activation_checkpointing``).
-        compile: run the module's forward through ``torch.compile`` (on any strategy, through
-            :meth:`~strategies.Strategy.compile_model`). The module object and its ``state_dict``
-            keys stay as they are, so checkpoints carry no ``_orig_mod.`` prefixes. What is compiled is
-            the module's ``__call__``: steps that call ``self(x)`` run compiled.
-        compile_kwargs: keyword arguments for ``torch.compile`` (``mode``, ``backend``, ``dynamic``, ...).
+    Lightning's arguments come first, in Lightning's order and with its defaults (``None`` means "the
+    default"; ``docs/lightning.md`` lists where geartrain differs), then geartrain's own, keyword-only.
+
+    Every argument is described in :data:`trainer.arguments.TRAINER_ARGS` (appended to this
+    docstring, so ``help(Trainer)`` shows it).
 
     Example:
         >>> trainer = Trainer(max_epochs=1, enable_progress_bar=False, logger=False,
@@ -97,33 +55,52 @@ class Trainer:
         0
     """
 
+    __doc__ = (__doc__ or "") + arguments.TRAINER_ARGS
+
     def __init__(
         self,
-        *,
+        accelerator: str = "auto",
         strategy: str | Strategy = "auto",
-        devices: int | str = "auto",
+        devices: int | str | list[int] = "auto",
         num_nodes: int = 1,
-        precision: str | None = None,
+        precision: str | int | None = None,
+        logger: bool | Callback | Iterable[Callback] | None = None,
+        callbacks: Callback | Iterable[Callback] | None = None,
+        fast_dev_run: bool | int = False,
         max_epochs: int | None = None,
+        min_epochs: int | None = None,
         max_steps: int = -1,
-        accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-        val_check_interval: int | float | None = None,
-        check_val_every_n_epoch: int = 1,
+        min_steps: int | None = None,
+        max_time: str | timedelta | dict[str, int] | None = None,
         limit_train_batches: int | float | None = None,
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
-        num_sanity_val_steps: int = 2,
-        fast_dev_run: bool | int = False,
-        log_every_n_steps: int = 50,
-        callbacks: Iterable[Callback] | None = None,
-        default_root_dir: str | os.PathLike[str] = ".",
-        deterministic: bool = False,
-        enable_progress_bar: bool = True,
-        enable_checkpointing: bool = True,
-        logger: bool = True,
+        overfit_batches: int | float = 0.0,
+        val_check_interval: int | float | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int | None = None,
+        log_every_n_steps: int | None = None,
+        enable_checkpointing: bool | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_model_summary: bool | None = None,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+        deterministic: bool | str | None = None,
+        benchmark: bool | None = None,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        profiler: Any = None,
+        detect_anomaly: bool = False,
+        barebones: bool = False,
+        plugins: Any = None,
+        sync_batchnorm: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
+        default_root_dir: str | os.PathLike[str] | None = None,
+        enable_autolog_hparams: bool = True,
+        model_registry: str | None = None,
+        *,
         on_nonfinite: str | None = None,
         max_nonfinite_in_a_row: int = 3,
         preemption_exit_code: int | None = 0,
@@ -134,23 +111,48 @@ class Trainer:
         compile: bool = False,
         compile_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        arguments.check_unsupported(profiler, plugins, model_registry, enable_autolog_hparams, barebones)
+        switches = arguments.resolve_switches(
+            barebones=barebones,
+            logger=logger,
+            enable_checkpointing=enable_checkpointing,
+            enable_progress_bar=enable_progress_bar,
+            enable_model_summary=enable_model_summary,
+            num_sanity_val_steps=num_sanity_val_steps,
+            log_every_n_steps=log_every_n_steps,
+            fast_dev_run=fast_dev_run,
+            detect_anomaly=detect_anomaly,
+        )
         loop = options.loop_options(
             max_epochs=max_epochs,
             max_steps=max_steps,
+            min_epochs=min_epochs,
+            min_steps=min_steps,
+            max_time=max_time,
+            overfit_batches=overfit_batches,
             val_check_interval=val_check_interval,
             check_val_every_n_epoch=check_val_every_n_epoch,
             limit_train_batches=limit_train_batches,
             limit_val_batches=limit_val_batches,
             limit_test_batches=limit_test_batches,
             limit_predict_batches=limit_predict_batches,
-            num_sanity_val_steps=num_sanity_val_steps,
+            num_sanity_val_steps=switches.num_sanity_val_steps,
             fast_dev_run=fast_dev_run,
-            log_every_n_steps=log_every_n_steps,
+            log_every_n_steps=switches.log_every_n_steps,
         )
+        gradient_clip_algorithm = gradient_clip_algorithm or "norm"
         options.check_step_options(
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
         )
-        self.strategy: Strategy = resolve_strategy(strategy, devices=devices, num_nodes=num_nodes, precision=precision)
+        options.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
+        self.strategy: Strategy = resolve_strategy(
+            strategy,
+            devices=arguments.resolve_devices(devices),
+            num_nodes=num_nodes,
+            precision=normalize_precision(precision) if precision is not None else None,
+            accelerator=resolve_accelerator(accelerator),
+        )
+        arguments.check_sync_batchnorm(sync_batchnorm, self.strategy)
         # Options, as the loops read them.
         self.max_epochs, self.max_steps = loop.max_epochs, loop.max_steps
         self.val_check_interval, self.check_val_every_n_epoch = loop.val_check_interval, loop.check_val_every_n_epoch
@@ -158,10 +160,15 @@ class Trainer:
         self.limits = loop.limits
         self.num_sanity_val_steps, self.log_every_n_steps = loop.num_sanity_val_steps, loop.log_every_n_steps
         self.fast_dev_run = loop.fast_dev_run
+        self.min_epochs, self.min_steps, self.overfit_batches = loop.min_epochs, loop.min_steps, loop.overfit_batches
+        self.barebones, self.detect_anomaly, self.sync_batchnorm = barebones, detect_anomaly, sync_batchnorm
+        #: ``False``: multi-process strategies leave the dataloaders as given (no sharding sampler).
+        self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
+        self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         self.on_nonfinite, self.max_nonfinite_in_a_row = on_nonfinite, max_nonfinite_in_a_row
-        self.default_root_dir = Path(default_root_dir)
+        self.default_root_dir = Path(default_root_dir if default_root_dir is not None else os.getcwd())
         self.deterministic = deterministic
         self.config = config
         #: Splits training batches into micro-batches (``micro_batch_size``); None when not asked for.
@@ -169,15 +176,18 @@ class Trainer:
         self.activation_checkpointing = options.resolve_classes(activation_checkpointing or ())
         self.compile = bool(compile)
         self.compile_kwargs: dict[str, Any] = dict(compile_kwargs or {})
-        options.use_deterministic_algorithms(deterministic)
-
+        arguments.set_torch_flags(deterministic, benchmark)
+        default_logger, loggers = arguments.resolve_logger(switches.logger)
         self.callbacks: list[Callback] = options.default_callbacks(
-            list(callbacks or []),
+            [callbacks] if isinstance(callbacks, Callback) else list(callbacks or []),
             root=self.default_root_dir,
-            progress_bar=enable_progress_bar,
-            checkpointing=enable_checkpointing,
-            logger=logger,
+            progress_bar=switches.enable_progress_bar,
+            checkpointing=switches.enable_checkpointing,
+            logger=default_logger,
             fast_dev_run=self.fast_dev_run,
+            model_summary=switches.enable_model_summary,
+            loggers=loggers,
+            max_time=max_time,
         )
         # The rooms (documented attributes the loops use).
         #: Calls the module's and the callbacks' hooks: ``trainer.hooks("on_fit_start")``.
@@ -203,6 +213,8 @@ class Trainer:
         #: The dataloaders of the run in progress by stage (``"fit"``, ``"validate"``, ...), prepared
         #: for the strategy (sharded, resumable).
         self.loaders: dict[str, Iterable[Any] | None] = {}
+        #: The loaders given to ``fit`` (``None``: ask the datamodule/module), kept for reloading.
+        self.loader_sources: dict[str, Iterable[Any] | None] = {}
         self.stage: str | None = None
         self.sanity_checking = False
         self.num_training_batches: float = math.inf

@@ -15,7 +15,7 @@ def quiet_trainer(root: str | Path | None = None, callbacks: Iterable[Callback] 
     """A trainer that writes nothing and prints nothing unless ``kwargs`` say otherwise.
 
     Defaults: ``strategy=SingleDeviceStrategy(device="cpu")`` (parity tests compare bitwise with a
-    loop on the CPU), ``num_sanity_val_steps=0``, no progress bar, logger or ``ModelCheckpoint``,
+    loop on the CPU), ``num_sanity_val_steps=0``, no progress bar, model summary, logger or ``ModelCheckpoint``,
     and ``default_root_dir=root`` when ``root`` is given (else the Trainer's own default). Any
     keyword overrides them; a test that needs the Trainer's defaults passes them explicitly, e.g.
     ``quiet_trainer(strategy="auto", num_sanity_val_steps=2)``.
@@ -29,6 +29,7 @@ def quiet_trainer(root: str | Path | None = None, callbacks: Iterable[Callback] 
         "enable_progress_bar": False,
         "logger": False,
         "enable_checkpointing": False,
+        "enable_model_summary": False,
         "num_sanity_val_steps": 0,
     }
     if root is not None:

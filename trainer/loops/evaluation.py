@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     # so a run resumed from a checkpoint taken before a validation continues exactly.
     rng_before = rng_state()
     try:
-        with router.logging(store, EPOCH_DEFAULTS), torch.no_grad(), strategy.evaluation_context():
+        with router.logging(store, EPOCH_DEFAULTS), _no_grad(trainer), strategy.evaluation_context():
             hooks(f"on_{prefix}_start")
             hooks(f"on_{prefix}_epoch_start")
             eval_batch = make_eval_batch(trainer, f"{prefix}_step", prefix)
@@ -83,7 +84,7 @@ def predict_loop(trainer: Trainer) -> list[Any]:
     was_training = module.training
     module.eval()
     try:
-        with torch.no_grad(), strategy.evaluation_context():
+        with _no_grad(trainer), strategy.evaluation_context():
             hooks("on_predict_start")
             hooks("on_predict_epoch_start")
             predict_batch = make_eval_batch(trainer, "predict_step", "predict")
@@ -118,3 +119,14 @@ def sanity_check(trainer: Trainer) -> None:
     finally:
         trainer.sanity_checking = False
         router.restore(snapshot)
+
+
+def _no_grad(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:
+    """``Trainer(inference_mode=True)`` (Lightning's default): ``torch.inference_mode()``, else ``no_grad``.
+
+    A strategy whose evaluation needs autograd's version counters (FSDP's parameter gathering) sets
+    ``supports_inference_mode = False`` and gets ``no_grad``.
+    """
+    if trainer.inference_mode and trainer.strategy.supports_inference_mode:
+        return torch.inference_mode()
+    return torch.no_grad()

@@ -24,7 +24,7 @@ __all__ = ["fit_loop", "should_stop_training", "train_epoch"]
 
 
 def fit_loop(trainer: Trainer) -> None:
-    """Train until ``max_epochs``, ``max_steps`` or ``should_stop``.
+    """Train until ``max_epochs``, ``max_steps`` or ``should_stop`` (obeyed once ``min_epochs``/``min_steps`` are met).
 
     Hook order::
 
@@ -32,6 +32,7 @@ def fit_loop(trainer: Trainer) -> None:
         on_sanity_check_start, validation loop on num_sanity_val_steps batches, on_sanity_check_end
         on_train_start
         for each epoch:
+            every reload_dataloaders_every_n_epochs epochs: train/val loaders requested again
             on_train_epoch_start
             for each batch:                                 (trainer/loops/step.py)
                 on_train_batch_start(batch, i)              (module returning -1 ends the epoch)
@@ -79,6 +80,11 @@ def fit_loop(trainer: Trainer) -> None:
 def train_epoch(trainer: Trainer, window: Window) -> None:
     """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order."""
     p, hooks, router, preemption = trainer.progress, trainer.hooks, trainer.metric_router, trainer.preemption
+    reload_every = trainer.reload_dataloaders_every_n_epochs
+    if reload_every and p.epoch and p.epoch % reload_every == 0 and p.batch_in_epoch == 0:
+        from trainer.run import reload_loaders  # run imports the loops: imported here, once per epoch
+
+        reload_loaders(trainer)
     loader = trainer.loaders["fit"]
     assert loader is not None
     num = num_batches(loader, trainer.limits["fit"])
@@ -86,7 +92,12 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     set_sampler_epoch(loader, p.epoch)
     store = MetricStore(trainer.strategy.reduce)
     val_every = _val_every(trainer, num)
-    validate_this_epoch = validation_enabled(trainer) and (p.epoch + 1) % trainer.check_val_every_n_epoch == 0
+    # check_val_every_n_epoch=None: every val_check_interval batches, counted across epochs.
+    across = trainer.check_val_every_n_epoch is None
+    batch_offset = p.batches_before_epoch if across else 0
+    validate_this_epoch = validation_enabled(trainer) and (
+        across or (p.epoch + 1) % trainer.check_val_every_n_epoch == 0  # type: ignore[operator]
+    )
     last_val_at = -1
     router.epoch_keys.clear()
     with router.logging(store, EPOCH_DEFAULTS):
@@ -113,12 +124,13 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            if validate_this_epoch and val_every and (batch_idx + 1) % val_every == 0:
+            if validate_this_epoch and val_every and (batch_offset + batch_idx + 1) % val_every == 0:
                 eval_loop(trainer, "validate")
                 last_val_at = p.batch_in_epoch
             if should_stop_training(trainer):
                 break
-    if validate_this_epoch and last_val_at != p.batch_in_epoch and not p.should_stop and p.batch_in_epoch:
+    end_validation = validate_this_epoch and not across and not _may_stop(trainer)
+    if end_validation and last_val_at != p.batch_in_epoch and p.batch_in_epoch:
         eval_loop(trainer, "validate")
         last_val_at = p.batch_in_epoch
     with router.logging(store, EPOCH_DEFAULTS):
@@ -128,15 +140,16 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         # (check_val_every_n_epoch > 1, an early stop); a missing name is an error only when
         # validation ran (or there is none).
         step_schedulers(trainer, "epoch", metrics_due=last_val_at >= 0 or not validation_enabled(trainer))
+        p.batches_before_epoch += p.batch_in_epoch
         p.epoch_finished = True
         hooks.callbacks_only("on_train_epoch_end")
     store.reset()
 
 
 def should_stop_training(trainer: Trainer) -> bool:
-    """``should_stop``, ``max_steps`` reached, or ``max_epochs`` done."""
+    """``should_stop`` (once ``min_epochs`` and ``min_steps`` are met), ``max_steps`` or ``max_epochs`` reached."""
     p = trainer.progress
-    if p.should_stop:
+    if p.should_stop and _may_stop(trainer):
         return True
     if trainer.max_steps != -1 and p.global_step >= trainer.max_steps:
         return True
@@ -144,6 +157,18 @@ def should_stop_training(trainer: Trainer) -> bool:
     if max_epochs is not None and max_epochs != -1:
         return p.epoch + (1 if p.epoch_finished else 0) >= max_epochs
     return False
+
+
+def _may_stop(trainer: Trainer) -> bool:
+    """``should_stop`` is set and may be obeyed: ``min_epochs`` epochs and ``min_steps`` steps are done.
+
+    As in Lightning, a stop requested earlier (early stopping, ``max_time``) waits until then.
+    """
+    p = trainer.progress
+    if not p.should_stop:
+        return False
+    done_epochs = p.epoch + (1 if p.epoch_finished else 0)
+    return done_epochs >= trainer.min_epochs and p.global_step >= trainer.min_steps
 
 
 def _val_every(trainer: Trainer, num: float) -> int | None:
