@@ -83,7 +83,7 @@ def test_nothing_is_printed_on_other_ranks(capsys: pytest.CaptureFixture[str], t
 
 # ----------------------------------------------------------------- loggers
 def test_csv_logger_writes_what_loggers_get(tmp_path: Path) -> None:
-    recorder, logger = Recorder(), CSVLogger(save_dir=tmp_path)
+    recorder, logger = Recorder(), CSVLogger(save_dir=tmp_path, name="csv", version="")
     train, val = loaders()
     trainer = quiet_trainer(callbacks=[logger, LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=1)
     trainer.fit(Scripted(), train, val)
