@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["HOOKS", "Callback", "overridden_hooks"]
+__all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "check_hooks", "overridden_hooks"]
 
 
 class Callback:
@@ -58,25 +58,49 @@ class Callback:
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_validation_epoch_start(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_validation_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
-    def on_validation_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None: ...
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
     def on_test_start(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_test_end(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_test_epoch_start(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_test_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
-    def on_test_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None: ...
+    def on_test_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None: ...
     def on_test_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
     def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_predict_epoch_start(self, trainer: Trainer, module: TrainModule) -> None: ...
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
-    def on_predict_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None: ...
     def on_predict_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
     def on_before_backward(self, trainer: Trainer, module: TrainModule, loss: torch.Tensor) -> None: ...
     def on_after_backward(self, trainer: Trainer, module: TrainModule) -> None: ...
@@ -100,6 +124,38 @@ class Callback:
 HOOKS: tuple[str, ...] = tuple(
     name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown")
 )
+
+
+#: Hooks of Lightning 1.x that Lightning 2 no longer calls, and what to override instead. A callback
+#: still defining one would silently do nothing, so :func:`check_hooks` refuses it.
+REMOVED_HOOKS: dict[str, str] = {
+    "on_init_start": "__init__ of the callback",
+    "on_init_end": "setup(trainer, pl_module, stage)",
+    "on_configure_sharded_model": "TrainModule.configure_model",
+    "on_before_accelerator_backend_setup": "setup(trainer, pl_module, stage)",
+    "on_pretrain_routine_start": "on_fit_start",
+    "on_pretrain_routine_end": "on_fit_start",
+    "on_batch_start": "on_train_batch_start",
+    "on_batch_end": "on_train_batch_end",
+    "on_epoch_start": "on_train_epoch_start / on_validation_epoch_start / on_test_epoch_start",
+    "on_epoch_end": "on_train_epoch_end / on_validation_epoch_end / on_test_epoch_end",
+    "on_keyboard_interrupt": "on_exception (the exception is a KeyboardInterrupt)",
+}
+
+
+def check_hooks(callbacks: list[Callback]) -> None:
+    """Refuse callbacks defining a hook that is never called (Lightning 1.x names removed in 2.0).
+
+    Raises:
+        TypeError: naming the callback, the hook and the hook to override instead.
+    """
+    for cb in callbacks:
+        for name, instead in REMOVED_HOOKS.items():
+            if callable(getattr(type(cb), name, None)):
+                raise TypeError(
+                    f"{type(cb).__name__}.{name} is never called: Lightning 2 removed that hook and geartrain "
+                    f"follows it. Override {instead} instead."
+                )
 
 
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import os
-import re
+import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from typing_extensions import override
 
+from callbacks._checkpoint_files import fill_template, free_path, symlink
 from callbacks._monitor import Monitor
 from callbacks.base import Callback
 
@@ -20,9 +21,6 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = ["ModelCheckpoint"]
-
-_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
 
 
 class ModelCheckpoint(Callback):
@@ -37,17 +35,31 @@ class ModelCheckpoint(Callback):
 
     Args:
         dirpath: folder for the files (default: ``<default_root_dir>/checkpoints``).
-        filename: template such as ``"{epoch}-{step}-{val/acc:.4f}"``; names are the keys of
-            ``trainer.callback_metrics`` plus ``epoch`` and ``step``, each written as ``name=value``.
-            Characters other than letters, digits and ``._=+-`` (a ``/`` in ``val/acc``) become
-            ``_``, so every metric name gives a valid file name (``epoch=3-step=40-val_acc=0.9500``).
+        filename: template such as ``"{epoch}-{step}-{val/acc:.4f}"`` (default ``"{epoch}-{step}"``);
+            names are the keys of ``trainer.callback_metrics`` plus ``epoch`` and ``step``, each
+            written as ``name=value``. Characters other than letters, digits and ``._=+-`` (a ``/``
+            in ``val/acc``) become ``_``, so every metric name gives a valid file name
+            (``epoch=3-step=40-val_acc=0.9500``; Lightning would make a sub-folder ``val``).
         monitor: metric to rank checkpoints by; ``None`` keeps the newest ones.
-        mode: ``"min"`` or ``"max"``: which direction of ``monitor`` is better.
+        verbose: print a line at every ranked save (rank 0).
+        save_last: also write ``last.ckpt`` at every save and at the end of fitting; ``"link"``
+            makes it a symbolic link to the file a save wrote (a full file when none was written).
         save_top_k: how many to keep; 0 keeps none (``save_last`` still works), -1 keeps all.
-        save_last: also write ``last.ckpt`` at every save and at the end of fitting.
-        every_n_train_steps: save every n optimizer steps (mid-epoch).
-        every_n_epochs: save at the end of every n-th epoch (default 1 unless steps are given).
+        save_on_exception: when fitting fails, save a checkpoint named by ``filename`` (and
+            ``last.ckpt``) before the exception propagates.
         save_weights_only: leave out optimizer, scheduler and loop state (cannot resume then).
+        mode: ``"min"`` or ``"max"``: which direction of ``monitor`` is better.
+        auto_insert_metric_name: ``False`` writes a field's value alone (``"e{epoch:02d}"`` -> ``e03``).
+        every_n_train_steps: save every n optimizer steps (mid-epoch).
+        train_time_interval: save when this much time (a ``timedelta``) passed since the last
+            such save, checked after every batch; rank 0's clock decides.
+        every_n_epochs: save at the end of every n-th epoch (default 1 unless steps or a time
+            interval are given).
+        save_on_train_epoch_end: ``False`` saves after every validation pass of fitting (also in the
+            middle of an epoch); ``True`` or ``None`` at each training epoch's end (after its
+            validation).
+        enable_version_counter: a name already on disk or kept gets ``-v1``, ``-v2``, ... instead of
+            replacing that file (``last.ckpt`` is always replaced: a resume finds it there).
         async_save: write in the background (``Trainer.save_checkpoint(..., async_=True)``): a save
             blocks training only while the state is copied into CPU memory, and a thread writes the
             file, places ``last.ckpt`` and removes the evicted top-k files, in that order. Costs one
@@ -67,19 +79,31 @@ class ModelCheckpoint(Callback):
 
     runs_in_fast_dev_run = False
 
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
     def __init__(
         self,
         dirpath: str | os.PathLike[str] | None = None,
-        filename: str = "{epoch}-{step}",
+        filename: str | None = None,
         monitor: str | None = None,
-        mode: str = "min",
+        verbose: bool = False,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
-        save_last: bool = False,
-        every_n_train_steps: int | None = None,
-        every_n_epochs: int | None = None,
+        save_on_exception: bool = False,
         save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
         async_save: bool = False,
     ) -> None:
+        filename = "{epoch}-{step}" if filename is None else filename
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
         if save_top_k < -1:
@@ -88,18 +112,43 @@ class ModelCheckpoint(Callback):
             raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
         if every_n_epochs is not None and every_n_epochs < 0:
             raise ValueError(f"every_n_epochs must be >= 0, got {every_n_epochs}")
+        if save_last not in (None, True, False, "link"):
+            raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
+        given = [
+            n
+            for n, v in (
+                ("every_n_train_steps", every_n_train_steps),
+                ("every_n_epochs", every_n_epochs),
+                ("train_time_interval", train_time_interval),
+            )
+            if v
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one"
+            )
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
+        self.verbose = verbose
         self.mode = mode
         self.save_top_k = save_top_k
-        self.save_last = save_last
+        self.save_last = save_last or False
+        self.save_on_exception = save_on_exception
+        self.auto_insert_metric_name = auto_insert_metric_name
         self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        self.train_time_interval = train_time_interval
+        self.every_n_epochs = (
+            every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps or train_time_interval else 1)
+        )
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.enable_version_counter = enable_version_counter
         self.save_weights_only = save_weights_only
         self.async_save = async_save
+        self._last_time: float | None = None
+        self._exception_path = ""
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
@@ -124,23 +173,42 @@ class ModelCheckpoint(Callback):
             self.dirpath = trainer.checkpointing.default_directory()
 
     @override
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._last_time = time.monotonic()
+
+    @override
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self._monitor is not None and not trainer.sanity_checking and trainer.stage == "fit":
+        if trainer.sanity_checking or trainer.stage != "fit":
+            return
+        if self._monitor is not None:
             self._monitor.validated = True
+        if self.save_on_train_epoch_end is False and self._epoch_due(trainer):
+            self._save(trainer)  # after every validation pass, also one in the middle of an epoch
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.global_step == self._last_saved_step:
+            return
         n = self.every_n_train_steps
-        if n and trainer.global_step % n == 0 and trainer.global_step != self._last_saved_step:
+        if n and trainer.global_step % n == 0:
             self._save(trainer)
+        elif self.train_time_interval is not None and self._last_time is not None:
+            # Rank 0's clock decides for every rank (one small broadcast per batch, only with this option).
+            due = time.monotonic() - self._last_time >= self.train_time_interval.total_seconds()
+            if trainer.strategy.broadcast(due, 0):
+                self._last_time = time.monotonic()
+                self._save(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        n = self.every_n_epochs
-        if n and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step:
+        if self.save_on_train_epoch_end is not False and self._epoch_due(trainer):
             self._save(trainer)
+
+    def _epoch_due(self, trainer: Trainer) -> bool:
+        n = self.every_n_epochs
+        return bool(n) and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -161,22 +229,27 @@ class ModelCheckpoint(Callback):
         # failed write so that the run's own exception is the one that propagates.
         try:
             self._confirm(trainer)
+            if (
+                self.save_on_exception
+                and trainer.stage == "fit"
+                and not trainer.sanity_checking
+                and trainer.global_step != self._last_saved_step
+                and self.dirpath is not None
+            ):
+                self._save(trainer, rank=False, exception_file=True)
+                self._confirm(trainer)
+                if trainer.is_global_zero:
+                    print(f"ModelCheckpoint: {type(exception).__name__} raised; saved {self._exception_path}")
         except Exception as err:
             warnings.warn(f"ModelCheckpoint: the checkpoint write in flight failed too: {err}", stacklevel=2)
 
     # ----------------------------------------------------------------- saving
     def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``)."""
+        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
 
-        def fill(match: re.Match[str]) -> str:
-            name, spec = match.group(1), match.group(2) or ""
-            value = metrics.get(name)
-            if isinstance(value, torch.Tensor):
-                value = value.item()
-            text = "nan" if value is None else format(value, spec[1:])
-            return f"{name}={text}"
-
-        return _UNSAFE.sub("_", _FIELD.sub(fill, self.filename)) + ".ckpt"
+        With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
+        """
+        return fill_template(self.filename, metrics, self.auto_insert_metric_name) + self.FILE_EXTENSION
 
     def _better(self, score: float, than: float) -> bool:
         return score < than if self.mode == "min" else score > than
@@ -202,7 +275,13 @@ class ModelCheckpoint(Callback):
             return True, [worst]
         return False, []
 
-    def _save(self, trainer: Trainer, rank: bool = True) -> None:
+    def _free_path(self, path: str) -> str:
+        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already."""
+        if not self.enable_version_counter:
+            return path
+        return free_path(path, lambda p: p in self.best_k_models or os.path.exists(p), self.STARTING_VERSION)
+
+    def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
         """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
         assert self.dirpath is not None
         self._confirm(trainer)
@@ -218,14 +297,17 @@ class ModelCheckpoint(Callback):
         keep, evict = False, list[str]()
         previous = self.state_dict()
         path = ""
-        if ranked:
+        if ranked or exception_file:
             metrics: dict[str, Any] = {
                 **trainer.callback_metrics,
                 "epoch": trainer.current_epoch,
                 "step": trainer.global_step,
             }
-            path = str(self.dirpath / self.format_filename(metrics))
+            path = self._free_path(str(self.dirpath / self.format_filename(metrics)))
+        if ranked:
             keep, evict = self._plan_top_k(path, score)
+            if self.verbose and trainer.is_global_zero:
+                self._say(trainer, score, path if keep else None)
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
         if keep:
             for old in evict:
@@ -244,18 +326,44 @@ class ModelCheckpoint(Callback):
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []
         replaces = [old for old in evict if old not in (path, self.last_model_path)]
+        if self.save_last == "link" and (keep or exception_file):
+            also_at = []  # last.ckpt becomes a symbolic link to the file just written, below
         try:
-            if keep:
+            if keep or exception_file:
                 trainer.save_checkpoint(
                     path, self.save_weights_only, self.async_save, also_at=also_at, replaces=replaces
                 )
+                if self.save_last == "link" and trainer.is_global_zero:
+                    symlink(path, self.last_model_path)
             elif self.save_last:
                 trainer.save_checkpoint(self.last_model_path, self.save_weights_only, self.async_save)
         except BaseException:
             self.load_state_dict(previous)
             raise
+        if exception_file:
+            self._exception_path = path
+        self._notify_loggers(trainer)
         if self.async_save:
             self._unconfirmed = previous
+
+    def _say(self, trainer: Trainer, score: float | None, path: str | None) -> None:
+        """``verbose``: one line per ranked save, as Lightning prints it."""
+        where = f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: "
+        if path is None:
+            print(f"{where}{self.monitor!r} was not in top {self.save_top_k}")
+        elif score is None:
+            print(f"{where}saving model to {path!r}")
+        else:
+            best = min([score, *self.best_k_models.values()], key=self._rank_key)
+            print(
+                f"{where}{self.monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} as top {self.save_top_k}"
+            )
+
+    def _notify_loggers(self, trainer: Trainer) -> None:
+        """Lightning's ``logger.after_save_checkpoint(self)`` for every logger of the trainer."""
+        for cb in trainer.callbacks:
+            if getattr(cb, "is_logger", False) and hasattr(cb, "after_save_checkpoint"):
+                cb.after_save_checkpoint(self)
 
     def _confirm(self, trainer: Trainer) -> None:
         """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.

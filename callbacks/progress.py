@@ -170,7 +170,13 @@ class ProgressBar(Callback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self._val_batches = batch_idx + 1  # (a count; the bar below exists only on rank 0)
         if self._progress is not None and self._val_task is not None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import weakref
-from pathlib import Path
 from argparse import Namespace
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
