@@ -57,13 +57,19 @@ class Logger(Callback):
     runs_in_fast_dev_run = False
     #: Between a prefix and a key (Lightning's ``LOGGER_JOIN_CHAR``).
     LOGGER_JOIN_CHAR = "-"
+    # Class-level defaults, so that a Lightning-style subclass whose __init__ does not call ours works.
+    _save_dir: Path | None = None
+    _name = ""
+    _version: int | str | None = None
+    _prefix = ""
+    _writes = True
 
     def __init__(
         self,
-        save_dir: str | os.PathLike[str] | None,
-        name: str | None,
-        version: int | str | None,
-        prefix: str,
+        save_dir: str | os.PathLike[str] | None = None,
+        name: str | None = "",
+        version: int | str | None = None,
+        prefix: str = "",
     ) -> None:
         self._save_dir = Path(save_dir) if save_dir is not None else None
         self._name = name or ""
@@ -71,6 +77,7 @@ class Logger(Callback):
         self._prefix = prefix
         #: False on ranks other than 0 once a trainer set the logger up: nothing is written there.
         self._writes = True
+        #: Hyperparameters recorded so far (flattened).
         self.hparams: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- where
@@ -129,12 +136,12 @@ class Logger(Callback):
         return {f"{self._prefix}{self.LOGGER_JOIN_CHAR}{k}": v for k, v in metrics.items()}
 
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
-        """Write ``metrics`` at ``step`` (rank 0 only)."""
-        raise NotImplementedError
+        """Write ``metrics`` at ``step`` (rank 0 only). A logger of your own overrides this."""
+        raise NotImplementedError(f"{type(self).__name__} must implement log_metrics(metrics, step=None)")
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
         """Record hyperparameters (rank 0 only); ``metrics`` are written with them at step 0."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement log_hyperparams(params, metrics=None)")
 
     def log_graph(self, model: torch.nn.Module, input_array: torch.Tensor | None = None) -> None:
         """Record the model's graph where the format has one (not in CSV: nothing happens)."""
@@ -155,6 +162,25 @@ class Logger(Callback):
         if self._save_dir is None:
             self._save_dir = Path(trainer.default_root_dir)
         self._writes = trainer.is_global_zero
+
+    @override
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+        # As Lightning's trainer does: the module's hyperparameters go to every logger when fitting starts.
+        hparams = dict(getattr(module, "hparams", None) or {})
+        if self._writes and hparams:
+            self.log_hyperparams(hparams)
+
+    @override
+    def on_log_metrics(
+        self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+    ) -> None:
+        if self._writes:
+            self.log_metrics({key: float(value) for key, value in metrics.items()}, step)
+
+    @override
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        if self._writes:
+            self.finalize("success")
 
     @override
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "check_hooks", "overridden_hooks"]
+__all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "Checkpoint", "check_hooks", "overridden_hooks"]
 
 
 class Callback:
@@ -151,13 +151,22 @@ def check_hooks(callbacks: list[Callback]) -> None:
     """
     for cb in callbacks:
         for name, instead in REMOVED_HOOKS.items():
-            if callable(getattr(type(cb), name, None)):
+            if callable(getattr(type(cb), name, None)) or name in vars(cb):
                 raise TypeError(
                     f"{type(cb).__name__}.{name} is never called: Lightning 2 removed that hook and geartrain "
                     f"follows it. Override {instead} instead."
                 )
 
 
+def _overrides(cb: Callback, hook: str) -> bool:
+    # A function set on the instance (LambdaCallback) counts like a method of its class.
+    return hook in vars(cb) or getattr(type(cb), hook) is not getattr(Callback, hook)
+
+
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
-    """Map every hook name to the callbacks, in order, whose class overrides it."""
-    return {hook: [cb for cb in callbacks if getattr(type(cb), hook) is not getattr(Callback, hook)] for hook in HOOKS}
+    """Map every hook name to the callbacks, in order, whose class (or instance) overrides it."""
+    return {hook: [cb for cb in callbacks if _overrides(cb, hook)] for hook in HOOKS}
+
+
+class Checkpoint(Callback):
+    """Base class of callbacks that save checkpoints (Lightning's ``Checkpoint``; ``ModelCheckpoint`` is one)."""

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from callbacks._checkpoint_files import fill_template, free_path, symlink
 from callbacks._monitor import Monitor
-from callbacks.base import Callback
+from callbacks.base import Checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["ModelCheckpoint"]
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     """Save checkpoints during training; remember the best by a monitored metric.
 
     Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash

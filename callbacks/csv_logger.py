@@ -155,7 +155,3 @@ class CSVLogger(Logger):
     ) -> None:
         if self._writes:
             self.log_metrics({"epoch": trainer.current_epoch, **{k: float(v) for k, v in metrics.items()}}, step)
-
-    @override
-    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        self.save()
