@@ -9,10 +9,26 @@ from typing import Any
 
 import torch
 
-__all__ = ["fill_template", "free_path", "symlink"]
+__all__ = ["check_lightning_options", "fill_template", "free_path", "symlink"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
+
+
+def check_lightning_options(
+    save_last: Any, every_n_train_steps: int | None, every_n_epochs: int | None, train_time_interval: Any
+) -> None:
+    """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at once.
+
+    Raises:
+        ValueError: naming the option(s).
+    """
+    if save_last not in (None, True, False, "link"):
+        raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
+    schedules = {"every_n_train_steps": every_n_train_steps, "every_n_epochs": every_n_epochs}
+    given = [name for name, value in {**schedules, "train_time_interval": train_time_interval}.items() if value]
+    if len(given) > 1:
+        raise ValueError(f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one")
 
 
 def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True) -> str:

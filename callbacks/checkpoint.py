@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import override
 
-from callbacks._checkpoint_files import fill_template, free_path, symlink
+from callbacks._checkpoint_files import check_lightning_options, fill_template, free_path, symlink
 from callbacks._monitor import Monitor
 from callbacks.base import Checkpoint
 
@@ -112,21 +112,7 @@ class ModelCheckpoint(Checkpoint):
             raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
         if every_n_epochs is not None and every_n_epochs < 0:
             raise ValueError(f"every_n_epochs must be >= 0, got {every_n_epochs}")
-        if save_last not in (None, True, False, "link"):
-            raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
-        given = [
-            n
-            for n, v in (
-                ("every_n_train_steps", every_n_train_steps),
-                ("every_n_epochs", every_n_epochs),
-                ("train_time_interval", train_time_interval),
-            )
-            if v
-        ]
-        if len(given) > 1:
-            raise ValueError(
-                f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one"
-            )
+        check_lightning_options(save_last, every_n_train_steps, every_n_epochs, train_time_interval)
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
         self.dirpath = Path(dirpath) if dirpath is not None else None
@@ -148,6 +134,7 @@ class ModelCheckpoint(Checkpoint):
         self.save_weights_only = save_weights_only
         self.async_save = async_save
         self._last_time: float | None = None
+        self._clock = time.monotonic  # tests swap in a fake clock
         self._exception_path = ""
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
         self.best_k_models: dict[str, float] = {}
@@ -174,7 +161,7 @@ class ModelCheckpoint(Checkpoint):
 
     @override
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._last_time = time.monotonic()
+        self._last_time = self._clock()
 
     @override
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -196,9 +183,9 @@ class ModelCheckpoint(Checkpoint):
             self._save(trainer)
         elif self.train_time_interval is not None and self._last_time is not None:
             # Rank 0's clock decides for every rank (one small broadcast per batch, only with this option).
-            due = time.monotonic() - self._last_time >= self.train_time_interval.total_seconds()
+            due = self._clock() - self._last_time >= self.train_time_interval.total_seconds()
             if trainer.strategy.broadcast(due, 0):
-                self._last_time = time.monotonic()
+                self._last_time = self._clock()
                 self._save(trainer)
 
     @override
