@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["TensorBoardLogger"]
 
+#: ``SummaryWriter``'s options other than ``log_dir`` (which the logger sets), checked when the logger
+#: is built rather than at its first write.
+_WRITER_OPTIONS = frozenset({"comment", "purge_step", "max_queue", "flush_secs", "filename_suffix"})
+
 
 class TensorBoardLogger(Logger):
     """Write everything logged to one TensorBoard event file per run (rank 0 only).
@@ -73,6 +77,12 @@ class TensorBoardLogger(Logger):
         self._log_graph = log_graph
         self._default_hp_metric = default_hp_metric
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        unknown = sorted(set(kwargs) - _WRITER_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"TensorBoardLogger: {', '.join(unknown)} is not an option of TensorBoardLogger or of "
+                f"SummaryWriter (its **kwargs): use {', '.join(sorted(_WRITER_OPTIONS))}"
+            )
         kwargs.setdefault("flush_secs", 10)
         self._kwargs = kwargs
         self._writer: SummaryWriter | None = None

@@ -66,6 +66,15 @@ def test_tensorboard_experiment_metrics_hyperparameters_and_prefix(tmp_path: Pat
     assert saved == {"lr": 0.1, "net/width": 4}
 
 
+def test_tensorboard_kwargs_go_to_the_summary_writer_and_unknown_ones_are_refused(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(save_dir=tmp_path, filename_suffix=".mine", max_queue=3)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.finalize("success")
+    assert [p.name.endswith(".mine") for p in logger.log_dir.iterdir()] == [True]
+    with pytest.raises(TypeError, match="flush_every is not an option.*flush_secs"):
+        TensorBoardLogger(save_dir=tmp_path, flush_every=3)
+
+
 def test_tensorboard_without_default_hp_metric_writes_no_placeholder(tmp_path: Path) -> None:
     logger = TensorBoardLogger(save_dir=tmp_path, default_hp_metric=False)
     logger.log_hyperparams({"lr": 0.1})
