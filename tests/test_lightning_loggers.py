@@ -71,7 +71,7 @@ def test_tensorboard_kwargs_go_to_the_summary_writer_and_unknown_ones_are_refuse
     logger.log_metrics({"a": 1.0}, step=0)
     logger.finalize("success")
     assert [p.name.endswith(".mine") for p in logger.log_dir.iterdir()] == [True]
-    with pytest.raises(TypeError, match="flush_every is not an option.*flush_secs"):
+    with pytest.raises(TypeError, match=r"flush_every is not an option.*flush_secs"):
         TensorBoardLogger(save_dir=tmp_path, flush_every=3)
 
 
