@@ -154,7 +154,7 @@ def check_hooks(callbacks: list[Callback]) -> None:
     """
     for cb in callbacks:
         for name, instead in REMOVED_HOOKS.items():
-            if callable(getattr(type(cb), name, None)) or name in vars(cb):
+            if callable(getattr(type(cb), name, None)) or name in getattr(cb, "__dict__", {}):
                 raise TypeError(
                     f"{type(cb).__name__}.{name} is never called: Lightning 2 removed that hook and geartrain "
                     f"follows it. Override {instead} instead."
@@ -163,7 +163,7 @@ def check_hooks(callbacks: list[Callback]) -> None:
 
 def _overrides(cb: Callback, hook: str) -> bool:
     # A function set on the instance (LambdaCallback) counts like a method of its class.
-    return hook in vars(cb) or getattr(type(cb), hook) is not getattr(Callback, hook)
+    return hook in getattr(cb, "__dict__", {}) or getattr(type(cb), hook) is not getattr(Callback, hook)
 
 
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
