@@ -75,8 +75,9 @@ class Logger(Callback):
         self._name = name or ""
         self._version = version
         self._prefix = prefix
-        #: False on ranks other than 0 once a trainer set the logger up: nothing is written there.
-        self._writes = True
+        #: False on ranks other than 0: nothing is written there. Known from the launcher's environment
+        #: before a trainer sets the logger up (torchrun's RANK, srun's SLURM_PROCID).
+        self._writes = _launcher_rank() == 0
         #: Hyperparameters recorded so far (flattened).
         self.hparams: dict[str, Any] = {}
 
@@ -186,6 +187,14 @@ class Logger(Callback):
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         if self._writes:
             self.finalize("failed")
+
+
+def _launcher_rank() -> int:
+    for name in ("RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def flat_params(params: dict[str, Any] | Namespace, separator: str = "/") -> dict[str, Any]:

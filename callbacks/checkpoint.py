@@ -43,7 +43,8 @@ class ModelCheckpoint(Checkpoint):
         monitor: metric to rank checkpoints by; ``None`` keeps the newest ones.
         verbose: print a line at every ranked save (rank 0).
         save_last: also write ``last.ckpt`` at every save and at the end of fitting; ``"link"``
-            makes it a symbolic link to the file a save wrote (a full file when none was written).
+            makes it a symbolic link to the file a save wrote (a full file when none was written;
+            a hard link with ``async_save``).
         save_top_k: how many to keep; 0 keeps none (``save_last`` still works), -1 keeps all.
         save_on_exception: when fitting fails, save a checkpoint named by ``filename`` (and
             ``last.ckpt``) before the exception propagates.
@@ -313,14 +314,17 @@ class ModelCheckpoint(Checkpoint):
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []
         replaces = [old for old in evict if old not in (path, self.last_model_path)]
-        if self.save_last == "link" and (keep or exception_file):
-            also_at = []  # last.ckpt becomes a symbolic link to the file just written, below
+        # "link": a symbolic link to the file just written, below; with async_save the writer thread
+        # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
+        link = self.save_last == "link" and (keep or exception_file) and not self.async_save
+        if link:
+            also_at = []
         try:
             if keep or exception_file:
                 trainer.save_checkpoint(
                     path, self.save_weights_only, self.async_save, also_at=also_at, replaces=replaces
                 )
-                if self.save_last == "link" and trainer.is_global_zero:
+                if link and trainer.is_global_zero:
                     symlink(path, self.last_model_path)
             elif self.save_last:
                 trainer.save_checkpoint(self.last_model_path, self.save_weights_only, self.async_save)

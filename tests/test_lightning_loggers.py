@@ -44,6 +44,19 @@ def test_runs_from_python_get_lightnings_version_folders(cls: type[Logger], tmp_
     assert cls(save_dir=tmp_path, name="x", version="").log_dir == tmp_path / "x"
 
 
+@pytest.mark.parametrize("cls", [TensorBoardLogger, CSVLogger])
+def test_a_logger_built_on_another_rank_writes_nothing(
+    cls: type[Logger], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "1")  # as torchrun sets it, before any trainer exists
+    logger = cls(save_dir=tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.log_hyperparams({"lr": 0.1})
+    logger.experiment.add_scalar("b", 1.0)
+    logger.finalize("success")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_geartrain_command_config_writes_into_the_run_directory() -> None:
     for kind, folder in (("tensorboard", "tensorboard"), ("csv", "csv")):
         conf = yaml.safe_load(Path("conf/logger", f"{kind}.yaml").read_text())[kind]
