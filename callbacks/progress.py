@@ -73,7 +73,35 @@ class ProgressBar(Callback):
         self._plain_lines = False  # this epoch prints plain lines (rank 0, not a terminal); set per epoch
 
     def _shows(self, trainer: Trainer) -> bool:
-        return trainer.is_global_zero and self.refresh_rate > 0
+        return trainer.is_global_zero and self.refresh_rate > 0 and not self._disabled
+
+    # ----------------------------------------------------------------- Lightning's ProgressBar methods
+    _disabled = False
+
+    def disable(self) -> None:
+        """Show nothing from now on (Lightning's ``ProgressBar.disable``)."""
+        self._disabled = True
+
+    def enable(self) -> None:
+        """Show progress again after :meth:`disable`."""
+        self._disabled = False
+
+    @property
+    def is_enabled(self) -> bool:
+        """Whether progress is shown (``refresh_rate > 0`` and not disabled)."""
+        return self.refresh_rate > 0 and not self._disabled
+
+    @property
+    def is_disabled(self) -> bool:
+        """The opposite of :attr:`is_enabled`."""
+        return not self.is_enabled
+
+    def get_metrics(self, trainer: Trainer, pl_module: TrainModule) -> dict[str, int | str | float | dict[str, float]]:
+        """The values the bar shows: everything logged with ``prog_bar=True``, as numbers.
+
+        A Lightning progress bar subclass calls this to build its text.
+        """
+        return {key: float(value) for key, value in trainer.progress_bar_metrics.items()}
 
     @property
     def _out(self) -> TextIO:

@@ -251,6 +251,25 @@ def test_tqdm_progress_bar_is_the_progress_bar_and_refresh_rate_zero_silences_it
     assert capsys.readouterr().out == ""
 
 
+def test_progress_bar_subclass_uses_lightnings_methods(capsys: pytest.CaptureFixture[str]) -> None:
+    class Mine(ProgressBar):
+        def __init__(self) -> None:
+            super().__init__(force_plain=True, refresh_every_n_steps=1)
+            self.seen: list[dict[str, Any]] = []
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            self.seen.append(self.get_metrics(trainer, pl_module))
+
+    bar = Mine()
+    bar.disable()
+    assert bar.is_disabled and not bar.is_enabled
+    _fit([bar], enable_progress_bar=True)
+    assert capsys.readouterr().out == ""  # disabled: nothing drawn
+    assert [sorted(m) for m in bar.seen] == [["train/loss", "val/loss"]] * 2
+    bar.enable()
+    assert bar.is_enabled
+
+
 def test_device_stats_cpu_stats_false_logs_no_cpu_figures() -> None:
     for cpu_stats, logged in ((False, False), (None, True), (True, True)):
         recorder = Recorder()
