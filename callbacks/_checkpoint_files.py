@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_lightning_options", "fill_template", "free_path", "symlink"]
+__all__ = ["check_lightning_options", "fill_template", "free_path", "save_message", "symlink"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
@@ -75,3 +75,19 @@ def symlink(target: str, link: str) -> None:
         os.remove(tmp)
     os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), tmp)
     os.replace(tmp, link)
+
+
+def save_message(
+    epoch: int, step: int, monitor: str | None, top_k: int, score: float | None, best: float | None, path: str | None
+) -> str:
+    """The line ``ModelCheckpoint(verbose=True)`` prints for a ranked save, worded as Lightning's.
+
+    >>> save_message(1, 8, "val/acc", 1, 0.5, 0.5, "a.ckpt")
+    "Epoch 1, global step 8: 'val/acc' reached 0.50000 (best 0.50000), saving model to 'a.ckpt' as top 1"
+    """
+    where = f"Epoch {epoch:d}, global step {step:d}: "
+    if path is None:
+        return f"{where}{monitor!r} was not in top {top_k}"
+    if score is None or best is None:
+        return f"{where}saving model to {path!r}"
+    return f"{where}{monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} as top {top_k}"

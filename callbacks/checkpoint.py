@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import override
 
-from callbacks._checkpoint_files import check_lightning_options, fill_template, free_path, symlink
+from callbacks._checkpoint_files import check_lightning_options, fill_template, free_path, save_message, symlink
 from callbacks._monitor import Monitor
 from callbacks.base import Checkpoint
 
@@ -239,6 +239,15 @@ class ModelCheckpoint(Checkpoint):
         """
         return fill_template(self.filename, metrics, self.auto_insert_metric_name) + self.FILE_EXTENSION
 
+    def format_checkpoint_name(
+        self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None, prefix: str = ""
+    ) -> str:
+        """Lightning's name for :meth:`format_filename`, as a path in ``dirpath`` (``-v<ver>`` appended if given)."""
+        name = fill_template(filename or self.filename, metrics, self.auto_insert_metric_name)
+        name = f"{prefix}{self.CHECKPOINT_JOIN_CHAR}{name}" if prefix else name
+        name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
+        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+
     def _better(self, score: float, than: float) -> bool:
         return score < than if self.mode == "min" else score > than
 
@@ -339,16 +348,10 @@ class ModelCheckpoint(Checkpoint):
 
     def _say(self, trainer: Trainer, score: float | None, path: str | None) -> None:
         """``verbose``: one line per ranked save, as Lightning prints it."""
-        where = f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: "
-        if path is None:
-            print(f"{where}{self.monitor!r} was not in top {self.save_top_k}")
-        elif score is None:
-            print(f"{where}saving model to {path!r}")
-        else:
-            best = min([score, *self.best_k_models.values()], key=self._rank_key)
-            print(
-                f"{where}{self.monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} as top {self.save_top_k}"
-            )
+        best = None if score is None else min([score, *self.best_k_models.values()], key=self._rank_key)
+        print(
+            save_message(trainer.current_epoch, trainer.global_step, self.monitor, self.save_top_k, score, best, path)
+        )
 
     def _notify_loggers(self, trainer: Trainer) -> None:
         """Lightning's ``logger.after_save_checkpoint(self)`` for every logger of the trainer."""

@@ -51,6 +51,15 @@ class LearningRateMonitor(Callback):
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
+        #: Every learning rate logged so far, by key (Lightning's ``lrs``).
+        self.lrs: dict[str, list[float]] = {}
+
+    def _log(self, trainer: Trainer) -> None:
+        values = self.learning_rates(trainer)
+        for key, value in values.items():
+            if not key.endswith(("-momentum", "-weight_decay")):
+                self.lrs.setdefault(key, []).append(value)
+        trainer.log_metrics(values, step=trainer.global_step)
 
     def _interval(self, trainer: Trainer) -> str:
         if self.logging_interval is not None:
@@ -108,11 +117,11 @@ class LearningRateMonitor(Callback):
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         if self._interval(trainer) == "epoch":
-            trainer.log_metrics(self.learning_rates(trainer), step=trainer.global_step)
+            self._log(trainer)
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, module: TrainModule, optimizer: torch.optim.Optimizer) -> None:
         # Same steps as the trainer's own step logging: the step with index i is logged when
         # (i + 1) is a multiple of log_every_n_steps.
         if self._interval(trainer) == "step" and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
-            trainer.log_metrics(self.learning_rates(trainer), step=trainer.global_step)
+            self._log(trainer)

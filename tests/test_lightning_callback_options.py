@@ -61,6 +61,13 @@ def test_checkpoint_default_filename_and_auto_insert_metric_name(tmp_path: Path)
     assert _names(tmp_path / "b") == ["e01-s8.ckpt"]
 
 
+def test_checkpoint_format_checkpoint_name_as_lightning(tmp_path: Path) -> None:
+    ck = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}-{val/acc:.2f}")
+    metrics = {"epoch": 3, "val/acc": 0.912}
+    assert ck.format_checkpoint_name(metrics) == str(tmp_path / "epoch=3-val_acc=0.91.ckpt")
+    assert ck.format_checkpoint_name(metrics, ver=2, prefix="p") == str(tmp_path / "p-epoch=3-val_acc=0.91-v2.ckpt")
+
+
 def test_checkpoint_version_counter_keeps_a_file_of_the_same_name(tmp_path: Path) -> None:
     (tmp_path / "epoch=1-step=8.ckpt").write_text("someone else's")
     ck = ModelCheckpoint(dirpath=tmp_path)
@@ -202,6 +209,7 @@ def test_learning_rate_monitor_names_keys_as_lightning() -> None:
     _fit([monitor, recorder], ThreeOptimizers(), max_epochs=1)
     first = next(m for _, m in recorder.rows if "mine" in m)
     assert first == pytest.approx(LIGHTNING_KEYS)
+    assert monitor.lrs == {"lr-SGD-1": [0.3], "lr-SGD/pg1": [0.1], "lr-SGD/pg2": [1.0], "mine": [0.2]}
 
 
 def test_learning_rate_monitor_refuses_duplicate_group_names() -> None:
