@@ -104,8 +104,14 @@ class Logger(Callback):
 
     @property
     def version(self) -> int | str:
-        """This run's version: the next free number under :attr:`root_dir`, worked out once."""
+        """This run's version: the next free number under :attr:`root_dir`, worked out once.
+
+        Until a trainer supplies ``save_dir`` the number is only looked up, not kept: it is chosen in
+        the folder the files will really go to.
+        """
         if self._version is None:
+            if self._save_dir is None:
+                return self._next_version()
             self._version = self._next_version()
         return self._version
 

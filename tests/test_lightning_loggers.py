@@ -57,6 +57,17 @@ def test_a_logger_built_on_another_rank_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_version_is_chosen_in_the_folder_the_trainer_supplies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lightning_logs" / "version_4").mkdir(parents=True)  # in the working directory
+    logger = CSVLogger()  # save_dir: the trainer's default_root_dir, known at setup
+    assert logger.version == 5  # looked up in ".", not kept
+    train, val = loaders()
+    quiet_trainer(tmp_path / "root", callbacks=[logger], max_epochs=1).fit(Scripted(), train, val)
+    assert logger.log_dir == tmp_path / "root" / "lightning_logs" / "version_0"
+    assert logger.path.exists()
+
+
 def test_geartrain_command_config_writes_into_the_run_directory() -> None:
     for kind, folder in (("tensorboard", "tensorboard"), ("csv", "csv")):
         conf = yaml.safe_load(Path("conf/logger", f"{kind}.yaml").read_text())[kind]
