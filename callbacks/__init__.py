@@ -1,5 +1,9 @@
 """Callbacks: checkpointing, logging (TensorBoard, CSV), progress, early stopping, ...
 
+Every callback and logger name of Lightning 2 is importable from here (``lightning.pytorch.callbacks.X``
+and ``lightning.pytorch.loggers.X`` -> ``callbacks.X``). Those geartrain does not have yet are
+classes whose construction raises ``NotImplementedError`` naming what to use instead.
+
 Classes are imported on first use, so ``import callbacks`` does not import TensorBoard or rich.
 """
 
@@ -8,52 +12,85 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from callbacks.base import Callback
+from callbacks._unsupported import UNSUPPORTED, unsupported_class
+from callbacks.base import Callback, Checkpoint
 
 if TYPE_CHECKING:
+    from callbacks._logger import Logger
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.csv_logger import CSVLogger
+    from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping
+    from callbacks.lambda_callback import LambdaCallback
     from callbacks.lr_monitor import LearningRateMonitor
-    from callbacks.model_summary import ModelSummary
-    from callbacks.progress import ProgressBar
+    from callbacks.model_summary import ModelSummary, RichModelSummary
+    from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
     from callbacks.timer import Timer
-
-__all__ = [
-    "CSVLogger",
-    "Callback",
-    "DeviceStatsMonitor",
-    "EarlyStopping",
-    "LearningRateMonitor",
-    "ModelCheckpoint",
-    "ModelSummary",
-    "ProgressBar",
-    "TensorBoardLogger",
-    "ThroughputMonitor",
-    "Timer",
-]
 
 _LAZY = {
     "CSVLogger": "callbacks.csv_logger",
     "DeviceStatsMonitor": "callbacks.device_stats",
     "EarlyStopping": "callbacks.early_stopping",
+    "LambdaCallback": "callbacks.lambda_callback",
     "LearningRateMonitor": "callbacks.lr_monitor",
+    "Logger": "callbacks._logger",
     "ModelCheckpoint": "callbacks.checkpoint",
     "ModelSummary": "callbacks.model_summary",
     "ProgressBar": "callbacks.progress",
+    "RichModelSummary": "callbacks.model_summary",
+    "RichProgressBar": "callbacks.progress",
+    "TQDMProgressBar": "callbacks.progress",
     "TensorBoardLogger": "callbacks.tensorboard",
     "ThroughputMonitor": "callbacks.throughput",
     "Timer": "callbacks.timer",
 }
 
+__all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
+    "BasePredictionWriter",
+    "BatchSizeFinder",
+    "CSVLogger",
+    "Callback",
+    "Checkpoint",
+    "DeviceStatsMonitor",
+    "EMAWeightAveraging",
+    "EarlyStopping",
+    "GradientAccumulationScheduler",
+    "LambdaCallback",
+    "LearningRateFinder",
+    "LearningRateMonitor",
+    "Logger",
+    "ModelCheckpoint",
+    "ModelPruning",
+    "ModelSummary",
+    "OnExceptionCheckpoint",
+    "ProgressBar",
+    "RichModelSummary",
+    "RichProgressBar",
+    "SpikeDetection",
+    "StochasticWeightAveraging",
+    "TQDMProgressBar",
+    "TensorBoardLogger",
+    "ThroughputMonitor",
+    "Timer",
+    "WeightAveraging",
+]
+
+_unsupported: dict[str, type[Callback]] = {}
+
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in UNSUPPORTED:
+        if name not in _unsupported:
+            _unsupported[name] = unsupported_class(name)
+        return _unsupported[name]
     raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return list(__all__)

@@ -78,6 +78,15 @@ class Monitor:
             warnings.warn(f"{message}; {self.consequence}. {self.fix(logged)}", MonitorNotLoggedWarning, stacklevel=2)
         self.told = True
 
+    def warn_if_never_seen(self, trainer: Trainer, consequence: str) -> None:
+        """At the end of fit: say (rank 0, once) that a metric never logged had ``consequence``."""
+        if not self.seen and not self.told and trainer.is_global_zero:
+            warnings.warn(
+                f"{self.owner}(monitor={self.name!r}): the metric was never logged during fit, so {consequence}",
+                MonitorNotLoggedWarning,
+                stacklevel=3,
+            )
+
     def fix(self, logged: list[str]) -> str:
         """How to monitor a metric that exists: the override under ``geartrain``, the argument in Python."""
         suggestion = closest(self.name, logged, cutoff=0.0) or "<metric>"

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import math
 import os
-import re
+import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from typing_extensions import override
 
-from callbacks._monitor import Monitor, MonitorNotLoggedWarning
-from callbacks.base import Callback
+from callbacks._checkpoint_files import check_lightning_options, fill_template, free_path, save_message, symlink
+from callbacks._monitor import Monitor
+from callbacks.base import Checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -21,11 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelCheckpoint"]
 
-_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
 
-
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     """Save checkpoints during training; remember the best by a monitored metric.
 
     Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
@@ -37,17 +35,32 @@ class ModelCheckpoint(Callback):
 
     Args:
         dirpath: folder for the files (default: ``<default_root_dir>/checkpoints``).
-        filename: template such as ``"{epoch}-{step}-{val/acc:.4f}"``; names are the keys of
-            ``trainer.callback_metrics`` plus ``epoch`` and ``step``, each written as ``name=value``.
-            Characters other than letters, digits and ``._=+-`` (a ``/`` in ``val/acc``) become
-            ``_``, so every metric name gives a valid file name (``epoch=3-step=40-val_acc=0.9500``).
+        filename: template such as ``"{epoch}-{step}-{val/acc:.4f}"`` (default ``"{epoch}-{step}"``);
+            names are the keys of ``trainer.callback_metrics`` plus ``epoch`` and ``step``, each
+            written as ``name=value``. Characters other than letters, digits and ``._=+-`` (a ``/``
+            in ``val/acc``) become ``_``, so every metric name gives a valid file name
+            (``epoch=3-step=40-val_acc=0.9500``; Lightning would make a sub-folder ``val``).
         monitor: metric to rank checkpoints by; ``None`` keeps the newest ones.
-        mode: ``"min"`` or ``"max"``: which direction of ``monitor`` is better.
+        verbose: print a line at every ranked save (rank 0).
+        save_last: also write ``last.ckpt`` at every save and at the end of fitting; ``"link"``
+            makes it a symbolic link to the file a save wrote (a full file when none was written;
+            a hard link with ``async_save``).
         save_top_k: how many to keep; 0 keeps none (``save_last`` still works), -1 keeps all.
-        save_last: also write ``last.ckpt`` at every save and at the end of fitting.
-        every_n_train_steps: save every n optimizer steps (mid-epoch).
-        every_n_epochs: save at the end of every n-th epoch (default 1 unless steps are given).
+        save_on_exception: when fitting fails, save a checkpoint named by ``filename`` (and
+            ``last.ckpt``) before the exception propagates.
         save_weights_only: leave out optimizer, scheduler and loop state (cannot resume then).
+        mode: ``"min"`` or ``"max"``: which direction of ``monitor`` is better.
+        auto_insert_metric_name: ``False`` writes a field's value alone (``"e{epoch:02d}"`` -> ``e03``).
+        every_n_train_steps: save every n optimizer steps (mid-epoch).
+        train_time_interval: save when this much time (a ``timedelta``) passed since the last
+            such save, checked after every batch; rank 0's clock decides.
+        every_n_epochs: save at the end of every n-th epoch (default 1 unless steps or a time
+            interval are given).
+        save_on_train_epoch_end: ``False`` saves after every validation pass of fitting (also in the
+            middle of an epoch); ``True`` or ``None`` at each training epoch's end (after its
+            validation).
+        enable_version_counter: a name already on disk or kept gets ``-v1``, ``-v2``, ... instead of
+            replacing that file (``last.ckpt`` is always replaced: a resume finds it there).
         async_save: write in the background (``Trainer.save_checkpoint(..., async_=True)``): a save
             blocks training only while the state is copied into CPU memory, and a thread writes the
             file, places ``last.ckpt`` and removes the evicted top-k files, in that order. Costs one
@@ -71,20 +84,32 @@ class ModelCheckpoint(Callback):
 
     runs_in_fast_dev_run = False
 
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
     def __init__(
         self,
         dirpath: str | os.PathLike[str] | None = None,
-        filename: str = "{epoch}-{step}",
+        filename: str | None = None,
         monitor: str | None = None,
-        mode: str = "min",
+        verbose: bool = False,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
-        save_last: bool = False,
-        every_n_train_steps: int | None = None,
-        every_n_epochs: int | None = None,
+        save_on_exception: bool = False,
         save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
         async_save: bool = False,
         missing_monitor: str = "raise",
     ) -> None:
+        filename = "{epoch}-{step}" if filename is None else filename
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
         if missing_monitor not in ("raise", "warn"):
@@ -95,18 +120,30 @@ class ModelCheckpoint(Callback):
             raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
         if every_n_epochs is not None and every_n_epochs < 0:
             raise ValueError(f"every_n_epochs must be >= 0, got {every_n_epochs}")
+        check_lightning_options(save_last, every_n_train_steps, every_n_epochs, train_time_interval)
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
+        self.verbose = verbose
         self.mode = mode
         self.save_top_k = save_top_k
-        self.save_last = save_last
+        self.save_last = save_last or False
+        self.save_on_exception = save_on_exception
+        self.auto_insert_metric_name = auto_insert_metric_name
         self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        self.train_time_interval = train_time_interval
+        self.every_n_epochs = (
+            every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps or train_time_interval else 1)
+        )
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.enable_version_counter = enable_version_counter
         self.save_weights_only = save_weights_only
         self.async_save = async_save
+        self._last_time: float | None = None
+        self._clock = time.monotonic  # tests swap in a fake clock
+        self._exception_path = ""
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
@@ -137,23 +174,42 @@ class ModelCheckpoint(Callback):
             self.dirpath = trainer.checkpointing.default_directory()
 
     @override
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._last_time = self._clock()
+
+    @override
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self._monitor is not None and not trainer.sanity_checking and trainer.stage == "fit":
+        if trainer.sanity_checking or trainer.stage != "fit":
+            return
+        if self._monitor is not None:
             self._monitor.validated = True
+        if self.save_on_train_epoch_end is False and self._epoch_due(trainer):
+            self._save(trainer)  # after every validation pass, also one in the middle of an epoch
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.global_step == self._last_saved_step:
+            return
         n = self.every_n_train_steps
-        if n and trainer.global_step % n == 0 and trainer.global_step != self._last_saved_step:
+        if n and trainer.global_step % n == 0:
             self._save(trainer)
+        elif self.train_time_interval is not None and self._last_time is not None:
+            # Rank 0's clock decides for every rank (one small broadcast per batch, only with this option).
+            due = self._clock() - self._last_time >= self.train_time_interval.total_seconds()
+            if trainer.strategy.broadcast(due, 0):
+                self._last_time = self._clock()
+                self._save(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        n = self.every_n_epochs
-        if n and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step:
+        if self.save_on_train_epoch_end is not False and self._epoch_due(trainer):
             self._save(trainer)
+
+    def _epoch_due(self, trainer: Trainer) -> bool:
+        n = self.every_n_epochs
+        return bool(n) and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -161,20 +217,8 @@ class ModelCheckpoint(Callback):
         if self.save_last and trainer.global_step != self._last_saved_step:
             self._save(trainer, rank=False)
         self._confirm(trainer)  # the last write's failure surfaces here, with the bookkeeping rolled back
-        monitor = self._monitor
-        if (
-            monitor is not None
-            and self.save_top_k != 0
-            and not monitor.seen
-            and not monitor.told
-            and trainer.is_global_zero
-        ):
-            warnings.warn(
-                f"ModelCheckpoint(monitor={self.monitor!r}): the metric was never logged during fit, "
-                "so no best checkpoint was kept",
-                MonitorNotLoggedWarning,
-                stacklevel=2,
-            )
+        if self._monitor is not None and self.save_top_k != 0:
+            self._monitor.warn_if_never_seen(trainer, "no best checkpoint was kept")
 
     @override
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
@@ -182,25 +226,36 @@ class ModelCheckpoint(Callback):
         # failed write so that the run's own exception is the one that propagates.
         try:
             self._confirm(trainer)
+            if (
+                self.save_on_exception
+                and trainer.stage == "fit"
+                and not trainer.sanity_checking
+                and trainer.global_step != self._last_saved_step
+                and self.dirpath is not None
+            ):
+                self._save(trainer, rank=False, exception_file=True)
+                self._confirm(trainer)
+                if trainer.is_global_zero:
+                    print(f"ModelCheckpoint: {type(exception).__name__} raised; saved {self._exception_path}")
         except Exception as err:
             warnings.warn(f"ModelCheckpoint: the checkpoint write in flight failed too: {err}", stacklevel=2)
 
     # ----------------------------------------------------------------- saving
     def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``)."""
+        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
 
-        def fill(match: re.Match[str]) -> str:
-            name, spec = match.group(1), match.group(2) or ""
-            value = metrics.get(name)
-            if isinstance(value, torch.Tensor):
-                value = value.item()
-            text = "nan" if value is None else format(value, spec[1:])
-            return f"{name}={text}"
+        With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
+        """
+        return fill_template(self.filename, metrics, self.auto_insert_metric_name) + self.FILE_EXTENSION
 
-        return _UNSAFE.sub("_", _FIELD.sub(fill, self.filename)) + ".ckpt"
-
-    def _better(self, score: float, than: float) -> bool:
-        return score < than if self.mode == "min" else score > than
+    def format_checkpoint_name(
+        self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None, prefix: str = ""
+    ) -> str:
+        """Lightning's name for :meth:`format_filename`, as a path in ``dirpath`` (``-v<ver>`` appended if given)."""
+        name = fill_template(filename or self.filename, metrics, self.auto_insert_metric_name)
+        name = f"{prefix}{self.CHECKPOINT_JOIN_CHAR}{name}" if prefix else name
+        name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
+        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
 
     def _rank_key(self, score: float) -> float:
         """Scores as ``min`` ranks them; NaN counts as the worst possible."""
@@ -223,7 +278,13 @@ class ModelCheckpoint(Callback):
             return True, [worst]
         return False, []
 
-    def _save(self, trainer: Trainer, rank: bool = True) -> None:
+    def _free_path(self, path: str) -> str:
+        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already."""
+        if not self.enable_version_counter:
+            return path
+        return free_path(path, lambda p: p in self.best_k_models or os.path.exists(p), self.STARTING_VERSION)
+
+    def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
         """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
         assert self.dirpath is not None
         self._confirm(trainer)
@@ -239,14 +300,17 @@ class ModelCheckpoint(Callback):
         keep, evict = False, list[str]()
         previous = self.state_dict()
         path = ""
-        if ranked:
+        if ranked or exception_file:
             metrics: dict[str, Any] = {
                 **trainer.callback_metrics,
                 "epoch": trainer.current_epoch,
                 "step": trainer.global_step,
             }
-            path = str(self.dirpath / self.format_filename(metrics))
+            path = self._free_path(str(self.dirpath / self.format_filename(metrics)))
+        if ranked:
             keep, evict = self._plan_top_k(path, score)
+            if self.verbose and trainer.is_global_zero:
+                self._say(trainer, score, path if keep else None)
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
         if keep:
             for old in evict:
@@ -265,18 +329,41 @@ class ModelCheckpoint(Callback):
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []
         replaces = [old for old in evict if old not in (path, self.last_model_path)]
+        # "link": a symbolic link to the file just written, below; with async_save the writer thread
+        # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
+        link = self.save_last == "link" and (keep or exception_file) and not self.async_save
+        if link:
+            also_at = []
         try:
-            if keep:
+            if keep or exception_file:
                 trainer.save_checkpoint(
                     path, self.save_weights_only, self.async_save, also_at=also_at, replaces=replaces
                 )
+                if link and trainer.is_global_zero:
+                    symlink(path, self.last_model_path)
             elif self.save_last:
                 trainer.save_checkpoint(self.last_model_path, self.save_weights_only, self.async_save)
         except BaseException:
             self.load_state_dict(previous)
             raise
+        if exception_file:
+            self._exception_path = path
+        self._notify_loggers(trainer)
         if self.async_save:
             self._unconfirmed = previous
+
+    def _say(self, trainer: Trainer, score: float | None, path: str | None) -> None:
+        """``verbose``: one line per ranked save, as Lightning prints it."""
+        best = None if score is None else min([score, *self.best_k_models.values()], key=self._rank_key)
+        print(
+            save_message(trainer.current_epoch, trainer.global_step, self.monitor, self.save_top_k, score, best, path)
+        )
+
+    def _notify_loggers(self, trainer: Trainer) -> None:
+        """Lightning's ``logger.after_save_checkpoint(self)`` for every logger of the trainer."""
+        for cb in trainer.callbacks:
+            if getattr(cb, "is_logger", False) and hasattr(cb, "after_save_checkpoint"):
+                cb.after_save_checkpoint(self)
 
     def _confirm(self, trainer: Trainer) -> None:
         """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.

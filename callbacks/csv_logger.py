@@ -4,79 +4,154 @@ from __future__ import annotations
 
 import csv
 import os
+from argparse import Namespace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
-from callbacks.base import Callback
+from callbacks._logger import Logger, NoOpExperiment, flat_params
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["CSVLogger"]
+__all__ = ["CSVLogger", "CSVWriter"]
 
 
-class CSVLogger(Callback):
-    """Write the values handed to loggers to ``<save_dir>/<name>/metrics.csv`` (rank 0 only).
+class CSVWriter:
+    """The CSV file of one run (``CSVLogger.experiment``): rows kept in memory, written on :meth:`save`.
 
-    One row per logging call with columns ``step``, ``epoch`` and one per metric (empty where a row
-    has no value). Rows are appended as they come; when a new metric appears the file is rewritten
-    with the wider header, so the file on disk is always a complete CSV.
+    One row per logging call with a ``step`` column and one per metric (empty where a row has no
+    value). The file is rewritten whole through a temporary file and a rename, so the file on disk
+    is always a complete CSV even when a new metric widened the header.
 
     Args:
-        save_dir: root folder (default: the trainer's ``default_root_dir``).
-        name: sub-folder for the file.
+        log_dir: the folder of ``metrics.csv`` (and ``hparams.yaml``).
     """
 
-    is_logger = True
-    runs_in_fast_dev_run = False
+    NAME_METRICS_FILE = "metrics.csv"
+    NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, save_dir: str | os.PathLike[str] | None = None, name: str = "csv") -> None:
-        self.save_dir = Path(save_dir) if save_dir is not None else None
-        self.name = name
-        self._rows: list[dict[str, Any]] = []
-        self._columns: list[str] = ["step", "epoch"]
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        #: Every row written so far, oldest first.
+        self.metrics: list[dict[str, Any]] = []
+        self.hparams: dict[str, Any] = {}
+        self._columns: list[str] = []
+        self._written = 0  # rows already in the file
+
+    def log_metrics(self, metrics_dict: Mapping[str, Any], step: int | None = None) -> None:
+        """Add one row (``step`` defaults to the number of rows so far)."""
+        row: dict[str, Any] = {"step": len(self.metrics) if step is None else step}
+        for key, value in metrics_dict.items():
+            row[key] = value.item() if isinstance(value, torch.Tensor) else value
+        self.metrics.append(row)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        """Remember hyperparameters for ``hparams.yaml``."""
+        self.hparams.update(params)
+
+    def save(self) -> None:
+        """Write the rows not yet on disk (and ``hparams.yaml`` once there are hyperparameters)."""
+        os.makedirs(self.log_dir, exist_ok=True)
+        if self.hparams:
+            import yaml
+
+            with open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
+                yaml.safe_dump(self.hparams, f, sort_keys=False)
+        if self._written == len(self.metrics) and os.path.exists(self.metrics_file_path):
+            return
+        new = [key for row in self.metrics[self._written :] for key in row if key not in self._columns]
+        path = Path(self.metrics_file_path)
+        if new or not path.exists():
+            self._columns.extend(dict.fromkeys(new))
+            tmp = path.with_suffix(".csv.tmp")
+            with tmp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self._columns)
+                writer.writeheader()
+                writer.writerows(self.metrics)
+            os.replace(tmp, path)
+        else:
+            with path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self._columns).writerows(self.metrics[self._written :])
+        self._written = len(self.metrics)
+
+
+class CSVLogger(Logger):
+    """Write the values handed to loggers to ``<log_dir>/metrics.csv`` (rank 0 only).
+
+    Lightning's ``CSVLogger`` (folders ``<save_dir>/<name>/version_<N>``, ``hparams.yaml`` beside the
+    metrics). Values the trainer hands over get a row each with ``step``, ``epoch`` and one column per
+    metric, in the order they first appear (Lightning sorts them). Rows reach the disk every
+    ``flush_logs_every_n_steps`` steps and when a stage ends, also after an exception.
+
+    Args:
+        save_dir: root folder (default: the trainer's ``default_root_dir``). The ``geartrain``
+            command's config passes ``name: csv`` and ``version: ""``: ``<run dir>/csv/metrics.csv``.
+        name: experiment folder under ``save_dir`` (``""`` or ``None``: none).
+        version: ``None`` for the next free ``version_N``; an int or a folder name (``""``: none).
+        prefix: written before every metric key as ``<prefix>-<key>``.
+        flush_logs_every_n_steps: write buffered rows when ``(step + 1)`` is a multiple of this.
+    """
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str] | None = None,
+        name: str | None = "lightning_logs",
+        version: int | str | None = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
+        if flush_logs_every_n_steps < 1:
+            raise ValueError(f"flush_logs_every_n_steps must be >= 1, got {flush_logs_every_n_steps}")
+        super().__init__(save_dir, name, version, prefix)
+        self._flush_every = flush_logs_every_n_steps
+        self._experiment: CSVWriter | None = None
 
     @property
-    def log_dir(self) -> Path:
-        """The folder holding ``metrics.csv``."""
-        return (self.save_dir if self.save_dir is not None else Path(".")) / self.name
+    def experiment(self) -> Any:
+        """The :class:`CSVWriter` of this run (a do-nothing stand-in on ranks other than 0)."""
+        if not self._writes:
+            return NoOpExperiment()
+        if self._experiment is None:
+            self._experiment = CSVWriter(str(self.log_dir))
+        return self._experiment
 
     @property
     def path(self) -> Path:
         """The CSV file."""
-        return self.log_dir / "metrics.csv"
+        return Path(self.log_dir) / CSVWriter.NAME_METRICS_FILE
 
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if self.save_dir is None:
-            self.save_dir = trainer.default_root_dir
+    def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
+        if not self._writes:
+            return
+        self.experiment.log_metrics(self._with_prefix(metrics), step)
+        if step is not None and (step + 1) % self._flush_every == 0:
+            self.save()
 
+    @override
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
+        flat = flat_params(params)
+        self.hparams.update(flat)
+        if self._writes:
+            self.experiment.log_hparams(flat)
+            if metrics:
+                self.log_metrics(metrics, 0)
+
+    @override
+    def save(self) -> None:
+        if self._writes and self._experiment is not None:
+            self._experiment.save()
+
+    # ----------------------------------------------------------------- as a callback
     @override
     def on_log_metrics(
         self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
-        if not trainer.is_global_zero:
-            return
-        row: dict[str, Any] = {"step": step, "epoch": trainer.current_epoch}
-        row.update({key: float(value) for key, value in metrics.items()})
-        self._rows.append(row)
-        new = [key for key in row if key not in self._columns]
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        if new or not self.path.exists():
-            self._columns.extend(new)
-            self._rewrite()
-        else:
-            with self.path.open("a", newline="") as f:
-                csv.DictWriter(f, fieldnames=self._columns).writerow(row)
-
-    def _rewrite(self) -> None:
-        tmp = self.path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self._columns)
-            writer.writeheader()
-            writer.writerows(self._rows)
-        os.replace(tmp, self.path)
+        if self._writes:
+            self.log_metrics({"epoch": trainer.current_epoch, **{k: float(v) for k, v in metrics.items()}}, step)

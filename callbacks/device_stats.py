@@ -52,6 +52,9 @@ class DeviceStatsMonitor(Callback):
     prints one line per device; they are kept in :attr:`peaks` (``{"rank0/cpu": MiB, ...}``).
 
     Args:
+        cpu_stats: whether the ``cpu_*`` figures are logged: ``None`` (Lightning's default) logs them
+            when training on the CPU only, ``True`` always, ``False`` never. The peaks printed at
+            the end of fit always include the CPU.
         every_n_steps: log after every this many optimizer steps.
 
     Example:
@@ -60,9 +63,10 @@ class DeviceStatsMonitor(Callback):
         {}
     """
 
-    def __init__(self, every_n_steps: int = 50) -> None:
+    def __init__(self, cpu_stats: bool | None = None, every_n_steps: int = 50) -> None:
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
+        self.cpu_stats = cpu_stats
         self.every_n_steps = every_n_steps
         #: Peak memory per rank and device in MiB, filled at the end of fit.
         self.peaks: dict[str, float] = {}
@@ -94,8 +98,12 @@ class DeviceStatsMonitor(Callback):
         if step == self._last_step or step == 0 or step % self.every_n_steps:
             return  # not a step boundary (accumulating), or not one we log
         self._last_step = step
-        stats = self.measure(trainer.strategy.root_device)
-        trainer.log_metrics(stats, step - 1)
+        device = trainer.strategy.root_device
+        stats = self.measure(device)
+        if not (self.cpu_stats if self.cpu_stats is not None else device.type == "cpu"):
+            stats = {k: v for k, v in stats.items() if not k.startswith("device_stats/cpu_")}
+        if stats:
+            trainer.log_metrics(stats, step - 1)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:

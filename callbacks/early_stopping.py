@@ -32,19 +32,23 @@ class EarlyStopping(Callback):
 
     Args:
         monitor: the metric to watch (a key of ``trainer.callback_metrics``).
-        mode: ``"min"`` or ``"max"``: which direction is better.
-        patience: checks without improvement before stopping.
         min_delta: an improvement must beat the best value by more than this.
-        check_finite: stop as soon as the value is NaN or infinite.
-        stopping_threshold: stop once the value is better than this (the goal is reached).
-        divergence_threshold: stop once the value is worse than this (no point going on).
-        verbose: print why training stopped (rank 0).
-        stream: where to print (default: standard output).
+        patience: checks without improvement before stopping.
+        verbose: print why training stopped.
+        mode: ``"min"`` or ``"max"``: which direction is better.
         strict: a ``monitor`` still missing after a validation pass raises
             :class:`~trainer.errors.MetricNotLoggedError` naming the metrics that were logged
             (Lightning's default). ``False`` says so once and stands aside: training runs to its end
             as if there were no early stopping. The ``geartrain`` default callbacks use ``False``,
             so a project that logs other metrics than the default job still trains.
+        check_finite: stop as soon as the value is NaN or infinite.
+        stopping_threshold: stop once the value is better than this (the goal is reached).
+        divergence_threshold: stop once the value is worse than this (no point going on).
+        check_on_train_epoch_end: ``False`` checks after every validation pass (also mid-epoch,
+            with ``val_check_interval``); ``True`` or ``None`` at each training epoch's end, on epochs
+            whose value was updated (with per-epoch validation both are the same moment).
+        log_rank_zero_only: print on rank 0 only; otherwise every rank prints, prefixed ``[rank: N]``.
+        stream: where to print (default: standard output); giving one turns printing on.
 
     Example:
         >>> es = EarlyStopping(monitor="val/loss", patience=2)
@@ -57,15 +61,17 @@ class EarlyStopping(Callback):
     def __init__(
         self,
         monitor: str = "val/loss",
-        mode: str = "min",
-        patience: int = 3,
         min_delta: float = 0.0,
+        patience: int = 3,
+        verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
         check_finite: bool = True,
         stopping_threshold: float | None = None,
         divergence_threshold: float | None = None,
-        verbose: bool = True,
+        check_on_train_epoch_end: bool | None = None,
+        log_rank_zero_only: bool = False,
         stream: TextIO | None = None,
-        strict: bool = True,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}")
@@ -80,9 +86,12 @@ class EarlyStopping(Callback):
         self.check_finite = check_finite
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
-        self.verbose = verbose
+        # Giving a stream asks for the messages, so it turns them on.
+        self.verbose = verbose or stream is not None
         self.stream = stream
         self.strict = strict
+        self.check_on_train_epoch_end = check_on_train_epoch_end
+        self.log_rank_zero_only = log_rank_zero_only
         self.wait_count = 0
         self.best_score = math.inf if mode == "min" else -math.inf
         #: Epoch in which training was stopped (-1 while it was not).
@@ -131,10 +140,16 @@ class EarlyStopping(Callback):
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.sanity_checking and trainer.stage == "fit":
             self._monitor.validated = True
+            if self.check_on_train_epoch_end is False:
+                self._check(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        local = self._monitor.read(trainer)
+        if self.check_on_train_epoch_end is not False:
+            self._check(trainer)
+
+    def _check(self, trainer: Trainer) -> None:
+        local = self._monitor.read(trainer)  # strict: raises for a missing metric; else says so once
         if local is None:
             return
         strategy = trainer.strategy
@@ -147,9 +162,15 @@ class EarlyStopping(Callback):
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
             self.stopping_reason = reason or "another process decided to stop"
-            if self.verbose and trainer.is_global_zero:
+            if self.verbose and (trainer.is_global_zero or not self.log_rank_zero_only):
                 out = self.stream if self.stream is not None else sys.stdout
-                print(f"EarlyStopping: stopping after epoch {trainer.current_epoch}: {self.stopping_reason}", file=out)
+                rank = (
+                    f"[rank: {trainer.global_rank}] " if trainer.world_size > 1 and not self.log_rank_zero_only else ""
+                )
+                print(
+                    f"{rank}EarlyStopping: stopping after epoch {trainer.current_epoch}: {self.stopping_reason}",
+                    file=out,
+                )
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""``LearningRateMonitor``: log every optimizer's learning rates to the loggers."""
+"""``LearningRateMonitor``: log every optimizer's learning rates (and momentum, weight decay) to the loggers."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
@@ -16,23 +17,49 @@ if TYPE_CHECKING:
 __all__ = ["LearningRateMonitor"]
 
 
-class LearningRateMonitor(Callback):
-    """Send the learning rate of every parameter group to the loggers as ``lr-<Optimizer>``.
+def _number(value: Any) -> float:
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
 
-    Several optimizers of one class are numbered (``lr-SGD-1``); parameter groups beyond the first
-    get ``/pg<i>`` (``lr-AdamW/pg1``).
+
+class LearningRateMonitor(Callback):
+    """Send the learning rate of every parameter group to the loggers, keyed as Lightning keys them.
+
+    The key is ``lr-<OptimizerClass>``, or the scheduler config's ``"name"`` when it has one. A
+    second optimizer of the same class (without a named scheduler) gets ``-1``, a third ``-2``
+    (``lr-SGD-1``). With several parameter groups each gets ``/pg1``, ``/pg2``, ... or ``/<name>``
+    where the group has a ``"name"`` (a single named group gets ``/<name>`` too). Momentum and weight
+    decay, when asked for, are ``<key>-momentum`` (``betas[0]`` for Adam-like optimizers, 0 where
+    there is none) and ``<key>-weight_decay``.
 
     Args:
         logging_interval: ``"step"`` logs the rate each optimizer step uses, at the steps where the
             trainer logs (every ``log_every_n_steps``); ``"epoch"`` logs the rate an epoch starts
             with, at that epoch's first step; ``None`` picks ``"step"`` if a scheduler steps per
             step, else ``"epoch"``.
+        log_momentum: also log momentum.
+        log_weight_decay: also log weight decay.
+
+    Raises:
+        ValueError: one optimizer has two parameter groups with the same ``"name"``.
     """
 
-    def __init__(self, logging_interval: str | None = None) -> None:
+    def __init__(
+        self, logging_interval: str | None = None, log_momentum: bool = False, log_weight_decay: bool = False
+    ) -> None:
         if logging_interval not in (None, "step", "epoch"):
             raise ValueError(f"logging_interval must be 'step', 'epoch' or None, got {logging_interval!r}")
         self.logging_interval = logging_interval
+        self.log_momentum = log_momentum
+        self.log_weight_decay = log_weight_decay
+        #: Every learning rate logged so far, by key (Lightning's ``lrs``).
+        self.lrs: dict[str, list[float]] = {}
+
+    def _log(self, trainer: Trainer) -> None:
+        values = self.learning_rates(trainer)
+        for key, value in values.items():
+            if not key.endswith(("-momentum", "-weight_decay")):
+                self.lrs.setdefault(key, []).append(value)
+        trainer.log_metrics(values, step=trainer.global_step)
 
     def _interval(self, trainer: Trainer) -> str:
         if self.logging_interval is not None:
@@ -40,29 +67,61 @@ class LearningRateMonitor(Callback):
         per_step = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
         return "step" if per_step else "epoch"
 
-    def learning_rates(self, trainer: Trainer) -> dict[str, float]:
-        """The current learning rate of every parameter group, keyed as they are logged."""
-        out: dict[str, float] = {}
-        seen: dict[str, int] = {}
+    @staticmethod
+    def _names(trainer: Trainer) -> list[tuple[torch.optim.Optimizer, str]]:
+        """Every optimizer with its base key: scheduled ones first (as Lightning orders them)."""
+        named: list[tuple[torch.optim.Optimizer, str]] = []
+        seen_types: Counter[type] = Counter()
+
+        def add(optimizer: torch.optim.Optimizer, given: str | None) -> None:
+            name = given if given is not None else f"lr-{type(optimizer).__name__}"
+            if given is None:
+                seen_types[type(optimizer)] += 1
+                if seen_types[type(optimizer)] > 1:
+                    name = f"{name}-{seen_types[type(optimizer)] - 1}"
+            named.append((optimizer, name))
+
+        for cfg in trainer.lr_scheduler_configs:
+            optimizer = cfg.scheduler.optimizer
+            if all(optimizer is not o for o, _ in named):
+                add(optimizer, cfg.name)
         for optimizer in trainer.optimizers:
-            name = f"lr-{type(optimizer).__name__}"
-            count = seen.get(name, 0)
-            seen[name] = count + 1
-            if count:
-                name = f"{name}-{count}"
-            for i, group in enumerate(optimizer.param_groups):
-                lr = group["lr"]
-                out[name if i == 0 else f"{name}/pg{i}"] = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+            if all(optimizer is not o for o, _ in named):
+                add(optimizer, None)
+        return named
+
+    def learning_rates(self, trainer: Trainer) -> dict[str, float]:
+        """The current values of every parameter group, keyed as they are logged."""
+        out: dict[str, float] = {}
+        for optimizer, name in self._names(trainer):
+            groups = optimizer.param_groups
+            group_names = [g.get("name", f"pg{i + 1}") for i, g in enumerate(groups)]
+            if len(set(group_names)) != len(group_names):
+                raise ValueError(
+                    f"LearningRateMonitor: {name} has parameter groups with the same 'name' ({group_names}); "
+                    "give each group of one optimizer its own name"
+                )
+            betas = "betas" in optimizer.defaults
+            for i, group in enumerate(groups):
+                if len(groups) > 1:
+                    key = f"{name}/{group_names[i]}"
+                else:
+                    key = f"{name}/{group['name']}" if group.get("name") else name
+                out[key] = _number(group["lr"])
+                if self.log_momentum:
+                    out[f"{key}-momentum"] = _number(group["betas"][0] if betas else group.get("momentum", 0))
+                if self.log_weight_decay:
+                    out[f"{key}-weight_decay"] = _number(group.get("weight_decay", 0))
         return out
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         if self._interval(trainer) == "epoch":
-            trainer.log_metrics(self.learning_rates(trainer), step=trainer.global_step)
+            self._log(trainer)
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, module: TrainModule, optimizer: torch.optim.Optimizer) -> None:
         # Same steps as the trainer's own step logging: the step with index i is logged when
         # (i + 1) is a multiple of log_every_n_steps.
         if self._interval(trainer) == "step" and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
-            trainer.log_metrics(self.learning_rates(trainer), step=trainer.global_step)
+            self._log(trainer)

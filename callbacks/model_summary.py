@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from torch import nn
 from typing_extensions import override
@@ -14,7 +14,10 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["ModelSummary", "summarize"]
+__all__ = ["ModelSummary", "RichModelSummary", "summarize"]
+
+#: ``summarize_kwargs`` Lightning's summaries read: styling only, accepted and without effect here.
+STYLING_KWARGS = frozenset({"header_style"})
 
 
 def _count(module: nn.Module) -> tuple[int, int]:
@@ -31,7 +34,7 @@ def _count(module: nn.Module) -> tuple[int, int]:
 
 
 def summarize(module: nn.Module, max_depth: int = 1) -> str:
-    """The table :class:`ModelSummary` prints: one row per submodule down to ``max_depth`` levels.
+    """The table :class:`ModelSummary` prints: one row per submodule down to ``max_depth`` levels (-1: all).
 
     >>> print(summarize(nn.Sequential(nn.Linear(2, 3), nn.ReLU())))  # doctest: +NORMALIZE_WHITESPACE
       | Name | Type   | Params
@@ -47,7 +50,7 @@ def summarize(module: nn.Module, max_depth: int = 1) -> str:
     rows: list[tuple[str, str, str]] = []
     for name, sub in module.named_modules():
         depth = name.count(".") + 1
-        if not name or depth > max_depth:
+        if not name or (max_depth >= 0 and depth > max_depth):
             continue
         rows.append((name, type(sub).__name__, f"{sum(_count(sub)):,}"))
     header = ("Name", "Type", "Params")
@@ -82,13 +85,22 @@ class ModelSummary(Callback):
     """Print a table of the module's layers and parameter counts when fitting starts (rank 0 only).
 
     Args:
-        max_depth: how deep to list submodules (1: direct children only; 0 prints totals only).
+        max_depth: how deep to list submodules (1: direct children only; 0 prints totals only;
+            -1: every level).
         stream: where to print (default: standard output).
+        **summarize_kwargs: Lightning's styling options (``header_style``): accepted, without
+            effect on this plain table. Any other name is refused.
     """
 
-    def __init__(self, max_depth: int = 1, stream: TextIO | None = None) -> None:
-        if max_depth < 0:
-            raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+    def __init__(self, max_depth: int = 1, stream: TextIO | None = None, **summarize_kwargs: Any) -> None:
+        if max_depth < -1:
+            raise ValueError(f"max_depth must be >= -1 (-1 lists every level), got {max_depth}")
+        unknown = sorted(set(summarize_kwargs) - STYLING_KWARGS)
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}: unknown option(s) {', '.join(unknown)}; the options are max_depth, "
+                f"stream and the styling option(s) {', '.join(sorted(STYLING_KWARGS))}"
+            )
         self.max_depth = max_depth
         self.stream = stream
 
@@ -96,3 +108,7 @@ class ModelSummary(Callback):
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         if trainer.is_global_zero:
             print(summarize(module, self.max_depth), file=self.stream or sys.stdout, flush=True)
+
+
+class RichModelSummary(ModelSummary):
+    """Lightning's name for the summary drawn with rich; here the same plain table as :class:`ModelSummary`."""

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]
 
 
 def _clock(seconds: float) -> str:
@@ -48,12 +48,26 @@ class ProgressBar(Callback):
         refresh_every_n_steps: plain output: training batches between lines.
         stream: where to write (default: standard output at the time of writing).
         force_plain: print plain lines even to a terminal.
+        refresh_rate: terminal: batches between redraws of the bar (Lightning's ``refresh_rate``);
+            0 turns the progress output off, as in Lightning.
+        console_kwargs: passed to the rich ``Console`` that draws the bar.
     """
 
-    def __init__(self, refresh_every_n_steps: int = 50, stream: TextIO | None = None, force_plain: bool = False):
+    def __init__(
+        self,
+        refresh_every_n_steps: int = 50,
+        stream: TextIO | None = None,
+        force_plain: bool = False,
+        refresh_rate: int = 10,
+        console_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         if refresh_every_n_steps < 1:
             raise ValueError(f"refresh_every_n_steps must be >= 1, got {refresh_every_n_steps}")
+        if refresh_rate < 0:
+            raise ValueError(f"refresh_rate must be >= 0 (0 turns the progress bar off), got {refresh_rate}")
         self.refresh_every_n_steps = refresh_every_n_steps
+        self.refresh_rate = refresh_rate
+        self.console_kwargs = dict(console_kwargs or {})
         self.stream = stream
         self.force_plain = force_plain
         self._progress: Progress | None = None
@@ -62,6 +76,37 @@ class ProgressBar(Callback):
         self._started = 0.0
         self._val_batches = 0
         self._plain_lines = False  # this epoch prints plain lines (rank 0, not a terminal); set per epoch
+
+    def _shows(self, trainer: Trainer) -> bool:
+        return trainer.is_global_zero and self.refresh_rate > 0 and not self._disabled
+
+    # ----------------------------------------------------------------- Lightning's ProgressBar methods
+    _disabled = False
+
+    def disable(self) -> None:
+        """Show nothing from now on (Lightning's ``ProgressBar.disable``)."""
+        self._disabled = True
+
+    def enable(self) -> None:
+        """Show progress again after :meth:`disable`."""
+        self._disabled = False
+
+    @property
+    def is_enabled(self) -> bool:
+        """Whether progress is shown (``refresh_rate > 0`` and not disabled)."""
+        return self.refresh_rate > 0 and not self._disabled
+
+    @property
+    def is_disabled(self) -> bool:
+        """The opposite of :attr:`is_enabled`."""
+        return not self.is_enabled
+
+    def get_metrics(self, trainer: Trainer, pl_module: TrainModule) -> dict[str, int | str | float | dict[str, float]]:
+        """The values the bar shows: everything logged with ``prog_bar=True``, as numbers.
+
+        A Lightning progress bar subclass calls this to build its text.
+        """
+        return {key: float(value) for key, value in trainer.progress_bar_metrics.items()}
 
     @property
     def _out(self) -> TextIO:
@@ -86,7 +131,7 @@ class ProgressBar(Callback):
                 TextColumn("{task.fields[rate]}"),
                 TimeRemainingColumn(),
                 TextColumn("{task.fields[metrics]}"),
-                console=Console(file=self._out),
+                console=Console(**{"file": self._out, **self.console_kwargs}),
             )
             self._progress.start()
         return self._progress
@@ -99,7 +144,7 @@ class ProgressBar(Callback):
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._plain_lines = False
-        if not trainer.is_global_zero:
+        if not self._shows(trainer):
             return
         self._started = time.perf_counter()
         self._plain_lines = not self._interactive()
@@ -119,7 +164,7 @@ class ProgressBar(Callback):
         # Runs every batch, so the rank and terminal tests were done once, in on_train_epoch_start.
         done = batch_idx + 1
         if self._progress is not None and self._train_task is not None:  # only ever set on rank 0
-            if done % 10 == 0 or done == trainer.num_training_batches:  # a redraw costs a little
+            if done % self.refresh_rate == 0 or done == trainer.num_training_batches:  # a redraw costs a little
                 self._progress.update(
                     self._train_task,
                     completed=done,
@@ -131,7 +176,7 @@ class ProgressBar(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if not trainer.is_global_zero:
+        if not self._shows(trainer):
             return
         done = trainer.progress.batch_in_epoch
         if self._progress is not None and self._train_task is not None:
@@ -164,7 +209,7 @@ class ProgressBar(Callback):
     # ----------------------------------------------------------------- validation
     @override
     def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
-        if not trainer.is_global_zero:
+        if not self._shows(trainer):
             return
         self._val_batches = 0
         if self._interactive():
@@ -175,7 +220,13 @@ class ProgressBar(Callback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self._val_batches = batch_idx + 1  # (a count; the bar below exists only on rank 0)
         if self._progress is not None and self._val_task is not None:
@@ -183,7 +234,7 @@ class ProgressBar(Callback):
 
     @override
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if not trainer.is_global_zero:
+        if not self._shows(trainer):
             return
         if self._progress is not None and self._val_task is not None:
             self._progress.remove_task(self._val_task)  # transient: the epoch bar shows its metrics
@@ -205,3 +256,43 @@ class ProgressBar(Callback):
             self._progress.stop()
             self._progress = None
             self._train_task = self._val_task = None
+
+
+class TQDMProgressBar(ProgressBar):
+    """Lightning's ``TQDMProgressBar`` name for :class:`ProgressBar` (drawn with rich, not tqdm).
+
+    Args:
+        refresh_rate: batches between redraws (0: no progress output).
+        process_position: accepted, without effect (tqdm's line offset; rich draws one live display).
+        leave: accepted, without effect (finished epoch bars stay on screen here).
+        **kwargs: :class:`ProgressBar`'s options.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False, **kwargs: Any) -> None:
+        super().__init__(refresh_rate=refresh_rate, **kwargs)
+        self.process_position = process_position
+        self.leave = leave
+
+
+class RichProgressBar(ProgressBar):
+    """Lightning's ``RichProgressBar`` name for :class:`ProgressBar`.
+
+    Args:
+        refresh_rate: batches between redraws (0: no progress output).
+        leave: accepted, without effect (finished epoch bars stay on screen here).
+        theme: accepted, without effect (colours of Lightning's bar; ``None`` stands for its default theme).
+        console_kwargs: passed to the rich ``Console``.
+        **kwargs: :class:`ProgressBar`'s options.
+    """
+
+    def __init__(
+        self,
+        refresh_rate: int = 100,
+        leave: bool = False,
+        theme: Any = None,
+        console_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(refresh_rate=refresh_rate, console_kwargs=console_kwargs, **kwargs)
+        self.leave = leave
+        self.theme = theme

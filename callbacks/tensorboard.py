@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import weakref
+from argparse import Namespace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
-from callbacks.base import Callback
+from callbacks._logger import Logger, NoOpExperiment, flat_params
 from trainer.common.state_dict import to_plain
 
 if TYPE_CHECKING:
@@ -21,67 +23,102 @@ if TYPE_CHECKING:
 
 __all__ = ["TensorBoardLogger"]
 
+#: ``SummaryWriter``'s options other than ``log_dir`` (which the logger sets), checked when the logger
+#: is built rather than at its first write.
+_WRITER_OPTIONS = frozenset({"comment", "purge_step", "max_queue", "flush_secs", "filename_suffix"})
 
-class TensorBoardLogger(Callback):
+
+class TensorBoardLogger(Logger):
     """Write everything logged to one TensorBoard event file per run (rank 0 only).
+
+    Lightning's ``TensorBoardLogger``, with its folders (``<save_dir>/<name>/version_<N>[/<sub_dir>]``)
+    and methods, plus what geartrain adds:
 
     * Every value the trainer hands to loggers becomes a scalar at x = global step (the index of the
       optimizer step, from 0); epoch-level values sit at the step where their epoch ended. An
       ``epoch`` scalar is written at each of those steps, so the x-axis reads either way.
     * At fit start the resolved config goes in as text (tag ``config``) and the hyperparameters
       (the flattened config, ``model/hidden``; without a config the module's ``hparams``) as a
-      session of the HPARAMS tab; at fit end
-      the session is closed, linked to the final validation metrics (their scalar tags, so the
-      HPARAMS table shows their last values).
+      session of the HPARAMS tab; at fit end the session is closed, linked to the final validation
+      metrics (their scalar tags, so the HPARAMS table shows their last values). Lightning links
+      its session to a placeholder ``hp_metric`` instead; that is written when you call
+      :meth:`log_hyperparams` yourself (``default_hp_metric=True``).
     * One writer serves fit, validate and test of the run: a run is one event file.
 
     Args:
-        save_dir: root folder (default: the trainer's ``default_root_dir``: under the ``geartrain``
-            command, the Hydra run directory of the job, so ``tensorboard --logdir outputs`` or
-            ``--logdir multirun`` shows every run and every job of a sweep side by side).
-        name: sub-folder for this logger's files.
-        version: optional further sub-folder (e.g. to keep several runs in one ``save_dir``).
-        flush_secs: how often the writer flushes to disk in the background.
+        save_dir: root folder (default: the trainer's ``default_root_dir``). The ``geartrain``
+            command's config passes its Hydra run directory with ``name: tensorboard`` and
+            ``version: ""``, so its files are in ``<run dir>/tensorboard`` and
+            ``tensorboard --logdir outputs`` shows every run side by side.
+        name: experiment folder under ``save_dir`` (``""`` or ``None``: none).
+        version: ``None`` for the next free ``version_N``; an int or a folder name (``""``: none).
+        log_graph: add the module's graph at fit start (needs ``example_input_array``).
+        default_hp_metric: :meth:`log_hyperparams` without metrics writes ``hp_metric = -1``.
+        prefix: written before every metric key as ``<prefix>-<key>``.
+        sub_dir: a further folder inside the version folder.
+        **kwargs: passed to ``SummaryWriter`` (``flush_secs`` defaults to 10 here).
     """
 
-    is_logger = True
-    runs_in_fast_dev_run = False
+    #: The hyperparameters file :meth:`save` writes into ``log_dir``.
+    NAME_HPARAMS_FILE = "hparams.yaml"
 
     def __init__(
         self,
         save_dir: str | os.PathLike[str] | None = None,
-        name: str = "tensorboard",
-        version: str | int | None = None,
-        flush_secs: int = 10,
+        name: str | None = "lightning_logs",
+        version: int | str | None = None,
+        log_graph: bool = False,
+        default_hp_metric: bool = True,
+        prefix: str = "",
+        sub_dir: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
     ) -> None:
-        self.save_dir = Path(save_dir) if save_dir is not None else None
-        self.name = name
-        self.version = version
-        self.flush_secs = flush_secs
+        super().__init__(save_dir, name, version, prefix)
+        self._log_graph = log_graph
+        self._default_hp_metric = default_hp_metric
+        self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        unknown = sorted(set(kwargs) - _WRITER_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"TensorBoardLogger: {', '.join(unknown)} is not an option of TensorBoardLogger or of "
+                f"SummaryWriter (its **kwargs): use {', '.join(sorted(_WRITER_OPTIONS))}"
+            )
+        kwargs.setdefault("flush_secs", 10)
+        self._kwargs = kwargs
         self._writer: SummaryWriter | None = None
-        self._hparams: dict[str, Any] = {}
+        self._session: dict[str, Any] = {}
         self._in_validation = False
         self._val_metrics: dict[str, float] = {}
         self._epoch_written_at = -1
 
     @property
+    def sub_dir(self) -> str | None:
+        """The folder inside the version folder, if any."""
+        return self._sub_dir
+
+    @property
+    @override
     def log_dir(self) -> Path:
         """The folder holding this run's event file."""
-        path = (self.save_dir if self.save_dir is not None else Path(".")) / self.name
-        return path / str(self.version) if self.version is not None else path
+        base = super().log_dir
+        return base / self._sub_dir if self._sub_dir else base
+
+    @property
+    def experiment(self) -> Any:
+        """The ``SummaryWriter`` (opened on first use; a do-nothing stand-in on ranks other than 0)."""
+        if not self._writes:
+            return NoOpExperiment()
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.log_dir), **self._kwargs)
+            # Closed when this logger goes away or the interpreter exits, not per stage: one file per run.
+            weakref.finalize(self, self._writer.close)
+        return self._writer
 
     @property
     def writer(self) -> SummaryWriter | None:
         """The underlying ``SummaryWriter`` (``None`` before the first write and on ranks other than 0)."""
-        return self._writer
-
-    def _open(self, trainer: Trainer) -> SummaryWriter | None:
-        if self._writer is None and trainer.is_global_zero:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=self.flush_secs)
-            # Closed when this logger goes away or the interpreter exits, not per stage: one file per run.
-            weakref.finalize(self, self._writer.close)
         return self._writer
 
     def close(self) -> None:
@@ -90,16 +127,73 @@ class TensorBoardLogger(Callback):
             self._writer.close()
             self._writer = None
 
+    # ----------------------------------------------------------------- Lightning's logger methods
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if self.save_dir is None:
-            self.save_dir = trainer.default_root_dir
+    def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
+        if not self._writes:
+            return
+        writer = self.experiment
+        for key, value in self._with_prefix(metrics).items():
+            if isinstance(value, torch.Tensor):
+                value = value.item()  # the device sync happens here, at the logging interval only
+            if isinstance(value, dict):
+                writer.add_scalars(key, value, global_step=step)
+            else:
+                writer.add_scalar(key, value, global_step=step)
 
     @override
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
-        writer = self._open(trainer)
-        if writer is None:
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
+        flat = flat_params(params)
+        self.hparams.update(flat)
+        if not self._writes:
             return
+        if metrics is None and self._default_hp_metric:
+            metrics = {"hp_metric": -1}
+        if metrics:
+            self.log_metrics(metrics, 0)
+        from torch.utils.tensorboard.summary import hparams
+
+        experiment, start, end = hparams(flat, dict(metrics or {}))
+        file_writer = self.experiment._get_file_writer()
+        for summary in (experiment, start, end):
+            file_writer.add_summary(summary)
+
+    @override
+    def log_graph(self, model: torch.nn.Module, input_array: torch.Tensor | None = None) -> None:
+        if not (self._log_graph and self._writes):
+            return
+        if input_array is None:
+            input_array = getattr(model, "example_input_array", None)
+        if input_array is None:
+            raise ValueError(
+                "TensorBoardLogger(log_graph=True) needs an input to trace: set `example_input_array` on "
+                "the module or call `logger.log_graph(model, input_array)`"
+            )
+        self.experiment.add_graph(model, input_array)
+
+    @override
+    def save(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+        if self._writes and self.hparams and os.path.isdir(self.log_dir):
+            path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
+            if not os.path.exists(path):
+                import yaml
+
+                with open(path, "w") as f:
+                    yaml.safe_dump(self.hparams, f, sort_keys=False)
+
+    @override
+    def finalize(self, status: str) -> None:
+        self.save()
+        self.close()
+
+    # ----------------------------------------------------------------- as a callback
+    @override
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+        if not self._writes:
+            return
+        writer = self.experiment
         config = _config_dict(trainer.config)
         if config:
             import yaml
@@ -108,12 +202,15 @@ class TensorBoardLogger(Callback):
             # Indented by four spaces: TensorBoard's markdown shows it as a code block, layout intact.
             writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
         # The resolved config already holds the module's arguments; without one, the module's hparams.
-        self._hparams = _flatten(config or _config_dict(module.hparams))
-        if self._hparams:
+        self._session = flat_params(config or _config_dict(module.hparams))
+        self.hparams.update(self._session)
+        if self._session:
             from torch.utils.tensorboard.summary import hparams
 
-            _, start, _ = hparams(self._hparams, {})
+            _, start, _ = hparams(self._session, {})
             writer._get_file_writer().add_summary(start)
+        if self._log_graph:
+            self.log_graph(module)
 
     @override
     def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
@@ -127,54 +224,35 @@ class TensorBoardLogger(Callback):
     def on_log_metrics(
         self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
-        writer = self._open(trainer)
-        if writer is None:
+        if not self._writes:
             return
-        for key, value in metrics.items():
-            number = float(value)  # the device sync happens here, at the logging interval only
-            writer.add_scalar(key, number, global_step=step)
-            if self._in_validation:
-                self._val_metrics[key] = number
+        numbers = {key: float(value) for key, value in metrics.items()}  # one device sync per value, here only
+        if self._in_validation:
+            self._val_metrics.update(self._with_prefix(numbers))
         if step != self._epoch_written_at:
-            writer.add_scalar("epoch", trainer.current_epoch, global_step=step)
+            numbers["epoch"] = trainer.current_epoch
             self._epoch_written_at = step
+        self.log_metrics(numbers, step)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
-        writer = self._open(trainer)
-        if writer is None or not self._hparams:
+        if not self._writes or not self._session:
             return
         from torch.utils.tensorboard.summary import hparams
 
         # The experiment names the metric tags; TensorBoard shows each one's last value in the run.
-        experiment, _, end = hparams(self._hparams, dict(self._val_metrics))
-        file_writer = writer._get_file_writer()
+        experiment, _, end = hparams(self._session, dict(self._val_metrics))
+        file_writer = self.experiment._get_file_writer()
         file_writer.add_summary(experiment)
         file_writer.add_summary(end)
-        writer.flush()
+        self.experiment.flush()
 
     @override
     def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        if self._writes:
+            self.save()
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
     plain = to_plain(config)
     return plain if isinstance(plain, dict) else {}
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict to ``{"a/b": value}`` with values TensorBoard's hparams accept (bool, number, str)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}/"))
-        elif isinstance(value, (bool, int, float, str)):
-            out[name] = value
-        elif value is None:
-            out[name] = "None"
-        else:
-            out[name] = str(value)
-    return out

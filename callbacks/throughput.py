@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,14 +29,34 @@ class ThroughputMonitor(Callback):
     ``every_n_steps`` steps.
 
     Args:
+        batch_size_fn: samples in a batch (default: the length of the batch's first tensor).
+        length_fn: items in a batch (tokens, say); given, ``throughput/items_per_sec`` is logged too
+            (all processes, like samples).
         every_n_steps: optimizer steps between measurements (default: the trainer's
             ``log_every_n_steps``, so they line up with the loss curves).
+        **kwargs: of Lightning's ``Throughput`` options only ``separator`` (between ``throughput``
+            and the name, default ``"/"``); the others are refused with what to use instead.
     """
 
-    def __init__(self, every_n_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        batch_size_fn: Callable[[Any], int] | None = None,
+        length_fn: Callable[[Any], int] | None = None,
+        every_n_steps: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.separator = str(kwargs.pop("separator", "/"))
+        if kwargs:
+            raise TypeError(
+                f"ThroughputMonitor: {', '.join(sorted(kwargs))} not supported: throughput is measured between "
+                "logging points (set every_n_steps), over all processes; FLOP counts are not computed"
+            )
+        self.batch_size_fn = batch_size_fn if batch_size_fn is not None else batch_size_of
+        self.length_fn = length_fn
         self.every_n_steps = every_n_steps
+        self._items = 0
         self._start = 0.0
         self._batches = 0
         self._samples = 0
@@ -43,7 +64,7 @@ class ThroughputMonitor(Callback):
 
     def _restart(self) -> None:
         self._start = time.perf_counter()
-        self._batches = self._samples = 0
+        self._batches = self._samples = self._items = 0
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
@@ -58,7 +79,9 @@ class ThroughputMonitor(Callback):
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._batches += 1
-        self._samples += batch_size_of(batch)
+        self._samples += self.batch_size_fn(batch)
+        if self.length_fn is not None:
+            self._items += self.length_fn(batch)
         n = self.every_n_steps or trainer.log_every_n_steps
         step = trainer.global_step
         if step == self._last_step or step == 0 or step % n:
@@ -68,11 +91,12 @@ class ThroughputMonitor(Callback):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        trainer.log_metrics(
-            {
-                "throughput/batches_per_sec": self._batches / elapsed,
-                "throughput/samples_per_sec": self._samples * trainer.world_size / elapsed,
-            },
-            step=step - 1,
-        )
+        sep = self.separator
+        values = {
+            f"throughput{sep}batches_per_sec": self._batches / elapsed,
+            f"throughput{sep}samples_per_sec": self._samples * trainer.world_size / elapsed,
+        }
+        if self.length_fn is not None:
+            values[f"throughput{sep}items_per_sec"] = self._items * trainer.world_size / elapsed
+        trainer.log_metrics(values, step=step - 1)
         self._restart()

@@ -49,43 +49,104 @@ class Timer(Callback):
     every rank (a broadcast per check; ``interval="epoch"`` makes that once per epoch).
 
     Args:
-        max_time: ``"DD:HH:MM:SS"``, seconds, a ``timedelta`` or a dict of its keywords;
+        duration: ``"DD:HH:MM:SS"``, seconds, a ``timedelta`` or a dict of its keywords;
             ``None`` only measures (see :meth:`time_elapsed`).
         interval: check after every ``"step"`` (batch) or only at each ``"epoch"`` end.
         verbose: print when the budget ends training (rank 0).
         clock: seconds as a float; a fake one makes tests exact.
+        max_time: another name for ``duration`` (the ``Trainer`` option's name).
     """
 
     def __init__(
         self,
-        max_time: str | float | timedelta | dict[str, float] | None = None,
+        duration: str | float | timedelta | dict[str, float] | None = None,
         interval: str = "step",
         verbose: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        max_time: str | float | timedelta | dict[str, float] | None = None,
     ) -> None:
+        interval = getattr(interval, "value", interval)  # Lightning's Interval enum
         if interval not in ("step", "epoch"):
             raise ValueError(f"interval must be 'step' or 'epoch', got {interval!r}")
-        self.max_time = parse_duration(max_time) if max_time is not None else None
+        if duration is not None and max_time is not None:
+            raise ValueError("Timer: give duration or max_time (two names for one budget), not both")
+        budget = duration if duration is not None else max_time
+        self.max_time = parse_duration(budget) if budget is not None else None
         self.interval = interval
         self.verbose = verbose
         self.clock = clock
         self._offset = 0.0  # seconds spent before a resume
         self._start: float | None = None
+        self._spans: dict[str, list[float | None]] = {}  # stage -> [start, end] of its latest run
 
-    def time_elapsed(self) -> float:
-        """Seconds of training so far (including before a resume)."""
-        if self._start is None:
-            return self._offset
-        return self._offset + self.clock() - self._start
+    def time_elapsed(self, stage: str = "train") -> float:
+        """Seconds spent in ``stage`` (``"train"``, ``"validate"``, ``"test"``, ``"predict"``).
+
+        Training time includes what was spent before a resume; the other stages count their latest run.
+        """
+        if stage == "train":
+            if self._start is None:
+                return self._offset
+            return self._offset + self.clock() - self._start
+        start, end = self._spans.get(stage, [None, None])
+        if start is None:
+            return 0.0
+        return (end if end is not None else self.clock()) - start
+
+    def time_remaining(self, stage: str = "train") -> float | None:
+        """Seconds of the budget left (``None`` without a budget)."""
+        if self.max_time is None:
+            return None
+        return self.max_time.total_seconds() - self.time_elapsed(stage)
+
+    def start_time(self, stage: str = "train") -> float | None:
+        """When ``stage`` last started, on :attr:`clock`'s scale."""
+        return self._spans.get(stage, [None, None])[0]
+
+    def end_time(self, stage: str = "train") -> float | None:
+        """When ``stage`` last ended, on :attr:`clock`'s scale (``None`` while it runs)."""
+        return self._spans.get(stage, [None, None])[1]
+
+    def _begin(self, stage: str) -> None:
+        self._spans[stage] = [self.clock(), None]
+
+    def _finish(self, stage: str) -> None:
+        self._spans.setdefault(stage, [None, None])[1] = self.clock()
 
     @override
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._start = self.clock()
+        self._begin("train")
 
     @override
     def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._offset = self.time_elapsed()
         self._start = None
+        self._finish("train")
+
+    @override
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._begin("validate")
+
+    @override
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._finish("validate")
+
+    @override
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._begin("test")
+
+    @override
+    def on_test_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._finish("test")
+
+    @override
+    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._begin("predict")
+
+    @override
+    def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._finish("predict")
 
     @override
     def on_train_batch_end(

@@ -83,7 +83,7 @@ def test_nothing_is_printed_on_other_ranks(capsys: pytest.CaptureFixture[str], t
 
 # ----------------------------------------------------------------- loggers
 def test_csv_logger_writes_what_loggers_get(tmp_path: Path) -> None:
-    recorder, logger = Recorder(), CSVLogger(save_dir=tmp_path)
+    recorder, logger = Recorder(), CSVLogger(save_dir=tmp_path, name="csv", version="")
     train, val = loaders()
     trainer = quiet_trainer(callbacks=[logger, LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=1)
     trainer.fit(Scripted(), train, val)
@@ -109,8 +109,8 @@ def test_learning_rate_monitor_logs_the_rate_each_logged_step_used() -> None:
     train, val = loaders()
     trainer = quiet_trainer(callbacks=[LearningRateMonitor(), recorder], max_epochs=2, log_every_n_steps=2)
     trainer.fit(StepDecay(), train, val)
-    assert recorder.of("lr-SGD") == [(i, pytest.approx(0.1 * 0.5**i)) for i in (1, 3, 5, 7)]
-    assert recorder.of("lr-SGD/pg1") == [(i, pytest.approx(0.5**i)) for i in (1, 3, 5, 7)]
+    assert recorder.of("lr-SGD/pg1") == [(i, pytest.approx(0.1 * 0.5**i)) for i in (1, 3, 5, 7)]
+    assert recorder.of("lr-SGD/pg2") == [(i, pytest.approx(0.5**i)) for i in (1, 3, 5, 7)]
     assert [s for s, _ in recorder.of("train/loss")] == [1, 3, 5, 7]  # the same x positions
 
 

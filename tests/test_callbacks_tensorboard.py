@@ -46,7 +46,7 @@ class Recorder(Callback):
 @pytest.fixture
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Recorder, TensorBoardLogger]]:
     root = tmp_path_factory.mktemp("tb")
-    logger, recorder = TensorBoardLogger(save_dir=root, name="run"), Recorder()
+    logger, recorder = TensorBoardLogger(save_dir=root, name="run", version=""), Recorder()
     config = OmegaConf.create({"model": {"lr": 0.1, "hidden": 4}, "seed": 7, "tags": ["a", "b"]})
     trainer = quiet_trainer(
         callbacks=[logger, LearningRateMonitor(), recorder], max_epochs=3, log_every_n_steps=1, config=config

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from callbacks.base import Callback, overridden_hooks
+from callbacks.base import Callback, check_hooks, overridden_hooks
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -32,6 +32,7 @@ class HookDispatch:
     """
 
     def __init__(self, callbacks: list[Callback], owner: Any) -> None:
+        check_hooks(callbacks)  # a hook that is never called is refused at Trainer(...)
         self.callbacks = callbacks
         self._owner = owner
         self._by_hook = overridden_hooks(callbacks)
@@ -40,6 +41,7 @@ class HookDispatch:
 
     def bind(self, module: TrainModule) -> None:
         """Dispatch to ``module`` from now on (once per ``fit``/``validate``/... call)."""
+        check_hooks(self.callbacks)  # again: callbacks may have been added since (configure_callbacks)
         self._module = module
         self._resolved = {}
 

@@ -1,0 +1,93 @@
+"""File names for ``ModelCheckpoint``: filling the template, ``-vN`` versions, the ``last`` link."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["check_lightning_options", "fill_template", "free_path", "save_message", "symlink"]
+
+_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
+
+
+def check_lightning_options(
+    save_last: Any, every_n_train_steps: int | None, every_n_epochs: int | None, train_time_interval: Any
+) -> None:
+    """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at once.
+
+    Raises:
+        ValueError: naming the option(s).
+    """
+    if save_last not in (None, True, False, "link"):
+        raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
+    schedules = {"every_n_train_steps": every_n_train_steps, "every_n_epochs": every_n_epochs}
+    given = [name for name, value in {**schedules, "train_time_interval": train_time_interval}.items() if value]
+    if len(given) > 1:
+        raise ValueError(f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one")
+
+
+def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True) -> str:
+    """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``nan`` where missing).
+
+    A field becomes ``name=value`` (``insert_names``) or ``value``; characters other than letters,
+    digits and ``._=+-`` become ``_``, so every metric name gives a valid file name.
+
+    >>> fill_template("{epoch}-{val/acc:.2f}", {"epoch": 3, "val/acc": 0.912})
+    'epoch=3-val_acc=0.91'
+    >>> fill_template("e{epoch:02d}", {"epoch": 3}, insert_names=False)
+    'e03'
+    """
+
+    def fill(match: re.Match[str]) -> str:
+        name, spec = match.group(1), match.group(2) or ""
+        value = metrics.get(name)
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        text = "nan" if value is None else format(value, spec[1:])
+        return f"{name}={text}" if insert_names else text
+
+    return _UNSAFE.sub("_", _FIELD.sub(fill, template))
+
+
+def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1) -> str:
+    """``path`` if not ``taken``, else the first free ``<stem>-v<N><suffix>`` (Lightning's version counter).
+
+    >>> free_path("a/epoch=1.ckpt", lambda p: p in {"a/epoch=1.ckpt", "a/epoch=1-v1.ckpt"})
+    'a/epoch=1-v2.ckpt'
+    """
+    stem, suffix = os.path.splitext(path)
+    candidate, version = path, first_version
+    while taken(candidate):
+        candidate = f"{stem}-v{version}{suffix}"
+        version += 1
+    return candidate
+
+
+def symlink(target: str, link: str) -> None:
+    """Point ``link`` at ``target`` (relative to the link's folder), replacing what was there atomically."""
+    tmp = f"{link}.tmp-link"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), tmp)
+    os.replace(tmp, link)
+
+
+def save_message(
+    epoch: int, step: int, monitor: str | None, top_k: int, score: float | None, best: float | None, path: str | None
+) -> str:
+    """The line ``ModelCheckpoint(verbose=True)`` prints for a ranked save, worded as Lightning's.
+
+    >>> save_message(1, 8, "val/acc", 1, 0.5, 0.5, "a.ckpt")
+    "Epoch 1, global step 8: 'val/acc' reached 0.50000 (best 0.50000), saving model to 'a.ckpt' as top 1"
+    """
+    where = f"Epoch {epoch:d}, global step {step:d}: "
+    if path is None:
+        return f"{where}{monitor!r} was not in top {top_k}"
+    if score is None or best is None:
+        return f"{where}saving model to {path!r}"
+    return f"{where}{monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} as top {top_k}"

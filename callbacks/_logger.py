@@ -1,0 +1,223 @@
+"""``Logger``: what TensorBoard and CSV loggers share, with Lightning's logger interface.
+
+A logger is a callback (``is_logger = True``): the trainer hands it the values due for writing
+through ``on_log_metrics``, which goes to :meth:`Logger.log_metrics`, the method a Lightning user
+calls directly. Lightning's names are all here: ``name``, ``version``, ``root_dir``, ``log_dir``,
+``save_dir``, ``experiment``, ``log_hyperparams``, ``log_metrics``, ``log_graph``, ``save``,
+``finalize``, ``after_save_checkpoint``, ``group_separator``.
+
+Folders follow Lightning: ``<save_dir>/<name>/version_<N>``, where ``N`` is one more than the
+highest existing ``version_N`` under ``<save_dir>/<name>`` when ``version`` is ``None``; an empty
+``name`` or a string ``version`` (``""`` for none) leaves that level out. Only rank 0 writes; on other
+ranks ``experiment`` is an object whose methods do nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import override
+
+from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["Logger", "NoOpExperiment"]
+
+_VERSION_DIR = re.compile(r"version_(\d+)$")
+
+
+class NoOpExperiment:
+    """Stands in for ``experiment`` on ranks other than 0: every method call does nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class Logger(Callback):
+    """Base of the loggers: folder layout, version numbering, prefixes and the rank-0 rule.
+
+    Args:
+        save_dir: root folder (``None``: the trainer's ``default_root_dir``, known at ``setup``).
+        name: sub-folder of ``save_dir`` for this kind of run; ``""`` or ``None`` for none.
+        version: ``None`` for the next free ``version_N``; an int ``N`` for ``version_N``; a string
+            for that folder name (``""`` writes straight into ``<save_dir>/<name>``).
+        prefix: put before every metric key as ``<prefix>-<key>``.
+    """
+
+    is_logger = True
+    runs_in_fast_dev_run = False
+    #: Between a prefix and a key (Lightning's ``LOGGER_JOIN_CHAR``).
+    LOGGER_JOIN_CHAR = "-"
+    # Class-level defaults, so that a Lightning-style subclass whose __init__ does not call ours works.
+    _save_dir: Path | None = None
+    _name = ""
+    _version: int | str | None = None
+    _prefix = ""
+    _writes = True
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str] | None = None,
+        name: str | None = "",
+        version: int | str | None = None,
+        prefix: str = "",
+    ) -> None:
+        self._save_dir = Path(save_dir) if save_dir is not None else None
+        self._name = name or ""
+        self._version = version
+        self._prefix = prefix
+        #: False on ranks other than 0: nothing is written there. Known from the launcher's environment
+        #: before a trainer sets the logger up (torchrun's RANK, srun's SLURM_PROCID).
+        self._writes = _launcher_rank() == 0
+        #: Hyperparameters recorded so far (flattened).
+        self.hparams: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------- where
+    @property
+    def save_dir(self) -> str:
+        """The root folder given (``"."`` until a trainer supplies its ``default_root_dir``)."""
+        return str(self._save_dir) if self._save_dir is not None else "."
+
+    @property
+    def name(self) -> str:
+        """The experiment's sub-folder name (``""`` for none)."""
+        return self._name
+
+    @property
+    def group_separator(self) -> str:
+        """What separates a metric's group from its name (``"train/loss"``)."""
+        return "/"
+
+    @property
+    def root_dir(self) -> str:
+        """``<save_dir>/<name>``: the folder holding every version of this experiment."""
+        return os.path.join(self.save_dir, self._name) if self._name else self.save_dir
+
+    @property
+    def version(self) -> int | str:
+        """This run's version: the next free number under :attr:`root_dir`, worked out once.
+
+        Until a trainer supplies ``save_dir`` the number is only looked up, not kept: it is chosen in
+        the folder the files will really go to.
+        """
+        if self._version is None:
+            if self._save_dir is None:
+                return self._next_version()
+            self._version = self._next_version()
+        return self._version
+
+    @property
+    def log_dir(self) -> Path:
+        """The folder this run's files go into (a ``Path``; Lightning gives a ``str``)."""
+        version = self.version
+        folder = version if isinstance(version, str) else f"version_{version}"
+        return Path(self.root_dir, folder) if folder else Path(self.root_dir)
+
+    def _next_version(self) -> int:
+        try:
+            found = [int(m.group(1)) for p in os.listdir(self.root_dir) if (m := _VERSION_DIR.match(p))]
+        except OSError:
+            found = []
+        return max(found) + 1 if found else 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy sent to worker processes carries the version this process chose, so the caller's
+        # logger and the one that writes name the same folder.
+        if self._version is None and self._save_dir is not None:
+            self._version = self._next_version()
+        return self.__dict__.copy()
+
+    # ----------------------------------------------------------------- what
+    def _with_prefix(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        if not self._prefix:
+            return dict(metrics)
+        return {f"{self._prefix}{self.LOGGER_JOIN_CHAR}{k}": v for k, v in metrics.items()}
+
+    def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
+        """Write ``metrics`` at ``step`` (rank 0 only). A logger of your own overrides this."""
+        raise NotImplementedError(f"{type(self).__name__} must implement log_metrics(metrics, step=None)")
+
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
+        """Record hyperparameters (rank 0 only); ``metrics`` are written with them at step 0."""
+        raise NotImplementedError(f"{type(self).__name__} must implement log_hyperparams(params, metrics=None)")
+
+    def log_graph(self, model: torch.nn.Module, input_array: torch.Tensor | None = None) -> None:
+        """Record the model's graph where the format has one (not in CSV: nothing happens)."""
+
+    def save(self) -> None:
+        """Write what is buffered to disk."""
+
+    def finalize(self, status: str) -> None:
+        """The run ended with ``status`` (``"success"``, ``"failed"``): write everything out."""
+        self.save()
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called by :class:`~callbacks.ModelCheckpoint` after each checkpoint it writes."""
+
+    # ----------------------------------------------------------------- as a callback
+    @override
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        if self._save_dir is None:
+            self._save_dir = Path(trainer.default_root_dir)
+        self._writes = trainer.is_global_zero
+
+    @override
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+        # As Lightning's trainer does: the module's hyperparameters go to every logger when fitting starts.
+        hparams = dict(getattr(module, "hparams", None) or {})
+        if self._writes and hparams:
+            self.log_hyperparams(hparams)
+
+    @override
+    def on_log_metrics(
+        self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+    ) -> None:
+        if self._writes:
+            self.log_metrics({key: float(value) for key, value in metrics.items()}, step)
+
+    @override
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        if self._writes:
+            self.finalize("success")
+
+    @override
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+        if self._writes:
+            self.finalize("failed")
+
+
+def _launcher_rank() -> int:
+    for name in ("RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def flat_params(params: dict[str, Any] | Namespace, separator: str = "/") -> dict[str, Any]:
+    """Hyperparameters as ``{"a/b": value}`` with values TensorBoard and YAML accept."""
+    tree = vars(params) if isinstance(params, Namespace) else dict(params)
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Namespace):
+            value = vars(value)
+        if isinstance(value, Mapping):
+            out.update({f"{key}{separator}{k}": v for k, v in flat_params(dict(value), separator).items()})
+        elif isinstance(value, (bool, int, float, str)):
+            out[str(key)] = value
+        elif isinstance(value, torch.Tensor) and value.numel() == 1:
+            out[str(key)] = value.item()
+        elif value is None:
+            out[str(key)] = "None"
+        else:
+            out[str(key)] = str(value)
+    return out

@@ -1,0 +1,215 @@
+"""TensorBoardLogger and CSVLogger with Lightning's interface: folders, experiment, methods, prefixes."""
+
+from __future__ import annotations
+
+import csv
+import os
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
+
+from callbacks import CSVLogger, Logger, ModelCheckpoint, TensorBoardLogger
+from callbacks.csv_logger import CSVWriter
+from tests.helpers.callback_tools import Scripted, loaders
+from tests.helpers.trainers import quiet_trainer
+
+
+def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.mark.parametrize("cls", [TensorBoardLogger, CSVLogger])
+def test_runs_from_python_get_lightnings_version_folders(cls: type[Logger], tmp_path: Path) -> None:
+    dirs = []
+    for _ in range(2):
+        logger = cls(save_dir=tmp_path)
+        train, val = loaders()
+        quiet_trainer(callbacks=[logger], max_epochs=1).fit(Scripted(), train, val)
+        dirs.append(logger.log_dir)
+        assert logger.root_dir == os.path.join(str(tmp_path), "lightning_logs")
+        assert logger.name == "lightning_logs" and logger.save_dir == str(tmp_path)
+    assert dirs == [tmp_path / "lightning_logs" / "version_0", tmp_path / "lightning_logs" / "version_1"]
+    assert all(any(d.iterdir()) for d in dirs)
+    assert cls(save_dir=tmp_path).version == 2
+    assert cls(save_dir=tmp_path, name="exp", version=7).log_dir == tmp_path / "exp" / "version_7"
+    assert cls(save_dir=tmp_path, name="", version="run").log_dir == tmp_path / "run"
+    assert cls(save_dir=tmp_path, name="x", version="").log_dir == tmp_path / "x"
+
+
+@pytest.mark.parametrize("cls", [TensorBoardLogger, CSVLogger])
+def test_a_logger_built_on_another_rank_writes_nothing(
+    cls: type[Logger], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "1")  # as torchrun sets it, before any trainer exists
+    logger = cls(save_dir=tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.log_hyperparams({"lr": 0.1})
+    logger.experiment.add_scalar("b", 1.0)
+    logger.finalize("success")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version_is_chosen_in_the_folder_the_trainer_supplies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lightning_logs" / "version_4").mkdir(parents=True)  # in the working directory
+    logger = CSVLogger()  # save_dir: the trainer's default_root_dir, known at setup
+    assert logger.version == 5  # looked up in ".", not kept
+    train, val = loaders()
+    quiet_trainer(tmp_path / "root", callbacks=[logger], max_epochs=1).fit(Scripted(), train, val)
+    assert logger.log_dir == tmp_path / "root" / "lightning_logs" / "version_0"
+    assert logger.path.exists()
+
+
+def test_geartrain_command_config_writes_into_the_run_directory() -> None:
+    for kind, folder in (("tensorboard", "tensorboard"), ("csv", "csv")):
+        conf = yaml.safe_load(Path("conf/logger", f"{kind}.yaml").read_text())[kind]
+        assert conf["name"] == folder and conf["version"] == ""  # <run dir>/<folder>, no version_N
+
+
+def test_tensorboard_experiment_metrics_hyperparameters_and_prefix(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(save_dir=tmp_path, prefix="p", sub_dir="sub")
+    assert isinstance(logger.experiment, SummaryWriter)
+    assert logger.log_dir == tmp_path / "lightning_logs" / "version_0" / "sub"
+    assert logger.group_separator == "/" and logger.sub_dir == "sub"
+    logger.log_metrics({"loss": torch.tensor(0.5), "acc": 0.25}, step=3)
+    logger.log_hyperparams(Namespace(lr=0.1, net={"width": 4}))
+    logger.save()
+    logger.finalize("success")
+    scalars = _scalars(logger.log_dir)
+    assert scalars["p-loss"] == [(3, 0.5)] and scalars["p-acc"] == [(3, 0.25)]
+    assert scalars["p-hp_metric"] == [(0, -1.0)]  # default_hp_metric, as Lightning writes it
+    saved = yaml.safe_load((logger.log_dir / "hparams.yaml").read_text())
+    assert saved == {"lr": 0.1, "net/width": 4}
+
+
+def test_tensorboard_kwargs_go_to_the_summary_writer_and_unknown_ones_are_refused(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(save_dir=tmp_path, filename_suffix=".mine", max_queue=3)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.finalize("success")
+    assert [p.name.endswith(".mine") for p in logger.log_dir.iterdir()] == [True]
+    with pytest.raises(TypeError, match=r"flush_every is not an option.*flush_secs"):
+        TensorBoardLogger(save_dir=tmp_path, flush_every=3)
+
+
+def test_tensorboard_without_default_hp_metric_writes_no_placeholder(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(save_dir=tmp_path, default_hp_metric=False)
+    logger.log_hyperparams({"lr": 0.1})
+    logger.log_hyperparams({"lr": 0.1}, metrics={"best": 2.0})
+    logger.finalize("success")
+    assert _scalars(logger.log_dir) == {"best": [(0, 2.0)]}
+
+
+def test_tensorboard_log_graph_traces_the_example_input(tmp_path: Path) -> None:
+    class WithExample(Scripted):
+        example_input_array = torch.zeros(2, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x)
+
+    logger = TensorBoardLogger(save_dir=tmp_path, log_graph=True)
+    train, val = loaders()
+    quiet_trainer(callbacks=[logger], max_epochs=1).fit(WithExample(), train, val)
+    logger.finalize("success")
+    acc = EventAccumulator(str(logger.log_dir))
+    acc.Reload()
+    assert acc.Tags()["graph"]
+    without = TensorBoardLogger(save_dir=tmp_path, log_graph=True)
+    with pytest.raises(ValueError, match="example_input_array"):
+        without.log_graph(torch.nn.Linear(1, 1))
+
+
+def test_csv_experiment_is_the_writer_and_rows_reach_disk_every_n_steps(tmp_path: Path) -> None:
+    logger = CSVLogger(save_dir=tmp_path, prefix="p", flush_logs_every_n_steps=2)
+    assert isinstance(logger.experiment, CSVWriter)
+    logger.log_metrics({"a": 1.0}, step=0)
+    assert not logger.path.exists()  # buffered until (step + 1) % 2 == 0
+    logger.log_metrics({"a": 2.0, "b": torch.tensor(3.0)}, step=1)
+    with logger.path.open() as f:
+        assert list(csv.DictReader(f)) == [
+            {"step": "0", "p-a": "1.0", "p-b": ""},
+            {"step": "1", "p-a": "2.0", "p-b": "3.0"},
+        ]
+    logger.log_hyperparams({"lr": 0.5})
+    logger.finalize("success")
+    assert yaml.safe_load((logger.log_dir / "hparams.yaml").read_text()) == {"lr": 0.5}
+    assert logger.experiment.metrics_file_path == str(logger.path)
+
+
+def test_csv_logger_writes_module_hyperparameters_and_flushes_at_the_end_of_fit(tmp_path: Path) -> None:
+    logger = CSVLogger(save_dir=tmp_path, name="run", version="", flush_logs_every_n_steps=1000)
+    train, val = loaders()
+    quiet_trainer(callbacks=[logger], max_epochs=2, log_every_n_steps=1).fit(Scripted(lr=0.25), train, val)
+    assert yaml.safe_load((tmp_path / "run" / "hparams.yaml").read_text()) == {"lr": 0.25}
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len([r for r in rows if r["train/loss"]]) == 8  # every step, although the buffer never filled
+
+
+def test_loggers_hear_after_save_checkpoint(tmp_path: Path) -> None:
+    class Heard(CSVLogger):
+        def __init__(self) -> None:
+            super().__init__(save_dir=tmp_path)
+            self.heard: list[Any] = []
+
+        def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+            self.heard.append((checkpoint_callback, checkpoint_callback.best_model_path))
+
+    logger, ck = Heard(), ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=-1)
+    train, val = loaders()
+    quiet_trainer(callbacks=[logger, ck], max_epochs=2).fit(Scripted(), train, val)
+    assert [(c, Path(p).name) for c, p in logger.heard] == [(ck, "epoch=0-step=4.ckpt"), (ck, "epoch=1-step=8.ckpt")]
+
+
+def test_a_lightning_style_custom_logger_receives_what_is_logged() -> None:
+    class Mine(Logger):
+        def __init__(self) -> None:  # as Lightning users write them: no call to the base __init__
+            self.metrics: list[tuple[int | None, dict[str, float]]] = []
+            self.params: list[dict[str, Any]] = []
+            self.status: list[str] = []
+
+        @property
+        def name(self) -> str:
+            return "mine"
+
+        @property
+        def version(self) -> int:
+            return 0
+
+        def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+            self.metrics.append((step, dict(metrics)))
+
+        def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+            self.params.append(dict(params))
+
+        def finalize(self, status: str) -> None:
+            self.status.append(status)
+
+    mine = Mine()
+    train, val = loaders()
+    quiet_trainer(callbacks=[mine], max_epochs=1, log_every_n_steps=2).fit(Scripted(lr=0.5), train, val)
+    assert mine.params == [{"lr": 0.5}]
+    assert [step for step, m in mine.metrics if "train/loss" in m] == [1, 3]
+    assert any("val/loss" in m for _, m in mine.metrics)
+    assert mine.status == ["success"]
+
+
+@pytest.mark.slow
+def test_under_ddp_rank_zero_writes_into_the_version_the_caller_sees(tmp_path: Path) -> None:
+    logger = CSVLogger(save_dir=tmp_path)
+    train, val = loaders()
+    trainer = quiet_trainer(callbacks=[logger], max_epochs=1, strategy="ddp", devices=2)
+    trainer.fit(Scripted(), train, val)
+    assert logger.log_dir == tmp_path / "lightning_logs" / "version_0"
+    assert _names_under(tmp_path) == ["lightning_logs/version_0/hparams.yaml", "lightning_logs/version_0/metrics.csv"]
+
+
+def _names_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
