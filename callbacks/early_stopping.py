@@ -101,7 +101,7 @@ class EarlyStopping(Callback):
             self,
             monitor,
             on_missing="raise" if strict else "warn",
-            consequence="early stopping stands aside and training runs to its end",
+            consequence="with strict=False early stopping stands aside and training runs to its end",
         )
 
     @property
