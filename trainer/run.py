@@ -72,7 +72,9 @@ def run_stage(
     t.stage, t.module, t.datamodule = stage, module, datamodule
     t.last_fn, t.status, t.running_stage = stage, TrainerStatus.RUNNING, "train" if stage == "fit" else stage
     # Prepared when first needed (``estimated_stepping_batches`` in configure_optimizers may ask first).
-    t.loaders, t.given_loaders = {}, {stage: loader}
+    for key in ("fit", "validate") if stage == "fit" else (stage,):
+        t.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
+    t.given_loaders = {stage: loader}
     t.hooks.bind(module)
     module._trainer = t
     t.strategy.setup_environment()

@@ -143,6 +143,7 @@ def sanity_check(trainer: Trainer) -> None:
     router = trainer.metric_router
     snapshot = router.snapshot()
     trainer.sanity_checking = True
+    outer_stage, trainer.running_stage = trainer.running_stage, "sanity_check"
     try:
         trainer.hooks.callbacks_only("on_sanity_check_start")
         steps = trainer.num_sanity_val_steps
@@ -150,4 +151,5 @@ def sanity_check(trainer: Trainer) -> None:
         trainer.hooks.callbacks_only("on_sanity_check_end")
     finally:
         trainer.sanity_checking = False
+        trainer.running_stage = outer_stage
         router.restore(snapshot)
