@@ -138,8 +138,12 @@ def test_ckpt_path_none_after_fit_evaluates_the_current_weights(make_trainer: An
     trainer = make_trainer(max_epochs=2)
     module = Regressor()
     trainer.fit(module, make_loader(8, 2))
+    trainer.save_checkpoint(trainer.default_root_dir / "a.ckpt")
+    trainer.test(dataloaders=make_loader(6, 3, seed=1), verbose=False, ckpt_path=trainer.default_root_dir / "a.ckpt")
+    assert trainer.ckpt_path == str(trainer.default_root_dir / "a.ckpt")
     result = trainer.test(dataloaders=make_loader(6, 3, seed=1), verbose=False)
     assert result == [{"test_loss": pytest.approx(_val_loss(module), rel=1e-6)}]
+    assert trainer.ckpt_path is None  # this run loaded nothing
     with pytest.raises(CheckpointError, match="'best'"):
         make_trainer().test(Regressor(), make_loader(6, 3), ckpt_path="best")
 

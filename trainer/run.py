@@ -74,7 +74,7 @@ def run_stage(
     # Prepared when first needed (``estimated_stepping_batches`` in configure_optimizers may ask first).
     for key in ("fit", "validate") if stage == "fit" else (stage,):
         t.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
-    t.given_loaders = {stage: loader}
+    t.given_loaders, t.ckpt_path = {stage: loader}, None
     t.hooks.bind(module)
     module._trainer = t
     t.strategy.setup_environment()
