@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +141,15 @@ def test_model_data_and_estimated_steps(make_trainer: Any) -> None:
 def test_print_writes_on_rank_zero(make_trainer: Any, capsys: Any) -> None:
     make_trainer().print("hello", 3)
     assert capsys.readouterr().out == "hello 3\n"
+
+
+def test_sigterm_sets_received_sigterm_and_interrupted(make_trainer: Any) -> None:
+    class Terminate(Callback):
+        def on_train_batch_end(self, trainer: Trainer, module: TrainModule, *args: Any) -> None:
+            if trainer.global_step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # the preemption handler notes it; fit saves and returns
+
+    trainer = make_trainer(max_epochs=3, callbacks=[Terminate()], preemption_exit_code=None)
+    trainer.fit(Regressor(), make_loader(8, 2))
+    assert trainer.received_sigterm and trainer.interrupted and trainer.global_step == 2
+    assert not make_trainer().received_sigterm
