@@ -337,12 +337,12 @@ class ModelCheckpoint(Checkpoint):
         try:
             if keep or exception_file:
                 trainer.save_checkpoint(
-                    path, self.save_weights_only, self.async_save, also_at=also_at, replaces=replaces
+                    path, self.save_weights_only, async_=self.async_save, also_at=also_at, replaces=replaces
                 )
                 if link and trainer.is_global_zero:
                     symlink(path, self.last_model_path)
             elif self.save_last:
-                trainer.save_checkpoint(self.last_model_path, self.save_weights_only, self.async_save)
+                trainer.save_checkpoint(self.last_model_path, self.save_weights_only, async_=self.async_save)
         except BaseException:
             self.load_state_dict(previous)
             raise

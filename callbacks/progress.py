@@ -137,7 +137,8 @@ class ProgressBar(Callback):
         return self._progress
 
     @staticmethod
-    def _total(num: float) -> int | None:
+    def _total(num: float | list[float]) -> int | None:
+        num = sum(num) if isinstance(num, list) else num  # several validation loaders: all their batches
         return None if math.isinf(num) else int(num)
 
     # ----------------------------------------------------------------- training

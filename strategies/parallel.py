@@ -15,12 +15,20 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 from typing_extensions import override
 
 from strategies.base import Strategy
 from strategies.launch import joined_environment, start_processes
 from strategies.precision import Precision
+from strategies.sampling import ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
 from trainer.common.loaders import rebuild_dataloader
 
@@ -241,32 +249,36 @@ class ParallelStrategy(Strategy):
     def process_dataloader(self, dataloader: Iterable[Any], *, train: bool) -> Iterable[Any]:
         """Give a DataLoader a sampler that shards it over the ranks.
 
-        Training: ``DistributedSampler`` (seeded with ``seed_everything``'s seed, shuffling when the
-        loader shuffled, ``set_epoch`` called by the loop). Evaluation: :class:`EvalShardSampler`,
-        with no padded duplicates.
+        The default samplers: training gets a ``DistributedSampler`` (seeded with ``seed_everything``'s
+        seed, shuffling when the loader shuffled, ``set_epoch`` called by the loop), evaluation an
+        :class:`EvalShardSampler`, with no padded duplicates. A sampler or batch sampler of the user's is
+        kept and sharded (:mod:`strategies.sampling`): each rank gets its share of what it yields.
         """
         world = self.world_size
-        if world == 1 or not isinstance(dataloader, DataLoader):
+        if world == 1 or not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset, IterableDataset):
+            return dataloader  # an iterable dataset shards itself (``get_worker_info`` and the rank)
+        if isinstance(dataloader.sampler, (DistributedSampler, EvalShardSampler, ShardedSampler)):
             return dataloader
-        if isinstance(dataloader.sampler, (DistributedSampler, EvalShardSampler)):
+        if isinstance(dataloader.batch_sampler, ShardedBatchSampler):
             return dataloader
-        if dataloader.batch_size is None:
-            raise ValueError(
-                f"{type(self).__name__} cannot shard a DataLoader built with a custom batch_sampler; give it "
-                "a batch_size (and sampler), or shard the data yourself with a DistributedSampler"
-            )
+        rank = self.global_rank
+        if dataloader.batch_size is None and dataloader.batch_sampler is not None:  # the user's batch sampler
+            batches = ShardedBatchSampler(dataloader.batch_sampler, rank, world, pad=train)
+            return rebuild_dataloader(dataloader, batch_sampler=batches)
         sampler: Sampler[int]
-        if train:
+        if not train:
+            sampler = EvalShardSampler(dataloader.sampler, rank, world)
+        elif not isinstance(dataloader.sampler, (SequentialSampler, RandomSampler)):  # the user's sampler
+            sampler = ShardedSampler(dataloader.sampler, rank, world, drop_last=dataloader.drop_last)
+        else:
             sampler = DistributedSampler(
                 dataloader.dataset,
                 num_replicas=world,
-                rank=self.global_rank,
+                rank=rank,
                 shuffle=isinstance(dataloader.sampler, RandomSampler),
                 seed=seed_from_env(),
                 drop_last=dataloader.drop_last,
             )
-        else:
-            sampler = EvalShardSampler(dataloader.sampler, self.global_rank, world)
         return rebuild_dataloader(dataloader, sampler=sampler)
 
     # ----------------------------------------------------------------- collectives

@@ -92,7 +92,7 @@ def test_metric_and_collection_compute_at_epoch_end_and_reset() -> None:
     assert recorder.of("val/prec")[1][1] < 1.0
     assert float(trainer.callback_metrics["val/acc"]) == pytest.approx(7 / 21)
     # self.log(name, MetricCollection) logs each member under name/member.
-    result = trainer.test(module, _data(N_VAL))
+    result = trainer.test(module, _data(N_VAL))[0]
     assert result == {"test/acc": pytest.approx(7 / 21)}
     # The objects were reset after each epoch.
     assert int(module.train_acc.tp.sum() + module.train_acc.fn.sum()) == 0

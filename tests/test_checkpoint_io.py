@@ -76,7 +76,7 @@ def test_resume_at_epoch_boundary_equals_uninterrupted_run(tmp_path: Path, how: 
     trainer.fit(resumed, make_loader(10, 4), make_loader(4, 2), ckpt_path=ckpt_path)
 
     assert_same_weights(reference.net, resumed.net)
-    assert (trainer.global_step, trainer.current_epoch) == (12, 3)
+    assert (trainer.global_step, trainer.current_epoch) == (12, 4)  # finished epochs, as Lightning counts
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05 * 0.7**4)
     assert resumed.loaded == {"note": "hello", "epoch": 1}
 
@@ -88,8 +88,8 @@ def test_validate_with_ckpt_path_loads_the_weights(tmp_path: Path) -> None:
     trainer.fit(trained, make_loader(10, 4))
     trainer.save_checkpoint(path)
     fresh = Remembering()
-    expected = quiet_trainer(tmp_path).validate(trained, make_loader(4, 2))
-    assert quiet_trainer(tmp_path).validate(fresh, make_loader(4, 2), ckpt_path=path) == expected
+    expected = quiet_trainer(tmp_path).validate(trained, make_loader(4, 2))[0]
+    assert quiet_trainer(tmp_path).validate(fresh, make_loader(4, 2), ckpt_path=path)[0] == expected
     assert_same_weights(trained.net, fresh.net)
 
 

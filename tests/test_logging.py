@@ -102,7 +102,7 @@ def test_log_dict_logs_every_item(make_trainer: Any) -> None:
             x, y = batch
             self.log_dict({"a": x.sum(), "b": y.sum()}, prog_bar=True, reduce_fx="sum")
 
-    metrics = make_trainer().validate(M(), make_loader(6, 4))
+    metrics = make_trainer().validate(M(), make_loader(6, 4))[0]
     x, y = make_dataset(6).tensors
     assert metrics == {"a": pytest.approx(float(x.sum()), abs=1e-5), "b": pytest.approx(float(y.sum()), abs=1e-5)}
 

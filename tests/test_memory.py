@@ -243,7 +243,7 @@ def test_plain_dataparallel_state_dict_loads_for_evaluation_and_initialisation(t
     path = tmp_path / "plain.pt"
     torch.save({f"module.{k}": v for k, v in source.state_dict().items()}, path)  # plain DP code's file
     target = Net()
-    result = trainer().validate(target, data(), ckpt_path=path)
+    result = trainer().validate(target, data(), ckpt_path=path)[0]
     assert same(source, target) and result["val/loss"] > 0
     start = Net()
     trainer(max_steps=0).fit(start, data(), ckpt_path=path)  # initialise from plain weights

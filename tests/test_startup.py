@@ -63,7 +63,7 @@ def test_accuracy_is_the_share_of_correct_predictions_over_the_whole_set(tmp_pat
     data = DigitsData()
     trainer = quiet_trainer(tmp_path, strategy="auto", num_sanity_val_steps=2, max_steps=5)
     trainer.fit(module, datamodule=data)
-    metrics = trainer.validate(module, datamodule=data)
+    metrics = trainer.validate(module, datamodule=data)[0]
     assert data.val_set is not None
     x, y = data.val_set.tensors
     module.eval()

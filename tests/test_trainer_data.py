@@ -35,8 +35,8 @@ def test_validate_and_test_return_hand_computed_metrics(make_trainer: Any) -> No
         per_sample = F.mse_loss(module(x), y, reduction="none").squeeze(1)
     expected = float(per_sample.double().mean())  # the mean over samples = the size-weighted batch mean
     trainer = make_trainer()
-    assert trainer.validate(module, make_loader(10, 4)) == {"val_loss": pytest.approx(expected, rel=1e-6)}
-    assert trainer.test(module, make_loader(10, 4)) == {"test_loss": pytest.approx(expected, rel=1e-6)}
+    assert trainer.validate(module, make_loader(10, 4))[0] == {"val_loss": pytest.approx(expected, rel=1e-6)}
+    assert trainer.test(module, make_loader(10, 4))[0] == {"test_loss": pytest.approx(expected, rel=1e-6)}
     assert trainer.global_step == 0
 
 
@@ -44,7 +44,7 @@ def test_validate_mean_matches_hand_computed() -> None:
     batches = Batches([(x[: 10 + i], y[: 10 + i]) for i, (x, y) in enumerate(make_batches(5).batches)])
     torch.manual_seed(0)
     model = TinyMLP()
-    result = quiet_trainer(strategy="auto", num_sanity_val_steps=2).validate(model, dataloaders=batches)
+    result = quiet_trainer(strategy="auto", num_sanity_val_steps=2).validate(model, dataloaders=batches)[0]
     with torch.no_grad():
         losses = [nn.functional.cross_entropy(model.net(x), y).double() * len(x) for x, y in batches]
     expected = float(sum(losses) / sum(len(x) for x, _ in batches))
@@ -115,11 +115,10 @@ def test_dataloader_precedence_explicit_then_datamodule_then_module(make_trainer
     assert len(make_trainer().predict(WithLoaders())) == 1
 
 
-def test_missing_data_and_several_loaders_are_clear_errors(make_trainer: Any) -> None:
+def test_missing_data_is_a_clear_error(make_trainer: Any) -> None:
+    # (Several loaders are supported since issue #13: tests/test_lightning_dataloaders.py.)
     with pytest.raises(ValueError, match=r"No data for fit.*train_dataloader\(\)"):
         make_trainer(max_epochs=1).fit(Regressor())
-    with pytest.raises(TypeError, match="one dataloader is supported per stage, got a list of 2"):
-        make_trainer(max_epochs=1).fit(Regressor(), [make_loader(), make_loader()])
 
 
 class Stream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):

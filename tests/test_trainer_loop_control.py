@@ -124,4 +124,4 @@ def test_fast_dev_run_stops_after_n_steps_even_with_a_longer_epoch_limit(tmp_pat
     with pytest.warns(UserWarning):
         trainer = Trainer(fast_dev_run=2, max_epochs=10, default_root_dir=tmp_path, enable_progress_bar=False)
     trainer.fit(Regressor(), make_loader(20, 2))
-    assert (trainer.global_step, trainer.current_epoch) == (2, 0)
+    assert (trainer.global_step, trainer.current_epoch) == (2, 1)  # finished epochs, as Lightning counts

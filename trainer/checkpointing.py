@@ -38,6 +38,9 @@ class CheckpointConnector:
         #: The sampler's epoch order saved in the checkpoint a run resumed from (None: none);
         #: the training loop takes it once, to replay the interrupted epoch's order.
         self.resume_epoch_rng: dict[str, Any] | None = None
+        #: :meth:`training_state` of a fit that ran in processes the strategy started (rank 0's),
+        #: adopted by the caller; None otherwise.
+        self.adopted: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------- where
     def default_directory(self) -> Path:
@@ -75,27 +78,44 @@ class CheckpointConnector:
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "state_dict": t.strategy.model_state_dict(),
+            "state_dict": (
+                t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
+            ),
             "progress": t.progress.state_dict(),
             "hparams": to_plain(t.module.hparams),
             "config": to_plain(t.config),
         }
         if not weights_only:
-            state["optimizers"] = [t.strategy.optimizer_state_dict(opt) for opt in t.optimizers]
-            state["lr_schedulers"] = [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs]
-            # The kinds, so that resuming with another optimizer or scheduler is refused by name.
-            state["optimizer_types"] = resume_checks.types_of(t.optimizers)
-            state["lr_scheduler_types"] = resume_checks.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs])
-            state["precision"] = t.strategy.precision.state_dict()
+            state.update(self.training_state())
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
-            state["rng"] = t.strategy.gather_object(rng_state())  # one entry per rank
-            sampler = getattr(t.loaders.get("fit"), "batch_sampler", None)
-            if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
-                state["loops"] = {"epoch_rng": sampler.epoch_rng}
             if t.datamodule is not None:
                 state["datamodule"] = t.datamodule.state_dict()
         t.module.on_save_checkpoint(state)
         t.hooks.callbacks_only("on_save_checkpoint", state)
+        return state
+
+    def training_state(self) -> dict[str, Any]:
+        """Optimizers, schedulers, precision, every rank's RNG and the sampler's epoch order.
+
+        After a fit that ran in processes the strategy started, the caller's strategy never set up
+        the optimizers: their state comes from rank 0's end of the run (:attr:`adopted`), so
+        ``save_checkpoint`` there writes what it would have written in the processes.
+        """
+        if self.adopted is not None:
+            return dict(self.adopted)
+        t = self._trainer
+        state: dict[str, Any] = {
+            "optimizers": [t.strategy.optimizer_state_dict(opt) for opt in t.optimizers],
+            "lr_schedulers": [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs],
+            # The kinds, so that resuming with another optimizer or scheduler is refused by name.
+            "optimizer_types": resume_checks.types_of(t.optimizers),
+            "lr_scheduler_types": resume_checks.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs]),
+            "precision": t.strategy.precision.state_dict(),
+            "rng": t.strategy.gather_object(rng_state()),  # one entry per rank
+        }
+        sampler = getattr(t.loaders.get("fit"), "batch_sampler", None)
+        if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
+            state["loops"] = {"epoch_rng": sampler.epoch_rng}
         return state
 
     def save(

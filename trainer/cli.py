@@ -84,10 +84,10 @@ def run_task(cfg: Any) -> dict[str, float]:
         stage = "validate" if cfg.task == "validate" else "test"
         eval_ckpt = ckpt if cfg.task != "fit_test" else None
         # fit_test reports the fit's final values (validation included) next to the test's.
-        metrics.update(getattr(trainer, stage)(module, datamodule=datamodule, ckpt_path=eval_ckpt))
+        metrics.update(getattr(trainer, stage)(module, datamodule=datamodule, ckpt_path=eval_ckpt, verbose=False)[0])
     if cfg.task == "predict":
         outputs = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt)
-        print(f"predict: {len(outputs)} batches of outputs")
+        print(f"predict: {len(outputs or [])} batches of outputs")
     if trainer.is_global_zero and metrics:
         width = max(len(k) for k in metrics)
         print(f"final metrics ({cfg.task}, run directory {run_dir}):")

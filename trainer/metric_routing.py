@@ -50,6 +50,8 @@ class MetricRouter:
         self.epoch_keys: set[str] = set()
         #: The batch whose step is running (``self.log`` infers epoch-mean weights from it).
         self.current_batch: Any = None
+        #: ``"/dataloader_idx_N"`` while evaluating loader N of several (Lightning's key suffix), else "".
+        self.dataloader_suffix = ""
         self.store: MetricStore | None = None
         self.defaults: tuple[bool, bool] = STEP_DEFAULTS
         self._batch_size_cache: tuple[Any, int] = (None, 1)
@@ -88,6 +90,8 @@ class MetricRouter:
             on_epoch = self.defaults[1]
         if not (on_step or on_epoch):
             raise ValueError(f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged")
+        if self.dataloader_suffix:
+            name += self.dataloader_suffix
         size = self._current_batch_size if batch_size is None else lambda: batch_size
         key = store.log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, size)
         if key is not None:

@@ -18,11 +18,13 @@ import torch
 
 from trainer import arguments, loops
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.common.errors import Preempted, UserError
+from trainer.common.errors import Preempted
 from trainer.common.state_dict import load_module_state
-from trainer.data import add_worker_seeding, make_resumable
+from trainer.common.tree import apply_to_tensors
+from trainer.dataloaders import resolve_loaders, results_per_loader
 from trainer.loops.step import ManualOptimizer
 from trainer.optim import parse_optimizers
+from trainer.state import TrainerStatus
 
 if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
@@ -30,23 +32,24 @@ if TYPE_CHECKING:
 
 __all__ = ["adopt", "final_state", "launch", "reload_loaders", "run_stage"]
 
-_LOADER_METHODS = {
-    "fit": "train_dataloader",
-    "validate": "val_dataloader",
-    "test": "test_dataloader",
-    "predict": "predict_dataloader",
-}
-
 
 def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any:
     """Run ``stage`` in every process the strategy uses; return rank 0's output."""
+    trainer.last_fn, trainer.status = stage, TrainerStatus.RUNNING
+    if stage == "fit":
+        trainer.checkpointing.adopted = None  # a new fit: the state adopted from an earlier one is stale
     try:
         output, final = trainer.strategy.launch(run_stage, trainer, stage, module, *rest)
     except Preempted:  # the processes the strategy started were stopped by a signal
         trainer.preemption.preempted = True
+        trainer.status = TrainerStatus.INTERRUPTED
         return None
+    except BaseException:
+        trainer.status = TrainerStatus.INTERRUPTED
+        raise
     if final["pid"] != os.getpid():
         adopt(trainer, module, final)
+    trainer.status = TrainerStatus.INTERRUPTED if trainer.preempted else TrainerStatus.FINISHED
     return output
 
 
@@ -58,13 +61,20 @@ def run_stage(
     val_loader: Iterable[Any] | None,
     datamodule: DataModule | None,
     ckpt_path: str | os.PathLike[str] | None,
+    keep_predictions: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
     """Everything one entry point does, in every process: set up, run the loop, tear down.
 
     Returns ``(output, end state)``; :func:`launch` uses the end state when this ran elsewhere.
+    Validation and test output one dict of values per loader, predict one list of outputs per loader.
     """
     t = trainer
     t.stage, t.module, t.datamodule = stage, module, datamodule
+    t.last_fn, t.status, t.running_stage = stage, TrainerStatus.RUNNING, "train" if stage == "fit" else stage
+    # Prepared when first needed (``estimated_stepping_batches`` in configure_optimizers may ask first).
+    for key in ("fit", "validate") if stage == "fit" else (stage,):
+        t.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
+    t.given_loaders, t.ckpt_path = {stage: loader}, None
     t.hooks.bind(module)
     module._trainer = t
     t.strategy.setup_environment()
@@ -84,26 +94,32 @@ def run_stage(
         if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             ckpt_path = t.checkpointing.restart_path()
         if ckpt_path is not None:
-            t.checkpointing.restore(ckpt_path, full=(stage == "fit"))
+            t.ckpt_path = str(t.checkpointing.resolve(ckpt_path))
+            t.checkpointing.restore(t.ckpt_path, full=(stage == "fit"))
         if stage == "fit":
             t.preemption.install(t.strategy)
-            t.loader_sources = {"fit": loader, "validate": val_loader}
-            reload_loaders(t)
+            t.given_loaders = {"fit": loader, "validate": val_loader}
+            reload_loaders(t, first=True)
             with arguments.anomaly_context(t.detect_anomaly):
                 loops.fit_loop(t)
+            t.status = TrainerStatus.FINISHED
             return None, final_state(t, stage)
-        t.loaders = {stage: resolve_loader(t, stage, loader)}
+        loaders = t.loaders[stage] = resolve_loaders(t, stage, loader)
+        assert isinstance(loaders, list)
         if stage == "predict":
-            return loops.predict_loop(t), final_state(t, stage)
-        metrics = loops.eval_loop(t, stage)
-        return {k: float(v) for k, v in metrics.items()}, final_state(t, stage)
+            return loops.predict_loop(t, keep_predictions), final_state(t, stage)
+        metrics = {k: float(v) for k, v in loops.eval_loop(t, stage).items()}
+        return results_per_loader(metrics, len(loaders)), final_state(t, stage)
     except Preempted:
         t.preemption.preempted = True
+        t.status = TrainerStatus.INTERRUPTED
         return None, final_state(t, "fit")
     except BaseException as exc:
+        t.status = TrainerStatus.INTERRUPTED
         t.hooks.callbacks_only("on_exception", exc)
         raise
     finally:
+        t.running_stage = None
         t.preemption.restore()
         t.hooks.callbacks_only("teardown", stage)
         t.checkpointing.close()
@@ -117,13 +133,18 @@ def run_stage(
 def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
     """What :func:`adopt` needs, taken in every process before the strategy tears down."""
     t, cpu = trainer, torch.device("cpu")
+    launched = os.environ.get(STARTED_BY_LAUNCHER) == "1"
     return {
         "pid": os.getpid(),
         "preempted": t.preempted,
         # Full weights, needed only when they travel back to the process that started this one
         # (under FSDP gathering them is a collective: every rank decides alike, from the env).
-        "state_dict": (
-            t.strategy.model_state_dict() if stage == "fit" and os.environ.get(STARTED_BY_LAUNCHER) == "1" else None
+        "state_dict": t.strategy.model_state_dict() if stage == "fit" and launched else None,
+        # What the caller's save_checkpoint needs beyond weights and counters (a collective: all ranks).
+        "training_state": (
+            apply_to_tensors(t.checkpointing.training_state(), lambda x: x.detach().to(cpu))
+            if stage == "fit" and launched
+            else None
         ),
         "progress": t.progress.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
@@ -139,6 +160,8 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     if final["state_dict"] is not None:
         load_module_state(module, final["state_dict"])
     trainer.module = module
+    if final["training_state"] is not None:
+        trainer.checkpointing.adopted = final["training_state"]
     trainer.preemption.preempted = final["preempted"]
     trainer.progress.load_state_dict(final["progress"])
     for cb in trainer.callbacks:
@@ -148,50 +171,17 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     router.callback_metrics, router.logged_metrics, router.progress_bar_metrics = final["metrics"]
 
 
-def reload_loaders(trainer: Trainer) -> None:
+def reload_loaders(trainer: Trainer, first: bool = False) -> None:
     """(Re)build the fit stage's loaders: at fit start, and every ``reload_dataloaders_every_n_epochs``.
 
     Loaders passed to ``fit`` are used again as they are; the datamodule's or module's
-    ``train_dataloader()``/``val_dataloader()`` are called again.
+    ``train_dataloader()``/``val_dataloader()`` are called again. At fit start a training loader
+    already resolved (an attribute such as ``estimated_stepping_batches`` read it) is kept.
     """
-    sources = trainer.loader_sources
-    trainer.loaders = {
-        "fit": make_resumable(resolve_loader(trainer, "fit", sources.get("fit"))),
-        "validate": resolve_loader(trainer, "validate", sources.get("validate"), required=False),
-    }
-
-
-def resolve_loader(
-    trainer: Trainer, stage: str, explicit: Iterable[Any] | None, required: bool = True
-) -> Iterable[Any] | None:
-    """The dataloader for ``stage``: given explicitly, else the datamodule's, else the module's."""
-    method = _LOADER_METHODS[stage]
-    loader = explicit
-    for source in (trainer.datamodule, trainer.module):
-        if loader is not None:
-            break
-        fn = getattr(source, method, None) if source is not None else None
-        if fn is not None:
-            try:
-                loader = fn()
-            except NotImplementedError:
-                loader = None
-    if loader is None:
-        if required:
-            raise UserError(
-                f"No data for {stage}: pass dataloaders to trainer.{stage}(...), a datamodule "
-                f"defining {method}(), or define {method}() on the module"
-            )
-        return None
-    if isinstance(loader, (list, tuple)):
-        raise TypeError(
-            f"{method}: one dataloader is supported per stage, got a {type(loader).__name__} of {len(loader)}"
-        )
-    if trainer.overfit_batches and stage in ("fit", "validate") and trainer.stage == "fit":
-        loader = arguments.overfit_loader(loader)
-    if trainer.use_distributed_sampler:
-        loader = trainer.strategy.process_dataloader(loader, train=(stage == "fit"))
-    return add_worker_seeding(loader, trainer.strategy.global_rank)
+    given = trainer.given_loaders
+    if not (first and "fit" in trainer.loaders):
+        trainer.loaders["fit"] = resolve_loaders(trainer, "fit", given.get("fit"))
+    trainer.loaders["validate"] = resolve_loaders(trainer, "validate", given.get("validate"), required=False)
 
 
 def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> None:

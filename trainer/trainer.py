@@ -22,8 +22,10 @@ from callbacks.base import Callback
 from strategies.precision import normalize_precision
 from strategies.registry import resolve_accelerator, resolve_strategy
 from trainer import arguments, options, run
+from trainer.attributes import TrainerAttributes
 from trainer.checkpointing import CheckpointConnector
 from trainer.common.env import STARTED_BY_LAUNCHER
+from trainer.dataloaders import split_datamodule
 from trainer.hooks import HookDispatch
 from trainer.loops.step import ManualOptimizer, Window
 from trainer.metric_routing import MetricRouter
@@ -32,6 +34,7 @@ from trainer.module import DataModule, TrainModule
 from trainer.optim import SchedulerConfig
 from trainer.preemption import Preemption
 from trainer.progress import Progress
+from trainer.results import results_table
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["STARTED_BY_LAUNCHER", "Trainer"]
 
 
-class Trainer:
+class Trainer(TrainerAttributes):
     """Runs the forward / loss / backward / step loop of a :class:`~trainer.TrainModule`.
 
     Lightning's arguments come first, in Lightning's order and with its defaults (``None`` means "the
@@ -213,12 +216,10 @@ class Trainer:
         #: The dataloaders of the run in progress by stage (``"fit"``, ``"validate"``, ...), prepared
         #: for the strategy (sharded, resumable).
         self.loaders: dict[str, Iterable[Any] | None] = {}
-        #: The loaders given to ``fit`` (``None``: ask the datamodule/module), kept for reloading.
-        self.loader_sources: dict[str, Iterable[Any] | None] = {}
         self.stage: str | None = None
         self.sanity_checking = False
         self.num_training_batches: float = math.inf
-        self.num_val_batches: float = 0
+        self.num_val_batches: float | list[float] = 0
 
     # ----------------------------------------------------------------- public state
     @property
@@ -228,8 +229,13 @@ class Trainer:
 
     @property
     def current_epoch(self) -> int:
-        """The epoch in progress, from 0."""
-        return self.progress.epoch
+        """The epoch in progress, from 0; after it ends, the count of finished epochs (as in Lightning).
+
+        So after ``fit(max_epochs=3)`` it is 3. Callbacks' ``on_train_epoch_end`` still sees the
+        epoch that is ending.
+        """
+        p = self.progress
+        return p.epoch + 1 if p.epoch_finished and not self.in_train_epoch_end else p.epoch
 
     @property
     def should_stop(self) -> bool:
@@ -240,121 +246,98 @@ class Trainer:
     def should_stop(self, value: bool) -> None:
         self.progress.should_stop = bool(value)
 
-    @property
-    def callback_metrics(self) -> dict[str, torch.Tensor]:
-        """Latest value of everything logged (tensors), read by checkpointing and early stopping."""
-        return self.metric_router.callback_metrics
-
-    @property
-    def logged_metrics(self) -> dict[str, torch.Tensor]:
-        """Latest values handed to the loggers."""
-        return self.metric_router.logged_metrics
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, torch.Tensor]:
-        """Latest values logged with ``prog_bar=True``."""
-        return self.metric_router.progress_bar_metrics
-
-    @property
-    def preempted(self) -> bool:
-        """True when the last run stopped for SIGTERM/SIGUSR1 after saving ``last.ckpt``."""
-        return self.preemption.preempted
-
-    @property
-    def preemption_exit_code(self) -> int | None:
-        """The exit code after a preemption checkpoint (``None``: ``fit`` returns)."""
-        return self.preemption.exit_code
-
-    @property
-    def is_global_zero(self) -> bool:
-        """True on the process that writes logs and checkpoints."""
-        return self.strategy.is_global_zero
-
-    @property
-    def world_size(self) -> int:
-        """Number of training processes."""
-        return self.strategy.world_size
-
-    @property
-    def global_rank(self) -> int:
-        """This process's rank."""
-        return self.strategy.global_rank
-
-    @property
-    def log_dir(self) -> Path:
-        """Where loggers write: the first logger callback's directory, else ``default_root_dir``."""
-        for cb in self.callbacks:
-            log_dir = getattr(cb, "log_dir", None)
-            if log_dir is not None:
-                return Path(log_dir)
-        return self.default_root_dir
-
-    @property
-    def checkpoint_callback(self) -> Callback | None:
-        """The first callback that saves checkpoints (has ``best_model_path``), if any."""
-        for cb in self.callbacks:
-            if hasattr(cb, "best_model_path"):
-                return cb
-        return None
-
     # ----------------------------------------------------------------- entry points
     def fit(
         self,
-        module: TrainModule,
-        train_dataloaders: Iterable[Any] | None = None,
-        val_dataloaders: Iterable[Any] | None = None,
+        model: TrainModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike[str] | None = None,
+        weights_only: bool | None = None,
     ) -> None:
-        """Train ``module``; ``ckpt_path`` (a file, or ``"last"``) resumes a run exactly where it was."""
-        options.check_module(module)
-        run.launch(self, "fit", module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+        """Train ``model``; ``ckpt_path`` (a file, ``"last"`` or ``"best"``) resumes a run exactly.
+
+        ``train_dataloaders``: a loader, a list or dict of loaders (combined in Lightning's
+        ``"max_size_cycle"`` mode), or a :class:`~trainer.DataModule`. ``weights_only`` is accepted
+        for Lightning's sake: checkpoints are always loaded with ``weights_only=True``.
+        """
+        options.check_module(model)
+        train_dataloaders, datamodule = split_datamodule(train_dataloaders, datamodule, "fit")
+        run.launch(self, "fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
         if self.preempted and self.preemption_exit_code is not None:
             raise SystemExit(self.preemption_exit_code)
 
     def validate(
         self,
-        module: TrainModule | None = None,
-        dataloaders: Iterable[Any] | None = None,
-        datamodule: DataModule | None = None,
+        model: TrainModule | None = None,
+        dataloaders: Any = None,
         ckpt_path: str | os.PathLike[str] | None = None,
-    ) -> dict[str, float]:
-        """Run one pass over validation data; return the epoch-level metrics."""
-        result: dict[str, float] = run.launch(
-            self, "validate", self._module_for(module), dataloaders, None, datamodule, ckpt_path
-        )
-        return result
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
+    ) -> list[dict[str, float]]:
+        """One pass over validation data; one dict of epoch values per dataloader (table if ``verbose``).
+
+        ``ckpt_path``: a file, or ``"best"``/``"last"`` of the preceding ``fit``; None evaluates the
+        module's current weights.
+        """
+        return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(
         self,
-        module: TrainModule | None = None,
-        dataloaders: Iterable[Any] | None = None,
-        datamodule: DataModule | None = None,
+        model: TrainModule | None = None,
+        dataloaders: Any = None,
         ckpt_path: str | os.PathLike[str] | None = None,
-    ) -> dict[str, float]:
-        """Run one pass over test data; return the epoch-level metrics."""
-        result: dict[str, float] = run.launch(
-            self, "test", self._module_for(module), dataloaders, None, datamodule, ckpt_path
-        )
-        return result
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
+    ) -> list[dict[str, float]]:
+        """One pass over test data; one dict of epoch values per dataloader (see :meth:`validate`)."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def predict(
         self,
-        module: TrainModule | None = None,
-        dataloaders: Iterable[Any] | None = None,
+        model: TrainModule | None = None,
+        dataloaders: Any = None,
         datamodule: DataModule | None = None,
+        return_predictions: bool | None = None,
         ckpt_path: str | os.PathLike[str] | None = None,
-    ) -> list[Any]:
-        """Return ``predict_step``'s output for every batch, in order."""
-        result: list[Any] = run.launch(
-            self, "predict", self._module_for(module), dataloaders, None, datamodule, ckpt_path
-        )
-        return result
+        weights_only: bool | None = None,
+    ) -> list[Any] | None:
+        """``predict_step``'s outputs in order: a list, one list per loader for several.
+
+        ``return_predictions=False`` keeps nothing and returns None (for callbacks that write outputs).
+        """
+        dataloaders, datamodule = split_datamodule(dataloaders, datamodule, "predict")
+        keep = return_predictions is None or bool(return_predictions)
+        module = self._module_for(model)
+        outputs = run.launch(self, "predict", module, dataloaders, None, datamodule, ckpt_path, keep)
+        if not keep or outputs is None:
+            return None
+        return list(outputs[0]) if len(outputs) == 1 else [list(out) for out in outputs]
+
+    def _evaluate(
+        self,
+        stage: str,
+        model: TrainModule | None,
+        dataloaders: Any,
+        ckpt_path: str | os.PathLike[str] | None,
+        verbose: bool,
+        datamodule: DataModule | None,
+    ) -> list[dict[str, float]]:
+        dataloaders, datamodule = split_datamodule(dataloaders, datamodule, stage)
+        module = self._module_for(model)
+        results: list[dict[str, float]] = run.launch(self, stage, module, dataloaders, None, datamodule, ckpt_path)
+        if verbose and results is not None and self.is_global_zero:
+            print(results_table(stage, results))
+        return results
 
     def save_checkpoint(
         self,
-        path: str | os.PathLike[str],
-        weights_only: bool = False,
+        filepath: str | os.PathLike[str],
+        weights_only: bool | None = False,
+        storage_options: Any = None,
         async_: bool = False,
         *,
         also_at: Iterable[str | os.PathLike[str]] = (),
@@ -371,7 +354,12 @@ class Trainer:
         ``replaces``: these files are deleted, both only once the file is on disk, in that order
         (see :func:`~trainer.checkpoint.write_checkpoint`); a failed write deletes nothing.
         """
-        self.checkpointing.save(path, weights_only, async_, also_at, replaces)
+        if storage_options is not None:
+            raise ValueError(
+                "save_checkpoint(storage_options=...): geartrain writes checkpoints itself (atomically, "
+                "loadable with weights_only=True) and has no checkpoint IO plugins; leave it None"
+            )
+        self.checkpointing.save(filepath, bool(weights_only), async_, also_at, replaces)
 
     def wait_for_checkpoints(self) -> None:
         """Block until asynchronous checkpoint writes are on disk; re-raise a failed write's error."""

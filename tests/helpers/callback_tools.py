@@ -44,7 +44,8 @@ class Scripted(TrainModule):
         x, y = batch
         self.log("val/loss", nn.functional.mse_loss(self.layer(x), y), prog_bar=True)
         if self.scores:
-            self.log("val/score", torch.tensor(self.scores[self.current_epoch]))
+            # After fit, current_epoch counts the finished epochs (Lightning): a later validate reads the last.
+            self.log("val/score", torch.tensor(self.scores[min(self.current_epoch, len(self.scores) - 1)]))
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=self.lr)

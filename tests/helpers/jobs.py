@@ -107,11 +107,11 @@ def rank_job(root: str) -> dict[str, Any]:
     out["ddp_steps"] = trainer.global_step
     out["ddp_world"] = trainer.world_size
     val_loader = DataLoader(dataset(37, seed=2), batch_size=5)
-    out["ddp_val"] = trainer.validate(module, val_loader)
+    out["ddp_val"] = trainer.validate(module, val_loader)[0]
 
     module, trainer = train("fsdp", GLOBAL_BATCH // 2, f"{root}/fsdp")
     out["fsdp_ckpt"] = trainer.checkpoint_callback.last_model_path  # type: ignore[union-attr]
-    out["fsdp_val"] = trainer.validate(module, val_loader)
+    out["fsdp_val"] = trainer.validate(module, val_loader)[0]
 
     module = OverflowOneShard()
     trainer = quiet_trainer(

@@ -17,7 +17,9 @@ from trainer.metrics import MetricStore
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
-__all__ = ["eval_loop", "predict_loop", "sanity_check", "validation_enabled"]
+__all__ = ["eval_loop", "predict_loop", "sanity_check", "set_num_batches", "validation_enabled"]
+
+_NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
 def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) -> dict[str, torch.Tensor]:
@@ -31,6 +33,9 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         module.on_X_epoch_end; epoch values computed and logged; callbacks' on_X_epoch_end
         on_X_end
 
+    Several loaders run one after another; ``X_step`` and the batch hooks then get ``dataloader_idx``
+    as their last argument, and logged names end in ``/dataloader_idx_N``.
+
     Returns the epoch-level values (tensors). Python's, NumPy's and torch's random states are the
     same after the loop as before it.
     """
@@ -39,62 +44,90 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     assert module is not None
     if not hasattr(module, f"{prefix}_step"):
         raise NotImplementedError(f"{type(module).__name__} does not define {prefix}_step(self, batch, batch_idx)")
-    loader = trainer.loaders[stage]
-    assert loader is not None
-    num = num_batches(loader, trainer.limits[stage])
+    loaders = trainer.loaders[stage]
+    assert isinstance(loaders, list)
+    nums = [num_batches(loader, trainer.limits[stage]) for loader in loaders]
     if max_batches is not None:
-        num = min(num, max_batches)
-    trainer.num_val_batches = num
+        nums = [min(num, max_batches) for num in nums]
+    set_num_batches(trainer, stage, nums)
     was_training = module.training
     module.eval()
     store = MetricStore(strategy.reduce)
     # Evaluation leaves the random state as it found it (creating a DataLoader iterator draws from it),
     # so a run resumed from a checkpoint taken before a validation continues exactly.
     rng_before = rng_state()
+    several = len(loaders) > 1
+    outer_stage, trainer.running_stage = trainer.running_stage, "sanity_check" if trainer.sanity_checking else stage
     try:
         with router.logging(store, EPOCH_DEFAULTS), _no_grad(trainer), strategy.evaluation_context():
             hooks(f"on_{prefix}_start")
             hooks(f"on_{prefix}_epoch_start")
-            eval_batch = make_eval_batch(trainer, f"{prefix}_step", prefix)
-            for batch_idx, batch, _ in iterate(loader, num):
-                eval_batch(batch, batch_idx)
+            for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums)):
+                # Lightning's rule: with several loaders, steps and batch hooks get ``dataloader_idx``
+                # and logged names the ``/dataloader_idx_N`` suffix.
+                router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
+                eval_batch = make_eval_batch(trainer, f"{prefix}_step", prefix, dataloader_idx if several else None)
+                for batch_idx, batch, _ in iterate(loader, num):
+                    eval_batch(batch, batch_idx)
+            router.dataloader_suffix = ""
             hooks.module(f"on_{prefix}_epoch_end")
             values = router.publish_epoch(store, max(trainer.progress.global_step - 1, 0))
             hooks.callbacks_only(f"on_{prefix}_epoch_end")
             hooks(f"on_{prefix}_end")
     finally:
+        trainer.running_stage = outer_stage
+        router.dataloader_suffix = ""
         store.reset()
         module.train(was_training)
         set_rng_state(rng_before)
     return values
 
 
-def predict_loop(trainer: Trainer) -> list[Any]:
-    """``predict_step`` over the predict data; returns the outputs in order.
+def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
+    """``predict_step`` over the predict data; returns the outputs in order, one list per loader.
+
+    ``keep=False`` (``return_predictions=False``) keeps no output, so memory stays flat.
 
     Hook order: on_predict_start, on_predict_epoch_start, per batch on_predict_batch_start /
     predict_step / on_predict_batch_end, on_predict_epoch_end, on_predict_end.
     """
     module, strategy, hooks = trainer.module, trainer.strategy, trainer.hooks
     assert module is not None
-    loader = trainer.loaders["predict"]
-    assert loader is not None
-    num = num_batches(loader, trainer.limits["predict"])
-    outputs: list[Any] = []
+    loaders = trainer.loaders["predict"]
+    assert isinstance(loaders, list)
+    nums = [num_batches(loader, trainer.limits["predict"]) for loader in loaders]
+    set_num_batches(trainer, "predict", nums)
+    outputs: list[list[Any]] = []
     was_training = module.training
     module.eval()
     try:
         with _no_grad(trainer), strategy.evaluation_context():
             hooks("on_predict_start")
             hooks("on_predict_epoch_start")
-            predict_batch = make_eval_batch(trainer, "predict_step", "predict")
-            for batch_idx, batch, _ in iterate(loader, num):
-                outputs.append(predict_batch(batch, batch_idx))
+            for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums)):
+                predict_batch = make_eval_batch(
+                    trainer, "predict_step", "predict", dataloader_idx if len(loaders) > 1 else None
+                )
+                kept: list[Any] = []
+                for batch_idx, batch, _ in iterate(loader, num):
+                    out = predict_batch(batch, batch_idx)
+                    if keep:
+                        kept.append(out)
+                outputs.append(kept)
             hooks("on_predict_epoch_end")
             hooks("on_predict_end")
     finally:
         module.train(was_training)
     return outputs
+
+
+def set_num_batches(trainer: Trainer, stage: str, nums: list[float]) -> None:
+    """``trainer.num_val_batches`` (or test's, predict's): a number for one loader, a list for several."""
+    value: float | list[float] = nums[0] if len(nums) == 1 else nums
+    name = "num_sanity_val_batches" if trainer.sanity_checking else _NUM_BATCHES[stage]
+    setattr(trainer, name, value)
+    if stage == "validate":
+        trainer.num_val_batches = value
 
 
 def validation_enabled(trainer: Trainer) -> bool:
@@ -111,6 +144,7 @@ def sanity_check(trainer: Trainer) -> None:
     router = trainer.metric_router
     snapshot = router.snapshot()
     trainer.sanity_checking = True
+    outer_stage, trainer.running_stage = trainer.running_stage, "sanity_check"
     try:
         trainer.hooks.callbacks_only("on_sanity_check_start")
         steps = trainer.num_sanity_val_steps
@@ -118,6 +152,7 @@ def sanity_check(trainer: Trainer) -> None:
         trainer.hooks.callbacks_only("on_sanity_check_end")
     finally:
         trainer.sanity_checking = False
+        trainer.running_stage = outer_stage
         router.restore(snapshot)
 
 

@@ -108,6 +108,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     with router.logging(store, STEP_DEFAULTS):
         for batch_idx, batch, is_last in iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng):
             steps_before = p.global_step
+            trainer.is_last_batch = is_last
             result = train_batch(batch, batch_idx, is_last)
             # An identity-and-type test: ``out == -1`` on a loss tensor would run a kernel and, on a GPU,
             # wait for it (a host-device sync every step).
@@ -142,7 +143,13 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         step_schedulers(trainer, "epoch", metrics_due=last_val_at >= 0 or not validation_enabled(trainer))
         p.batches_before_epoch += p.batch_in_epoch
         p.epoch_finished = True
-        hooks.callbacks_only("on_train_epoch_end")
+        # Finished (a checkpoint saved here resumes at the next epoch), but callbacks still see this
+        # epoch as ``current_epoch``, as in Lightning, which counts it done only after these hooks.
+        trainer.in_train_epoch_end = True
+        try:
+            hooks.callbacks_only("on_train_epoch_end")
+        finally:
+            trainer.in_train_epoch_end = False
     store.reset()
 
 

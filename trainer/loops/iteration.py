@@ -76,6 +76,7 @@ def _look_ahead(iterator: Iterator[Any], start: int) -> Iterator[tuple[int, Any,
 def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
     """Tell a distributed (or any epoch-aware) sampler and dataset which epoch it is."""
     for target in (
+        loader if not hasattr(loader, "dataset") else None,  # a combination of loaders
         getattr(loader, "dataset", None),
         getattr(loader, "sampler", None),
         getattr(getattr(loader, "batch_sampler", None), "sampler", None),

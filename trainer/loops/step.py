@@ -24,6 +24,7 @@ from strategies.base import Strategy
 from strategies.precision import Precision
 from trainer.common.errors import MetricNotLoggedError
 from trainer.common.tree import move_to_device
+from trainer.dataloaders import check_takes_dataloader_idx, with_last_arg
 from trainer.microbatch import micro_batches
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 TrainBatch = Callable[[Any, int, bool], Any]
+EvalBatch = Callable[[Any, int], Any]
 
 
 @dataclass
@@ -192,16 +194,20 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
     return step
 
 
-def make_eval_batch(trainer: Trainer, step_name: str, prefix: str) -> Callable[[Any, int], Any]:
+def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_idx: int | None = None) -> EvalBatch:
     """``eval_batch(batch, batch_idx) -> output`` for ``validation``/``test``/``predict`` (seams bound once).
 
     Hook order: ``on_<prefix>_batch_start(batch, i)``; ``<step_name>(batch, i)`` under forward_context;
-    ``on_<prefix>_batch_end(out, batch, i)``.
+    ``on_<prefix>_batch_end(out, batch, i)``. With ``dataloader_idx`` (one of several loaders) the step
+    and both hooks get it as their last argument, as in Lightning.
     """
     strategy, router, hooks = trainer.strategy, trainer.metric_router, trainer.hooks
     to_device, step = _batch_to_device(strategy), _step_call(strategy, step_name)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
     forward_context = _forward_context(strategy)
+    if dataloader_idx is not None:
+        check_takes_dataloader_idx(trainer.module, step_name)
+        step, start, end = (with_last_arg(fn, dataloader_idx) for fn in (step, start, end))
 
     def eval_batch(batch: Any, batch_idx: int) -> Any:
         router.current_batch = batch

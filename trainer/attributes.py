@@ -1,0 +1,349 @@
+"""Lightning's read-only ``Trainer`` attributes, as properties over the state the trainer already holds.
+
+A Lightning user reads ``trainer.logger``, ``trainer.state.fn``, ``trainer.validating``,
+``trainer.estimated_stepping_batches``, ``trainer.val_dataloaders`` ... in callbacks and modules. None
+of them is stored twice: each is worked out from the callbacks, the strategy, the prepared loaders
+(``trainer.loaders``) or the run's counters. :class:`TrainerAttributes` is a mixin of
+:class:`~trainer.Trainer`; ``trainer.state`` is a :class:`~trainer.state.TrainerState`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.state import RunningStage, TrainerFn, TrainerState, TrainerStatus
+
+if TYPE_CHECKING:
+    from callbacks.base import Callback
+    from strategies.base import Strategy
+    from trainer.metric_routing import MetricRouter
+    from trainer.module import DataModule, TrainModule
+    from trainer.preemption import Preemption
+    from trainer.progress import Progress
+
+__all__ = ["TrainerAttributes"]
+
+
+class TrainerAttributes:
+    """Lightning's ``Trainer`` properties (mixed into :class:`~trainer.Trainer`)."""
+
+    if TYPE_CHECKING:
+        callbacks: list[Callback]
+        strategy: Strategy
+        module: TrainModule | None
+        datamodule: DataModule | None
+        loaders: dict[str, Any]
+        progress: Progress
+        preemption: Preemption
+        metric_router: MetricRouter
+        default_root_dir: Path
+        sanity_checking: bool
+        max_epochs: int | None
+        max_steps: int
+        accumulate_grad_batches: int
+        limits: dict[str, int | float | None]
+
+    #: The loop running now (``"train"``, ``"validate"``, ...), set by the entry point and the loops.
+    running_stage: str | None = None
+    #: The entry point running or last run, and its status (see :class:`TrainerState`).
+    last_fn: str | None = None
+    status: TrainerStatus = TrainerStatus.INITIALIZING
+    #: The checkpoint the last entry point loaded (resolved from ``"last"``/``"best"``), else None.
+    ckpt_path: str | None = None
+    #: True while the fit loop trains the last batch of an epoch.
+    is_last_batch: bool = False
+    #: True while callbacks' ``on_train_epoch_end`` runs (``current_epoch`` still names that epoch).
+    in_train_epoch_end: bool = False
+    #: The dataloaders passed to the entry point in progress (before preparing), by stage.
+    given_loaders: dict[str, Any] = {}
+    num_test_batches: float | list[float] = 0
+    num_predict_batches: float | list[float] = 0
+    num_sanity_val_batches: float | list[float] = 0
+
+    # ----------------------------------------------------------------- state
+    @property
+    def state(self) -> TrainerState:
+        """Lightning's ``TrainerState``: entry point, loop and status."""
+        fn = TrainerFn(self.last_fn) if self.last_fn is not None else None
+        stage = RunningStage(self.running_stage) if self.running_stage is not None else None
+        return TrainerState(status=self.status, fn=fn, stage=stage)
+
+    @property
+    def training(self) -> bool:
+        """The training loop is running (not its validation)."""
+        return self.running_stage == "train"
+
+    @property
+    def validating(self) -> bool:
+        """A validation loop is running (in ``fit`` or ``validate``; not the sanity check)."""
+        return self.running_stage == "validate"
+
+    @property
+    def testing(self) -> bool:
+        """The test loop is running."""
+        return self.running_stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        """The predict loop is running."""
+        return self.running_stage == "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        """Validation, test or the sanity check is running."""
+        return self.running_stage in ("validate", "test", "sanity_check")
+
+    @property
+    def interrupted(self) -> bool:
+        """The last run ended with an exception or a preemption signal."""
+        return self.status == TrainerStatus.INTERRUPTED
+
+    @property
+    def received_sigterm(self) -> bool:
+        """SIGTERM arrived during the run (the preemption handler noted it)."""
+        return self.preemption.signal == signal.SIGTERM
+
+    # ----------------------------------------------------------------- metrics, processes, paths
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """Latest value of everything logged (tensors), read by checkpointing and early stopping."""
+        return self.metric_router.callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """Latest values handed to the loggers."""
+        return self.metric_router.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, torch.Tensor]:
+        """Latest values logged with ``prog_bar=True``."""
+        return self.metric_router.progress_bar_metrics
+
+    @property
+    def preempted(self) -> bool:
+        """True when the last run stopped for SIGTERM/SIGUSR1 after saving ``last.ckpt``."""
+        return self.preemption.preempted
+
+    @property
+    def preemption_exit_code(self) -> int | None:
+        """The exit code after a preemption checkpoint (``None``: ``fit`` returns)."""
+        return self.preemption.exit_code
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True on the process that writes logs and checkpoints."""
+        return self.strategy.is_global_zero
+
+    @property
+    def world_size(self) -> int:
+        """Number of training processes."""
+        return self.strategy.world_size
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank."""
+        return self.strategy.global_rank
+
+    @property
+    def log_dir(self) -> Path:
+        """Where loggers write: the first logger callback's directory, else ``default_root_dir``."""
+        for cb in self.callbacks:
+            log_dir = getattr(cb, "log_dir", None)
+            if log_dir is not None:
+                return Path(log_dir)
+        return self.default_root_dir
+
+    @property
+    def checkpoint_callback(self) -> Callback | None:
+        """The first callback that saves checkpoints (has ``best_model_path``), if any."""
+        for cb in self.callbacks:
+            if hasattr(cb, "best_model_path"):
+                return cb
+        return None
+
+    # ----------------------------------------------------------------- module and callbacks
+    @property
+    def model(self) -> TrainModule | None:
+        """The user's module (Lightning's ``trainer.model``; the strategy's wrapper stays internal)."""
+        return self.module
+
+    @property
+    def lightning_module(self) -> TrainModule | None:
+        """The user's module."""
+        return self.module
+
+    @property
+    def loggers(self) -> list[Callback]:
+        """The logger callbacks (TensorBoard, CSV, ...), in order."""
+        return [cb for cb in self.callbacks if getattr(cb, "is_logger", False)]
+
+    @property
+    def logger(self) -> Callback | None:
+        """The first logger callback, or None."""
+        loggers = self.loggers
+        return loggers[0] if loggers else None
+
+    @property
+    def checkpoint_callbacks(self) -> list[Callback]:
+        """Every callback that saves checkpoints (has ``best_model_path``)."""
+        return [cb for cb in self.callbacks if hasattr(cb, "best_model_path")]
+
+    @property
+    def early_stopping_callbacks(self) -> list[Callback]:
+        """Every :class:`~callbacks.EarlyStopping`."""
+        from callbacks.early_stopping import EarlyStopping
+
+        return [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> Callback | None:
+        """The first :class:`~callbacks.EarlyStopping`, or None."""
+        found = self.early_stopping_callbacks
+        return found[0] if found else None
+
+    @property
+    def progress_bar_callback(self) -> Callback | None:
+        """The :class:`~callbacks.ProgressBar`, or None."""
+        from callbacks.progress import ProgressBar
+
+        return next((cb for cb in self.callbacks if isinstance(cb, ProgressBar)), None)
+
+    # ----------------------------------------------------------------- devices and processes
+    @property
+    def num_devices(self) -> int:
+        """Devices (processes) per node."""
+        ids = getattr(self.strategy, "device_ids", None)
+        if isinstance(ids, list) and ids:
+            return len(ids)
+        return int(getattr(self.strategy, "num_processes", 1))
+
+    @property
+    def device_ids(self) -> list[int]:
+        """Indices of this node's devices."""
+        ids = getattr(self.strategy, "device_ids", None)
+        return list(ids) if isinstance(ids, list) and ids else list(range(self.num_devices))
+
+    @property
+    def num_nodes(self) -> int:
+        """Machines taking part."""
+        return int(getattr(self.strategy, "num_nodes", 1))
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its machine."""
+        return self.strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        """This machine's rank (torchrun's ``GROUP_RANK``, ``NODE_RANK``, Slurm's ``SLURM_NODEID``)."""
+        for name in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID"):
+            if name in os.environ:
+                return int(os.environ[name])
+        return 0
+
+    @property
+    def precision(self) -> str:
+        """The precision's name (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"``)."""
+        return str(self.strategy.precision.name)
+
+    # ----------------------------------------------------------------- data
+    @property
+    def train_dataloader(self) -> Any:
+        """The training loader(s) of the last ``fit``, prepared for the strategy (a list/dict for several)."""
+        loader = self.loaders.get("fit")
+        combined = getattr(loader, "loaders", None)
+        if combined is not None and getattr(loader, "keys", None) is not None:
+            return dict(zip(loader.keys, combined))  # type: ignore[union-attr]
+        return combined if combined is not None else loader
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation loader (a list when several), prepared for the strategy."""
+        return _one_or_list(self.loaders.get("validate"))
+
+    @property
+    def test_dataloaders(self) -> Any:
+        """The test loader (a list when several)."""
+        return _one_or_list(self.loaders.get("test"))
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        """The predict loader (a list when several)."""
+        return _one_or_list(self.loaders.get("predict"))
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether ``fit`` validates: validation data, a ``validation_step`` and a limit above 0."""
+        if self.module is None or not hasattr(self.module, "validation_step"):
+            return False
+        if self.limits["validate"] in (0, 0.0):
+            return False
+        if "validate" in self.loaders:
+            return self.loaders["validate"] is not None
+        return any(_defines(source, "val_dataloader") for source in (self.datamodule, self.module))
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """Optimizer steps the fit will take: epochs x batches / accumulation, capped by ``max_steps``.
+
+        Usable in ``configure_optimizers`` (e.g. for ``OneCycleLR``): the training loader is prepared
+        then, if it was not yet. ``inf`` when neither a length nor ``max_steps`` bounds it.
+        """
+        if self.max_epochs in (None, -1):
+            return math.inf if self.max_steps == -1 else self.max_steps
+        loader = self._fit_loader()
+        from trainer.loops.iteration import num_batches
+
+        total = num_batches(loader, self.limits["fit"]) if loader is not None else math.inf
+        if math.isinf(total):
+            return math.inf if self.max_steps == -1 else self.max_steps
+        steps = math.ceil(total / self.accumulate_grad_batches) * max(int(self.max_epochs), 1)
+        return min(steps, self.max_steps) if self.max_steps != -1 else steps
+
+    def _fit_loader(self) -> Iterable[Any] | None:
+        """The prepared training loader; resolved now (and kept for the fit) inside ``fit`` if not yet."""
+        if "fit" not in self.loaders and self.last_fn == "fit" and self.status == TrainerStatus.RUNNING:
+            from trainer.dataloaders import resolve_loaders
+
+            self.loaders["fit"] = resolve_loaders(self, "fit", self.given_loaders.get("fit"))  # type: ignore[arg-type]
+        loader = self.loaders.get("fit")
+        return loader if loader is not None else None
+
+    # ----------------------------------------------------------------- helpers
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the process of global rank 0 only."""
+        if self.strategy.is_global_zero:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Build modules inside this block directly on the strategy's device.
+
+        ``empty_init`` is accepted: geartrain always initialises weights (Lightning may skip it as a
+        speed-up), so a module built here holds what it would hold built anywhere else.
+        """
+        with torch.device(self.strategy.root_device):
+            yield
+
+
+def _one_or_list(loaders: list[Any] | None) -> Any:
+    if loaders is None:
+        return None
+    return loaders[0] if len(loaders) == 1 else list(loaders)
+
+
+def _defines(source: Any, method: str) -> bool:
+    if source is None or not hasattr(source, method):
+        return False
+    from trainer.module import DataModule, TrainModule
+
+    base = DataModule if isinstance(source, DataModule) else TrainModule
+    return getattr(type(source), method, None) is not getattr(base, method, None)
