@@ -14,6 +14,7 @@ from trainer.metric_routing import EPOCH_DEFAULTS
 from trainer.metrics import MetricStore
 
 if TYPE_CHECKING:
+    from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
 __all__ = ["eval_loop", "predict_loop", "sanity_check", "validation_enabled"]
@@ -45,7 +46,9 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         num = min(num, max_batches)
     trainer.num_val_batches = num
     was_training = module.training
-    module.eval()
+    if trainer.stage == "fit" and overrides(module, "on_validation_model_zero_grad"):
+        module.on_validation_model_zero_grad()
+    model_mode(module, f"on_{prefix}_model_eval")
     store = MetricStore(strategy.reduce)
     # Evaluation leaves the random state as it found it (creating a DataLoader iterator draws from it),
     # so a run resumed from a checkpoint taken before a validation continues exactly.
@@ -63,7 +66,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
             hooks(f"on_{prefix}_end")
     finally:
         store.reset()
-        module.train(was_training)
+        model_mode(module, f"on_{prefix}_model_train", was_training)
         set_rng_state(rng_before)
     return values
 
@@ -81,7 +84,7 @@ def predict_loop(trainer: Trainer) -> list[Any]:
     num = num_batches(loader, trainer.limits["predict"])
     outputs: list[Any] = []
     was_training = module.training
-    module.eval()
+    model_mode(module, "on_predict_model_eval")
     try:
         with torch.no_grad(), strategy.evaluation_context():
             hooks("on_predict_start")
@@ -118,3 +121,19 @@ def sanity_check(trainer: Trainer) -> None:
     finally:
         trainer.sanity_checking = False
         router.restore(snapshot)
+
+
+def overrides(module: TrainModule, hook: str) -> bool:
+    """Whether ``module``'s class overrides TrainModule's ``hook``."""
+    from trainer.module import TrainModule
+
+    return getattr(type(module), hook) is not getattr(TrainModule, hook)
+
+
+def model_mode(module: TrainModule, hook: str, training: bool = False) -> None:
+    """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else set the mode directly
+    (``training``: the mode to restore; the default hooks' effect, without the call)."""
+    if overrides(module, hook):
+        getattr(module, hook)()
+    else:
+        module.train(training)
