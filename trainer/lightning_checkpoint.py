@@ -2,8 +2,8 @@
 
 Both geartrain's and Lightning's files are read with ``torch.load(weights_only=True)``: loading never
 runs pickled code. Lightning's files hold plain data plus, sometimes, Lightning's ``AttributeDict``
-(a dict subclass) among the hyperparameters; that one class is allowed by name and rebuilt as our
-:class:`~trainer.hparams.AttributeDict`, nothing else is. :func:`lightning_resume_state` turns a
+(a dict subclass) among the hyperparameters; that one class name is allowed and read as a plain
+``dict`` (torch's safe unpickler fills only real dicts), nothing else is. :func:`lightning_resume_state` turns a
 Lightning file into the state a geartrain resume reads (weights, optimizer and scheduler states,
 epoch and step).
 """
@@ -20,17 +20,16 @@ import torch
 
 from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION
 from trainer.common.errors import CheckpointError
-from trainer.hparams import AttributeDict
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
 
 T = TypeVar("T")
 
-#: Where Lightning's ``AttributeDict`` lives in the files it writes (Lightning 2.x moved it there).
+#: The names Lightning's ``AttributeDict`` is pickled under (Lightning 2.x), each read as a plain dict.
 _LIGHTNING_SAFE_GLOBALS: list[Any] = [
-    (AttributeDict, "lightning_fabric.utilities.data.AttributeDict"),
-    (AttributeDict, "lightning.fabric.utilities.data.AttributeDict"),
-    (AttributeDict, "pytorch_lightning.utilities.parsing.AttributeDict"),
+    (dict, "lightning_fabric.utilities.data.AttributeDict"),
+    (dict, "lightning.fabric.utilities.data.AttributeDict"),
+    (dict, "pytorch_lightning.utilities.parsing.AttributeDict"),
 ]
 
 
