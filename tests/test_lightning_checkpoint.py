@@ -57,7 +57,7 @@ def test_load_from_checkpoint_kwargs_override_lightning_hparams() -> None:
 
 
 def test_lightning_attributedict_loads_with_weights_only() -> None:
-    with pytest.raises(Exception):  # plain weights_only loading refuses Lightning's class ...
+    with pytest.raises(Exception, match="Weights only load failed"):  # plain weights_only refuses the class ...
         torch.load(DATA / "attributedict.ckpt", weights_only=True)
     model = Regression.load_from_checkpoint(DATA / "attributedict.ckpt")  # ... ours allows it by name
     assert model.hparams.lr == 0.1
