@@ -131,7 +131,8 @@ def plain_hparams(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
     for name, value in hparams.items():
         plain = _plain(value)
         if plain is _UNSAVED:
-            kept[str(name)], _ = _describe(value), unsaved.append(str(name))
+            kept[str(name)] = _describe(value)
+            unsaved.append(str(name))
         else:
             kept[str(name)] = plain
     return kept, unsaved

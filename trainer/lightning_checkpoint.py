@@ -40,7 +40,7 @@ def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any 
         raise CheckpointError(f"Checkpoint {path} does not exist")
     try:
         with torch.serialization.safe_globals(_LIGHTNING_SAFE_GLOBALS):
-            state = torch.load(path, map_location=map_location, weights_only=True)  # type: ignore[arg-type]
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
         raise CheckpointError(
             f"Cannot read checkpoint {where} with weights_only=True (it holds objects other than tensors and "
@@ -150,7 +150,7 @@ def _construct(
     where: Any,
 ) -> T:
     """``cls(**arguments)``: the saved hyperparameters its ``__init__`` takes, overridden by ``kwargs``."""
-    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    params = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     named = {n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     arguments = {k: v for k, v in hparams.items() if takes_any or k in named}

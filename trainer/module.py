@@ -150,13 +150,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         t = self._trainer
         if t is None or t.strategy.world_size == 1:
             return data
-        if sync_grads:
-            import torch.distributed.nn.functional as dist_nn
-
-            def gather(x: torch.Tensor) -> torch.Tensor:
-                return torch.stack(dist_nn.all_gather(x))
-        else:
-            gather = t.strategy.all_gather
+        gather: Callable[[torch.Tensor], torch.Tensor] = _gather_with_grads if sync_grads else t.strategy.all_gather
         return _map_tensors(data, gather)
 
     @classmethod
@@ -245,7 +239,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
                 self.log(f"{name}/{key}", metric, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist=sync_dist)
             return
         # Positional: this runs every step, and keyword passing costs a little more per call.
-        self._trainer._log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, batch_size)  # type: ignore[arg-type]
+        self._trainer._log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, batch_size)
         if logger is False:
             self._trainer.metric_router.no_logger_keys.update((name, f"{name}_step", f"{name}_epoch"))
 
@@ -365,6 +359,13 @@ def _reduce_name(name: str, reduce_fx: Any) -> str:
             "use 'mean', 'sum', 'max', 'min' or torch.mean/torch.sum/torch.max/torch.min"
         )
     return found
+
+
+def _gather_with_grads(x: torch.Tensor) -> torch.Tensor:
+    """All-gather that keeps the autograd graph (gradients flow back to every rank's input)."""
+    import torch.distributed.nn.functional as dist_nn
+
+    return torch.stack(dist_nn.all_gather(x))
 
 
 def _map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

@@ -6,11 +6,12 @@ import os
 from typing import Any
 
 import torch
+from torch import nn
 
 __all__ = ["ExportMixin"]
 
 
-class ExportMixin:
+class ExportMixin(nn.Module):
     """Lightning's export methods for :class:`~trainer.module.TrainModule` (an ``nn.Module``)."""
 
     example_input_array: Any = None
@@ -24,7 +25,7 @@ class ExportMixin:
     ) -> torch.jit.ScriptModule:
         """Script (``method="script"``) or trace (``"trace"``, with ``example_inputs`` or
         :attr:`example_input_array`) the module in eval mode; saved to ``file_path`` if given."""
-        mode = self.training  # type: ignore[attr-defined]
+        mode = self.training
         self.eval()
         try:
             if method == "script":
@@ -49,7 +50,7 @@ class ExportMixin:
         inputs = input_sample if input_sample is not None else self.example_input_array
         if inputs is None:
             raise ValueError("to_onnx needs input_sample or self.example_input_array")
-        mode = self.training  # type: ignore[attr-defined]
+        mode = self.training
         self.eval()
         try:
             args = inputs if isinstance(inputs, tuple) else (inputs,)
@@ -62,13 +63,3 @@ class ExportMixin:
         raise NotImplementedError(
             "to_tensorrt is not supported by geartrain; export with to_onnx() and build the engine with TensorRT"
         )
-
-    def clip_gradients(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-    ) -> None:
-        """Clip ``optimizer``'s gradients (unscaling first under fp16), for manual optimisation."""
-        opt = getattr(optimizer, "optimizer", optimizer)
-        self.trainer.strategy.clip_gradients(opt, gradient_clip_val, gradient_clip_algorithm)

@@ -118,13 +118,15 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
     no_backward_sync = None if _keeps(strategy, Strategy, "no_backward_sync") else strategy.no_backward_sync
     forward_context = _forward_context(strategy)
     plain_backward = _keeps(strategy, Strategy, "backward") and _keeps(precision, Precision, "backward")
-    backward = torch.Tensor.backward if plain_backward else strategy.backward
+    backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward if plain_backward else strategy.backward
     plain_step = _keeps(strategy, Strategy, "optimizer_step") and _keeps(precision, Precision, "optimizer_step")
     optimizer_step = _plain_optimizer_step if plain_step else strategy.optimizer_step
-    clip = strategy.clip_gradients if clip_val is not None else None
     # The module's optimisation hooks, bound once; each keeps the plain path above when not overridden.
-    module = strategy.module
+    module = trainer.module
     assert module is not None
+    clip: Callable[[torch.optim.Optimizer, float | None, str], Any] | None = (
+        strategy.clip_gradients if clip_val is not None else None
+    )
     if not _keeps(module, TrainModule, "configure_gradient_clipping"):
         clip = module.configure_gradient_clipping  # called at every step, as in Lightning
     user_optimizer_step = None if _keeps(module, TrainModule, "optimizer_step") else module.optimizer_step
@@ -328,7 +330,7 @@ def _user_data_hook(trainer: Trainer, name: str) -> Callable[..., Any] | None:
 
     for owner in (trainer.datamodule, trainer.module):
         if owner is not None and not _keeps(owner, DataHooks, name):
-            return getattr(owner, name)  # type: ignore[no-any-return]
+            return getattr(owner, name)
     return None
 
 
@@ -340,12 +342,13 @@ def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:
     """
     assert strategy.module is not None
     takes_index = _takes_batch_idx(getattr(strategy.module, name))
+    fn: Callable[..., Any]
     if _keeps(strategy, Strategy, "step"):
         fn = getattr(strategy.module, name)
     else:
         fn = functools.partial(strategy.step, name)
     if takes_index:
-        return fn  # type: ignore[no-any-return]
+        return fn
     return lambda batch, batch_idx: fn(batch)
 
 
