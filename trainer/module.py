@@ -72,6 +72,8 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
     def trainer(self) -> Trainer:
         """The trainer driving this module (an error outside ``fit``/``validate``/...)."""
         if self._trainer is None:
+            if self.__dict__.get("_jit_is_scripting"):  # torch.jit walks attributes; not an error there
+                return None  # type: ignore[return-value]
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
 

@@ -27,6 +27,7 @@ class ExportMixin(nn.Module):
         :attr:`example_input_array`) the module in eval mode; saved to ``file_path`` if given."""
         mode = self.training
         self.eval()
+        self.__dict__["_jit_is_scripting"] = True
         try:
             if method == "script":
                 exported = torch.jit.script(self, **kwargs)
@@ -38,6 +39,7 @@ class ExportMixin(nn.Module):
             else:
                 raise ValueError(f"to_torchscript: method must be 'script' or 'trace', got {method!r}")
         finally:
+            self.__dict__.pop("_jit_is_scripting", None)
             self.train(mode)
         if file_path is not None:
             torch.jit.save(exported, str(file_path))
@@ -52,10 +54,12 @@ class ExportMixin(nn.Module):
             raise ValueError("to_onnx needs input_sample or self.example_input_array")
         mode = self.training
         self.eval()
+        self.__dict__["_jit_is_scripting"] = True
         try:
             args = inputs if isinstance(inputs, tuple) else (inputs,)
             return torch.onnx.export(self, args, None if file_path is None else str(file_path), **kwargs)
         finally:
+            self.__dict__.pop("_jit_is_scripting", None)
             self.train(mode)
 
     def to_tensorrt(self, *args: Any, **kwargs: Any) -> Any:
