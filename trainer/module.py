@@ -62,6 +62,10 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
     device_mesh: Any = None
     #: Lightning Fabric's object when run by Fabric (always None: geartrain has no Fabric).
     fabric: Any = None
+    #: The checkpoint keys of the hyperparameters (geartrain's file format; Lightning's are ``hyper_parameters``...).
+    CHECKPOINT_HYPER_PARAMS_KEY = "hparams"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -268,9 +272,13 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
             self.log(name, value, *args, **kwargs)
 
     # ----------------------------------------------------------------- manual optimisation
-    def optimizers(self) -> Any:
-        """The optimizer(s) from ``configure_optimizers``; one object if there is one."""
-        handles = self.trainer.optimizer_handles
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizer(s) from ``configure_optimizers``; one object if there is one.
+
+        ``use_pl_optimizer=False`` returns the torch optimizers themselves (their ``step`` bypasses
+        the strategy: no fp16 scaling, no global step count), as in Lightning.
+        """
+        handles = self.trainer.optimizer_handles if use_pl_optimizer else self.trainer.optimizers
         return handles[0] if len(handles) == 1 else handles
 
     def lr_schedulers(self) -> Any:

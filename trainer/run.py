@@ -78,6 +78,7 @@ def run_stage(
         module.setup(stage)
         t.hooks.callbacks_only("setup", stage)
         module.configure_model()  # before the strategy wraps (or shards) the module, as Lightning
+        module.configure_sharded_model()
         _apply_memory_options(t, module, stage)
         t.strategy.setup(module)
         if t.compile:
