@@ -207,3 +207,27 @@ def test_datamodule_hparams_and_load_from_checkpoint(tmp_path: Path) -> None:
     trainer.save_checkpoint(tmp_path / "d.ckpt")
     loaded = Data.load_from_checkpoint(tmp_path / "d.ckpt")
     assert (loaded.hparams.batch_size, loaded.cursor) == (3, 7)
+
+
+def test_hparams_file_overrides_the_checkpoints(tmp_path: Path) -> None:
+    net = Net(6)
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(net, ones(4))
+    trainer.save_checkpoint(tmp_path / "net.ckpt")
+    (tmp_path / "hparams.yaml").write_text("lr: 0.7\ntag: from-file\n")
+    loaded = Net.load_from_checkpoint(tmp_path / "net.ckpt", hparams_file=tmp_path / "hparams.yaml")
+    assert (loaded.hparams.width, loaded.hparams.lr, loaded.hparams.tag) == (6, 0.7, "from-file")
+
+
+def test_save_hyperparameters_logger_false_keeps_them_out_of_tensorboard(tmp_path: Path) -> None:
+    from callbacks import TensorBoardLogger
+
+    class Hidden(Net):
+        def __init__(self, width: int = 4) -> None:
+            super().__init__(width)
+            self.save_hyperparameters(logger=False)
+
+    shown, hidden = TensorBoardLogger(tmp_path / "a"), TensorBoardLogger(tmp_path / "b")
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[shown]).fit(Net(), ones(4))
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[hidden]).fit(Hidden(), ones(4))
+    assert shown._hparams and not hidden._hparams

@@ -79,7 +79,6 @@ def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
                 return training_step(batch, batch_idx)
 
     def train_batch(batch: Any, batch_idx: int, is_last: bool) -> Any:
-        router.current_batch = batch
         router.current_batch = batch = to_device(batch)
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
             return -1
