@@ -292,3 +292,40 @@ def test_steps_without_batch_idx(tmp_path: Path) -> None:
     assert_same_weights(model.net, reference.net)
     assert "val_loss" in trainer.callback_metrics
     assert len(trainer.predict(model, make_loader(4, 2))) == 2
+
+
+def test_optimizer_step_override_keeps_fp16_overflow_skips(tmp_path: Path) -> None:
+    from tests.test_strategies_precision import OneWeight, WeightHistory, _fp16_trainer
+
+    class Overridden(OneWeight):
+        def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+            optimizer.step(closure=optimizer_closure)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.full((3, 1), 0.25)), batch_size=1)
+    runs = []
+    for module in (OneWeight(overflow_at=1), Overridden(overflow_at=1)):
+        history = WeightHistory()
+        trainer = _fp16_trainer(tmp_path / type(module).__name__, max_steps=3, callbacks=[history])
+        trainer.fit(module, data)
+        runs.append((history.history, trainer.global_step, trainer.progress.skipped_steps))
+    assert runs[0] == runs[1] and runs[1][2] == 1
+
+
+def test_optimizer_step_override_keeps_the_nonfinite_policy(tmp_path: Path) -> None:
+    from tests.test_trainer_nonfinite import SpikyModule, nan_data
+
+    class Overridden(SpikyModule):
+        def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+            optimizer.step(closure=optimizer_closure)
+
+    torch.manual_seed(0)
+    plain = SpikyModule({2, 4})
+    torch.manual_seed(0)
+    overridden = Overridden({2, 4})
+    t1 = quiet_trainer(tmp_path, max_epochs=1, on_nonfinite="skip")
+    t1.fit(plain, nan_data())
+    t2 = quiet_trainer(tmp_path, max_epochs=1, on_nonfinite="skip")
+    t2.fit(overridden, nan_data())
+    assert t2.progress.nonfinite_skipped == t1.progress.nonfinite_skipped == 2
+    assert t2.global_step == t1.global_step
+    assert torch.equal(plain.layer.weight, overridden.layer.weight)
