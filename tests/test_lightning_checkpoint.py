@@ -91,3 +91,35 @@ def test_resume_refuses_a_lightning_file_with_other_schedulers(tmp_path: Path) -
     trainer = quiet_trainer(tmp_path, max_epochs=3)
     with pytest.raises(CheckpointError, match="scheduler states"):
         trainer.fit(NoScheduler(), DataLoader(data(), batch_size=4), ckpt_path=DATA / "epoch2.ckpt")
+
+
+def test_lightning_loop_state_maps_to_geartrain_progress() -> None:
+    """An epoch-end file resumes at the next epoch; a mid-epoch file resumes after its last batch."""
+    from trainer.lightning_checkpoint import lightning_resume_state
+
+    def state(epochs_done: int, batches: int, last: bool) -> dict[str, Any]:
+        loops = {
+            "fit_loop": {
+                "epoch_progress": {"current": {"completed": epochs_done}},
+                "epoch_loop.batch_progress": {"current": {"completed": batches}, "is_last_batch": last},
+            }
+        }
+        return {
+            "state_dict": {},
+            "global_step": 11,
+            "epoch": epochs_done,
+            "loops": loops,
+            "pytorch-lightning_version": "2.6.6",
+        }
+
+    assert lightning_resume_state(state(2, 4, True))["progress"] == {
+        "epoch": 1,
+        "global_step": 11,
+        "batch_in_epoch": 4,
+        "epoch_finished": True,
+    }
+    assert lightning_resume_state(state(2, 3, False))["progress"] == {
+        "epoch": 2,
+        "global_step": 11,
+        "batch_in_epoch": 3,
+    }
