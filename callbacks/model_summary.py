@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+import torch
 from torch import nn
 from typing_extensions import override
 
@@ -46,18 +47,25 @@ def summarize(module: nn.Module, max_depth: int = 1) -> str:
     0         Non-trainable params
     9         Total params
     0.000     Total estimated params size (MB)
+
+    With an ``example_input_array`` on the module (Lightning's attribute), the table has "In sizes"
+    and "Out sizes" columns, from one forward pass of that input (eval mode, no gradients).
     """
-    rows: list[tuple[str, str, str]] = []
+    rows: list[tuple[str, ...]] = []
+    # max_depth=-1: every level (Lightning's meaning).
+    names = [n for n, _ in module.named_modules() if n and (max_depth < 0 or n.count(".") + 1 <= max_depth)]
+    sizes = _io_sizes(module, names)
+    wanted = set(names)
     for name, sub in module.named_modules():
-        depth = name.count(".") + 1
-        if not name or (max_depth >= 0 and depth > max_depth):
+        if name not in wanted:
             continue
-        rows.append((name, type(sub).__name__, f"{sum(_count(sub)):,}"))
-    header = ("Name", "Type", "Params")
-    widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(3)]
+        row = (name, type(sub).__name__, f"{sum(_count(sub)):,}")
+        rows.append(row + sizes.get(name, ("?", "?")) if sizes else row)
+    header: tuple[str, ...] = ("Name", "Type", "Params") + (("In sizes", "Out sizes") if sizes else ())
+    widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(len(header))]
     index_width = len(str(max(len(rows) - 1, 0)))
 
-    def line(idx: str, cells: tuple[str, str, str]) -> str:
+    def line(idx: str, cells: tuple[str, ...]) -> str:
         return f"{idx:<{index_width}} | " + " | ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
 
     table = [line("", header)]
@@ -79,6 +87,59 @@ def summarize(module: nn.Module, max_depth: int = 1) -> str:
     ):
         table.append(f"{value:<9} {label}")
     return "\n".join(table)
+
+
+def _io_sizes(module: nn.Module, names: list[str]) -> dict[str, tuple[str, str]]:
+    """``{name: (in sizes, out sizes)}`` of the ``names`` submodules for ``module.example_input_array``."""
+    example = getattr(module, "example_input_array", None)
+    if example is None or not names:
+        return {}
+    sizes: dict[str, tuple[str, str]] = {}
+
+    def recorder(name: str) -> Any:
+        def hook(_: nn.Module, inputs: Any, output: Any) -> None:
+            shown = inputs[0] if isinstance(inputs, tuple) and len(inputs) == 1 else inputs
+            sizes[name] = (_size(shown), _size(output))
+
+        return hook
+
+    subs = dict(module.named_modules())
+    handles = [subs[name].register_forward_hook(recorder(name)) for name in names]
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    example = _to(example, device)
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            if isinstance(example, dict):
+                module(**example)
+            elif isinstance(example, tuple):
+                module(*example)
+            else:
+                module(example)
+    finally:
+        for handle in handles:
+            handle.remove()
+        module.train(was_training)
+    return sizes
+
+
+def _size(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return str(list(value.shape))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_size(v) for v in value) + "]"
+    return "?"
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
 
 
 class ModelSummary(Callback):

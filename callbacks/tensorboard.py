@@ -202,7 +202,9 @@ class TensorBoardLogger(Logger):
             # Indented by four spaces: TensorBoard's markdown shows it as a code block, layout intact.
             writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
         # The resolved config already holds the module's arguments; without one, the module's hparams.
-        self._session = flat_params(config or _config_dict(module.hparams))
+        # save_hyperparameters(logger=False) keeps the module's hyperparameters out of the loggers.
+        logged = module.hparams if getattr(module, "_log_hyperparams", True) else {}
+        self._session = flat_params(config or _config_dict(logged))
         self.hparams.update(self._session)
         if self._session:
             from torch.utils.tensorboard.summary import hparams

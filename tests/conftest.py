@@ -44,3 +44,7 @@ def _restore_global_state() -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+# Scripts that made the files under tests/data (run with pytorch-lightning, not a dependency): not collected.
+collect_ignore_glob = ["data/*"]

@@ -11,8 +11,10 @@ from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
+from trainer.module_hooks import ModelHooks
 
-MODULE_HOOKS = [name for name in vars(TrainModule) if name.startswith("on_")] + ["setup", "teardown"]
+# The notification hooks (the base class's do-nothing ones; TrainModule takes them from ModelHooks).
+MODULE_HOOKS = [name for name in vars(ModelHooks) if name.startswith("on_")] + ["setup", "teardown"]
 STEPS = ["training_step", "validation_step", "test_step", "predict_step", "configure_optimizers"]
 
 

@@ -17,6 +17,8 @@ from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
 from trainer.data import ResumableBatchSampler
+from trainer.hparams import plain_hparams
+from trainer.lightning_checkpoint import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -75,6 +77,7 @@ class CheckpointConnector:
         """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints")."""
         t = self._trainer
         assert t.module is not None
+        hparams, unsaved = plain_hparams(t.module.hparams)
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -82,9 +85,12 @@ class CheckpointConnector:
                 t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
             ),
             "progress": t.progress.state_dict(),
-            "hparams": to_plain(t.module.hparams),
+            "hparams": hparams,
+            "hparams_unsaved": unsaved,  # recorded as descriptions: load_from_checkpoint asks for them
             "config": to_plain(t.config),
         }
+        if t.datamodule is not None:
+            state["datamodule_hparams"], state["datamodule_hparams_unsaved"] = plain_hparams(t.datamodule.hparams)
         if not weights_only:
             state.update(self.training_state())
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
@@ -178,12 +184,13 @@ class CheckpointConnector:
         """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
 
         A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
-        and all) sets the weights only: for evaluation, or to start training from them.
+        and all) sets the weights only: for evaluation, or to start training from them. A checkpoint
+        written by Lightning 2.x resumes too (weights, optimizers, schedulers, epoch and step).
         """
         t = self._trainer
         self.wait()
         path = self.resolve(ckpt_path)
-        state = load_checkpoint(path, plain_weights=True)
+        state = _read_any(path)
         assert t.module is not None
         if state.get("plain_weights"):
             if full and t.is_global_zero:
@@ -225,3 +232,19 @@ class CheckpointConnector:
             self._trainer.strategy.load_model_state_dict(state_dict)
         except CheckpointError as err:
             raise CheckpointError(f"Cannot load the weights in {path}. {err}") from err
+
+
+def _read_any(path: Path) -> dict[str, Any]:
+    """A geartrain checkpoint, a plain state dict, or a Lightning 2.x checkpoint as geartrain's dict."""
+    try:
+        state = load_checkpoint(path, plain_weights=True)
+    except CheckpointError:
+        raw = read_checkpoint(path)  # Lightning's files may hold its AttributeDict, allowed by name there
+        if is_lightning_checkpoint(raw):
+            return lightning_resume_state(raw)
+        raise
+    if state.get("plain_weights"):  # Lightning's files also hold a "state_dict": tell them apart
+        raw = read_checkpoint(path)
+        if is_lightning_checkpoint(raw):
+            return lightning_resume_state(raw)
+    return state

@@ -55,6 +55,8 @@ class MetricRouter:
         self.store: MetricStore | None = None
         self.defaults: tuple[bool, bool] = STEP_DEFAULTS
         self._batch_size_cache: tuple[Any, int] = (None, 1)
+        #: Keys logged with ``logger=False``: in ``callback_metrics``, never handed to the loggers.
+        self.no_logger_keys: set[str] = set()
 
     @contextlib.contextmanager
     def logging(self, store: MetricStore, defaults: tuple[bool, bool]) -> Iterator[None]:
@@ -126,6 +128,8 @@ class MetricRouter:
 
     def emit(self, metrics: dict[str, torch.Tensor], step: int) -> None:
         """Hand ``metrics`` to the loggers at x = ``step`` (nothing during the sanity check)."""
+        if self.no_logger_keys:
+            metrics = {k: v for k, v in metrics.items() if k not in self.no_logger_keys}
         if not metrics:
             return
         self.logged_metrics.update(metrics)

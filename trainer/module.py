@@ -1,68 +1,39 @@
-"""``TrainModule`` and ``DataModule``: the user's side of the contract, with Lightning's names.
+"""``TrainModule`` (and ``DataModule``): the user's side of the contract, with Lightning's names.
 
 Porting a ``LightningModule`` is a change of base class. The trainer drives these methods; a module
-used outside a trainer is a plain ``nn.Module`` whose ``self.log`` does nothing.
+used outside a trainer is a plain ``nn.Module`` whose ``self.log`` does nothing. The hooks are in
+:mod:`trainer.module_hooks`, hyperparameters in :mod:`trainer.hparams`, the data module in
+:mod:`trainer.datamodule` (re-exported here), checkpoint loading in :mod:`trainer.lightning_checkpoint`.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+import builtins
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
+from trainer.datamodule import DataModule
+from trainer.hparams import HyperparametersMixin
+from trainer.module_export import ExportMixin
+from trainer.module_hooks import DataHooks, ModelDefaults, ModelHooks
+
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
+
+M = TypeVar("M", bound="TrainModule")
+
+#: ``reduce_fx`` callables ``self.log`` accepts, by the name the metric store uses.
+_REDUCE_CALLABLES: dict[Any, str] = {torch.mean: "mean", torch.max: "max", torch.min: "min", torch.sum: "sum"}
 
 __all__ = ["DataModule", "TrainModule"]
 
 
-class _Hooks:
-    """Do-nothing hooks shared by modules and data modules, so the trainer can always call them."""
-
-    def setup(self, stage: str) -> None:
-        """Build what the ``stage`` (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``) needs."""
-
-    def teardown(self, stage: str) -> None:
-        """Release what :meth:`setup` built."""
-
-    def state_dict(self) -> dict[str, Any]:  # overridden by nn.Module for TrainModule
-        """State to put into checkpoints."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-
-
-class DataModule(_Hooks):
-    """Bundles the data of a task: ``setup(stage)`` then one dataloader method per stage.
-
-    Override the ``*_dataloader`` methods a run needs; the trainer reports which one is missing.
-    """
-
-    def prepare_data(self) -> None:
-        """Download or write files, once per node (here: on every process; keep it idempotent)."""
-
-    def train_dataloader(self) -> Iterable[Any]:
-        """The training data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define train_dataloader()")
-
-    def val_dataloader(self) -> Iterable[Any]:
-        """The validation data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define val_dataloader()")
-
-    def test_dataloader(self) -> Iterable[Any]:
-        """The test data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define test_dataloader()")
-
-    def predict_dataloader(self) -> Iterable[Any]:
-        """The prediction data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define predict_dataloader()")
-
-
-class TrainModule(nn.Module):
+class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, ExportMixin, nn.Module):
     """Base class for models the :class:`~trainer.Trainer` trains.
 
     Override ``training_step`` and ``configure_optimizers``; add ``validation_step``, ``test_step``,
@@ -83,17 +54,30 @@ class TrainModule(nn.Module):
 
     #: When False the trainer calls ``training_step`` and leaves backward and step to it.
     automatic_optimization: bool = True
+    #: Whether loading weights requires every key to match (``load_from_checkpoint``'s default ``strict``).
+    strict_loading: bool = True
+    #: An example input (a tensor or a tuple of them): the model summary shows input and output sizes.
+    example_input_array: Any = None
+    #: The device mesh of a model-parallel strategy (None: geartrain has none).
+    device_mesh: Any = None
+    #: Lightning Fabric's object when run by Fabric (always None: geartrain has no Fabric).
+    fabric: Any = None
+    #: The checkpoint keys of the hyperparameters (geartrain's file format; Lightning's are ``hyper_parameters``...).
+    CHECKPOINT_HYPER_PARAMS_KEY = "hparams"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
-        self.hparams: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- trainer state
     @property
     def trainer(self) -> Trainer:
         """The trainer driving this module (an error outside ``fit``/``validate``/...)."""
         if self._trainer is None:
+            if self.__dict__.get("_jit_is_scripting"):  # torch.jit walks attributes; not an error there
+                return None  # type: ignore[return-value]
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
 
@@ -116,20 +100,85 @@ class TrainModule(nn.Module):
             return buffer.device
         return torch.device("cpu")
 
-    def save_hyperparameters(self, *names: str, **values: Any) -> None:
-        """Record the caller's ``__init__`` arguments (or the given ``names``/``values``) in ``hparams``.
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the module's first floating-point parameter (the default dtype if none)."""
+        for param in self.parameters():
+            if param.is_floating_point():
+                return param.dtype
+        return torch.get_default_dtype()
 
-        They go into every checkpoint and into TensorBoard's HPARAMS tab.
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the module is on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank among all processes (0 outside a trainer)."""
+        return self._trainer.strategy.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (0 outside a trainer)."""
+        return self._trainer.strategy.local_rank if self._trainer is not None else 0
+
+    @property
+    def loggers(self) -> list[Any]:
+        """The trainer's loggers (the callbacks that write logged metrics), [] outside a trainer."""
+        t = self._trainer
+        if t is None:
+            return []
+        found = getattr(t, "loggers", None)
+        if found is not None:
+            return list(found)
+        return list(t.hooks._by_hook.get("on_log_metrics", ()))
+
+    @property
+    def logger(self) -> Any:
+        """The first of :attr:`loggers`, or None."""
+        loggers = self.loggers
+        return loggers[0] if loggers else None
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only (so a message appears once under DDP)."""
+        if self.global_rank == 0:
+            builtins.print(*args, **kwargs)
+
+    def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Gather ``data`` (a tensor, or a dict/list/tuple of them) from every process.
+
+        Each tensor gets a new first dimension of size world size (on one process: returned as it
+        is, as Lightning does). ``sync_grads=True`` keeps the graph (``torch.distributed.nn``).
         """
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is not None and not values:
-            local = caller.f_locals
-            init_args = [n for n in caller.f_code.co_varnames[: caller.f_code.co_argcount] if n != "self"]
-            for name in names or init_args:
-                if name in local:
-                    self.hparams[name] = local[name]
-        self.hparams.update(values)
+        if group is not None:
+            raise ValueError("self.all_gather(group=...) is not supported: geartrain gathers over all processes")
+        t = self._trainer
+        if t is None or t.strategy.world_size == 1:
+            return data
+        gather: Callable[[torch.Tensor], torch.Tensor] = _gather_with_grads if sync_grads else t.strategy.all_gather
+        return _map_tensors(data, gather)
+
+    @classmethod
+    def load_from_checkpoint(
+        cls: type[M],
+        checkpoint_path: str | os.PathLike[str] | IO[bytes],
+        map_location: Any = None,
+        hparams_file: str | os.PathLike[str] | None = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> M:
+        """Rebuild the module from a checkpoint's saved hyperparameters, then load its weights.
+
+        ``kwargs`` override saved hyperparameters or supply those a checkpoint cannot hold (an
+        ``nn.Module`` argument: it is saved as a description; a missing one is an error naming it).
+        Reads geartrain's and Lightning 2.x's checkpoints, always with ``weights_only=True``.
+        ``strict`` defaults to :attr:`strict_loading`.
+        """
+        from trainer.lightning_checkpoint import load_from_checkpoint
+
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, weights_only, kwargs)
 
     # ----------------------------------------------------------------- user steps
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:
@@ -151,13 +200,18 @@ class TrainModule(nn.Module):
         self,
         name: str,
         value: Any,
-        *,
+        prog_bar: bool = False,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        prog_bar: bool = False,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
         sync_dist: bool = False,
-        reduce_fx: str = "mean",
+        sync_dist_group: Any | None = None,
+        add_dataloader_idx: bool = True,
         batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """Record a metric. ``value``: a tensor, a number, or a torchmetrics ``Metric``.
 
@@ -166,39 +220,65 @@ class TrainModule(nn.Module):
         (inferred from the batch when omitted); a ``Metric`` is computed and reset at epoch end.
         With both ``on_step`` and ``on_epoch`` the keys get ``_step`` and ``_epoch`` suffixes.
         ``sync_dist=True`` reduces epoch values over processes (a metric syncs itself).
+        ``logger=False`` keeps the value out of the loggers (it stays in ``callback_metrics``);
+        ``rank_zero_only=True`` records it on rank 0 only (other ranks' ``callback_metrics`` lack it,
+        so do not monitor it from callbacks that must agree across ranks). ``reduce_fx`` may be
+        ``torch.mean``/``max``/``min``/``sum``. ``metric_attribute`` is accepted and not needed
+        (a logged ``Metric`` is kept by reference). ``enable_graph=True`` and ``sync_dist_group``
+        are refused.
         """
         if self._trainer is None:
             return
+        if (
+            logger is False
+            or rank_zero_only
+            or enable_graph
+            or sync_dist_group is not None
+            or type(reduce_fx) is not str
+        ):
+            if not self._log_options(name, rank_zero_only, enable_graph, sync_dist_group):
+                return
+            reduce_fx = _reduce_name(name, reduce_fx)
         if type(value) is not torch.Tensor and _is_metric_collection(value):  # tensors first: the per-step case
             # A torchmetrics MetricCollection: each member is a Metric logged under "name/member".
             for key, metric in value.items():
-                self.log(
-                    f"{name}/{key}",
-                    metric,
-                    on_step=on_step,
-                    on_epoch=on_epoch,
-                    prog_bar=prog_bar,
-                    sync_dist=sync_dist,
-                    reduce_fx=reduce_fx,
-                    batch_size=batch_size,
-                )
+                self.log(f"{name}/{key}", metric, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist=sync_dist)
             return
         # Positional: this runs every step, and keyword passing costs a little more per call.
         self._trainer._log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, batch_size)
+        if logger is False:
+            self._trainer.metric_router.no_logger_keys.update((name, f"{name}_step", f"{name}_epoch"))
 
-    def log_dict(self, values: Mapping[str, Any], **kwargs: Any) -> None:
-        """``self.log`` every item of ``values`` (a dict or a torchmetrics ``MetricCollection``).
+    def _log_options(self, name: str, rank_zero_only: bool, enable_graph: bool, group: Any) -> bool:
+        """Check the rarely used ``self.log`` options; False where this process records nothing."""
+        if enable_graph:
+            raise ValueError(
+                f"self.log({name!r}, enable_graph=True) is not supported: logged values are detached; "
+                "keep the tensor yourself if you need its graph"
+            )
+        if group is not None:
+            raise ValueError(
+                f"self.log({name!r}, sync_dist_group=...) is not supported: sync_dist=True reduces over all processes"
+            )
+        return not (rank_zero_only and self.global_rank != 0)
+
+    def log_dict(self, dictionary: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        """``self.log`` every item of ``dictionary`` (a dict or a torchmetrics ``MetricCollection``).
 
         A ``MetricCollection``'s members are logged under the collection's own keys (its ``prefix``
-        and ``postfix`` included), each computed and reset at epoch end.
+        and ``postfix`` included), each computed and reset at epoch end. Takes ``self.log``'s options.
         """
-        for name, value in values.items():
-            self.log(name, value, **kwargs)
+        for name, value in dictionary.items():
+            self.log(name, value, *args, **kwargs)
 
     # ----------------------------------------------------------------- manual optimisation
-    def optimizers(self) -> Any:
-        """The optimizer(s) from ``configure_optimizers``; one object if there is one."""
-        handles = self.trainer.optimizer_handles
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizer(s) from ``configure_optimizers``; one object if there is one.
+
+        ``use_pl_optimizer=False`` returns the torch optimizers themselves (their ``step`` bypasses
+        the strategy: no fp16 scaling, no global step count), as in Lightning.
+        """
+        handles = self.trainer.optimizer_handles if use_pl_optimizer else self.trainer.optimizers
         return handles[0] if len(handles) == 1 else handles
 
     def lr_schedulers(self) -> Any:
@@ -208,7 +288,7 @@ class TrainModule(nn.Module):
             return None
         return schedulers[0] if len(schedulers) == 1 else schedulers
 
-    def manual_backward(self, loss: torch.Tensor) -> None:
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward through the strategy (loss scaling, sync), in place of ``loss.backward()``.
 
         The trainer's ``on_nonfinite`` policy applies: a non-finite loss raises, warns, or (``"skip"``)
@@ -216,55 +296,94 @@ class TrainModule(nn.Module):
         """
         from trainer.loops.step import manual_backward
 
+        if args or kwargs:
+            raise ValueError("manual_backward(loss, *args, **kwargs): extra backward arguments are not supported")
         manual_backward(self.trainer, loss)
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward of the training loss (automatic optimisation); override to change how it runs."""
+        loss.backward(*args, **kwargs)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Let only ``optimizer``'s parameters require grad (others switched off until untoggled)."""
+        opt = getattr(optimizer, "optimizer", optimizer)
+        own = {id(p) for group in opt.param_groups for p in group["params"]}
+        saved: dict[int, bool] = self.__dict__.setdefault("_toggled", {})
+        for param in self.parameters():
+            if id(param) not in own:
+                saved.setdefault(id(param), param.requires_grad)
+                param.requires_grad = False
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Restore the ``requires_grad`` flags :meth:`toggle_optimizer` switched off."""
+        saved: dict[int, bool] = self.__dict__.pop("_toggled", {})
+        for param in self.parameters():
+            if id(param) in saved:
+                param.requires_grad = saved[id(param)]
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """:meth:`toggle_optimizer` for the ``with`` block, untoggled after it."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def freeze(self: M) -> M:
+        """No parameter requires grad, and eval mode."""
+        for param in self.parameters():
+            param.requires_grad = False
+        return self.eval()
+
+    def unfreeze(self: M) -> M:
+        """Every parameter requires grad, and training mode."""
+        for param in self.parameters():
+            param.requires_grad = True
+        return self.train()
 
     def clip_gradients(
         self,
         optimizer: torch.optim.Optimizer,
         gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
+        gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip ``optimizer``'s gradients (unscaling first under fp16), for manual optimisation."""
+        """Clip ``optimizer``'s gradients by ``"norm"`` (default) or ``"value"``, unscaling first under fp16."""
         opt = getattr(optimizer, "optimizer", optimizer)
-        self.trainer.strategy.clip_gradients(opt, gradient_clip_val, gradient_clip_algorithm)
-
-    # ----------------------------------------------------------------- hooks (all optional)
-    def on_fit_start(self) -> None: ...
-    def on_fit_end(self) -> None: ...
-    def on_train_start(self) -> None: ...
-    def on_train_end(self) -> None: ...
-    def on_train_epoch_start(self) -> None: ...
-    def on_train_epoch_end(self) -> None: ...
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None: ...
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
-    def on_validation_start(self) -> None: ...
-    def on_validation_end(self) -> None: ...
-    def on_validation_epoch_start(self) -> None: ...
-    def on_validation_epoch_end(self) -> None: ...
-    def on_validation_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
-    def on_test_start(self) -> None: ...
-    def on_test_end(self) -> None: ...
-    def on_test_epoch_start(self) -> None: ...
-    def on_test_epoch_end(self) -> None: ...
-    def on_test_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
-    def on_predict_start(self) -> None: ...
-    def on_predict_end(self) -> None: ...
-    def on_predict_epoch_start(self) -> None: ...
-    def on_predict_epoch_end(self) -> None: ...
-    def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
-    def on_before_backward(self, loss: torch.Tensor) -> None: ...
-    def on_after_backward(self) -> None: ...
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
-    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
-    def setup(self, stage: str) -> None: ...
-    def teardown(self, stage: str) -> None: ...
+        self.trainer.strategy.clip_gradients(opt, gradient_clip_val, gradient_clip_algorithm or "norm")
 
 
 def _is_metric_collection(value: Any) -> bool:
     """True for a torchmetrics ``MetricCollection`` (duck-typed: ``compute``, ``reset`` and ``items``)."""
     return all(callable(getattr(value, attr, None)) for attr in ("compute", "reset", "items", "keys"))
+
+
+def _reduce_name(name: str, reduce_fx: Any) -> str:
+    """``reduce_fx`` as the metric store names it: a string, or torch.mean/max/min/sum."""
+    if isinstance(reduce_fx, str):
+        return reduce_fx
+    found = _REDUCE_CALLABLES.get(reduce_fx)
+    if found is None:
+        raise ValueError(
+            f"self.log({name!r}, reduce_fx={getattr(reduce_fx, '__name__', reduce_fx)!r}) is not supported: "
+            "use 'mean', 'sum', 'max', 'min' or torch.mean/torch.sum/torch.max/torch.min"
+        )
+    return found
+
+
+def _gather_with_grads(x: torch.Tensor) -> torch.Tensor:
+    """All-gather that keeps the autograd graph (gradients flow back to every rank's input)."""
+    import torch.distributed.nn.functional as dist_nn
+
+    return torch.stack(dist_nn.all_gather(x))
+
+
+def _map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``fn`` applied to every tensor in a tree of dicts, lists and tuples."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, Mapping):
+        return type(data)({k: _map_tensors(v, fn) for k, v in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, (list, tuple)):
+        return type(data)(_map_tensors(v, fn) for v in data)
+    return data

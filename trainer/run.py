@@ -75,15 +75,20 @@ def run_stage(
     for key in ("fit", "validate") if stage == "fit" else (stage,):
         t.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
     t.given_loaders, t.ckpt_path = {stage: loader}, None
+    _attach_module_callbacks(t, module)
     t.hooks.bind(module)
     module._trainer = t
+    if datamodule is not None:
+        datamodule.trainer = t
     t.strategy.setup_environment()
     try:
+        _prepare_data(t, module, datamodule)
         if datamodule is not None:
-            datamodule.prepare_data()
             datamodule.setup(stage)
         module.setup(stage)
         t.hooks.callbacks_only("setup", stage)
+        module.configure_model()  # before the strategy wraps (or shards) the module, as Lightning
+        module.configure_sharded_model()
         _apply_memory_options(t, module, stage)
         arguments.convert_sync_batchnorm(module, t.sync_batchnorm, t.strategy.world_size)
         t.strategy.setup(module)
@@ -117,6 +122,9 @@ def run_stage(
     except BaseException as exc:
         t.status = TrainerStatus.INTERRUPTED
         t.hooks.callbacks_only("on_exception", exc)
+        module.on_exception(exc)
+        if datamodule is not None:
+            datamodule.on_exception(exc)
         raise
     finally:
         t.running_stage = None
@@ -182,6 +190,37 @@ def reload_loaders(trainer: Trainer, first: bool = False) -> None:
     if not (first and "fit" in trainer.loaders):
         trainer.loaders["fit"] = resolve_loaders(trainer, "fit", given.get("fit"))
     trainer.loaders["validate"] = resolve_loaders(trainer, "validate", given.get("validate"), required=False)
+
+
+def _attach_module_callbacks(trainer: Trainer, module: TrainModule) -> None:
+    """Add ``module.configure_callbacks()``: each replaces the trainer's callbacks of its type (Lightning's rule),
+    and checkpoint callbacks go last, so they see what the others logged."""
+    from callbacks.base import Callback
+    from callbacks.checkpoint import ModelCheckpoint
+    from trainer.hooks import HookDispatch
+
+    extra = module.configure_callbacks()
+    if not extra:
+        return
+    added = [extra] if isinstance(extra, Callback) else list(extra)
+    replaced = {type(cb) for cb in added}
+    callbacks = [cb for cb in trainer.callbacks if type(cb) not in replaced] + added
+    callbacks.sort(key=lambda cb: isinstance(cb, ModelCheckpoint))  # stable: checkpointing last
+    trainer.callbacks[:] = callbacks
+    trainer.hooks = HookDispatch(trainer.callbacks, trainer)
+
+
+def _prepare_data(trainer: Trainer, module: TrainModule, datamodule: DataModule | None) -> None:
+    """``prepare_data`` on local rank 0 of each node (global rank 0 with ``prepare_data_per_node=False``),
+    data module first, while the other processes wait at a barrier; ``setup`` then runs everywhere."""
+    strategy = trainer.strategy
+    for owner in (datamodule, module):
+        if owner is None:
+            continue
+        rank = strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank
+        if rank == 0:
+            owner.prepare_data()
+    strategy.barrier("prepare_data")
 
 
 def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> None:

@@ -15,6 +15,7 @@ from trainer.metric_routing import EPOCH_DEFAULTS
 from trainer.metrics import MetricStore
 
 if TYPE_CHECKING:
+    from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
 __all__ = ["eval_loop", "predict_loop", "sanity_check", "set_num_batches", "validation_enabled"]
@@ -51,7 +52,9 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         nums = [min(num, max_batches) for num in nums]
     set_num_batches(trainer, stage, nums)
     was_training = module.training
-    module.eval()
+    if trainer.stage == "fit" and overrides(module, "on_validation_model_zero_grad"):
+        module.on_validation_model_zero_grad()
+    model_mode(module, f"on_{prefix}_model_eval")
     store = MetricStore(strategy.reduce)
     # Evaluation leaves the random state as it found it (creating a DataLoader iterator draws from it),
     # so a run resumed from a checkpoint taken before a validation continues exactly.
@@ -78,7 +81,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         trainer.running_stage = outer_stage
         router.dataloader_suffix = ""
         store.reset()
-        module.train(was_training)
+        model_mode(module, f"on_{prefix}_model_train", was_training)
         set_rng_state(rng_before)
     return values
 
@@ -99,7 +102,7 @@ def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
     set_num_batches(trainer, "predict", nums)
     outputs: list[list[Any]] = []
     was_training = module.training
-    module.eval()
+    model_mode(module, "on_predict_model_eval")
     try:
         with _no_grad(trainer), strategy.evaluation_context():
             hooks("on_predict_start")
@@ -165,3 +168,19 @@ def _no_grad(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:
     if trainer.inference_mode and trainer.strategy.supports_inference_mode:
         return torch.inference_mode()
     return torch.no_grad()
+
+
+def overrides(module: TrainModule, hook: str) -> bool:
+    """Whether ``module``'s class overrides TrainModule's ``hook``."""
+    from trainer.module import TrainModule
+
+    return getattr(type(module), hook) is not getattr(TrainModule, hook)
+
+
+def model_mode(module: TrainModule, hook: str, training: bool = False) -> None:
+    """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else set the mode directly
+    (``training``: the mode to restore; the default hooks' effect, without the call)."""
+    if overrides(module, hook):
+        getattr(module, hook)()
+    else:
+        module.train(training)

@@ -13,19 +13,27 @@ does backward and step itself, through :class:`ManualOptimizer` and ``manual_bac
 from __future__ import annotations
 
 import functools
-import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from strategies.base import Strategy
 from strategies.precision import Precision
-from trainer.common.errors import MetricNotLoggedError
 from trainer.common.tree import move_to_device
 from trainer.dataloaders import check_takes_dataloader_idx, with_last_arg
+from trainer.loops.optimizer_step import (
+    ManualOptimizer,
+    NonFinite,
+    StepOptimizer,
+    Window,
+    loss_of,
+    manual_backward,
+    step_schedulers,
+)
 from trainer.microbatch import micro_batches
+from trainer.module import TrainModule
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -33,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ManualOptimizer",
     "NonFinite",
+    "StepOptimizer",
     "Window",
     "loss_of",
     "make_eval_batch",
@@ -45,30 +54,22 @@ TrainBatch = Callable[[Any, int, bool], Any]
 EvalBatch = Callable[[Any, int], Any]
 
 
-@dataclass
-class Window:
-    """The accumulation window in progress (kept for a whole ``fit``, as a window may span a resume point)."""
-
-    #: A micro-batch of the window had a loss (so the window ends with an optimizer step).
-    has_loss: bool = False
-    #: ... had a non-finite loss under ``on_nonfinite="skip"`` (so the window's step is dropped).
-    nonfinite: bool = False
-
-
 def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
     """``train_batch(batch, batch_idx, is_last) -> output`` for this epoch (see the module docstring).
 
     Around the step, in both optimisation modes::
 
+        batch = on_before_batch_transfer(batch, 0)        (the data module's hook if it overrides it, else the module's)
+        batch = transfer_batch_to_device(batch, device, 0) (default: strategy.batch_to_device)
+        batch = on_after_batch_transfer(batch, 0)
         on_train_batch_start(batch, i)                (the module returning -1 ends the epoch)
-        batch = strategy.batch_to_device(batch)
         out = the step (automatic: make_automatic_step; manual: training_step under forward_context)
         on_train_batch_end(out, batch, i)
     """
     strategy, progress, router, hooks = trainer.strategy, trainer.progress, trainer.metric_router, trainer.hooks
     module = trainer.module
     assert module is not None
-    to_device = _batch_to_device(strategy)
+    to_device = _batch_to_device(strategy, trainer)
     batch_start, batch_end = hooks.bound("on_train_batch_start"), hooks.bound("on_train_batch_end")
     if module.automatic_optimization:
         step = make_automatic_step(trainer, window)
@@ -80,10 +81,9 @@ def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
                 return training_step(batch, batch_idx)
 
     def train_batch(batch: Any, batch_idx: int, is_last: bool) -> Any:
-        router.current_batch = batch
+        router.current_batch = batch = to_device(batch)
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
             return -1
-        router.current_batch = batch = to_device(batch)
         out = step(batch, batch_idx, is_last)
         progress.batch_in_epoch = batch_idx + 1  # before the hook: a checkpoint saved there resumes after it
         if batch_end is not None:
@@ -119,12 +119,32 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
     no_backward_sync = None if _keeps(strategy, Strategy, "no_backward_sync") else strategy.no_backward_sync
     forward_context = _forward_context(strategy)
     plain_backward = _keeps(strategy, Strategy, "backward") and _keeps(precision, Precision, "backward")
-    backward = torch.Tensor.backward if plain_backward else strategy.backward
+    backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward if plain_backward else strategy.backward
     plain_step = _keeps(strategy, Strategy, "optimizer_step") and _keeps(precision, Precision, "optimizer_step")
     # Called without arguments: the optimizer's own (instance-bound: schedulers patch it) ``step``, whose
     # None counts as a step taken, or the strategy's, which returns False for a skipped step (fp16).
     optimizer_step = optimizer.step if plain_step else functools.partial(strategy.optimizer_step, optimizer)
-    clip = strategy.clip_gradients if clip_val is not None else None
+    # The module's optimisation hooks, bound once; each keeps the plain path above when not overridden.
+    module = trainer.module
+    assert module is not None
+    clip: Callable[[torch.optim.Optimizer, float | None, str], Any] | None = (
+        strategy.clip_gradients if clip_val is not None else None
+    )
+    if not _keeps(module, TrainModule, "configure_gradient_clipping"):
+        clip = module.configure_gradient_clipping  # called at every step, as in Lightning
+    user_optimizer_step = None if _keeps(module, TrainModule, "optimizer_step") else module.optimizer_step
+    zero_grad = (
+        functools.partial(optimizer.zero_grad, set_to_none=True)
+        if _keeps(module, TrainModule, "optimizer_zero_grad")
+        else functools.partial(_zero_grad_hook, module.optimizer_zero_grad, progress, optimizer)
+    )
+    if not _keeps(module, TrainModule, "backward"):
+        if not plain_backward:
+            raise ValueError(
+                f"{type(module).__name__} overrides backward(), which {type(strategy).__name__} with "
+                f"{type(precision).__name__} cannot call (it scales or syncs the loss itself); remove the override"
+            )
+        backward = module.backward
     nonfinite = NonFinite(trainer) if trainer.on_nonfinite is not None else None
     schedulers = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
     before_backward, after_backward, before_optimizer_step, before_zero_grad = (
@@ -165,15 +185,14 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
     micro = trainer.micro_batcher
     run_pieces = accumulate if micro is None else functools.partial(micro_batches, trainer, window, accumulate)
 
-    def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
-        window_ends = is_last or (batch_idx + 1) % k == 0
-        out = run_pieces(batch, batch_idx, window_ends)
-        if not window_ends or not (window.has_loss or window.nonfinite):
-            return out
+    def finish_window() -> bool:
+        """After the window's backward: the optimizer step; whether a step counts (not skipped for NaN)."""
+        if not (window.has_loss or window.nonfinite):
+            return False
         if window.nonfinite:
             assert nonfinite is not None
             nonfinite.skip_step(window)
-            return out
+            return False
         progress.nonfinite_in_a_row = 0
         if before_optimizer_step is not None:
             before_optimizer_step(optimizer)
@@ -184,25 +203,62 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
                 step_schedulers(trainer, "step", steps_done=progress.global_step + 1)
         else:
             progress.skipped_steps += 1
+        return True
+
+    def end_window() -> None:
         if before_zero_grad is not None:
             before_zero_grad(optimizer)
-        optimizer.zero_grad(set_to_none=True)
+        zero_grad()
         progress.global_step += 1
         window.has_loss = False
+
+    def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
+        window_ends = is_last or (batch_idx + 1) % k == 0
+        if window_ends and user_optimizer_step is not None:
+            return stepped_by_module(batch, batch_idx)
+        out = run_pieces(batch, batch_idx, window_ends)
+        if window_ends and finish_window():
+            end_window()
         return out
 
+    def stepped_by_module(batch: Any, batch_idx: int) -> Any:
+        """The window's end through the module's ``optimizer_step``: its closure runs forward and backward."""
+        outputs: list[Any] = []
+
+        def optimizer_closure() -> torch.Tensor | None:
+            outputs.append(run_pieces(batch, batch_idx, True))
+            return loss_of(outputs[-1])
+
+        handle = StepOptimizer(optimizer, finish_window)
+        assert user_optimizer_step is not None
+        user_optimizer_step(progress.epoch, batch_idx, handle, optimizer_closure)
+        if not outputs:
+            raise RuntimeError(
+                f"{type(module).__name__}.optimizer_step did not run optimizer_closure (forward and backward); "
+                "call optimizer.step(closure=optimizer_closure)"
+            )
+        if handle.counted:
+            end_window()
+        return outputs[-1]
+
     return step
+
+
+def _zero_grad_hook(hook: Callable[..., Any], progress: Any, optimizer: torch.optim.Optimizer) -> None:
+    """The module's ``optimizer_zero_grad(epoch, batch_idx, optimizer)`` (batch_idx: the last of the window)."""
+    hook(progress.epoch, progress.batch_in_epoch, optimizer)
 
 
 def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_idx: int | None = None) -> EvalBatch:
     """``eval_batch(batch, batch_idx) -> output`` for ``validation``/``test``/``predict`` (seams bound once).
 
-    Hook order: ``on_<prefix>_batch_start(batch, i)``; ``<step_name>(batch, i)`` under forward_context;
-    ``on_<prefix>_batch_end(out, batch, i)``. With ``dataloader_idx`` (one of several loaders) the step
-    and both hooks get it as their last argument, as in Lightning.
+    Hook order: the batch-transfer hooks (as in :func:`make_train_batch`); ``on_<prefix>_batch_start(batch, i)``;
+    ``<step_name>(batch, i)`` under forward_context; ``on_<prefix>_batch_end(out, batch, i)``. With
+    ``dataloader_idx`` (one of several loaders) the step and both hooks get it as their last argument,
+    as in Lightning.
     """
     strategy, router, hooks = trainer.strategy, trainer.metric_router, trainer.hooks
-    to_device, step = _batch_to_device(strategy), _step_call(strategy, step_name)
+    to_device, step = _batch_to_device(strategy, trainer), _step_call(strategy, step_name)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
     forward_context = _forward_context(strategy)
     if dataloader_idx is not None:
@@ -210,10 +266,9 @@ def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_id
         step, start, end = (with_last_arg(fn, dataloader_idx) for fn in (step, start, end))
 
     def eval_batch(batch: Any, batch_idx: int) -> Any:
-        router.current_batch = batch
+        router.current_batch = batch = to_device(batch)
         if start is not None:
             start(batch, batch_idx)
-        router.current_batch = batch = to_device(batch)
         if forward_context is None:
             out = step(batch, batch_idx)
         else:
@@ -224,150 +279,6 @@ def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_id
         return out
 
     return eval_batch
-
-
-class NonFinite:
-    """``Trainer(on_nonfinite=...)``: what a NaN/inf training loss does (raise, skip the step, warn)."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self._trainer = trainer
-        self.policy = trainer.on_nonfinite
-
-    def check(self, loss: torch.Tensor, batch_idx: int) -> bool:
-        """Whether to backpropagate ``loss``; a host read (a sync, hence opt-in); every rank decides alike."""
-        t = self._trainer
-        bad = (~torch.isfinite(loss.detach())).any().to(torch.int64).reshape(1)
-        if t.strategy.world_size > 1:
-            bad = t.strategy.reduce(bad, "max")
-        if not bad.item():
-            return True
-        p = t.progress
-        where = f"epoch {p.epoch}, global step {p.global_step}, batch {batch_idx}"
-        if self.policy == "raise":
-            raise FloatingPointError(
-                f"Non-finite training loss ({loss.detach().float().item()}) at {where}. "
-                "Trainer(on_nonfinite='skip') drops such steps instead."
-            )
-        if self.policy == "warn":
-            warnings.warn(f"Non-finite training loss at {where}; training goes on", stacklevel=2)
-            return True
-        return False
-
-    def skip_step(self, window: Window) -> None:
-        """Drop the optimizer step of a window that had a non-finite loss: no update, no scheduler move."""
-        t = self._trainer
-        p = t.progress
-        for optimizer in t.optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        window.nonfinite = window.has_loss = False
-        p.nonfinite_skipped += 1
-        p.nonfinite_in_a_row += 1
-        t.metric_router.log("train/nonfinite_skipped", float(p.nonfinite_skipped), True, False, False, False, "max", 1)
-        if p.nonfinite_in_a_row >= t.max_nonfinite_in_a_row:
-            raise FloatingPointError(
-                f"{p.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss "
-                f"(epoch {p.epoch}, global step {p.global_step}); stopping. "
-                "Raise Trainer(max_nonfinite_in_a_row=...) to tolerate more."
-            )
-
-
-class ManualOptimizer:
-    """What ``self.optimizers()`` returns under manual optimisation.
-
-    ``step()`` goes through the strategy (GradScaler under fp16) and counts a global step; under
-    ``on_nonfinite="skip"`` a step after a non-finite ``manual_backward`` is dropped instead (gradients
-    zeroed, no update). Everything else is the wrapped ``optimizer``'s.
-    """
-
-    def __init__(self, trainer: Trainer, optimizer: torch.optim.Optimizer, window: Window) -> None:
-        self._trainer = trainer
-        self._window = window
-        self.optimizer = optimizer
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The wrapped optimizer's parameter groups."""
-        return self.optimizer.param_groups
-
-    def step(self, closure: Any = None) -> bool:
-        """Run ``closure`` if given, then step; returns False if the step was skipped (fp16 overflow, NaN)."""
-        if closure is not None:
-            closure()
-        trainer = self._trainer
-        if self._window.nonfinite:
-            NonFinite(trainer).skip_step(self._window)
-            return False
-        trainer.hooks("on_before_optimizer_step", self.optimizer)
-        stepped = trainer.strategy.optimizer_step(self.optimizer)
-        trainer.progress.global_step += 1
-        trainer.progress.nonfinite_in_a_row = 0
-        if not stepped:
-            trainer.progress.skipped_steps += 1
-        return stepped
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients of the wrapped optimizer."""
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state."""
-        return self.optimizer.state_dict()
-
-
-def manual_backward(trainer: Trainer, loss: torch.Tensor) -> None:
-    """``TrainModule.manual_backward``: the non-finite policy, then the strategy's backward."""
-    if trainer.on_nonfinite is not None and not NonFinite(trainer).check(loss, trainer.progress.batch_in_epoch):
-        trainer.window.nonfinite = True
-        return
-    trainer.strategy.backward(loss)
-
-
-def loss_of(out: Any) -> torch.Tensor | None:
-    """The loss in what ``training_step`` returned: a tensor, a dict's ``"loss"``, or None (skip)."""
-    if out is None or isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, Mapping):
-        if "loss" not in out:
-            raise KeyError(f"training_step returned a dict without a 'loss' entry (keys: {sorted(out)})")
-        loss = out["loss"]
-        if loss is None or isinstance(loss, torch.Tensor):
-            return loss
-    raise TypeError(f"training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}")
-
-
-def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None, metrics_due: bool = True) -> None:
-    """Advance the schedulers of ``interval`` whose ``frequency`` divides the count just reached.
-
-    A monitoring scheduler at the ``"epoch"`` interval steps only on a value logged in this epoch:
-    stepping ReduceLROnPlateau again on the last validation's value (an epoch that skipped
-    validation) would count a plateau epoch that never happened. ``metrics_due`` says whether a
-    missing metric is an error now (True) or may still come from a later validation (False).
-    """
-    if not trainer.lr_scheduler_configs:
-        return  # the common case, checked first
-    count = steps_done if steps_done is not None else trainer.progress.epoch + 1
-    assert trainer.module is not None
-    if not trainer.module.automatic_optimization:
-        return  # under manual optimisation the user steps schedulers
-    metrics = trainer.callback_metrics
-    for cfg in trainer.lr_scheduler_configs:
-        if cfg.interval != interval or count % cfg.frequency:
-            continue
-        if cfg.monitor is None:
-            cfg.scheduler.step()
-            continue
-        value = metrics.get(cfg.monitor)
-        if interval == "epoch" and cfg.monitor not in trainer.metric_router.epoch_keys:
-            value = None
-        if value is None:
-            if cfg.strict and metrics_due:
-                logged = ", ".join(sorted(metrics)) or "nothing"
-                raise MetricNotLoggedError(  # a KeyError too
-                    f"{type(cfg.scheduler).__name__} monitors {cfg.monitor!r}, which was not logged "
-                    f"(logged: {logged}); log it with self.log({cfg.monitor!r}, value)"
-                )
-            continue
-        cfg.scheduler.step(float(value))  # a sync, once per interval
 
 
 def _keeps(obj: object, base: type, name: str) -> bool:
@@ -383,16 +294,71 @@ def _forward_context(strategy: Strategy) -> Callable[[], Any] | None:
     return strategy.forward_context
 
 
-def _batch_to_device(strategy: Strategy) -> Callable[[Any], Any]:
-    """``strategy.batch_to_device``, or the plain move where neither the strategy nor its precision changes it."""
+def _batch_to_device(strategy: Strategy, trainer: Trainer | None = None) -> Callable[[Any], Any]:
+    """The batch transfer: the user's hooks where overridden around ``strategy.batch_to_device``, or the
+    plain move where neither the strategy nor its precision changes it (bound once; no cost when unused).
+
+    ``on_before_batch_transfer``/``transfer_batch_to_device``/``on_after_batch_transfer`` are the data
+    module's when it overrides them, else the module's (Lightning's rule); ``dataloader_idx`` is 0.
+    """
     if _keeps(strategy, Strategy, "batch_to_device") and _keeps(strategy.precision, Precision, "convert_input"):
-        return functools.partial(move_to_device, device=strategy.root_device)
-    return strategy.batch_to_device
+        move: Callable[[Any], Any] = functools.partial(move_to_device, device=strategy.root_device)
+    else:
+        move = strategy.batch_to_device
+    if trainer is None:
+        return move
+    before, transfer, after = (
+        _user_data_hook(trainer, name)
+        for name in ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+    )
+    if before is None and transfer is None and after is None:
+        return move
+    device = strategy.root_device
+
+    def to_device(batch: Any) -> Any:
+        if before is not None:
+            batch = before(batch, 0)
+        batch = move(batch) if transfer is None else transfer(batch, device, 0)
+        if after is not None:
+            batch = after(batch, 0)
+        return batch
+
+    return to_device
+
+
+def _user_data_hook(trainer: Trainer, name: str) -> Callable[..., Any] | None:
+    """The data module's ``name`` if it overrides it, else the module's if it does, else None."""
+    from trainer.module_hooks import DataHooks
+
+    for owner in (trainer.datamodule, trainer.module):
+        if owner is not None and not _keeps(owner, DataHooks, name):
+            return getattr(owner, name)
+    return None
 
 
 def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:
-    """The user's step ``name`` as the strategy calls it (through its wrapper where it routes steps)."""
+    """The user's step ``name`` as the strategy calls it (through its wrapper where it routes steps).
+
+    A step defined without ``batch_idx`` (``def training_step(self, batch)``) is called without it;
+    the signature is read once, here, not per batch.
+    """
+    assert strategy.module is not None
+    takes_index = _takes_batch_idx(getattr(strategy.module, name))
+    fn: Callable[..., Any]
     if _keeps(strategy, Strategy, "step"):
-        assert strategy.module is not None
-        return getattr(strategy.module, name)
-    return functools.partial(strategy.step, name)
+        fn = getattr(strategy.module, name)
+    else:
+        fn = functools.partial(strategy.step, name)
+    if takes_index:
+        return fn
+    return lambda batch, batch_idx: fn(batch)
+
+
+def _takes_batch_idx(fn: Callable[..., Any]) -> bool:
+    """Whether a bound step method accepts a second positional argument (``batch_idx``)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)

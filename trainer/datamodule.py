@@ -1,0 +1,123 @@
+"""``DataModule``: the data of a task, with Lightning's ``LightningDataModule`` names and meaning."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from trainer.hparams import HyperparametersMixin
+from trainer.module_hooks import DataHooks
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = ["DataModule"]
+
+D = TypeVar("D", bound="DataModule")
+
+
+class DataModule(HyperparametersMixin, DataHooks):
+    """Bundles the data of a task: ``prepare_data`` (once per node), ``setup(stage)``, one loader per stage.
+
+    Override the ``*_dataloader`` methods a run needs; the trainer reports which one is missing.
+    ``self.trainer`` is the trainer using it (None outside a run).
+    """
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "trainer":  # subclasses that do not call super().__init__()
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def train_dataloader(self) -> Iterable[Any]:
+        """The training data."""
+        raise NotImplementedError(f"{type(self).__name__} does not define train_dataloader()")
+
+    def val_dataloader(self) -> Iterable[Any]:
+        """The validation data."""
+        raise NotImplementedError(f"{type(self).__name__} does not define val_dataloader()")
+
+    def test_dataloader(self) -> Iterable[Any]:
+        """The test data."""
+        raise NotImplementedError(f"{type(self).__name__} does not define test_dataloader()")
+
+    def predict_dataloader(self) -> Iterable[Any]:
+        """The prediction data."""
+        raise NotImplementedError(f"{type(self).__name__} does not define predict_dataloader()")
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to put into checkpoints (e.g. a data cursor); restored by :meth:`load_state_dict`."""
+        return {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    @classmethod
+    def from_datasets(
+        cls,
+        train_dataset: Dataset[Any] | Iterable[Dataset[Any]] | None = None,
+        val_dataset: Dataset[Any] | Iterable[Dataset[Any]] | None = None,
+        test_dataset: Dataset[Any] | Iterable[Dataset[Any]] | None = None,
+        predict_dataset: Dataset[Any] | Iterable[Dataset[Any]] | None = None,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        **datamodule_kwargs: Any,
+    ) -> DataModule:
+        """A data module serving these datasets with ``DataLoader(batch_size, num_workers)``.
+
+        The training loader shuffles (unless the dataset is iterable); the others do not. A list or
+        dict of datasets gives a list or dict of loaders. ``datamodule_kwargs`` go to ``cls(...)``.
+
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> dm = DataModule.from_datasets(TensorDataset(torch.arange(4.0)), batch_size=2)
+        >>> len(dm.train_dataloader())
+        2
+        """
+
+        def loaders(ds: Any, shuffle: bool) -> Any:
+            if isinstance(ds, Mapping):
+                return {key: loaders(value, shuffle) for key, value in ds.items()}
+            if isinstance(ds, (list, tuple)):
+                return [loaders(value, shuffle) for value in ds]
+            return DataLoader(
+                ds,
+                batch_size=batch_size,
+                shuffle=shuffle and not isinstance(ds, IterableDataset),
+                num_workers=num_workers,
+            )
+
+        datamodule = cls(**datamodule_kwargs)
+        if train_dataset is not None:
+            datamodule.train_dataloader = lambda: loaders(train_dataset, True)  # type: ignore[method-assign]
+        if val_dataset is not None:
+            datamodule.val_dataloader = lambda: loaders(val_dataset, False)  # type: ignore[method-assign]
+        if test_dataset is not None:
+            datamodule.test_dataloader = lambda: loaders(test_dataset, False)  # type: ignore[method-assign]
+        if predict_dataset is not None:
+            datamodule.predict_dataloader = lambda: loaders(predict_dataset, False)  # type: ignore[method-assign]
+        return datamodule
+
+    @classmethod
+    def load_from_checkpoint(
+        cls: type[D],
+        checkpoint_path: str | os.PathLike[str] | IO[bytes],
+        map_location: Any = None,
+        hparams_file: str | os.PathLike[str] | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> D:
+        """Rebuild the data module from a checkpoint's saved hyperparameters and state (``kwargs`` override).
+
+        Reads geartrain's and Lightning 2.x's checkpoints, always with ``weights_only=True``.
+        """
+        from trainer.lightning_checkpoint import load_from_checkpoint
+
+        return load_from_checkpoint(
+            cls, checkpoint_path, map_location, hparams_file, None, weights_only, kwargs, weights=False
+        )

@@ -1,0 +1,214 @@
+"""Hyperparameters: ``save_hyperparameters``, ``hparams`` and what of them a checkpoint keeps.
+
+Shared by :class:`~trainer.module.TrainModule` and :class:`~trainer.datamodule.DataModule`, with
+Lightning's names and meaning. In memory a hyperparameter may be anything (a layer, a function);
+a checkpoint keeps only what ``torch.load(weights_only=True)`` reads back, and records the rest as
+a description string plus its name in ``hparams_unsaved``, so ``load_from_checkpoint`` can ask for
+it instead of unpickling an object (which could run code).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import types
+from argparse import Namespace
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["AttributeDict", "HyperparametersMixin", "plain_hparams"]
+
+
+class AttributeDict(dict[str, Any]):
+    """A dict whose items are also attributes (Lightning's ``AttributeDict``).
+
+    >>> hp = AttributeDict(lr=0.1)
+    >>> hp.lr, hp["lr"]
+    (0.1, 0.1)
+    >>> hp.depth = 3
+    >>> hp["depth"]
+    3
+    """
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as err:
+            raise AttributeError(f"hparams has no {key!r} (it has: {', '.join(self) or 'nothing'})") from err
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        try:
+            del self[key]
+        except KeyError as err:
+            raise AttributeError(key) from err
+
+
+class HyperparametersMixin:
+    """``save_hyperparameters``, ``hparams`` and ``hparams_initial``, as in Lightning."""
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """The saved hyperparameters, with attribute and item access (empty until saved)."""
+        hp = self.__dict__.get("_hparams")
+        if hp is None:
+            hp = AttributeDict()
+            object.__setattr__(self, "_hparams", hp)
+        return hp
+
+    @hparams.setter
+    def hparams(self, value: Mapping[str, Any] | Namespace) -> None:
+        object.__setattr__(self, "_hparams", AttributeDict(_as_mapping(value)))
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of the hyperparameters as ``save_hyperparameters`` recorded them (later edits excluded)."""
+        initial = self.__dict__.get("_hparams_initial")
+        return copy.deepcopy(initial) if initial is not None else AttributeDict()
+
+    def save_hyperparameters(
+        self,
+        *args: Any,
+        ignore: Sequence[str] | str | None = None,
+        frame: types.FrameType | None = None,
+        logger: bool = True,
+    ) -> None:
+        """Record hyperparameters in ``self.hparams``: the ``__init__`` arguments by default.
+
+        Args:
+            *args: names of ``__init__`` arguments to keep (default: all of them), or one dict or
+                ``argparse.Namespace`` to record as it is.
+            ignore: ``__init__`` argument names to leave out (e.g. a model passed in).
+            frame: the frame whose arguments to record (default: the caller's ``__init__``).
+            logger: whether loggers record them (TensorBoard's HPARAMS tab).
+
+        They go into every checkpoint; :meth:`load_from_checkpoint` rebuilds the object from them.
+        """
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        if len(args) == 1 and not isinstance(args[0], str):
+            values = dict(_as_mapping(args[0]))
+        else:
+            if frame is None:
+                current = inspect.currentframe()
+                frame = current.f_back if current is not None else None
+            init_args = _init_args(self, frame)
+            if args:
+                unknown = [name for name in args if name not in init_args]
+                if unknown:
+                    raise ValueError(
+                        f"save_hyperparameters: {', '.join(map(repr, unknown))} "
+                        f"{'is' if len(unknown) == 1 else 'are'} not __init__ arguments of {type(self).__name__} "
+                        f"(they are: {', '.join(init_args) or 'none'})"
+                    )
+                values = {name: init_args[name] for name in args}
+            else:
+                values = init_args
+        values = {k: v for k, v in values.items() if k not in ignored}
+        self.hparams.update(values)
+        object.__setattr__(self, "_hparams_initial", AttributeDict(copy.copy(dict(self.hparams))))
+        object.__setattr__(self, "_log_hyperparams", logger)
+
+    def remove_ignored_hparams(self, ignore_list: list[str]) -> None:
+        """Drop ``ignore_list`` from ``hparams`` (Lightning's helper of ``save_hyperparameters``)."""
+        for name in ignore_list:
+            self.hparams.pop(name, None)
+
+
+def plain_hparams(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``(what a checkpoint keeps, names recorded only as a description)`` for ``hparams``.
+
+    Numbers, strings, bools, None, tensors and lists/tuples/dicts of them are kept as they are; any
+    other value (a module, a ``functools.partial``, a class) becomes a description string and its
+    name is listed, so loading asks for it instead of unpickling it.
+    """
+    kept: dict[str, Any] = {}
+    unsaved: list[str] = []
+    for name, value in hparams.items():
+        plain = _plain(value)
+        if plain is _UNSAVED:
+            kept[str(name)] = _describe(value)
+            unsaved.append(str(name))
+        else:
+            kept[str(name)] = plain
+    return kept, unsaved
+
+
+_UNSAVED = object()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain data, or ``_UNSAVED`` where some part of it is not plain."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        items = {str(k): _plain(v) for k, v in value.items()}
+        return _UNSAVED if any(v is _UNSAVED for v in items.values()) else items
+    if isinstance(value, (list, tuple)):
+        seq = [_plain(v) for v in value]
+        if any(v is _UNSAVED for v in seq):
+            return _UNSAVED
+        return tuple(seq) if isinstance(value, tuple) else seq
+    try:  # an OmegaConf container (Hydra configs): resolved into plain data
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return _plain(OmegaConf.to_container(value, resolve=True))
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        pass
+    return _UNSAVED
+
+
+def _describe(value: Any) -> str:
+    """A readable, never-executed description of a value a checkpoint cannot keep."""
+    if isinstance(value, type):
+        return f"<class {value.__module__}.{value.__qualname__}>"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    text = repr(value)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"<{kind}: {text}>"
+
+
+def _as_mapping(value: Any) -> Mapping[str, Any]:
+    if isinstance(value, Namespace):
+        return vars(value)
+    if isinstance(value, Mapping):
+        return value
+    raise TypeError(
+        f"save_hyperparameters takes __init__ argument names, a dict or an argparse.Namespace; "
+        f"got a {type(value).__name__}"
+    )
+
+
+def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:
+    """The arguments of every ``__init__`` of ``obj`` on the stack from ``frame`` outwards (outermost wins).
+
+    Walking outwards collects a subclass's arguments as well as its base class's, when the base
+    calls ``save_hyperparameters``; ``**kwargs`` are spread into the result, ``*args`` dropped.
+    """
+    found: list[dict[str, Any]] = []
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is obj:
+        code, local = frame.f_code, frame.f_locals
+        names = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+        args = {n: local[n] for n in names if n != "self" and n in local}
+        flags = code.co_flags
+        index = code.co_argcount + code.co_kwonlyargcount
+        if flags & inspect.CO_VARARGS:
+            index += 1
+        if flags & inspect.CO_VARKEYWORDS:
+            args.update(local.get(code.co_varnames[index], {}))
+        found.append(args)
+        frame = frame.f_back
+    merged: dict[str, Any] = {}
+    for args in found:
+        merged.update(args)
+    return merged

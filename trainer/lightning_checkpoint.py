@@ -1,0 +1,201 @@
+"""Reading checkpoints into modules: ``load_from_checkpoint``, and checkpoints written by Lightning 2.x.
+
+Both geartrain's and Lightning's files are read with ``torch.load(weights_only=True)``: loading never
+runs pickled code. Lightning's files hold plain data plus, sometimes, Lightning's ``AttributeDict``
+(a dict subclass) among the hyperparameters; that one class name is allowed and read as a plain
+``dict`` (torch's safe unpickler fills only real dicts), nothing else is. :func:`lightning_resume_state` turns a
+Lightning file into the state a geartrain resume reads (weights, optimizer and scheduler states,
+epoch and step).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import torch
+
+from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION
+from trainer.common.errors import CheckpointError
+
+__all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
+
+T = TypeVar("T")
+
+#: The names Lightning's ``AttributeDict`` is pickled under (Lightning 2.x), each read as a plain dict.
+_LIGHTNING_SAFE_GLOBALS: list[Any] = [
+    (dict, "lightning_fabric.utilities.data.AttributeDict"),
+    (dict, "lightning.fabric.utilities.data.AttributeDict"),
+    (dict, "pytorch_lightning.utilities.parsing.AttributeDict"),
+]
+
+
+def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
+    where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
+    if isinstance(path, (str, os.PathLike)) and not Path(path).is_file():
+        raise CheckpointError(f"Checkpoint {path} does not exist")
+    try:
+        with torch.serialization.safe_globals(_LIGHTNING_SAFE_GLOBALS):
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"Cannot read checkpoint {where} with weights_only=True (it holds objects other than tensors and "
+            f"plain data, or is damaged): {err}"
+        ) from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+def is_lightning_checkpoint(state: Mapping[str, Any]) -> bool:
+    """Whether ``state`` was written by Lightning (``pytorch-lightning_version``, or its keys without ours)."""
+    if state.get("format") == FORMAT_NAME:
+        return False
+    return "pytorch-lightning_version" in state or ("state_dict" in state and "global_step" in state)
+
+
+def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A Lightning checkpoint as geartrain's checkpoint dict: weights, optimizers, schedulers, progress.
+
+    The epoch and the batch in it come from Lightning's loop state (``fit_loop.epoch_progress`` and
+    ``epoch_loop.batch_progress``) when present, else from ``epoch``; a checkpoint written after
+    an epoch finished resumes at the next epoch, as in Lightning.
+    """
+    loops = state.get("loops") or {}
+    fit_loop = loops.get("fit_loop") or {}
+    epochs_done = _progress(fit_loop.get("epoch_progress"), "completed")
+    batches = _progress(fit_loop.get("epoch_loop.batch_progress"), "completed")
+    batch_meta = fit_loop.get("epoch_loop.batch_progress") or {}
+    global_step = int(state.get("global_step", 0))
+    if epochs_done is None:
+        progress = {"epoch": int(state.get("epoch", 0)), "global_step": global_step, "epoch_finished": True}
+    elif batches and not batch_meta.get("is_last_batch", True):
+        progress = {"epoch": epochs_done, "global_step": global_step, "batch_in_epoch": batches}
+    else:
+        progress = {
+            "epoch": max(epochs_done - 1, 0),
+            "global_step": global_step,
+            "batch_in_epoch": batches or 0,
+            "epoch_finished": epochs_done > 0,
+        }
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "state_dict": dict(state["state_dict"]),
+        "progress": progress,
+        "hparams": dict(state.get("hyper_parameters") or {}),
+        "optimizers": list(state.get("optimizer_states", [])),
+        "lr_schedulers": list(state.get("lr_schedulers", [])),
+        "from_lightning": True,
+    }
+
+
+def load_from_checkpoint(
+    cls: type[T],
+    checkpoint_path: str | os.PathLike[str] | IO[bytes],
+    map_location: Any = None,
+    hparams_file: str | os.PathLike[str] | None = None,
+    strict: bool | None = None,
+    weights_only: bool | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    weights: bool = True,
+) -> T:
+    """Build ``cls`` from a checkpoint's hyperparameters (``kwargs`` override them), then load its state.
+
+    ``weights`` says whether to load the model weights (modules) or the data module's state.
+    """
+    if weights_only is False:
+        raise ValueError(
+            "load_from_checkpoint(weights_only=False) is not supported: geartrain reads checkpoints with "
+            "weights_only=True only, so loading never runs pickled code. Pass weights_only=None or True."
+        )
+    state = read_checkpoint(checkpoint_path, map_location if map_location is not None else "cpu")
+    lightning = is_lightning_checkpoint(state)
+    if weights:
+        hparams = dict(state.get("hyper_parameters" if lightning else "hparams") or {})
+        unsaved = [] if lightning else list(state.get("hparams_unsaved", []))
+    else:
+        hparams = dict(state.get("datamodule_hyper_parameters" if lightning else "datamodule_hparams") or {})
+        unsaved = [] if lightning else list(state.get("datamodule_hparams_unsaved", []))
+    if hparams_file is not None:
+        hparams.update(_read_hparams_file(hparams_file))
+    obj = _construct(cls, hparams, unsaved, dict(kwargs or {}), checkpoint_path)
+    on_load = getattr(obj, "on_load_checkpoint", None)
+    if weights:
+        if callable(on_load):
+            on_load(state)
+        from trainer.common.state_dict import load_module_state
+
+        assert isinstance(obj, torch.nn.Module)
+        use_strict = strict if strict is not None else bool(getattr(obj, "strict_loading", True))
+        load_module_state(obj, state["state_dict"], strict=use_strict)
+        if map_location is not None and isinstance(map_location, (str, torch.device)):
+            obj.to(map_location)
+    else:
+        dm_state = state.get("datamodule") if not lightning else state.get(type(obj).__qualname__)
+        if dm_state is not None:
+            obj.load_state_dict(dm_state)  # type: ignore[attr-defined]
+    return obj
+
+
+def _construct(
+    cls: type[T],
+    hparams: dict[str, Any],
+    unsaved: list[str],
+    kwargs: dict[str, Any],
+    where: Any,
+) -> T:
+    """``cls(**arguments)``: the saved hyperparameters its ``__init__`` takes, overridden by ``kwargs``."""
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = {n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    arguments = {k: v for k, v in hparams.items() if takes_any or k in named}
+    missing_unsaved = [n for n in unsaved if n in arguments and n not in kwargs]
+    if missing_unsaved:
+        names = ", ".join(missing_unsaved)
+        example = ", ".join(f"{n}=..." for n in missing_unsaved)
+        raise TypeError(
+            f"{cls.__name__}.load_from_checkpoint({where!s}): the argument(s) {names} could not be saved in the "
+            f"checkpoint (not plain data; it holds only a description); pass them: "
+            f"{cls.__name__}.load_from_checkpoint(path, {example})"
+        )
+    arguments.update(kwargs)
+    required = [
+        n
+        for n, p in params.items()
+        if n != "self"
+        and p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and n not in arguments
+    ]
+    if required:
+        raise TypeError(
+            f"{cls.__name__}.load_from_checkpoint({where!s}): __init__ argument(s) {', '.join(required)} are not "
+            "among the checkpoint's hyperparameters; pass them as keyword arguments to load_from_checkpoint "
+            "(or call self.save_hyperparameters() in __init__)"
+        )
+    return cls(**arguments)
+
+
+def _read_hparams_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Hyperparameters from a YAML file (Lightning's ``hparams.yaml``)."""
+    import yaml
+
+    with open(path) as f:
+        loaded = yaml.safe_load(f) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"hparams_file {path} does not hold a mapping")
+    return loaded
+
+
+def _progress(entry: Any, field: str) -> int | None:
+    if not isinstance(entry, Mapping):
+        return None
+    current = entry.get("current")
+    if isinstance(current, Mapping) and field in current:
+        return int(current[field])
+    return None

@@ -1,0 +1,217 @@
+"""The optimizer's side of the step: the accumulation window, the non-finite policy, the optimizer
+objects handed to the module (``self.optimizers()`` and an overridden ``optimizer_step``'s), the loss of a
+step's output and the schedulers' stepping. :mod:`trainer.loops.step` binds them into the one step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.common.errors import MetricNotLoggedError
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = [
+    "ManualOptimizer",
+    "NonFinite",
+    "StepOptimizer",
+    "Window",
+    "loss_of",
+    "manual_backward",
+    "step_schedulers",
+]
+
+
+@dataclass
+class Window:
+    """The accumulation window in progress (kept for a whole ``fit``, as a window may span a resume point)."""
+
+    #: A micro-batch of the window had a loss (so the window ends with an optimizer step).
+    has_loss: bool = False
+    #: ... had a non-finite loss under ``on_nonfinite="skip"`` (so the window's step is dropped).
+    nonfinite: bool = False
+
+
+class StepOptimizer:
+    """The optimizer an overridden ``optimizer_step`` receives (Lightning's ``LightningOptimizer``).
+
+    ``step(closure)`` runs the closure (forward, backward), then what the trainer does before and at
+    the optimizer step (``on_before_optimizer_step``, clipping, the strategy's step with fp16 scaling,
+    the non-finite policy). Everything else (``param_groups``, ``state``) is the wrapped optimizer's.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, finish: Callable[[], bool]) -> None:
+        self.optimizer = optimizer
+        self._finish = finish
+        #: Whether ``step`` made (or deliberately skipped, fp16) a step that counts as a global step.
+        self.counted = False
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (change ``lr`` here for warm-up)."""
+        return self.optimizer.param_groups
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
+        """Run ``closure`` (forward and backward), then step."""
+        if closure is not None:
+            closure()
+        self.counted = self._finish()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the wrapped optimizer's gradients."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
+class NonFinite:
+    """``Trainer(on_nonfinite=...)``: what a NaN/inf training loss does (raise, skip the step, warn)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+        self.policy = trainer.on_nonfinite
+
+    def check(self, loss: torch.Tensor, batch_idx: int) -> bool:
+        """Whether to backpropagate ``loss``; a host read (a sync, hence opt-in); every rank decides alike."""
+        t = self._trainer
+        bad = (~torch.isfinite(loss.detach())).any().to(torch.int64).reshape(1)
+        if t.strategy.world_size > 1:
+            bad = t.strategy.reduce(bad, "max")
+        if not bad.item():
+            return True
+        p = t.progress
+        where = f"epoch {p.epoch}, global step {p.global_step}, batch {batch_idx}"
+        if self.policy == "raise":
+            raise FloatingPointError(
+                f"Non-finite training loss ({loss.detach().float().item()}) at {where}. "
+                "Trainer(on_nonfinite='skip') drops such steps instead."
+            )
+        if self.policy == "warn":
+            warnings.warn(f"Non-finite training loss at {where}; training goes on", stacklevel=2)
+            return True
+        return False
+
+    def skip_step(self, window: Window) -> None:
+        """Drop the optimizer step of a window that had a non-finite loss: no update, no scheduler move."""
+        t = self._trainer
+        p = t.progress
+        for optimizer in t.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        window.nonfinite = window.has_loss = False
+        p.nonfinite_skipped += 1
+        p.nonfinite_in_a_row += 1
+        t.metric_router.log("train/nonfinite_skipped", float(p.nonfinite_skipped), True, False, False, False, "max", 1)
+        if p.nonfinite_in_a_row >= t.max_nonfinite_in_a_row:
+            raise FloatingPointError(
+                f"{p.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss "
+                f"(epoch {p.epoch}, global step {p.global_step}); stopping. "
+                "Raise Trainer(max_nonfinite_in_a_row=...) to tolerate more."
+            )
+
+
+class ManualOptimizer:
+    """What ``self.optimizers()`` returns under manual optimisation.
+
+    ``step()`` goes through the strategy (GradScaler under fp16) and counts a global step; under
+    ``on_nonfinite="skip"`` a step after a non-finite ``manual_backward`` is dropped instead (gradients
+    zeroed, no update). Everything else is the wrapped ``optimizer``'s.
+    """
+
+    def __init__(self, trainer: Trainer, optimizer: torch.optim.Optimizer, window: Window) -> None:
+        self._trainer = trainer
+        self._window = window
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
+        return self.optimizer.param_groups
+
+    def step(self, closure: Any = None) -> bool:
+        """Run ``closure`` if given, then step; returns False if the step was skipped (fp16 overflow, NaN)."""
+        if closure is not None:
+            closure()
+        trainer = self._trainer
+        if self._window.nonfinite:
+            NonFinite(trainer).skip_step(self._window)
+            return False
+        trainer.hooks("on_before_optimizer_step", self.optimizer)
+        stepped = trainer.strategy.optimizer_step(self.optimizer)
+        trainer.progress.global_step += 1
+        trainer.progress.nonfinite_in_a_row = 0
+        if not stepped:
+            trainer.progress.skipped_steps += 1
+        return stepped
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of the wrapped optimizer."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state."""
+        return self.optimizer.state_dict()
+
+
+def manual_backward(trainer: Trainer, loss: torch.Tensor) -> None:
+    """``TrainModule.manual_backward``: the non-finite policy, then the strategy's backward."""
+    if trainer.on_nonfinite is not None and not NonFinite(trainer).check(loss, trainer.progress.batch_in_epoch):
+        trainer.window.nonfinite = True
+        return
+    trainer.strategy.backward(loss)
+
+
+def loss_of(out: Any) -> torch.Tensor | None:
+    """The loss in what ``training_step`` returned: a tensor, a dict's ``"loss"``, or None (skip)."""
+    if out is None or isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        if "loss" not in out:
+            raise KeyError(f"training_step returned a dict without a 'loss' entry (keys: {sorted(out)})")
+        loss = out["loss"]
+        if loss is None or isinstance(loss, torch.Tensor):
+            return loss
+    raise TypeError(f"training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}")
+
+
+def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None, metrics_due: bool = True) -> None:
+    """Advance the schedulers of ``interval`` whose ``frequency`` divides the count just reached.
+
+    A monitoring scheduler at the ``"epoch"`` interval steps only on a value logged in this epoch:
+    stepping ReduceLROnPlateau again on the last validation's value (an epoch that skipped
+    validation) would count a plateau epoch that never happened. ``metrics_due`` says whether a
+    missing metric is an error now (True) or may still come from a later validation (False).
+    """
+    if not trainer.lr_scheduler_configs:
+        return  # the common case, checked first
+    count = steps_done if steps_done is not None else trainer.progress.epoch + 1
+    assert trainer.module is not None
+    if not trainer.module.automatic_optimization:
+        return  # under manual optimisation the user steps schedulers
+    metrics = trainer.callback_metrics
+    # The module's lr_scheduler_step(scheduler, metric) where overridden, else the scheduler's own step.
+    lr_scheduler_step = trainer.module.lr_scheduler_step
+    for cfg in trainer.lr_scheduler_configs:
+        if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if cfg.monitor is None:
+            lr_scheduler_step(cfg.scheduler, None)
+            continue
+        value = metrics.get(cfg.monitor)
+        if interval == "epoch" and cfg.monitor not in trainer.metric_router.epoch_keys:
+            value = None
+        if value is None:
+            if cfg.strict and metrics_due:
+                logged = ", ".join(sorted(metrics)) or "nothing"
+                raise MetricNotLoggedError(  # a KeyError too
+                    f"{type(cfg.scheduler).__name__} monitors {cfg.monitor!r}, which was not logged "
+                    f"(logged: {logged}); log it with self.log({cfg.monitor!r}, value)"
+                )
+            continue
+        lr_scheduler_step(cfg.scheduler, float(value))  # a sync, once per interval
