@@ -89,7 +89,7 @@ def test_resume_refuses_a_lightning_file_with_other_schedulers(tmp_path: Path) -
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     trainer = quiet_trainer(tmp_path, max_epochs=3)
-    with pytest.raises(CheckpointError, match="scheduler states"):
+    with pytest.raises(CheckpointError, match="scheduler state"):
         trainer.fit(NoScheduler(), DataLoader(data(), batch_size=4), ckpt_path=DATA / "epoch2.ckpt")
 
 

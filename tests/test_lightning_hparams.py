@@ -230,4 +230,4 @@ def test_save_hyperparameters_logger_false_keeps_them_out_of_tensorboard(tmp_pat
     shown, hidden = TensorBoardLogger(tmp_path / "a"), TensorBoardLogger(tmp_path / "b")
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[shown]).fit(Net(), ones(4))
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[hidden]).fit(Hidden(), ones(4))
-    assert shown._hparams and not hidden._hparams
+    assert shown._session and not hidden._session

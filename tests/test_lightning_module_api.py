@@ -64,6 +64,8 @@ def test_all_gather_on_one_process_returns_the_data() -> None:
 
 def test_loggers_are_the_trainers_logging_callbacks(tmp_path: Path) -> None:
     class Sink(Callback):
+        is_logger = True  # what makes a callback one of the trainer's loggers
+
         def on_log_metrics(self, trainer: Any, module: Any, metrics: Any, step: int) -> None:
             pass
 
@@ -82,6 +84,8 @@ def test_log_logger_false_stays_out_of_loggers_but_in_callback_metrics(tmp_path:
     emitted: list[str] = []
 
     class Sink(Callback):
+        is_logger = True  # what makes a callback one of the trainer's loggers
+
         def on_log_metrics(self, trainer: Any, module: Any, metrics: Any, step: int) -> None:
             emitted.extend(metrics)
 

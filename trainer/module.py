@@ -129,10 +129,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         t = self._trainer
         if t is None:
             return []
-        found = getattr(t, "loggers", None)
-        if found is not None:
-            return list(found)
-        return list(t.hooks._by_hook.get("on_log_metrics", ()))
+        return list(t.loggers)
 
     @property
     def logger(self) -> Any:
