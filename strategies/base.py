@@ -174,6 +174,11 @@ class Strategy:
         """Context around a whole evaluation or predict loop (FSDP gathers full weights once here)."""
         return contextlib.nullcontext()
 
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        """Backward of a loss from ``self.manual_backward`` (manual optimisation; may run several
+        times after one forward). Default: :meth:`backward`."""
+        self.backward(loss)
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` (scaled under fp16)."""
         self.precision.backward(loss)

@@ -103,6 +103,25 @@ class DDPStrategy(ParallelStrategy):
         return getattr(self.module, hook)(*args)
 
     @override
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        """Each manual backward gets DDP's reducer ready for it.
+
+        DDP prepares its gradient all-reduce once per forward (from the forward's output). Manual
+        optimisation may run several backwards after one ``training_step`` (a GAN: the generator's loss,
+        then the discriminator's), each reaching other parameters; with ``find_unused_parameters`` the
+        reducer must learn, per backward, which parameters this loss does not reach.
+        """
+        model = self.model
+        if isinstance(model, DistributedDataParallel) and torch.is_grad_enabled() and model.require_backward_grad_sync:
+            from torch.nn.parallel.distributed import _find_tensors
+
+            model.require_forward_param_sync = True
+            unused_search = model.find_unused_parameters and not model.static_graph
+            model.reducer._rebuild_buckets()
+            model.reducer.prepare_for_backward(list(_find_tensors(loss)) if unused_search else [])
+        self.backward(loss)
+
+    @override
     def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:
         if skip and isinstance(self.model, DistributedDataParallel):
             return self.model.no_sync()

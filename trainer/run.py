@@ -170,6 +170,7 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     trainer.module = module
     if final["training_state"] is not None:
         trainer.checkpointing.adopted = final["training_state"]
+        _adopt_optimizers(trainer, module, final["training_state"])
     trainer.preemption.preempted = final["preempted"]
     trainer.progress.load_state_dict(final["progress"])
     for cb in trainer.callbacks:
@@ -177,6 +178,21 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
             cb.load_state_dict(final["callbacks"][cb.state_key])
     router = trainer.metric_router
     router.callback_metrics, router.logged_metrics, router.progress_bar_metrics = final["metrics"]
+
+
+def _adopt_optimizers(trainer: Trainer, module: TrainModule, state: dict[str, Any]) -> None:
+    """The caller's ``trainer.optimizers`` and schedulers, as Lightning's are after fit: the module's own,
+    holding rank 0's end state (the processes that trained them are gone)."""
+    optimizers, schedulers = parse_optimizers(module.configure_optimizers())
+    try:
+        for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
+            opt.load_state_dict(opt_state)
+        for cfg, sched_state in zip(schedulers, state["lr_schedulers"], strict=True):
+            cfg.scheduler.load_state_dict(sched_state)
+    except (ValueError, KeyError) as err:
+        warnings.warn(f"trainer.optimizers after fit: rank 0's optimizer state did not load here ({err})", stacklevel=3)
+        return
+    trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
 
 
 def reload_loaders(trainer: Trainer, first: bool = False) -> None:

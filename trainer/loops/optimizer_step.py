@@ -164,7 +164,7 @@ def manual_backward(trainer: Trainer, loss: torch.Tensor) -> None:
     if trainer.on_nonfinite is not None and not NonFinite(trainer).check(loss, trainer.progress.batch_in_epoch):
         trainer.window.nonfinite = True
         return
-    trainer.strategy.backward(loss)
+    trainer.strategy.manual_backward(loss)
 
 
 def loss_of(out: Any) -> torch.Tensor | None:
