@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint_safety import unreadable
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import load_module_state, plain_state_dict, strip_wrapper_prefixes, to_plain
@@ -317,15 +317,7 @@ def load_checkpoint(
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
-        imports = _pickled_imports(path)
-        if imports:
-            raise CheckpointError(
-                f"Checkpoint {path} holds pickled Python objects ({', '.join(imports[:5])}), which could run "
-                "code when loaded; refusing it. geartrain checkpoints hold only tensors and plain containers."
-            ) from err
-        raise CheckpointError(
-            f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {_first_reason(err)}"
-        ) from err
+        raise unreadable(path, err) from err
     weights = plain_state_dict(state) if plain_weights and isinstance(state, dict) else None
     if weights is not None and state.get("format") != FORMAT_NAME:
         return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
@@ -342,45 +334,6 @@ def load_checkpoint(
             f"({FORMAT_VERSION}); upgrade geartrain to load it."
         )
     return state
-
-
-def _first_reason(err: BaseException) -> str:
-    """The line of torch's error that says what is wrong with the file, not its advice on ``weights_only``."""
-    found = re.search(r"WeightsUnpickler error:\s*(\S.*)", str(err)) or re.search(r"(\S.{0,200})", str(err))
-    return found.group(1).strip() if found else type(err).__name__
-
-
-_SAFE_IMPORTS = ("torch.", "collections.OrderedDict", "builtins.")
-
-
-def _pickled_imports(path: Path) -> list[str]:
-    """Python names a pickle (or torch zip file) would import, read without unpickling; [] if unreadable.
-
-    Only names outside torch's tensor machinery are returned: those are what made the safe loader
-    refuse the file, and what a malicious file would call.
-    """
-    import pickletools
-    import zipfile
-
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                members = [n for n in archive.namelist() if n.endswith("data.pkl")]
-                data = archive.read(members[0]) if members else b""
-        else:
-            data = path.read_bytes()
-        names: list[str] = []
-        strings: list[str] = []
-        for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name == "GLOBAL":
-                names.append(str(arg).replace(" ", "."))
-            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
-                names.append(".".join(strings[-2:]))
-            elif isinstance(arg, str):
-                strings.append(arg)
-    except Exception:
-        return []
-    return [n for n in dict.fromkeys(names) if not n.startswith(_SAFE_IMPORTS)]
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -19,6 +19,7 @@ from typing import IO, Any, TypeVar
 import torch
 
 from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION
+from trainer.checkpoint_safety import first_reason, unreadable
 from trainer.common.errors import CheckpointError
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
@@ -42,10 +43,9 @@ def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any 
         with torch.serialization.safe_globals(_LIGHTNING_SAFE_GLOBALS):
             state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
-        raise CheckpointError(
-            f"Cannot read checkpoint {where} with weights_only=True (it holds objects other than tensors and "
-            f"plain data, or is damaged): {err}"
-        ) from err
+        if isinstance(path, (str, os.PathLike)):
+            raise unreadable(Path(path), err) from err
+        raise CheckpointError(f"Cannot read checkpoint {where} with weights_only=True: {first_reason(err)}") from err
     if not isinstance(state, dict):
         raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
     return state
