@@ -7,6 +7,7 @@ deferred (:meth:`Strategy.no_backward_sync`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -330,5 +331,12 @@ class ParallelStrategy(Strategy):
 
 
 def _destroy_process_group() -> None:
+    """At exit of a process that joined torchrun's or Slurm's: leave the group together.
+
+    Without the barrier a rank can tear its gloo connections down while a peer is still using them,
+    and the peer's background thread then aborts the process (SIGABRT) after the work is done.
+    """
     if dist.is_initialized():
+        with contextlib.suppress(Exception):  # a peer that died already: nothing to wait for
+            dist.barrier()
         dist.destroy_process_group()
