@@ -6,8 +6,6 @@ deferred (:meth:`Strategy.no_backward_sync`).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -227,8 +225,9 @@ class ParallelStrategy(Strategy):
                 )
                 prefixed = dist.PrefixStore(f"geartrain/attempt_{attempt}", store)
                 dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=self.timeout)
-            # The group lives as long as the process (fit, validate and test reuse it).
-            atexit.register(_destroy_process_group)
+            # The group lives as long as the process (fit, validate and test reuse it), and is not
+            # destroyed at exit: a rank tearing its gloo connections down while a peer still used them
+            # aborted the peer (SIGABRT) after the work was done. The operating system closes them.
             return
         if self.world_size != 1:
             raise RuntimeError(
@@ -328,15 +327,3 @@ class ParallelStrategy(Strategy):
             f"{type(self).__name__}(devices={self._devices}, num_nodes={self.num_nodes}, "
             f"precision={self.precision.name!r})"
         )
-
-
-def _destroy_process_group() -> None:
-    """At exit of a process that joined torchrun's or Slurm's: leave the group together.
-
-    Without the barrier a rank can tear its gloo connections down while a peer is still using them,
-    and the peer's background thread then aborts the process (SIGABRT) after the work is done.
-    """
-    if dist.is_initialized():
-        with contextlib.suppress(Exception):  # a peer that died already: nothing to wait for
-            dist.barrier()
-        dist.destroy_process_group()
