@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint_safety import unreadable
+from trainer.checkpoint_safety import check_checkpoint_file, unreadable, write_failure
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import load_module_state, plain_state_dict, strip_wrapper_prefixes, to_plain
@@ -158,6 +158,9 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file private (0600); a checkpoint follows the umask like the run's logs
+        # and configs, so teammates in the group can read it where the umask lets them.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -168,10 +171,28 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
             os.unlink(tmp_name)
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
-        raise CheckpointError(f"Could not write checkpoint {path}: {err}") from err
+        raise CheckpointError(f"Could not write checkpoint {path}: {write_failure(path, err)}") from err
     if sync_dir:
         _fsync_dir(path.parent)
     return path
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (``/proc/self/status``).
+
+    Elsewhere reading it means setting it and straight back, which another thread creating a file at
+    that instant could observe; the writer thread of asynchronous saves is such a thread.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
@@ -312,8 +333,7 @@ def load_checkpoint(
     is accepted too and returned as ``{"state_dict": ..., "plain_weights": True}`` plus the format keys.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"Checkpoint {path} does not exist")
+    check_checkpoint_file(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
@@ -328,7 +348,12 @@ def load_checkpoint(
             "To load plain weights use module.load_state_dict(torch.load(path))."
         )
     version = state.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointError(
+            f"Checkpoint {path} has an invalid format version {version!r} (a whole number from 1 to "
+            f"{FORMAT_VERSION} is expected): the file was not written by geartrain, or was edited"
+        )
+    if version > FORMAT_VERSION:
         raise CheckpointError(
             f"Checkpoint {path} has format version {version}, newer than this geartrain reads "
             f"({FORMAT_VERSION}); upgrade geartrain to load it."

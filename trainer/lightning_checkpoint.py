@@ -19,7 +19,7 @@ from typing import IO, Any, TypeVar
 import torch
 
 from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION
-from trainer.checkpoint_safety import first_reason, unreadable
+from trainer.checkpoint_safety import check_checkpoint_file, first_reason, unreadable
 from trainer.common.errors import CheckpointError
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
@@ -37,8 +37,8 @@ _LIGHTNING_SAFE_GLOBALS: list[Any] = [
 def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
     """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
     where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
-    if isinstance(path, (str, os.PathLike)) and not Path(path).is_file():
-        raise CheckpointError(f"Checkpoint {path} does not exist")
+    if isinstance(path, (str, os.PathLike)):
+        check_checkpoint_file(Path(path))
     try:
         with torch.serialization.safe_globals(_LIGHTNING_SAFE_GLOBALS):
             state = torch.load(path, map_location=map_location, weights_only=True)
