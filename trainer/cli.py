@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -76,6 +77,11 @@ def run_task(cfg: Any) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if cfg.task in ("fit", "fit_test"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+        if trainer.global_step == 0 and ckpt is None and trainer.max_steps != 0 and trainer.limits["fit"] != 0:
+            raise ConfigError(
+                "the training set gave no batches, so nothing was trained: check the data config "
+                "(its path, split sizes and data.batch_size) or use task=validate/test to evaluate only"
+            )
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     tests = cfg.task != "fit_test" or can_test(module, datamodule)
     if cfg.task == "fit_test" and not tests and trainer.is_global_zero:
@@ -136,11 +142,13 @@ def check_config(cfg: Any) -> None:
 
 
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """``"last"`` means this run's ``checkpoints/last.ckpt``, else the newest ``last.ckpt`` of earlier runs.
+    """``"last"`` means this run's ``checkpoints/last.ckpt``, else the newest ``last.ckpt`` of an earlier run like it.
 
     Earlier runs are searched under ``outputs/`` and ``multirun/`` of the folder ``geartrain`` was
-    started in; the choice is printed, so a resume never silently picks the wrong file. Any other
-    value must name a file (or a sharded checkpoint's folder) that exists.
+    started in, among runs of the same experiment (in a sweep: the same job), see
+    :func:`trainer.run_dirs.resolve_last_checkpoint`; the choice is printed, so a resume never
+    silently picks the wrong file. Any other value must name a file (or a sharded checkpoint's
+    folder) that exists.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -149,24 +157,20 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
         return ckpt_path
     if ckpt_path != "last":
         path = Path(ckpt_path) if Path(ckpt_path).is_absolute() else base / ckpt_path
-        if not path.exists():
+        if not os.path.lexists(path):  # a link that loops or dangles is the loader's to describe
             raise ConfigError(
                 f"ckpt_path={ckpt_path}: no such file ({path}). Give the path of a .ckpt file, or "
                 "ckpt_path=last for the newest last.ckpt under outputs/ and multirun/"
             )
         return str(path)
-    own = run_dir / "checkpoints" / "last.ckpt"
-    if own.is_file():
-        return str(own)
-    found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
-    if not found:
-        raise ConfigError(
-            f"ckpt_path=last: no last.ckpt under {base / 'outputs'} or {base / 'multirun'}. "
-            "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
-        )
-    newest = max(found, key=lambda p: p.stat().st_mtime)
-    print(f"ckpt_path=last: using {newest}")
-    return str(newest)
+    from hydra.types import RunMode
+
+    from trainer.run_dirs import resolve_last_checkpoint
+
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    overrides = list(hydra_cfg.overrides.task) if hydra_cfg is not None else []
+    sweep = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
+    return resolve_last_checkpoint(base, run_dir, overrides, sweep)
 
 
 def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
@@ -204,7 +208,11 @@ def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
         )
         key = f"geartrain/run_dir/{env.get('TORCHELASTIC_RUN_ID', '')}"
         if rank == 0:
-            store.compare_set(key, "", time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
+            from trainer.run_dirs import claim_run_dir
+
+            if not store.check([key]):  # an elastic restart keeps the first attempt's folder
+                claimed = claim_run_dir(Path(time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))).as_posix()
+                store.compare_set(key, "", claimed)
         chosen = store.get(key).decode()
     overrides = [f"hydra.run.dir={chosen}"]
     if rank != 0:
@@ -260,10 +268,34 @@ def main() -> None:
     from trainer.cli_errors import reported
 
     with reported():
-        sys.argv.extend(shared_run_dir_overrides())
-        # config_dir() also registers the schemas: once, as each registration builds the structured configs.
-        app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
-        app()
+        from trainer.run_dirs import unique_run_dir_overrides
+
+        shared = shared_run_dir_overrides()
+        claimed = [] if shared or _joined_rank() else unique_run_dir_overrides(sys.argv[1:])
+        sys.argv.extend(shared or claimed)
+        try:
+            # config_dir() also registers the schemas: once, as each registration builds the structured configs.
+            app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
+            app()
+        finally:
+            for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
+                _remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
+
+
+def _joined_rank() -> bool:
+    """Whether this process is one of several started by torchrun or srun (they agree on one folder)."""
+    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")) or 1) > 1
+
+
+def _remove_empty(folder: Path, stop_at: Path) -> None:
+    """Remove ``folder`` and then its parents up to ``stop_at``, each only while it is empty."""
+    stop = stop_at.resolve()
+    while folder.resolve() != stop and stop in folder.resolve().parents:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
 
 
 def run_job(cfg: Any) -> dict[str, float]:
@@ -271,16 +303,23 @@ def run_job(cfg: Any) -> dict[str, float]:
     from hydra.core.hydra_config import HydraConfig
 
     from trainer.cli_errors import remove_if_untouched, untouched
+    from trainer.run_dirs import locked_run_dir
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     fresh = untouched(run_dir)  # not a folder reused with hydra.run.dir=..., which holds files of its own
     try:
-        return run_task(cfg)
+        with contextlib.nullcontext() if _joined_rank_other_than_zero() else locked_run_dir(run_dir):
+            return run_task(cfg)
     except BaseException:
         if fresh:
             remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))
         raise
+
+
+def _joined_rank_other_than_zero() -> bool:
+    """A torchrun/srun process other than global rank 0: it shares rank 0's folder, and rank 0 holds its lock."""
+    return _joined_rank() and int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0) != 0
 
 
 def freeze_startup_objects() -> None:

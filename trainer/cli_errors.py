@@ -102,7 +102,7 @@ def untouched(run_dir: Path) -> bool:
         if path.is_dir():
             continue
         relative = path.relative_to(run_dir)
-        if relative.parts[0] == ".hydra" or (len(relative.parts) == 1 and path.suffix == ".log"):
+        if relative.parts[0] == ".hydra" or (len(relative.parts) == 1 and path.suffix in (".log", ".lock")):
             continue
         return False
     return True

@@ -8,6 +8,7 @@ early stopping, loggers) see what the module logged in its own epoch-end hook.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING
 
 from trainer.common.errors import Preempted
@@ -65,6 +66,9 @@ def fit_loop(trainer: Trainer) -> None:
     if validation_enabled(trainer) and trainer.num_sanity_val_steps != 0 and not trainer.fast_dev_run:
         sanity_check(trainer)
     assert trainer.module is not None
+    if no_training_batches(trainer):
+        hooks("on_fit_end")
+        return
     trainer.module.train()
     hooks("on_train_start")
     while not should_stop_training(trainer):
@@ -75,6 +79,41 @@ def fit_loop(trainer: Trainer) -> None:
         train_epoch(trainer, trainer.window)
     hooks("on_train_end")
     hooks("on_fit_end")
+
+
+def no_training_batches(trainer: Trainer) -> bool:
+    """Whether the training loader has no batch on any rank; says so (once, as Lightning) when it has none.
+
+    Training zero steps and ending as if it had trained hides an empty dataset or split; the
+    ``geartrain`` command turns this into an error. ``limit_train_batches=0`` is a deliberate choice
+    and is not reported.
+    """
+    loader = trainer.loaders["fit"]
+    limit = trainer.limits["fit"]
+    num = num_batches(loader, limit) if loader is not None else 0
+    if trainer.world_size > 1:
+        import torch
+
+        flag = torch.tensor(float(min(num, 1)), device=trainer.strategy.root_device)
+        num = float(trainer.strategy.reduce(flag, op="sum").item())
+    if num:
+        return False
+    trainer.num_training_batches = 0
+    if limit != 0:
+        dataset = getattr(loader, "dataset", None)
+        size = f"a dataset of {len(dataset)} samples" if hasattr(dataset, "__len__") else "its dataset"  # type: ignore[arg-type]
+        batcher = getattr(loader, "batch_sampler", None)
+        batcher = getattr(batcher, "batch_sampler", batcher)  # the user's, inside the trainer's resumable one
+        batch_size = getattr(loader, "batch_size", None) or getattr(batcher, "batch_size", None)
+        dropping = getattr(loader, "drop_last", False) or getattr(batcher, "drop_last", False)
+        drop = " with drop_last=True" if dropping else ""
+        if trainer.is_global_zero:
+            warnings.warn(
+                f"Trainer.fit stopped: the training dataloader has no batches ({size}, batch_size={batch_size}{drop}). "
+                "Check the dataset, its split or path, and the batch size.",
+                stacklevel=2,
+            )
+    return True
 
 
 def train_epoch(trainer: Trainer, window: Window) -> None:

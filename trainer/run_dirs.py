@@ -1,0 +1,175 @@
+"""Run directories of the ``geartrain`` command: one per run, never shared, and ``ckpt_path=last`` within a run's own line.
+
+Hydra names a run's folder after the second it started (``outputs/<date>/<time>``), so runs started
+in the same second would share one: mixed checkpoints, two event files, one run's ``overrides.yaml``
+next to another's ``last.ckpt``. Here the folder is claimed with ``mkdir``, which exactly one
+process can win, and a suffix (``-2``, ``-3``, ...) is added until one is free. A run also holds an
+advisory lock on its folder while it runs (``flock``: released by the operating system when the
+process ends, kill -9 included), so two runs given the same ``hydra.run.dir`` cannot interleave.
+
+``ckpt_path=last`` looks for the newest ``last.ckpt`` of a run *like this one*: the same
+experiment, model and data choices, and inside a sweep the same overrides, so one job of a sweep
+never resumes another job's state, and one experiment never another experiment's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+from trainer.common.errors import ConfigError
+
+__all__ = [
+    "LOCK_FILE",
+    "claim_run_dir",
+    "locked_run_dir",
+    "resolve_last_checkpoint",
+    "same_line",
+    "unique_run_dir_overrides",
+]
+
+#: The file in a run directory that the live run holds an ``flock`` on.
+LOCK_FILE = ".geartrain.lock"
+
+#: Override keys that say *what* is trained: runs differing in one of them are different lines of work.
+_IDENTITY_KEYS = ("experiment", "model", "data")
+#: Override keys that never make two runs different lines (how far or from where they train).
+_RESUME_KEYS = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
+
+
+def claim_run_dir(base: Path) -> Path:
+    """Create and return ``base``, or ``base-2``, ``base-3``, ... : the first that no other process created.
+
+    ``os.mkdir`` succeeds for exactly one caller, across processes, so two runs started in the same
+    second get different folders.
+    """
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise ConfigError(f"could not create a run directory next to {base}: 10000 names are taken")
+
+
+def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> list[str]:
+    """``hydra.run.dir=`` (or ``hydra.sweep.dir=`` with ``-m``) naming a freshly claimed folder.
+
+    Returns ``[]`` when the user chose the folder (``hydra.run.dir=``/``hydra.sweep.dir=`` given) or
+    asked Hydra for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...).
+    """
+    args = list(argv)
+    if any(a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args):
+        return []
+    sweep = any(a in ("-m", "--multirun") for a in args)
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    if any(a.startswith((f"{key}=", f"+{key}=", f"++{key}=")) for a in args):
+        return []
+    stamp = time.localtime(now)
+    root = "multirun" if sweep else "outputs"
+    base = Path(root, time.strftime("%Y-%m-%d", stamp), time.strftime("%H-%M-%S", stamp))
+    return [f"{key}={claim_run_dir(base).as_posix()}"]
+
+
+@contextlib.contextmanager
+def locked_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no advisory locks; the unique names still keep runs apart
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle: IO[str] = open(run_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the whole run
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise ConfigError(
+                f"run directory {run_dir} is in use by another live run ({holder}). Give this run its own "
+                "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def _overrides(run_dir: Path) -> list[str] | None:
+    """The task overrides a run was started with (``.hydra/overrides.yaml``); None if it kept none."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    try:
+        from omegaconf import OmegaConf
+
+        loaded = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:
+        return None
+    return [str(x) for x in loaded] if isinstance(loaded, list) else None
+
+
+def _pairs(overrides: Sequence[str]) -> dict[str, str]:
+    pairs = {}
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        pairs[key] = value
+    return pairs
+
+
+def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool) -> bool:
+    """Whether a run started with ``theirs`` continues the work of one started with ``mine``.
+
+    Outside a sweep: the same ``experiment``, ``model`` and ``data`` choices (and their ``model.*``
+    / ``data.*`` values). Inside a sweep: every override equal, except those that only say how far
+    to train or where from (``ckpt_path``, ``trainer.max_epochs``, ...), so job 1 never takes job 0's.
+    """
+    a, b = _pairs(mine), _pairs(theirs)
+    if sweep:
+        keep = lambda k: k not in _RESUME_KEYS and not k.startswith("hydra.")  # noqa: E731
+    else:
+        keep = lambda k: k.split(".")[0] in _IDENTITY_KEYS  # noqa: E731
+    return {k: v for k, v in a.items() if keep(k)} == {k: v for k, v in b.items() if keep(k)}
+
+
+def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str], sweep: bool) -> str:
+    """The ``last.ckpt`` that ``ckpt_path=last`` means for a run in ``run_dir`` started with ``overrides``.
+
+    This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
+    that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
+    """
+    own = run_dir / "checkpoints" / "last.ckpt"
+    if own.exists():
+        return str(own)
+    found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
+    found = [p for p in found if p.parent.name == "checkpoints"]
+    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
+    if not matching:
+        where = f"{base / 'outputs'} or {base / 'multirun'}"
+        if found:
+            other = max(found, key=lambda p: p.stat().st_mtime)
+            kind = "the same overrides" if sweep else "the same experiment, model and data"
+            raise ConfigError(
+                f"ckpt_path=last: no last.ckpt of a run with {kind} under {where} ({len(found)} of other "
+                f"runs, the newest {other}). To resume one of those, give it: ckpt_path={other}"
+            )
+        raise ConfigError(
+            f"ckpt_path=last: no last.ckpt under {where}. "
+            "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
+        )
+    newest = max(matching, key=lambda p: p.stat().st_mtime)
+    print(f"ckpt_path=last: using {newest}", file=sys.stdout)
+    return str(newest)
