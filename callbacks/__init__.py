@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
     from callbacks.timer import Timer
+    from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
+    from callbacks.stochastic_weight_avg import StochasticWeightAveraging
+    from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 
 _LAZY = {
     "CSVLogger": "callbacks.csv_logger",
@@ -45,6 +49,12 @@ _LAZY = {
     "TensorBoardLogger": "callbacks.tensorboard",
     "ThroughputMonitor": "callbacks.throughput",
     "Timer": "callbacks.timer",
+    "WeightAveraging": "callbacks.weight_averaging",
+    "EMAWeightAveraging": "callbacks.weight_averaging",
+    "StochasticWeightAveraging": "callbacks.stochastic_weight_avg",
+    "BaseFinetuning": "callbacks.finetuning",
+    "BackboneFinetuning": "callbacks.finetuning",
+    "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
 }
 
 __all__ = [
