@@ -58,6 +58,10 @@ class BaseFinetuning(Callback):
         #: Per optimizer index, its parameter groups with parameter names instead of tensors.
         self._internal_optimizer_metadata: dict[int, list[dict[str, Any]]] = {}
         self._restarting = False
+        self._rebuilt = False  # the groups were rebuilt from the checkpoint in on_load_checkpoint
+        #: The last epoch ``finetune_function`` ran for: a run resumed in the middle of an epoch does not
+        #: run it again for that epoch (it would unfreeze twice, or move a learning rate twice).
+        self._finetuned_epoch = -1
 
     # ----------------------------------------------------------------- to implement
     def freeze_before_training(self, pl_module: TrainModule) -> None:
@@ -71,12 +75,13 @@ class BaseFinetuning(Callback):
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The parameter groups, by parameter name (plain data: loads with ``weights_only=True``)."""
-        return {"internal_optimizer_metadata": self._internal_optimizer_metadata}
+        return {"internal_optimizer_metadata": self._internal_optimizer_metadata, "finetuned_epoch": self._finetuned_epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (also a bare metadata dict, as older Lightning wrote)."""
         self._restarting = True
         self._internal_optimizer_metadata = state_dict.get("internal_optimizer_metadata", state_dict)
+        self._finetuned_epoch = state_dict.get("finetuned_epoch", -1)
 
     # ----------------------------------------------------------------- hooks
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
@@ -91,17 +96,19 @@ class BaseFinetuning(Callback):
         metadata = own.get("internal_optimizer_metadata", own)
         self._rebuild(trainer, pl_module, metadata)
         self._restore_trainable(pl_module, own)
-        self._restarting = False
+        self._rebuilt = True  # on_fit_start must not rebuild again: that would undo the optimizer state's rates
 
     def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """State loaded without its checkpoint (``load_state_dict`` alone): rebuild the groups now."""
-        if self._restarting:
-            if self._internal_optimizer_metadata:
-                self._rebuild(trainer, pl_module, self._internal_optimizer_metadata)
-            self._restarting = False
+        if self._restarting and not self._rebuilt and self._internal_optimizer_metadata:
+            self._rebuild(trainer, pl_module, self._internal_optimizer_metadata)
+        self._restarting = self._rebuilt = False
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Call :meth:`finetune_function` for every optimizer and record the groups it has now."""
+        if trainer.current_epoch <= self._finetuned_epoch:
+            return  # resumed in the middle of an epoch this ran for already
+        self._finetuned_epoch = trainer.current_epoch
         for opt_idx, optimizer in enumerate(trainer.optimizers):
             num_param_groups = len(optimizer.param_groups)
             self.finetune_function(pl_module, trainer.current_epoch, optimizer)
@@ -278,10 +285,7 @@ class BackboneFinetuning(BaseFinetuning):
 
     def state_dict(self) -> dict[str, Any]:
         """The groups and the backbone's last learning rate."""
-        return {
-            "internal_optimizer_metadata": self._internal_optimizer_metadata,
-            "previous_backbone_lr": self.previous_backbone_lr,
-        }
+        return {**super().state_dict(), "previous_backbone_lr": self.previous_backbone_lr}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""

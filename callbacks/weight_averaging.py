@@ -46,6 +46,7 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if _is_sharded(tensor) else tensor  # type: ignore[attr-defined,no-any-return]
 
 
+@torch.no_grad()
 def _write(target: torch.Tensor, value: torch.Tensor) -> None:
     """Copy the full ``value`` into ``target``; into a sharded ``DTensor``, only this rank's shard of it."""
     if _is_sharded(target):
