@@ -21,17 +21,17 @@ if TYPE_CHECKING:
     from callbacks.csv_logger import CSVLogger
     from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping
+    from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
     from callbacks.lambda_callback import LambdaCallback
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.model_summary import ModelSummary, RichModelSummary
     from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+    from callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
     from callbacks.timer import Timer
     from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
-    from callbacks.stochastic_weight_avg import StochasticWeightAveraging
-    from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
-    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 
 _LAZY = {
     "CSVLogger": "callbacks.csv_logger",

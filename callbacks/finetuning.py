@@ -13,8 +13,9 @@ loads into an optimizer of the same shape, with the unfrozen parameters trainabl
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Generator, Iterable
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import Module, ModuleDict
@@ -30,7 +31,7 @@ __all__ = ["BackboneFinetuning", "BaseFinetuning", "multiplicative"]
 
 log = logging.getLogger(__name__)
 
-Modules = Union[Module, Iterable[Union[Module, Iterable[Any]]]]
+Modules = Module | Iterable[Module | Iterable[Any]]
 
 
 def multiplicative(epoch: int) -> float:
@@ -70,12 +71,17 @@ class BaseFinetuning(Callback):
 
     def finetune_function(self, pl_module: TrainModule, epoch: int, optimizer: torch.optim.Optimizer) -> None:
         """Unfreeze what is due at ``epoch`` (called at every epoch's start, for every optimizer)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement finetune_function(pl_module, epoch, optimizer)")
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement finetune_function(pl_module, epoch, optimizer)"
+        )
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The parameter groups, by parameter name (plain data: loads with ``weights_only=True``)."""
-        return {"internal_optimizer_metadata": self._internal_optimizer_metadata, "finetuned_epoch": self._finetuned_epoch}
+        return {
+            "internal_optimizer_metadata": self._internal_optimizer_metadata,
+            "finetuned_epoch": self._finetuned_epoch,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (also a bare metadata dict, as older Lightning wrote)."""
@@ -170,13 +176,12 @@ class BaseFinetuning(Callback):
     @staticmethod
     def filter_on_optimizer(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
         """``params`` not already in ``optimizer`` (compared by value, as Lightning); warns about the others."""
-        out, removed = [], []
+        out: list[torch.Tensor] = []
+        removed: list[torch.Tensor] = []
         for param in params:
             held = any(torch.equal(p, param) for group in optimizer.param_groups for p in group["params"])
             (removed if held else out).append(param)
         if removed:
-            import warnings
-
             warnings.warn(
                 "BaseFinetuning: some parameters to unfreeze are already in the optimizer and were skipped; build "
                 "the optimizer from the trainable ones: SGD(filter(lambda p: p.requires_grad, self.parameters()), ...)",
@@ -207,15 +212,22 @@ class BaseFinetuning(Callback):
 
     # ----------------------------------------------------------------- internals
     @staticmethod
-    def _apply_mapping_to_param_groups(param_groups: list[dict[str, Any]], mapping: dict[Any, Any]) -> list[dict[str, Any]]:
-        return [{**{k: v for k, v in g.items() if k != "params"}, "params": [mapping[p] for p in g["params"]]} for g in param_groups]
+    def _apply_mapping_to_param_groups(
+        param_groups: list[dict[str, Any]], mapping: dict[Any, Any]
+    ) -> list[dict[str, Any]]:
+        return [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": [mapping[p] for p in g["params"]]}
+            for g in param_groups
+        ]
 
     def _store(
         self, pl_module: TrainModule, opt_idx: int, num_param_groups: int, current_param_groups: list[dict[str, Any]]
     ) -> None:
         mapping = {p: n for n, p in pl_module.named_parameters()}
         if opt_idx not in self._internal_optimizer_metadata:
-            self._internal_optimizer_metadata[opt_idx] = self._apply_mapping_to_param_groups(current_param_groups, mapping)
+            self._internal_optimizer_metadata[opt_idx] = self._apply_mapping_to_param_groups(
+                current_param_groups, mapping
+            )
         elif num_param_groups != len(current_param_groups):
             self._internal_optimizer_metadata[opt_idx].extend(
                 self._apply_mapping_to_param_groups(current_param_groups[num_param_groups:], mapping)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = ["StochasticWeightAveraging"]
+
+_CPU = torch.device("cpu")  # Lightning's default device of the average
 
 AvgFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -63,7 +66,7 @@ class StochasticWeightAveraging(Callback):
         annealing_epochs: int = 10,
         annealing_strategy: Literal["cos", "linear"] = "cos",
         avg_fn: AvgFn | None = None,
-        device: torch.device | str | None = torch.device("cpu"),
+        device: torch.device | str | None = _CPU,
     ) -> None:
         err = f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start!r}): give an int >= 1 or a float in [0, 1]"
         if isinstance(swa_epoch_start, bool) or not isinstance(swa_epoch_start, (int, float)):
@@ -80,11 +83,11 @@ class StochasticWeightAveraging(Callback):
                 "(one per parameter group), e.g. swa_lrs=1e-2"
             )
         if annealing_strategy not in ("cos", "linear"):
-            raise ValueError(
-                f"StochasticWeightAveraging(annealing_strategy={annealing_strategy!r}): 'cos' or 'linear'"
-            )
+            raise ValueError(f"StochasticWeightAveraging(annealing_strategy={annealing_strategy!r}): 'cos' or 'linear'")
         if avg_fn is not None and not callable(avg_fn):
-            raise ValueError("StochasticWeightAveraging(avg_fn=...): give a function (averaged, current, n) -> averaged")
+            raise ValueError(
+                "StochasticWeightAveraging(avg_fn=...): give a function (averaged, current, n) -> averaged"
+            )
         if device is not None and not isinstance(device, (torch.device, str)):
             raise ValueError(f"StochasticWeightAveraging(device={device!r}): give a torch.device or a str")
         self.n_averaged: torch.Tensor | None = None
@@ -102,6 +105,7 @@ class StochasticWeightAveraging(Callback):
         self._init_n_averaged = 0
         self._latest_update_epoch = -1
         self._max_epochs: int = -1
+        self._resumed_at_epoch_end = False
 
     @property
     def swa_start(self) -> int:
@@ -164,6 +168,16 @@ class StochasticWeightAveraging(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Step SWALR once per epoch (where the trainer steps epoch-interval schedulers)."""
         if self._swa_scheduler is not None and pl_module.automatic_optimization:
+            if self._resumed_at_epoch_end:
+                # Resumed from a checkpoint taken after the epoch's last step: SWALR, rebuilt, has not
+                # seen an optimizer step yet and torch would warn about the order, which is right here.
+                self._resumed_at_epoch_end = False
+                with warnings.catch_warnings():
+                    warnings.filterwarnings(
+                        "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
+                    )
+                    self._swa_scheduler.step()
+                return
             self._swa_scheduler.step()
 
     def on_train_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -220,6 +234,7 @@ class StochasticWeightAveraging(Callback):
         )
         if self._scheduler_state is not None:
             self._swa_scheduler.load_state_dict(self._scheduler_state)
+            self._resumed_at_epoch_end = True
         # SWALR replaces the module's scheduler (Lightning swaps its config); this callback steps it.
         trainer.lr_scheduler_configs.clear()
         if self.n_averaged is None:
@@ -241,6 +256,8 @@ class StochasticWeightAveraging(Callback):
         n_averaged += 1
 
     @staticmethod
-    def avg_fn(averaged_model_parameter: torch.Tensor, model_parameter: torch.Tensor, num_averaged: torch.Tensor) -> torch.Tensor:
+    def avg_fn(
+        averaged_model_parameter: torch.Tensor, model_parameter: torch.Tensor, num_averaged: torch.Tensor
+    ) -> torch.Tensor:
         """The equal-weight running mean."""
         return averaged_model_parameter + (model_parameter - averaged_model_parameter) / (num_averaged + 1)

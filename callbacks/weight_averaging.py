@@ -43,7 +43,7 @@ def _is_sharded(tensor: torch.Tensor) -> bool:
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor: a sharded ``DTensor`` gathered (a collective), anything else as it is."""
-    return tensor.full_tensor() if _is_sharded(tensor) else tensor  # type: ignore[attr-defined,no-any-return]
+    return tensor.full_tensor() if _is_sharded(tensor) else tensor  # type: ignore[attr-defined]
 
 
 @torch.no_grad()
