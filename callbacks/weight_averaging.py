@@ -58,6 +58,14 @@ def _write(target: torch.Tensor, value: torch.Tensor) -> None:
         target.detach().copy_(value)
 
 
+def _defines(module: Any, name: str) -> bool:
+    """Whether the user's class defines ``name`` itself (not one of geartrain's base classes)."""
+    for cls in type(module).__mro__:
+        if name in vars(cls):
+            return cls.__module__.split(".")[0] != "trainer"
+    return False
+
+
 class _EMA:
     """``torch.optim.swa_utils.get_ema_avg_fn(decay)`` as a class: the same arithmetic, but picklable, so
     the callback travels to the processes a strategy starts (``ddp`` spawns them)."""
@@ -129,6 +137,15 @@ class WeightAveraging(Callback):
         """At ``fit``: make the average, a copy of the module's weights (before a strategy shards them)."""
         if stage != "fit":
             return
+        if _defines(pl_module, "configure_model"):
+            # As Lightning: the layers configure_model makes must exist before they are copied (the
+            # trainer calls it again afterwards; it should build its layers only once).
+            warnings.warn(
+                f"{type(self).__name__} with a module that overrides configure_model: it is called now, to "
+                "copy every layer; the average is not sharded, so it needs the whole model's memory",
+                stacklevel=2,
+            )
+            pl_module.configure_model()
         # The module refers to its trainer; the average is a copy of the weights, not of the run.
         plain = copy.deepcopy(pl_module, memo={id(trainer): None})
         device = self._device if self._device is not None else pl_module.device
@@ -138,6 +155,12 @@ class WeightAveraging(Callback):
         """Follow the module to the device the strategy put it on (unless ``device`` was given)."""
         assert self._average_model is not None
         self._sharded = any(_is_sharded(p) for p in pl_module.parameters())
+        have, need = len(list(self._averaged_tensors())), len(list(self._tensors(pl_module)))
+        if have != need:
+            raise RuntimeError(
+                f"{type(self).__name__}: the module has {need} parameters and buffers, its average {have}: a layer "
+                "was added after setup; create layers in __init__ or configure_model"
+            )
         if self._device is None:
             self._average_model.to(trainer.strategy.root_device)
 

@@ -4,6 +4,10 @@ average, Lightning's checkpoint layout, exact resume, and DDP/FSDP equal to one 
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from callbacks import Callback, EMAWeightAveraging, WeightAveraging
-from tests.helpers import jobs
+from tests.helpers import REPO_ROOT, jobs
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
@@ -178,6 +182,27 @@ def test_evaluating_a_checkpoint_uses_the_average(tmp_path: Path) -> None:
     assert again[0]["val_loss"] == direct
 
 
+def test_layers_made_in_configure_model_are_averaged_too() -> None:
+    class Late(Regressor):
+        def __init__(self) -> None:
+            super().__init__()
+            del self.net
+
+        def configure_model(self) -> None:
+            if not hasattr(self, "net"):
+                torch.manual_seed(0)
+                self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    module = Late()
+    ema = EMAWeightAveraging(decay=DECAY)
+    with pytest.warns(UserWarning, match="overrides configure_model"):
+        quiet_trainer(callbacks=[ema], max_epochs=1).fit(module, make_loader(n=8, batch_size=4))
+    assert ema._average_model is not None
+    averaged = dict(ema._average_model.module.named_parameters())
+    assert averaged.keys() == dict(module.named_parameters()).keys() and len(averaged) == 4
+    _assert_equal(_net_weights(module), {k[4:]: v.detach() for k, v in averaged.items()})
+
+
 def test_bad_arguments_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"decay=1\.5"):
         EMAWeightAveraging(decay=1.5)
@@ -216,3 +241,42 @@ def test_average_under_two_processes_equals_one_process(strategy: str, tmp_path:
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], atol=1e-6, rtol=0, msg=key)
     assert not torch.allclose(expected["head.weight"], jobs.BlockNet().head.weight.detach())
+
+
+# ----------------------------------------------------------------- kill -9
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kill_9_at_several_points_then_resume_is_exact(tmp_path: Path) -> None:
+    """EMA (validation on the average mid-epoch) with an accumulation schedule, killed at four points."""
+    job = REPO_ROOT / "tests" / "helpers" / "averaging_job.py"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+
+    def start(out: Path, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(job), str(out), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    whole = tmp_path / "whole"
+    proc = start(whole)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    killed = tmp_path / "killed"
+    # Epoch 0 (10 steps, factor 1): mid-epoch and after a validation; epoch 1 (factor 2): mid-window
+    # batches print the same step twice, so the kill may land inside a window; epoch 2.
+    for n, point in enumerate(["STEP 3", "VAL 8", "STEP 13", "STEP 17"]):
+        proc = start(killed, "--delay", *(["--resume"] if n else []))
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == point:
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+    proc = start(killed, "--resume")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    _assert_equal(torch.load(killed / "final.pt", weights_only=True), torch.load(whole / "final.pt", weights_only=True))
