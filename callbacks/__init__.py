@@ -21,13 +21,17 @@ if TYPE_CHECKING:
     from callbacks.csv_logger import CSVLogger
     from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping
+    from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
     from callbacks.lambda_callback import LambdaCallback
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.model_summary import ModelSummary, RichModelSummary
     from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+    from callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
     from callbacks.timer import Timer
+    from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 _LAZY = {
     "CSVLogger": "callbacks.csv_logger",
@@ -45,6 +49,12 @@ _LAZY = {
     "TensorBoardLogger": "callbacks.tensorboard",
     "ThroughputMonitor": "callbacks.throughput",
     "Timer": "callbacks.timer",
+    "WeightAveraging": "callbacks.weight_averaging",
+    "EMAWeightAveraging": "callbacks.weight_averaging",
+    "StochasticWeightAveraging": "callbacks.stochastic_weight_avg",
+    "BaseFinetuning": "callbacks.finetuning",
+    "BackboneFinetuning": "callbacks.finetuning",
+    "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
 }
 
 __all__ = [

@@ -14,20 +14,9 @@ __all__ = ["UNSUPPORTED", "unsupported_class"]
 
 #: Lightning callback name -> what to do instead.
 UNSUPPORTED: dict[str, str] = {
-    "WeightAveraging": "average weights yourself in on_train_batch_end with torch.optim.swa_utils.AveragedModel",
-    "EMAWeightAveraging": (
-        "keep an EMA copy with torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay)) "
-        "updated in on_train_batch_end"
-    ),
-    "StochasticWeightAveraging": (
-        "use torch.optim.swa_utils.AveragedModel and SWALR in your module (configure_optimizers and on_train_epoch_end)"
-    ),
-    "BackboneFinetuning": "freeze the backbone with module.freeze()/requires_grad_ and unfreeze it in on_train_epoch_start",
-    "BaseFinetuning": "freeze and unfreeze parameters in on_train_epoch_start of a Callback of your own",
     "BasePredictionWriter": "write predictions in on_predict_batch_end / on_predict_epoch_end of a Callback of your own",
     "BatchSizeFinder": "pick the batch size yourself (trainer.Tuner offers lr_find)",
     "LearningRateFinder": "trainer.Tuner(trainer).lr_find(module, ...) before fitting",
-    "GradientAccumulationScheduler": "Trainer(accumulate_grad_batches=k) with a fixed k",
     "OnExceptionCheckpoint": "ModelCheckpoint(save_on_exception=True)",
     "ModelPruning": "torch.nn.utils.prune in on_train_epoch_end of a Callback of your own",
     "SpikeDetection": "Trainer's non-finite loss policy, or a check of the loss in on_train_batch_end",

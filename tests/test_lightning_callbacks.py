@@ -244,18 +244,12 @@ LIGHTNING_HOOKS: dict[str, tuple[str, ...]] = {
 
 #: Supported here for now: built by the other issues of the port, until then refused when built.
 NOT_SUPPORTED_YET = {
-    "BackboneFinetuning",
-    "BaseFinetuning",
     "BasePredictionWriter",
     "BatchSizeFinder",
-    "EMAWeightAveraging",
-    "GradientAccumulationScheduler",
     "LearningRateFinder",
     "ModelPruning",
     "OnExceptionCheckpoint",
     "SpikeDetection",
-    "StochasticWeightAveraging",
-    "WeightAveraging",
 }
 
 

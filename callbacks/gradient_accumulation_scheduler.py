@@ -1,0 +1,101 @@
+"""``GradientAccumulationScheduler``: the number of batches accumulated per optimizer step, by epoch.
+
+Lightning 2.6's callback: ``scheduling`` maps a (zero-based) epoch to the accumulation factor from
+that epoch on. At each epoch's start it sets ``trainer.accumulate_grad_batches``, which the training
+step reads once per epoch (it binds its seams then), so it costs nothing per step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["GradientAccumulationScheduler"]
+
+
+def _overridden(module: Any, name: str) -> bool:
+    """Whether the user's module class defines ``name`` itself (not the framework's base class)."""
+    for cls in type(module).__mro__:
+        if name in vars(cls):
+            return cls.__module__.split(".")[0] != "trainer"
+    return False
+
+
+class GradientAccumulationScheduler(Callback):
+    """Change ``accumulate_grad_batches`` at given epochs.
+
+    Args:
+        scheduling: ``{epoch: factor}``, epochs counted from 0; before the first epoch named the
+            factor is 1.
+
+    Raises:
+        TypeError: ``scheduling`` is empty.
+        ValueError: an epoch is not an int >= 0 or a factor not an int >= 1.
+
+    Example:
+        >>> schedule = GradientAccumulationScheduler({2: 4, 5: 8})
+        >>> [schedule.get_accumulate_grad_batches(e) for e in range(7)]
+        [1, 1, 4, 4, 4, 8, 8]
+    """
+
+    def __init__(self, scheduling: dict[int, int]) -> None:
+        super().__init__()
+        if not scheduling:
+            raise TypeError("GradientAccumulationScheduler(scheduling={}): give at least one {epoch: factor}")
+        if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in scheduling):
+            raise ValueError(
+                f"GradientAccumulationScheduler: epochs must be ints >= 0 (counted from 0), got {list(scheduling)}"
+            )
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in scheduling.values()):
+            raise ValueError(
+                "GradientAccumulationScheduler: accumulation factors must be ints >= 1, "
+                f"got {list(scheduling.values())}"
+            )
+        if min(scheduling) != 0:
+            scheduling.update({0: 1})  # as Lightning: the caller's dict gains the implicit first entry
+        self.scheduling = scheduling
+        self.epochs = sorted(scheduling)
+
+    def going_to_accumulate_grad_batches(self) -> bool:
+        """Whether any epoch accumulates more than one batch."""
+        return any(v > 1 for v in self.scheduling.values())
+
+    def get_accumulate_grad_batches(self, epoch: int) -> int:
+        """The factor for ``epoch``: that of the last scheduled epoch at or before it."""
+        factor = 1
+        for start in reversed(self.epochs):
+            if epoch >= start:
+                factor = self.scheduling[start]
+                break
+        return factor
+
+    def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        """Refuse what Lightning refuses: manual optimisation, and ``Trainer(accumulate_grad_batches != 1)``."""
+        if not pl_module.automatic_optimization:
+            raise RuntimeError(
+                "GradientAccumulationScheduler needs automatic optimisation; with automatic_optimization = False "
+                "accumulate in training_step yourself (step the optimizer every k batches), or remove the callback"
+            )
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(
+                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and GradientAccumulationScheduler "
+                "both set the accumulation: remove accumulate_grad_batches from the Trainer, or remove the callback"
+            )
+        if self.going_to_accumulate_grad_batches() and (
+            _overridden(pl_module, "optimizer_step") or _overridden(pl_module, "optimizer_zero_grad")
+        ):
+            warnings.warn(
+                "GradientAccumulationScheduler with an overridden optimizer_step/optimizer_zero_grad: those hooks "
+                "are called once per optimizer step, not on every batch",
+                stacklevel=2,
+            )
+
+    def on_train_epoch_start(self, trainer: Trainer, *_: Any) -> None:
+        """Set this epoch's factor (the step reads it when it binds its seams, right after this hook)."""
+        trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)
