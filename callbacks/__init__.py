@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from callbacks.csv_logger import CSVLogger
     from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping
+    from callbacks.grad_monitor import GradientMonitor
     from callbacks.lambda_callback import LambdaCallback
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.model_summary import ModelSummary, RichModelSummary
@@ -33,6 +34,7 @@ _LAZY = {
     "CSVLogger": "callbacks.csv_logger",
     "DeviceStatsMonitor": "callbacks.device_stats",
     "EarlyStopping": "callbacks.early_stopping",
+    "GradientMonitor": "callbacks.grad_monitor",
     "LambdaCallback": "callbacks.lambda_callback",
     "LearningRateMonitor": "callbacks.lr_monitor",
     "Logger": "callbacks._logger",
@@ -59,6 +61,7 @@ __all__ = [
     "EMAWeightAveraging",
     "EarlyStopping",
     "GradientAccumulationScheduler",
+    "GradientMonitor",
     "LambdaCallback",
     "LearningRateFinder",
     "LearningRateMonitor",
