@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ def test_advanced_profiler_reports_cprofile_rows_for_each_action(tmp_path: Path)
     assert any(line.split()[0] == "8" and "(training_step)" in line for line in section.splitlines() if line.strip())
     assert "(mse_loss)" in section
     assert (trainer.log_dir / "fit-perf.txt").read_text().strip() == summary.strip()
+    assert pickle.loads(pickle.dumps(trainer.profiler)).profiled_actions == {}  # travels to DDP workers
 
 
 def test_pytorch_profiler_trace_is_valid_json_with_the_record_function_markers(tmp_path: Path) -> None:

@@ -50,6 +50,12 @@ class AdvancedProfiler(Profiler):
         self.profiled_actions: dict[str, cProfile.Profile] = {}
         self._open: list[cProfile.Profile] = []
 
+    def __getstate__(self) -> dict[str, object]:
+        """Picklable (the trainer travels to the processes it starts): profiles recorded here stay here."""
+        state = self.__dict__.copy()
+        state.update(profiled_actions={}, _open=[])
+        return state
+
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | Path | None = None) -> None:
         """Start a new report for ``stage``."""
         super().setup(stage, local_rank, log_dir)
