@@ -95,9 +95,11 @@ def test_monitor_is_off_unless_added_and_checks_its_arguments() -> None:
 
 
 @pytest.mark.slow
-def test_under_ddp_the_norms_are_of_the_synchronised_gradients(tmp_path: Path) -> None:
-    # Two ranks on half batches of 4 train like one process on batches of 8 (the DDP contract), so the
-    # norms rank 0 logs are those of the one-process gradients (up to the all-reduce's rounding).
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_under_ddp_and_fsdp_the_norms_are_of_the_full_synchronised_gradients(tmp_path: Path, strategy: str) -> None:
+    # Two ranks on half batches of 4 train like one process on batches of 8 (the DDP/FSDP contract), so
+    # the norms rank 0 logs are those of the one-process gradients (up to the all-reduce's rounding);
+    # under FSDP each rank holds a shard of each gradient, gathered into the norm of the whole.
     def run(root: Path, batch_size: int, **kwargs: object) -> dict[tuple[str, int], float]:
         recorder_path = root / "csv"
         logger = cbs.CSVLogger(recorder_path, name="", version="")
@@ -109,7 +111,7 @@ def test_under_ddp_the_norms_are_of_the_synchronised_gradients(tmp_path: Path) -
         return {(k, int(r["step"])): float(v) for r in rows for k, v in r.items() if k.startswith("grad_") and v}
 
     one = run(tmp_path / "one", 8)
-    two = run(tmp_path / "ddp", 4, strategy="ddp", devices=2)
+    two = run(tmp_path / strategy, 4, strategy=strategy, devices=2)
     assert set(two) == set(one) and len({step for _, step in one}) == 4
     for key, value in one.items():
         assert two[key] == pytest.approx(value, rel=1e-5), key
