@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping
     from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+    from callbacks.grad_monitor import GradientMonitor
     from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
     from callbacks.lambda_callback import LambdaCallback
     from callbacks.lr_monitor import LearningRateMonitor
@@ -37,6 +38,7 @@ _LAZY = {
     "CSVLogger": "callbacks.csv_logger",
     "DeviceStatsMonitor": "callbacks.device_stats",
     "EarlyStopping": "callbacks.early_stopping",
+    "GradientMonitor": "callbacks.grad_monitor",
     "LambdaCallback": "callbacks.lambda_callback",
     "LearningRateMonitor": "callbacks.lr_monitor",
     "Logger": "callbacks._logger",
@@ -69,6 +71,7 @@ __all__ = [
     "EMAWeightAveraging",
     "EarlyStopping",
     "GradientAccumulationScheduler",
+    "GradientMonitor",
     "LambdaCallback",
     "LearningRateFinder",
     "LearningRateMonitor",

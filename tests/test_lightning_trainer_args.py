@@ -103,7 +103,10 @@ NON_DEFAULTS: dict[str, tuple[Any, str]] = {
     "benchmark": (True, "test_deterministic_and_benchmark_set_torch_flags"),
     "inference_mode": (False, "test_inference_mode_chooses_the_evaluation_grad_mode"),
     "use_distributed_sampler": (False, "test_use_distributed_sampler_false_leaves_loaders_untouched"),
-    "profiler": ("simple", "refused"),
+    "profiler": (
+        "simple",
+        "tests/test_profilers.py::test_simple_profiler_names_every_action_and_its_self_times_add_up_to_the_runs_wall_time",
+    ),
     "detect_anomaly": (True, "test_detect_anomaly_runs_fit_under_anomaly_detection"),
     "barebones": (True, "test_barebones_turns_everything_off_and_refuses_what_it_turns_off"),
     "plugins": (["x"], "refused"),
@@ -349,7 +352,6 @@ def test_default_root_dir_none_is_the_working_directory(tmp_path: Path, monkeypa
 @pytest.mark.parametrize(
     ("name", "value", "alternative"),
     [
-        ("profiler", "simple", "callbacks.Timer or callbacks.ThroughputMonitor"),
         ("plugins", ["anything"], "precision=..."),
         ("model_registry", "name", "save_checkpoint"),
         ("enable_autolog_hparams", False, "logger=False"),

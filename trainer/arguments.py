@@ -2,7 +2,7 @@
 
 :mod:`trainer.options` checks the loop arguments and adds the default callbacks; this room turns
 Lightning's other spellings into ours (``devices="0,1"``, ``logger=[...]``, ``None`` meaning "the
-default", ``barebones``), refuses what geartrain does not have (``profiler``, ``plugins``,
+default", ``barebones``), refuses what geartrain does not have (``plugins``,
 ``model_registry``) with a message naming the alternative, and holds the few run-time pieces these
 arguments need (``overfit_batches``'s unshuffled loader, ``sync_batchnorm``'s conversion, the torch
 flags of ``deterministic``/``benchmark``/``detect_anomaly``).
@@ -79,7 +79,8 @@ TRAINER_ARGS = """
         benchmark: set ``torch.backends.cudnn.benchmark`` (``None`` leaves it).
         inference_mode: evaluate under ``torch.inference_mode()`` (else ``torch.no_grad()``).
         use_distributed_sampler: ``False`` leaves dataloaders as given under multi-process strategies.
-        profiler: refused until profilers exist (use callbacks.Timer / ThroughputMonitor).
+        profiler: ``None``, ``"simple"``, ``"advanced"``, ``"pytorch"`` or a ``trainer.profilers.Profiler``:
+            time per action (data fetch, step, backward, optimizer step, each hook); ``docs/profiling.md``.
         detect_anomaly: run fit under ``torch.autograd.set_detect_anomaly(True)``.
         barebones: no logger, checkpointing, progress bar, model summary or sanity check (refused if asked).
         plugins: refused (precision, environments and checkpoint I/O are built in).
@@ -103,15 +104,8 @@ TRAINER_ARGS = """
 """
 
 
-def check_unsupported(
-    profiler: Any, plugins: Any, model_registry: Any, enable_autolog_hparams: bool, barebones: bool
-) -> None:
+def check_unsupported(plugins: Any, model_registry: Any, enable_autolog_hparams: bool, barebones: bool) -> None:
     """Refuse the Lightning arguments geartrain does not implement yet, naming what to use instead."""
-    if profiler is not None:
-        raise ValueError(
-            f"Trainer(profiler={profiler!r}) is not supported yet; time steps with callbacks.Timer or "
-            "callbacks.ThroughputMonitor, or wrap fit in torch.profiler.profile() yourself"
-        )
     if plugins is not None and plugins != []:
         raise ValueError(
             f"Trainer(plugins={plugins!r}) is not supported: geartrain has no Lightning plugins. Choose precision "

@@ -5,6 +5,10 @@ in the order the callbacks were given. Which callbacks override which hook is wo
 the trainer is built (:func:`callbacks.base.overridden_hooks`), and the callables of a run are resolved
 on first use, so a hook that neither the module nor any callback overrides costs one dict lookup, and
 the loops can ask :meth:`HookDispatch.overridden` once per epoch and skip it altogether.
+
+With a profiler (``Trainer(profiler=...)``) each resolved callable is wrapped once in its own action
+(``[LightningModule]Net.on_train_start``, ``[Callback]ModelCheckpoint.on_train_batch_end``); without
+one the resolved callables are the hooks themselves, as before profilers existed.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback, check_hooks, overridden_hooks
+from trainer.profilers.base import Profiler, is_active, profiled
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -38,12 +43,15 @@ class HookDispatch:
         self._by_hook = overridden_hooks(callbacks)
         self._module: TrainModule | None = None
         self._resolved: dict[str, _Resolved] = {}
+        self._profiler: Profiler | None = None
 
     def bind(self, module: TrainModule) -> None:
         """Dispatch to ``module`` from now on (once per ``fit``/``validate``/... call)."""
         check_hooks(self.callbacks)  # again: callbacks may have been added since (configure_callbacks)
         self._module = module
         self._resolved = {}
+        profiler = getattr(self._owner, "profiler", None)
+        self._profiler = profiler if is_active(profiler) else None
 
     def __call__(self, hook: str, *args: Any) -> Any:
         """Call the module's ``hook`` and then every callback overriding it; return the module's result."""
@@ -59,10 +67,18 @@ class HookDispatch:
     def module(self, hook: str, *args: Any) -> Any:
         """Call only the module's ``hook`` (for epoch ends, where metrics are computed in between)."""
         assert self._module is not None
+        if self._profiler is not None:
+            with self._profiler.profile(f"[LightningModule]{type(self._module).__name__}.{hook}"):
+                return getattr(self._module, hook)(*args)
         return getattr(self._module, hook)(*args)
 
     def callbacks_only(self, hook: str, *args: Any) -> None:
         """Call only the callbacks overriding ``hook`` (hooks the module does not have, e.g. ``on_log_metrics``)."""
+        if self._profiler is not None:
+            for cb in self._by_hook[hook]:
+                with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
+                    getattr(cb, hook)(self._owner, self._module, *args)
+            return
         for cb in self._by_hook[hook]:
             getattr(cb, hook)(self._owner, self._module, *args)
 
@@ -89,4 +105,10 @@ class HookDispatch:
             fn = None  # TrainModule's hooks do nothing; skipping the call changes nothing
         owner = self._owner
         callback_fns = tuple(functools.partial(getattr(cb, hook), owner, module) for cb in self._by_hook.get(hook, ()))
+        if self._profiler is not None:  # each callable in its own action, wrapped once here
+            fn = profiled(self._profiler, f"[LightningModule]{type(module).__name__}.{hook}", fn)
+            callback_fns = tuple(
+                profiled(self._profiler, f"[Callback]{type(cb).__name__}.{hook}", cb_fn)
+                for cb, cb_fn in zip(self._by_hook.get(hook, ()), callback_fns, strict=True)
+            )
         return fn, callback_fns

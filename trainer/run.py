@@ -87,6 +87,9 @@ def run_stage(
             datamodule.setup(stage)
         module.setup(stage)
         t.hooks.callbacks_only("setup", stage)
+        # After the callbacks' setup: the loggers know their folder, where the report and traces go.
+        t.profiler.global_rank = t.strategy.global_rank
+        t.profiler.setup(stage, local_rank=t.strategy.local_rank, log_dir=t.log_dir)
         module.configure_model()  # before the strategy wraps (or shards) the module, as Lightning
         module.configure_sharded_model()
         _apply_memory_options(t, module, stage)
@@ -95,7 +98,8 @@ def run_stage(
         if t.compile:
             t.strategy.compile_model(**t.compile_kwargs)
         if stage == "fit":
-            _configure_optimizers(t, module)
+            with t.profiler.profile("configure_optimizers"):
+                _configure_optimizers(t, module)
         if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             ckpt_path = t.checkpointing.restart_path()
         if ckpt_path is not None:
@@ -135,6 +139,8 @@ def run_stage(
         if datamodule is not None:
             datamodule.teardown(stage)
         t.strategy.teardown()
+        t.profiler.describe()  # rank 0 prints the report and writes it to the log directory
+        t.profiler.teardown(stage)
         t.stage = None
 
 

@@ -33,6 +33,7 @@ from trainer.microbatch import MicroBatcher
 from trainer.module import DataModule, TrainModule
 from trainer.optim import SchedulerConfig
 from trainer.preemption import Preemption
+from trainer.profilers import Profiler, resolve_profiler
 from trainer.progress import Progress
 from trainer.results import results_table
 
@@ -94,7 +95,7 @@ class Trainer(TrainerAttributes):
         benchmark: bool | None = None,
         inference_mode: bool = True,
         use_distributed_sampler: bool = True,
-        profiler: Any = None,
+        profiler: Profiler | str | None = None,
         detect_anomaly: bool = False,
         barebones: bool = False,
         plugins: Any = None,
@@ -114,7 +115,7 @@ class Trainer(TrainerAttributes):
         compile: bool = False,
         compile_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        arguments.check_unsupported(profiler, plugins, model_registry, enable_autolog_hparams, barebones)
+        arguments.check_unsupported(plugins, model_registry, enable_autolog_hparams, barebones)
         switches = arguments.resolve_switches(
             barebones=barebones,
             logger=logger,
@@ -193,6 +194,8 @@ class Trainer(TrainerAttributes):
             max_time=max_time,
         )
         # The rooms (documented attributes the loops use).
+        #: Times actions of the run (``Trainer(profiler=...)``); a PassThroughProfiler, never called, when None.
+        self.profiler: Profiler = resolve_profiler(profiler)
         #: Calls the module's and the callbacks' hooks: ``trainer.hooks("on_fit_start")``.
         self.hooks = HookDispatch(self.callbacks, self)
         #: Where ``self.log`` values go: ``callback_metrics``, the progress bar, the loggers.

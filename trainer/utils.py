@@ -1,4 +1,5 @@
-"""``seed_everything``, and the batch helpers under their old names (they live in :mod:`trainer.common.tree`)."""
+"""``seed_everything``, ``grad_norm`` (Lightning's ``lightning.pytorch.utilities.grad_norm``), and the batch
+helpers under their old names (they live in :mod:`trainer.common.tree`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import random
 import torch
 
 from trainer.common.env import SEED, SEED_WORKERS
+from trainer.common.grad_norm import grad_norm
 from trainer.common.tree import apply_to_tensors, batch_size_of, move_to_device
 
-__all__ = ["apply_to_tensors", "batch_size_of", "move_to_device", "seed_everything"]
+__all__ = ["apply_to_tensors", "batch_size_of", "grad_norm", "move_to_device", "seed_everything"]
 
 
 def seed_everything(seed: int = 0, workers: bool = False) -> int:

@@ -13,6 +13,7 @@ from trainer.loops.iteration import iterate, num_batches
 from trainer.loops.step import make_eval_batch
 from trainer.metric_routing import EPOCH_DEFAULTS
 from trainer.metrics import MetricStore
+from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -70,7 +71,8 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
                 # and logged names the ``/dataloader_idx_N`` suffix.
                 router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
                 eval_batch = make_eval_batch(trainer, f"{prefix}_step", prefix, dataloader_idx if several else None)
-                for batch_idx, batch, _ in iterate(loader, num):
+                batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
+                for batch_idx, batch, _ in batches:
                     eval_batch(batch, batch_idx)
             router.dataloader_suffix = ""
             hooks.module(f"on_{prefix}_epoch_end")
@@ -112,7 +114,8 @@ def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
                     trainer, "predict_step", "predict", dataloader_idx if len(loaders) > 1 else None
                 )
                 kept: list[Any] = []
-                for batch_idx, batch, _ in iterate(loader, num):
+                batches = profiled_iter(trainer.profiler, "predict_dataloader_next", iterate(loader, num))
+                for batch_idx, batch, _ in batches:
                     out = predict_batch(batch, batch_idx)
                     if keep:
                         kept.append(out)

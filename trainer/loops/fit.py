@@ -17,6 +17,7 @@ from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import Window, make_train_batch, step_schedulers
 from trainer.metric_routing import EPOCH_DEFAULTS, STEP_DEFAULTS
 from trainer.metrics import MetricStore
+from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -76,7 +77,8 @@ def fit_loop(trainer: Trainer) -> None:
             p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
             if should_stop_training(trainer):
                 break
-        train_epoch(trainer, trainer.window)
+        with trainer.profiler.profile("run_training_epoch"):  # once an epoch: free when nothing profiles
+            train_epoch(trainer, trainer.window)
     hooks("on_train_end")
     hooks("on_fit_end")
 
@@ -145,7 +147,9 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     train_batch = make_train_batch(trainer, window)
     log_every = trainer.log_every_n_steps
     with router.logging(store, STEP_DEFAULTS):
-        for batch_idx, batch, is_last in iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng):
+        batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
+        # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
+        for batch_idx, batch, is_last in profiled_iter(trainer.profiler, "train_dataloader_next", batches):
             steps_before = p.global_step
             trainer.is_last_batch = is_last
             result = train_batch(batch, batch_idx, is_last)

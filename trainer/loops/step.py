@@ -34,6 +34,7 @@ from trainer.loops.optimizer_step import (
 )
 from trainer.microbatch import micro_batches
 from trainer.module import TrainModule
+from trainer.profilers.base import profiled
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -69,12 +70,14 @@ def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
     strategy, progress, router, hooks = trainer.strategy, trainer.progress, trainer.metric_router, trainer.hooks
     module = trainer.module
     assert module is not None
-    to_device = _batch_to_device(strategy, trainer)
+    profiler = trainer.profiler  # seams are wrapped in its actions only when it profiles (else unchanged)
+    to_device = profiled(profiler, "batch_to_device", _batch_to_device(strategy, trainer))
     batch_start, batch_end = hooks.bound("on_train_batch_start"), hooks.bound("on_train_batch_end")
     if module.automatic_optimization:
         step = make_automatic_step(trainer, window)
     else:
-        training_step, forward_context = _step_call(strategy, "training_step"), strategy.forward_context
+        training_step = profiled(profiler, "training_step", _step_call(strategy, "training_step"))
+        forward_context = strategy.forward_context
 
         def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
             with forward_context():
@@ -90,7 +93,7 @@ def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
             batch_end(out, batch, batch_idx)
         return out
 
-    return train_batch
+    return profiled(profiler, "run_training_batch", train_batch)
 
 
 def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
@@ -150,6 +153,16 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
     before_backward, after_backward, before_optimizer_step, before_zero_grad = (
         hooks.bound(name)
         for name in ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+    )
+    # With a profiler each seam is wrapped in its action, once, here; without one it is the seam itself.
+    profiler = trainer.profiler
+    training_step = profiled(profiler, "training_step", training_step)
+    backward = profiled(profiler, "backward", backward)
+    optimizer_step = profiled(profiler, "optimizer_step", optimizer_step)
+    zero_grad = profiled(profiler, "optimizer_zero_grad", zero_grad)
+    clip = profiled(profiler, "clip_gradients", clip)
+    user_optimizer_step = profiled(
+        profiler, f"[LightningModule]{type(module).__name__}.optimizer_step", user_optimizer_step
     )
 
     def forward_backward(piece: Any, batch_idx: int, sync: bool, share: float = 1.0) -> Any:
@@ -259,6 +272,8 @@ def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_id
     """
     strategy, router, hooks = trainer.strategy, trainer.metric_router, trainer.hooks
     to_device, step = _batch_to_device(strategy, trainer), _step_call(strategy, step_name)
+    to_device = profiled(trainer.profiler, "batch_to_device", to_device)
+    step = profiled(trainer.profiler, step_name, step)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
     forward_context = _forward_context(strategy)
     if dataloader_idx is not None:

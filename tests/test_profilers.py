@@ -1,0 +1,205 @@
+"""Trainer(profiler=...): the simple, advanced and PyTorch profilers, and no cost without one."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import callbacks as cbs
+from tests.helpers.regression import Regressor, make_loader
+from tests.helpers.trainers import quiet_trainer
+from trainer import Trainer
+from trainer.loops.step import make_automatic_step, make_train_batch
+from trainer.profilers import (
+    AdvancedProfiler,
+    PassThroughProfiler,
+    Profiler,
+    PyTorchProfiler,
+    SimpleProfiler,
+    XLAProfiler,
+)
+
+STEP_ACTIONS = ("train_dataloader_next", "batch_to_device", "training_step", "backward", "optimizer_step")
+
+
+class Wide(Regressor):
+    """A regressor whose step takes a few milliseconds, so the loop's own bookkeeping is small beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        return F.mse_loss(self(x.repeat(64, 1)), y.repeat(64, 1))
+
+
+def _fit(tmp_path: Path, profiler: Any, **kwargs: Any) -> Trainer:
+    logger = cbs.TensorBoardLogger(tmp_path)
+    trainer = quiet_trainer(tmp_path, profiler=profiler, max_epochs=2, logger=logger, **kwargs)
+    trainer.fit(Regressor(), make_loader(16, 4), make_loader(8, 4))
+    return trainer
+
+
+def test_simple_profiler_names_every_action_and_its_self_times_add_up_to_the_runs_wall_time(tmp_path: Path) -> None:
+    # Wall time measured outside, with perf_counter around trainer.fit (which includes the launch and
+    # the set-up before the profiler starts); the table's self times (each action's time less the
+    # actions nested in it, so none is counted twice) must add up to it within 10%.
+    torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)  # the first optimizer imports torch._dynamo
+    trainer = quiet_trainer(tmp_path, profiler="simple", max_epochs=2, callbacks=[cbs.Timer()])
+    began = time.perf_counter()
+    trainer.fit(Wide(), make_loader(48, 4))
+    wall = time.perf_counter() - began
+    profiler = trainer.profiler
+    assert isinstance(profiler, SimpleProfiler)
+    in_actions = sum(s.self_time for s in profiler.stats.values())
+    assert abs(in_actions - wall) <= 0.1 * wall, (in_actions, wall)
+    for action in STEP_ACTIONS:
+        assert profiler.stats[action].count == 24 + (2 if action == "train_dataloader_next" else 0), action
+    assert profiler.stats["optimizer_zero_grad"].count == 24
+    table = profiler.summary()
+    assert isinstance(table, str)
+    for name in (*STEP_ACTIONS, "run_training_batch", "[Callback]Timer.on_train_batch_end", "Percentage %"):
+        assert f"| {name} " in table, name
+    # The total and self times are the recorded ones, in the table's rows.
+    row = next(line for line in table.splitlines() if line.startswith("| training_step "))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[2] == "24" and float(cells[3]) == pytest.approx(profiler.stats["training_step"].total, rel=1e-4)
+
+
+def test_simple_profiler_writes_its_table_in_the_log_directory_and_summary_returns_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = _fit(tmp_path, "simple")
+    report = trainer.log_dir / "fit-profiler.txt"
+    assert report.read_text().strip() == trainer.profiler.summary().strip()
+    assert "FIT Profiler Report" in capsys.readouterr().out
+    assert "| validation_step " in report.read_text()
+    assert "| [LightningModule]Regressor.on_validation_epoch_end " in report.read_text()
+
+
+def test_advanced_profiler_reports_cprofile_rows_for_each_action(tmp_path: Path) -> None:
+    trainer = _fit(tmp_path, AdvancedProfiler(filename="perf"))
+    summary = trainer.profiler.summary()
+    section = summary.split("Profile stats for: training_step\n", 1)[1].split("Profile stats for:", 1)[0]
+    # cProfile's rows: ncalls ... filename:lineno(function); the module's own training_step ran 8 times.
+    assert "ncalls" in section and "cumtime" in section
+    assert any(line.split()[0] == "8" and "(training_step)" in line for line in section.splitlines() if line.strip())
+    assert "(mse_loss)" in section
+    assert (trainer.log_dir / "fit-perf.txt").read_text().strip() == summary.strip()
+    assert pickle.loads(pickle.dumps(trainer.profiler)).profiled_actions == {}  # travels to DDP workers
+
+
+def test_pytorch_profiler_trace_is_valid_json_with_the_record_function_markers(tmp_path: Path) -> None:
+    trainer = _fit(tmp_path, "pytorch")
+    profiler = trainer.profiler
+    assert isinstance(profiler, PyTorchProfiler)
+    traces = sorted(trainer.log_dir.glob("*.pt.trace.json"))
+    assert [t.name.split(".")[0] for t in traces] == ["fit-rank0"] and traces == profiler.trace_files
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    names = {event.get("name") for event in events}
+    for marker in (*STEP_ACTIONS, "run_training_batch", "optimizer_zero_grad", "[module]Regressor", "ProfilerStep#2"):
+        assert marker in names, marker
+    assert "aten::addmm" in names  # torch's own operators, inside the markers
+    assert "training_step" in (trainer.log_dir / "fit-profiler.txt").read_text()
+
+
+@pytest.mark.slow
+def test_pytorch_profiler_under_ddp_writes_one_trace_per_rank(tmp_path: Path) -> None:
+    logger = cbs.TensorBoardLogger(tmp_path)
+    trainer = quiet_trainer(tmp_path, strategy="ddp", devices=2, profiler="pytorch", max_epochs=1, logger=logger)
+    trainer.fit(Regressor(), make_loader(32, 4))
+    traces = sorted(trainer.log_dir.glob("*.pt.trace.json"))
+    assert [t.name.split(".")[0] for t in traces] == ["fit-rank0", "fit-rank1"]
+    for trace in traces:
+        names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
+        assert {"training_step", "backward", "optimizer_step"} <= names
+
+
+def test_without_a_profiler_the_step_binds_the_very_seams_it_bound_before(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    assert isinstance(trainer.profiler, PassThroughProfiler)
+    module = Regressor()
+    trainer.fit(module, make_loader(8, 4))
+    optimizer = trainer.optimizers[0]
+    step = make_automatic_step(trainer, trainer.window)
+    seams = _closure(step)
+    seams.update(_closure(seams["run_pieces"]))  # forward_backward
+    seams.update(_closure(seams["finish_window"]))
+    assert seams["training_step"] == module.training_step  # the bound method itself, not a wrapper
+    assert seams["backward"] is torch.Tensor.backward
+    assert seams["optimizer_step"] == optimizer.step
+    assert seams["clip"] is None and seams["user_optimizer_step"] is None
+    assert seams["before_backward"] is None  # hooks nobody overrides stay unbound
+    batch_seams = _closure(make_train_batch(trainer, trainer.window))
+    assert batch_seams["to_device"].func.__name__ == "move_to_device"  # the plain move, unwrapped
+    # Hook dispatch resolves to the module's and callbacks' own methods.
+    timer = cbs.Timer()
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[timer])
+    trainer.hooks.bind(module)
+    module_fn, callback_fns = trainer.hooks._resolve("on_train_batch_end")
+    assert module_fn is None and [fn.func for fn in callback_fns] == [timer.on_train_batch_end]
+
+
+def test_with_a_profiler_the_same_seams_are_wrapped_in_their_actions(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=1, profiler="simple")
+    module = Regressor()
+    trainer.fit(module, make_loader(8, 4))
+    seams = _closure(make_automatic_step(trainer, trainer.window))
+    seams.update(_closure(seams["run_pieces"]))
+    assert seams["training_step"] != module.training_step
+    assert seams["training_step"].__wrapped__ == module.training_step
+
+
+def test_profiler_argument_is_checked_and_lightnings_refusals_name_the_alternative() -> None:
+    with pytest.raises(ValueError, match=r"Trainer\(profiler='fast'\).*'advanced', 'pytorch', 'simple'"):
+        Trainer(profiler="fast", logger=False)
+    with pytest.raises(NotImplementedError, match=r"XLAProfiler.*PyTorchProfiler"):
+        XLAProfiler()
+    with pytest.raises(ValueError, match=r"emit_nvtx.*nsys"):
+        PyTorchProfiler(emit_nvtx=True)
+    for name, cls in (("simple", SimpleProfiler), ("Advanced", AdvancedProfiler), ("pytorch", PyTorchProfiler)):
+        assert type(Trainer(profiler=name, logger=False).profiler) is cls
+
+
+def test_a_profiler_of_your_own_sees_the_actions_in_order(tmp_path: Path) -> None:
+    class Recorder(Profiler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: list[str] = []
+
+        def start(self, action_name: str) -> None:
+            self.events.append(f"+{action_name}")
+
+        def stop(self, action_name: str) -> None:
+            self.events.append(f"-{action_name}")
+
+    recorder = Recorder()
+    quiet_trainer(tmp_path, profiler=recorder, max_steps=1).fit(Regressor(), make_loader(8, 4))
+    batch = recorder.events[recorder.events.index("+run_training_batch") : recorder.events.index("-run_training_batch")]
+    assert batch == [
+        "+run_training_batch",
+        "+batch_to_device",
+        "-batch_to_device",
+        "+training_step",
+        "-training_step",
+        "+backward",
+        "-backward",
+        "+optimizer_step",
+        "-optimizer_step",
+        "+optimizer_zero_grad",
+        "-optimizer_zero_grad",
+    ]
+
+
+def _closure(fn: Any) -> dict[str, Any]:
+    """The variables a closure captured, by name (what the loop bound once for the epoch)."""
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)}

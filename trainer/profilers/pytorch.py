@@ -1,0 +1,173 @@
+"""``PyTorchProfiler``: ``torch.profiler`` over a stage, with a ``record_function`` range per action.
+
+The torch profiler starts when the stage is set up (in every process) and follows a schedule counted
+in batches (``wait`` batches ignored, ``warmup`` batches profiled and thrown away, ``active`` batches
+recorded). Each action (``training_step``, ``backward``, a callback's hook) is a ``record_function``
+range, and with ``record_module_names`` so is each module's forward. The recorded window is written as
+``<dirpath>/<stage>-rank<R>.<id>.pt.trace.json``, one file per rank: TensorBoard's profiler plugin
+(``torch-tb-profiler``) and Perfetto / ``chrome://tracing`` open it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, record_function, tensorboard_trace_handler
+
+from trainer.profilers.base import Profiler
+
+__all__ = ["PyTorchProfiler"]
+
+
+class PyTorchProfiler(Profiler):
+    """``torch.profiler.profile`` over the run; traces for TensorBoard and Perfetto.
+
+    Args:
+        dirpath: where traces and the report go; ``None``: the trainer's ``log_dir``.
+        filename: the report's file name without ``.txt``.
+        group_by_input_shapes: the report's rows split by input shapes (needs ``record_shapes=True``).
+        emit_nvtx: refused (run under ``nsys`` with ``torch.autograd.profiler.emit_nvtx()`` yourself).
+        export_to_chrome: write the ``*.pt.trace.json`` traces (``False``: only the report).
+        row_limit: rows of the report (``-1``: all).
+        sort_by_key: the report's sort column (default ``cpu_time_total``, or ``cuda_time_total`` on GPU).
+        record_module_names: a ``record_function`` range around every module's forward, named by class.
+        table_kwargs: more keyword arguments for ``key_averages().table``.
+        **profiler_kwargs: passed to ``torch.profiler.profile`` (``activities``, ``schedule``,
+            ``record_shapes``, ``profile_memory``, ``with_stack``, ``on_trace_ready``, ...). The default
+            schedule is ``torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)``: one trace of three
+            batches per stage and rank.
+    """
+
+    #: Actions whose end is one step of the profiler's schedule: one training batch, one evaluation batch.
+    STEP_ACTIONS = frozenset({"run_training_batch", "validation_step", "test_step", "predict_step"})
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        group_by_input_shapes: bool = False,
+        emit_nvtx: bool = False,
+        export_to_chrome: bool = True,
+        row_limit: int = 20,
+        sort_by_key: str | None = None,
+        record_module_names: bool = True,
+        table_kwargs: dict[str, Any] | None = None,
+        **profiler_kwargs: Any,
+    ) -> None:
+        if emit_nvtx:
+            raise ValueError(
+                "PyTorchProfiler(emit_nvtx=True) is not supported: run the script under nsys with "
+                "torch.autograd.profiler.emit_nvtx() around trainer.fit yourself"
+            )
+        super().__init__(dirpath, filename)
+        self.group_by_input_shapes = group_by_input_shapes
+        self.export_to_chrome = export_to_chrome
+        self.row_limit = row_limit
+        self.sort_by_key = sort_by_key
+        self.record_module_names = record_module_names
+        self.table_kwargs = dict(table_kwargs or {})
+        self.profiler_kwargs = profiler_kwargs
+        #: The trace files written in this process, in order.
+        self.trace_files: list[Path] = []
+        self._profiler: torch.profiler.profile | None = None
+        self._ranges: dict[str, Any] = {}
+        self._module_ranges: list[Any] = []
+        self._hooks: list[Any] = []
+        self._table = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (the trainer travels to the processes it starts) before :meth:`setup` starts torch's profiler."""
+        state = self.__dict__.copy()
+        state.update(_profiler=None, _ranges={}, _module_ranges=[], _hooks=[])
+        return state
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | Path | None = None) -> None:
+        """Start torch's profiler for ``stage`` in this process."""
+        super().setup(stage, local_rank, log_dir)
+        self._finish()
+        self._table = ""
+        kwargs = dict(self.profiler_kwargs)
+        kwargs.setdefault("activities", _default_activities())
+        kwargs.setdefault("schedule", torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
+        if self.export_to_chrome and "on_trace_ready" not in kwargs:
+            kwargs["on_trace_ready"] = self._write_trace
+        self._profiler = torch.profiler.profile(**kwargs)
+        self._profiler.start()
+        if self.record_module_names:
+            self._hooks = [
+                torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
+                torch.nn.modules.module.register_module_forward_hook(self._exit_module),
+            ]
+
+    def start(self, action_name: str) -> None:
+        """Open a ``record_function`` range named ``action_name``."""
+        if self._profiler is None:
+            return
+        rf = record_function(action_name)
+        rf.__enter__()
+        self._ranges[action_name] = rf
+
+    def stop(self, action_name: str) -> None:
+        """Close ``action_name``'s range; after a batch, advance the schedule."""
+        rf = self._ranges.pop(action_name, None)
+        if rf is not None:
+            rf.__exit__(None, None, None)
+        if self._profiler is not None and action_name in self.STEP_ACTIONS:
+            self._profiler.step()
+
+    def summary(self) -> str:
+        """Torch's table of the recorded window (``key_averages``); stops the profiler first."""
+        self._finish()
+        return self._table
+
+    def teardown(self, stage: str | None) -> None:
+        """Stop torch's profiler (writing the trace of a window still recording)."""
+        self._finish()
+        super().teardown(stage)
+
+    def _finish(self) -> None:
+        """Stop torch's profiler once: close open ranges, remove module hooks, keep the report."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for rf in reversed([*self._ranges.values(), *self._module_ranges]):
+            rf.__exit__(None, None, None)
+        self._ranges, self._module_ranges = {}, []
+        prof, self._profiler = self._profiler, None
+        if prof is None:
+            return
+        prof.stop()
+        try:
+            averages = prof.key_averages(group_by_input_shape=self.group_by_input_shapes)
+        except (AssertionError, RuntimeError):  # nothing was recorded (the stage ended before the window)
+            return
+        sort_by = self.sort_by_key or ("cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
+        self._table = averages.table(sort_by=sort_by, row_limit=self.row_limit, **self.table_kwargs)
+
+    def _write_trace(self, prof: torch.profiler.profile) -> None:
+        """``on_trace_ready``: this rank's trace file, where TensorBoard's profiler plugin looks for it."""
+        if self.dirpath is None:
+            return
+        directory = Path(self.dirpath)
+        worker = f"{self._stage or 'run'}-rank{self.global_rank}"
+        before = set(directory.glob(f"{worker}.*.pt.trace.json")) if directory.exists() else set()
+        tensorboard_trace_handler(str(directory), worker_name=worker)(prof)
+        self.trace_files.extend(sorted(set(directory.glob(f"{worker}.*.pt.trace.json")) - before))
+
+    def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
+        rf = record_function(f"[module]{type(module).__name__}")
+        rf.__enter__()
+        self._module_ranges.append(rf)
+
+    def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._module_ranges:
+            self._module_ranges.pop().__exit__(None, None, None)
+
+
+def _default_activities() -> list[ProfilerActivity]:
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    return activities
