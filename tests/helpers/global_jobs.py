@@ -13,12 +13,24 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from callbacks import Callback
 from tests.helpers import jobs
 from tests.helpers.trainers import quiet_trainer
 
 EPOCHS = 2
 GLOBAL = 8  # the global batch every run keeps
 SIZES = {"uneven": 37, "empty_shard": 33, "even": 40}  # last global batch: 5 (3/2), 1 (1/0), none
+
+
+class SaveAt(Callback):
+    """Every rank calls ``trainer.save_checkpoint(path)`` after optimizer step ``step``: a mid-epoch checkpoint."""
+
+    def __init__(self, step: int, path: str) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
 
 
 def fit(
@@ -28,18 +40,19 @@ def fit(
     n: int = SIZES["uneven"],
     drop_last: bool = False,
     ckpt_path: str | None = None,
-    max_steps: int = -1,
     save_to: str | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) for :data:`EPOCHS` epochs; the weights, steps and warnings of the run."""
+    """Train (or resume) for :data:`EPOCHS` epochs; the weights, steps and warnings of the run.
+
+    ``save_to``: also write a checkpoint there after step 3, in the first of the epoch's 5 batches.
+    """
     module = jobs.BlockNet()
-    trainer = quiet_trainer(root, strategy=strategy, max_epochs=EPOCHS, max_steps=max_steps)
+    callbacks = [SaveAt(3, save_to)] if save_to is not None else []
+    trainer = quiet_trainer(root, callbacks, strategy=strategy, max_epochs=EPOCHS)
     loader = DataLoader(jobs.dataset(n), batch_size=batch_size, shuffle=True, drop_last=drop_last)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(module, loader, ckpt_path=ckpt_path)
-    if save_to is not None:
-        trainer.save_checkpoint(save_to)
     return {
         "weights": jobs.weights(module),
         "steps": trainer.global_step,
@@ -67,6 +80,6 @@ def resume_on_world(root: str, ckpt: str, save_to: str | None = None) -> dict[st
     resumed = fit(f"{root}/resumed{world}", "ddp", GLOBAL // world, ckpt_path=ckpt)
     if save_to is None:
         return resumed
-    # The interrupted run this world size writes, for the next world size to resume.
-    written = fit(f"{root}/first{world}", "ddp", GLOBAL // world, max_steps=3, save_to=save_to)
+    # A run on this world size that writes a mid-epoch checkpoint for the next world size to resume.
+    written = fit(f"{root}/first{world}", "ddp", GLOBAL // world, save_to=save_to)
     return {"resumed": resumed, "written": written}
