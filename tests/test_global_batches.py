@@ -69,10 +69,11 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["even", "uneven", "empty_shard", "drop_last"])
+@pytest.mark.parametrize("case", ["even", "uneven", "empty_shard", "drop_last", "accumulate"])
 def test_ddp_with_shuffle_equals_one_process(two_ranks: list[dict[str, Any]], case: str, tmp_path: Path) -> None:
     n = global_jobs.SIZES.get(case, global_jobs.SIZES["uneven"])
-    one = global_jobs.fit(tmp_path, "auto", global_jobs.GLOBAL, n=n, drop_last=case == "drop_last")
+    options = global_jobs.ACCUMULATE if case == "accumulate" else {}
+    one = global_jobs.fit(tmp_path, "auto", global_jobs.GLOBAL, n=n, drop_last=case == "drop_last", **options)
     assert not torch.equal(one["weights"]["head.weight"], jobs.BlockNet().head.weight.detach())
     for rank in two_ranks:
         assert rank[case]["steps"] == one["steps"]

@@ -19,6 +19,7 @@ from tests.helpers.trainers import quiet_trainer
 
 EPOCHS = 2
 GLOBAL = 8  # the global batch every run keeps
+ACCUMULATE = {"accumulate_grad_batches": 2, "gradient_clip_val": 0.5}  # a window ends on the short batch
 SIZES = {"uneven": 37, "empty_shard": 33, "even": 40}  # last global batch: 5 (3/2), 1 (1/0), none
 
 
@@ -41,14 +42,16 @@ def fit(
     drop_last: bool = False,
     ckpt_path: str | None = None,
     save_to: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Train (or resume) for :data:`EPOCHS` epochs; the weights, steps and warnings of the run.
 
     ``save_to``: also write a checkpoint there after step 3, in the first of the epoch's 5 batches.
+    ``options``: further ``Trainer`` arguments.
     """
     module = jobs.BlockNet()
     callbacks = [SaveAt(3, save_to)] if save_to is not None else []
-    trainer = quiet_trainer(root, callbacks, strategy=strategy, max_epochs=EPOCHS)
+    trainer = quiet_trainer(root, callbacks, strategy=strategy, max_epochs=EPOCHS, **options)
     loader = DataLoader(jobs.dataset(n), batch_size=batch_size, shuffle=True, drop_last=drop_last)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -69,6 +72,7 @@ def ddp_scenarios(root: str) -> dict[str, Any]:
     for name, n in SIZES.items():
         out[name] = fit(f"{root}/{name}", "ddp", per_rank, n=n)
     out["drop_last"] = fit(f"{root}/drop_last", "ddp", per_rank, drop_last=True)
+    out["accumulate"] = fit(f"{root}/accumulate", "ddp", per_rank, **ACCUMULATE)
     return out
 
 
