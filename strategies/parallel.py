@@ -27,7 +27,7 @@ from typing_extensions import override
 from strategies.base import Strategy
 from strategies.launch import joined_environment, start_processes
 from strategies.precision import Precision
-from strategies.sampling import ShardedBatchSampler, ShardedSampler
+from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
 from trainer.common.loaders import rebuild_dataloader
 
@@ -249,14 +249,20 @@ class ParallelStrategy(Strategy):
     def process_dataloader(self, dataloader: Iterable[Any], *, train: bool) -> Iterable[Any]:
         """Give a DataLoader a sampler that shards it over the ranks.
 
-        The default samplers: training gets a ``DistributedSampler`` (seeded with ``seed_everything``'s
-        seed, shuffling when the loader shuffled, ``set_epoch`` called by the loop), evaluation an
-        :class:`EvalShardSampler`, with no padded duplicates. A sampler or batch sampler of the user's is
+        The default samplers: training gets a :class:`~strategies.sampling.GlobalBatchSampler` (rank
+        ``r``'s shards of the global batches of ``batch_size * world_size`` that one process takes, in
+        the order one process draws), evaluation an :class:`EvalShardSampler`, with no padded
+        duplicates. A training loader over an ``IterableDataset`` (sharded by the user's code) gets
+        :class:`~strategies.sampling.EvenEnd`, so every rank stops at the same batch. A sampler or batch sampler of the user's is
         kept and sharded (:mod:`strategies.sampling`): each rank gets its share of what it yields.
         """
         world = self.world_size
-        if world == 1 or not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset, IterableDataset):
-            return dataloader  # an iterable dataset shards itself (``get_worker_info`` and the rank)
+        if world == 1 or not isinstance(dataloader, DataLoader):
+            return dataloader
+        if isinstance(dataloader.dataset, IterableDataset):
+            # The user's code shards the stream (``get_worker_info`` and the rank); in training the
+            # ranks agree on where the epoch ends, so unequal shards cannot leave one rank waiting.
+            return EvenEnd(dataloader, self.root_device) if train else dataloader
         if isinstance(dataloader.sampler, (DistributedSampler, EvalShardSampler, ShardedSampler)):
             return dataloader
         if isinstance(dataloader.batch_sampler, ShardedBatchSampler):
@@ -270,14 +276,16 @@ class ParallelStrategy(Strategy):
             sampler = EvalShardSampler(dataloader.sampler, rank, world)
         elif not isinstance(dataloader.sampler, (SequentialSampler, RandomSampler)):  # the user's sampler
             sampler = ShardedSampler(dataloader.sampler, rank, world, drop_last=dataloader.drop_last)
-        else:
-            sampler = DistributedSampler(
-                dataloader.dataset,
-                num_replicas=world,
-                rank=rank,
-                shuffle=isinstance(dataloader.sampler, RandomSampler),
-                seed=seed_from_env(),
+        else:  # the default samplers: the global batches one process takes (strategies/sampling.py)
+            assert dataloader.batch_size is not None
+            sampler = GlobalBatchSampler(
+                dataloader.dataset,  # type: ignore[arg-type]
+                dataloader.sampler,
+                dataloader.batch_size,
+                rank,
+                world,
                 drop_last=dataloader.drop_last,
+                seed=seed_from_env(),
             )
         return rebuild_dataloader(dataloader, sampler=sampler)
 

@@ -10,17 +10,24 @@ drops the tail with ``drop_last``), as ``DistributedSampler`` does; evaluation n
 
 A random sampler must draw the same order on every rank: seed it (``seed_everything`` or its own
 ``generator``), as with Lightning's wrapper.
+
+The default samplers (a loader built with ``shuffle=True`` or ``False``) get :class:`GlobalBatchSampler`
+instead: the same global batches on any number of processes (see its docstring). An ``IterableDataset``
+is sharded by the user's own code; :class:`EvenEnd` makes every rank stop at the same batch.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-from torch.utils.data import Sampler
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
-__all__ = ["ShardedBatchSampler", "ShardedSampler"]
+__all__ = ["EvenEnd", "GlobalBatchSampler", "ShardedBatchSampler", "ShardedSampler"]
 
 
 def _shard(order: list[Any], rank: int, world_size: int, pad: bool, drop_last: bool) -> list[Any]:
@@ -105,3 +112,147 @@ class ShardedBatchSampler(_Sharded):
     def sampler(self) -> Any:
         """The wrapped batch sampler's sampler, if it has one (``set_epoch`` and resume look there)."""
         return getattr(self.inner, "sampler", None)
+
+
+class GlobalBatchSampler(DistributedSampler[int]):
+    """Rank ``rank``'s shards of the global batches one process with batch ``batch_size * world_size`` takes.
+
+    The contract (docs/data.md, "Same batches on any number of processes"): a loader's ``batch_size``
+    is per process, as in Lightning, so ``W`` processes train on global batches of
+    ``B = batch_size * W``. Every epoch the single process's sampler gives the order (for
+    ``shuffle=True`` the permutation a one-process ``RandomSampler`` draws from the same seed), which
+    is cut into global batches of ``B``; rank ``r`` takes positions ``r, r + W, ...`` of each. So the
+    ranks' batches of a step together are one process's batch of ``B``, and a run on ``M`` processes
+    with ``batch_size = B / M`` sees the same global batches (and can resume the other's checkpoints).
+
+    A last global batch smaller than ``B`` is split the same way, so shards may differ in size; a rank
+    whose shard is empty takes the batch's first sample as a stand-in, whose loss counts zero.
+    :attr:`last_batch_share` is the factor the trainer scales that batch's loss by, so DDP's mean over
+    ranks weights each sample alike, as one process's mean over the batch does. ``drop_last`` drops
+    that batch, as one process drops its last short batch.
+
+    A ``torch.utils.data.DistributedSampler`` subclass, so code that asks for one (``set_epoch``,
+    ``num_replicas``, ``rank``, ``shuffle``) still finds it.
+
+    >>> [list(GlobalBatchSampler(range(7), range(7), 2, rank=r, world_size=2)) for r in range(2)]
+    [[0, 2, 4, 6], [1, 3, 5]]
+    >>> GlobalBatchSampler(range(5), range(5), 2, rank=1, world_size=2).last_batch_share  # 1 of 1 sample
+    0.0
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        sampler: Iterable[int],
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            dataset,  # type: ignore[arg-type]
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=isinstance(sampler, RandomSampler),
+            seed=seed,
+            drop_last=drop_last,
+        )
+        #: The sampler one process would use (its order is the global order).
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.global_batch_size = batch_size * world_size
+        full, rest = divmod(len(sampler), self.global_batch_size)  # type: ignore[arg-type]
+        self._full, self._rest = full, 0 if drop_last else rest
+        own = len(range(rank, self._rest, world_size))
+        self.num_samples = full * batch_size + (max(own, 1) if self._rest else 0)
+        self.total_size = full * self.global_batch_size + self._rest
+        #: The loss factor of this rank's share of a short last global batch; None when it needs none.
+        self.last_batch_share: float | None = None
+        if self._rest and self._rest % world_size:
+            self.last_batch_share = own * world_size / self._rest
+
+    @property
+    def generator(self) -> Any:
+        """The wrapped sampler's own generator, if it has one (exact mid-epoch resume replays its state)."""
+        return getattr(self.sampler, "generator", None)
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        rank, world, size = self.rank, self.num_replicas, self.global_batch_size
+        for start in range(0, self._full * size, size):
+            yield from order[start + rank : start + size : world]
+        if self._rest:
+            start = self._full * size
+            yield from order[start + rank : start + self._rest : world] or order[start : start + 1]
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _order(self) -> list[int]:
+        """The epoch's global order: the single process's sampler's, the same on every rank."""
+        sampler = self.sampler
+        if isinstance(sampler, RandomSampler) and sampler.generator is None:
+            # RandomSampler seeds itself from the global torch generator, one draw per epoch; the same
+            # draw here keeps one process's order. Rank 0's draw is used by all: a rank whose generator
+            # moved differently (augmentations on a shorter shard) still agrees. A small broadcast,
+            # once per epoch, made by every rank when the trainer starts the epoch.
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                box = [seed]
+                dist.broadcast_object_list(box, src=0)
+                seed = box[0]
+            seeded = copy.copy(sampler)
+            seeded.generator = torch.Generator().manual_seed(seed)
+            return list(seeded)
+        return list(sampler)
+
+
+class EvenEnd:
+    """A loader over a user-sharded ``IterableDataset`` whose ranks all stop at the same batch.
+
+    Each rank streams its own shard; shards may hold different numbers of batches. Before each batch
+    the ranks agree with one small all-reduce (the minimum of "I have a batch") whether all of them
+    have one, and stop together when one has run out: the longer shards' extra batches are not used
+    in that epoch (without this, the ranks with data would wait in the gradient all-reduce for the
+    others until the collective timeout). The cost, one all-reduce per batch, is paid only here.
+
+    The length is the smallest of the ranks' lengths, agreed when the loader is prepared (every rank
+    does that together); a loader without a length stays without one. Every other attribute is the
+    wrapped loader's.
+    """
+
+    def __init__(self, loader: Iterable[Any], device: torch.device) -> None:
+        self.loader = loader
+        self.device = device
+        try:
+            own: float = len(loader)  # type: ignore[arg-type]
+        except TypeError:
+            own = math.inf
+        self._length = int(_agree(own, "min", device)) if not math.isinf(_agree(own, "max", device)) else None
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError(f"{type(self.loader).__name__} over an IterableDataset without __len__ has no length")
+        return self._length
+
+    def __iter__(self) -> Iterator[Any]:
+        sentinel = object()
+        iterator = iter(self.loader)
+        while True:
+            batch = next(iterator, sentinel)
+            if _agree(0.0 if batch is sentinel else 1.0, "min", self.device) == 0.0:
+                return
+            yield batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (e.g. while unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+def _agree(value: float, op: str, device: torch.device) -> float:
+    """``value`` reduced over the ranks (``"min"`` or ``"max"``)."""
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+    return float(tensor.item())

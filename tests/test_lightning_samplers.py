@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from strategies import DDPStrategy
 from strategies.sampling import ShardedBatchSampler, ShardedSampler
@@ -44,7 +44,8 @@ def test_process_dataloader_keeps_a_user_sampler_and_the_default_path() -> None:
     assert isinstance(user, DataLoader) and isinstance(user.sampler, ShardedSampler)
     assert set(user.sampler) <= set(sampler_jobs.SUBSET)  # never an index outside the user's subset
     plain = strategy.process_dataloader(DataLoader(sampler_jobs.Indices(), batch_size=2, shuffle=True), train=True)
-    assert type(plain.sampler).__name__ == "DistributedSampler"  # type: ignore[attr-defined]
+    # The default path: a DistributedSampler (geartrain's GlobalBatchSampler, one since issue #18), not the wrapper.
+    assert isinstance(plain.sampler, DistributedSampler) and not isinstance(plain.sampler, ShardedSampler)  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow

@@ -43,6 +43,8 @@ class CheckpointConnector:
         #: :meth:`training_state` of a fit that ran in processes the strategy started (rank 0's),
         #: adopted by the caller; None otherwise.
         self.adopted: dict[str, Any] | None = None
+        #: The checkpoint resumed from and how its training batches were formed (checked once, at start).
+        self._resume_batches: tuple[Path, dict[str, Any] | None] | None = None
 
     # ----------------------------------------------------------------- where
     def default_directory(self) -> Path:
@@ -119,9 +121,15 @@ class CheckpointConnector:
             "precision": t.strategy.precision.state_dict(),
             "rng": t.strategy.gather_object(rng_state()),  # one entry per rank
         }
+        loops: dict[str, Any] = {}
         sampler = getattr(t.loaders.get("fit"), "batch_sampler", None)
         if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
-            state["loops"] = {"epoch_rng": sampler.epoch_rng}
+            loops["epoch_rng"] = sampler.epoch_rng
+        batches = resume_checks.batch_geometry(t)
+        if batches is not None:  # how the training batches were formed: a resume says what differs
+            loops["batches"] = batches
+        if loops:
+            state["loops"] = loops
         return state
 
     def save(
@@ -218,6 +226,7 @@ class CheckpointConnector:
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
+        self._resume_batches = (path, state.get("loops", {}).get("batches"))
         rngs = state.get("rng", [])
         if rngs:
             set_rng_state(rngs[min(t.global_rank, len(rngs) - 1)])
@@ -225,6 +234,9 @@ class CheckpointConnector:
     def take_resume_epoch_rng(self) -> dict[str, Any] | None:
         """The restored epoch order, once (the first epoch after a resume replays it)."""
         epoch_rng, self.resume_epoch_rng = self.resume_epoch_rng, None
+        if self._resume_batches is not None:  # the first epoch after a resume: its loader is known now
+            (path, saved), self._resume_batches = self._resume_batches, None
+            resume_checks.warn_if_batches_differ(path, saved, self._trainer)
         return epoch_rng
 
     def _load_weights(self, path: Path, state_dict: dict[str, Any]) -> None:

@@ -9,6 +9,11 @@ as a bare ``KeyError``. These checks run before anything is loaded and raise one
 A learning-rate schedule restored from a checkpoint keeps the length it was made with (a cosine's
 ``T_max``): resuming to train longer than that runs past its end. :func:`warn_if_schedule_ends_early`
 says so after the restore, with the lengths and how to start a schedule of the new length.
+
+How the training batches were formed (processes, per-process batch size, accumulation, the kind of
+sampler) is saved too (:func:`batch_geometry`). Resuming with the same global batches continues
+exactly on any number of processes; where the change makes that impossible, :func:`warn_if_batches_differ`
+says so in one line at the start, naming what changed and what will differ.
 """
 
 from __future__ import annotations
@@ -26,7 +31,15 @@ if TYPE_CHECKING:
     from trainer.optim import SchedulerConfig
     from trainer.trainer import Trainer
 
-__all__ = ["ScheduleEndsEarlyWarning", "check_resumable", "types_of", "warn_if_schedule_ends_early"]
+__all__ = [
+    "InexactResumeWarning",
+    "ScheduleEndsEarlyWarning",
+    "batch_geometry",
+    "check_resumable",
+    "types_of",
+    "warn_if_batches_differ",
+    "warn_if_schedule_ends_early",
+]
 
 #: What a full resume reads besides the weights.
 REQUIRED = ("optimizers", "lr_schedulers", "progress")
@@ -39,6 +52,10 @@ _LENGTH_ATTRS = ("T_max", "total_steps", "total_iters")
 
 class ScheduleEndsEarlyWarning(UserWarning):
     """A restored learning-rate schedule ends before the resumed run does."""
+
+
+class InexactResumeWarning(UserWarning):
+    """A resume whose training batches differ from the interrupted run's (world size or batch size changed)."""
 
 
 def types_of(objects: Sequence[Any]) -> list[str]:
@@ -152,3 +169,72 @@ def warn_if_schedule_ends_early(
                 ScheduleEndsEarlyWarning,
                 stacklevel=2,
             )
+
+
+def batch_geometry(trainer: Trainer) -> dict[str, Any] | None:
+    """How the training loader forms batches: processes, per-process batch size, accumulation and kind.
+
+    Kinds: ``"samples"`` (a sampler batched by the loader: resharded to any number of processes),
+    ``"batch_sampler"`` (the user's batch sampler: each rank takes whole batches of it), ``"iterable"``
+    (an ``IterableDataset``, sharded by the user's code). None for loaders of another sort.
+    """
+    from torch.utils.data import BatchSampler, IterableDataset
+
+    loader = trainer.loaders.get("fit")
+    dataset = getattr(loader, "dataset", None)
+    batch_size: int | None
+    if isinstance(dataset, IterableDataset):
+        kind, batch_size = "iterable", getattr(loader, "batch_size", None)
+    else:
+        batches = getattr(loader, "batch_sampler", None)
+        inner = getattr(batches, "batch_sampler", batches)  # inside the trainer's ResumableBatchSampler
+        if inner is None:
+            return None
+        if type(inner) is BatchSampler:
+            kind, batch_size = "samples", inner.batch_size
+        else:
+            kind, batch_size = "batch_sampler", None
+    return {
+        "kind": kind,
+        "world_size": trainer.world_size,
+        "batch_size": batch_size,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+    }
+
+
+def warn_if_batches_differ(path: Path, saved: Mapping[str, Any] | None, trainer: Trainer) -> None:
+    """One line on rank 0 when this run cannot continue on the batches the interrupted run would have seen."""
+    now = batch_geometry(trainer)
+    if saved is None or now is None or not trainer.is_global_zero:
+        return
+    changes: list[str] = []
+    was_world, world = int(saved["world_size"]), int(now["world_size"])
+    if saved["kind"] != now["kind"]:
+        changes.append(f"the training batches were formed by a {saved['kind']} loader, now by a {now['kind']} one")
+    elif now["kind"] != "samples" and was_world != world:
+        what = "its own batch sampler" if now["kind"] == "batch_sampler" else "an IterableDataset sharded by your code"
+        changes.append(
+            f"the training loader uses {what}, which cannot be resharded from {was_world} to {world} processes"
+        )
+    elif now["kind"] == "samples" and saved["batch_size"] * was_world != now["batch_size"] * world:
+        was_global = saved["batch_size"] * was_world
+        keep = (
+            f"batch_size={was_global // world} keeps it"
+            if was_global % world == 0
+            else f"{was_global} is not divisible by {world} processes, so no batch_size keeps it"
+        )
+        changes.append(
+            f"the global batch was {was_global} (batch_size {saved['batch_size']} x {was_world} processes), now "
+            f"{now['batch_size'] * world} ({now['batch_size']} x {world}); {keep}"
+        )
+    if saved["accumulate_grad_batches"] != now["accumulate_grad_batches"]:
+        changes.append(
+            f"accumulate_grad_batches was {saved['accumulate_grad_batches']}, now {now['accumulate_grad_batches']}"
+        )
+    if changes:
+        warnings.warn(
+            f"Resuming {path} inexactly: {'; '.join(changes)}. From here the optimizer sees other batches "
+            "than the uninterrupted run would (docs/data.md).",
+            InexactResumeWarning,
+            stacklevel=2,
+        )

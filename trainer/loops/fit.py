@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from trainer.common.errors import Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
-from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
+from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import Window, make_train_batch, step_schedulers
 from trainer.metric_routing import EPOCH_DEFAULTS, STEP_DEFAULTS
 from trainer.metrics import MetricStore
@@ -144,7 +144,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     with router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_epoch_start")
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
-    train_batch = make_train_batch(trainer, window)
+    train_batch = make_train_batch(trainer, window, last_batch_share(loader, num))
     log_every = trainer.log_every_n_steps
     with router.logging(store, STEP_DEFAULTS):
         batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)

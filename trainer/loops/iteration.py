@@ -14,7 +14,7 @@ from typing import Any
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.data import ResumableBatchSampler
 
-__all__ = ["iterate", "num_batches", "set_sampler_epoch"]
+__all__ = ["iterate", "last_batch_share", "num_batches", "set_sampler_epoch"]
 
 
 def num_batches(loader: Iterable[Any], limit: int | float | None) -> float:
@@ -84,3 +84,18 @@ def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
         set_epoch = getattr(target, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
+
+
+def last_batch_share(loader: Iterable[Any], num: float) -> float | None:
+    """The loss factor of this rank's last batch when the epoch ends on a short, unevenly split global batch.
+
+    Under DDP a last global batch smaller than ``batch_size * world_size`` is split into unequal shards
+    (:class:`~strategies.sampling.GlobalBatchSampler`); scaling each rank's mean loss by its share makes
+    DDP's mean over ranks the mean over the batch's samples, as one process computes it. None when no
+    scaling is needed, or when the epoch is cut short (``limit_train_batches``) before that batch.
+    """
+    sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    share = getattr(sampler, "last_batch_share", None)
+    if share is None or math.isinf(num) or int(num) != len(loader):  # type: ignore[arg-type]
+        return None
+    return float(share)

@@ -55,7 +55,7 @@ TrainBatch = Callable[[Any, int, bool], Any]
 EvalBatch = Callable[[Any, int], Any]
 
 
-def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
+def make_train_batch(trainer: Trainer, window: Window, last_share: float | None = None) -> TrainBatch:
     """``train_batch(batch, batch_idx, is_last) -> output`` for this epoch (see the module docstring).
 
     Around the step, in both optimisation modes::
@@ -66,6 +66,9 @@ def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
         on_train_batch_start(batch, i)                (the module returning -1 ends the epoch)
         out = the step (automatic: make_automatic_step; manual: training_step under forward_context)
         on_train_batch_end(out, batch, i)
+
+    ``last_share``: the factor of the epoch's last batch's loss under DDP when that global batch was
+    split unevenly (:func:`~trainer.loops.iteration.last_batch_share`); automatic optimisation only.
     """
     strategy, progress, router, hooks = trainer.strategy, trainer.progress, trainer.metric_router, trainer.hooks
     module = trainer.module
@@ -74,7 +77,7 @@ def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
     to_device = profiled(profiler, "batch_to_device", _batch_to_device(strategy, trainer))
     batch_start, batch_end = hooks.bound("on_train_batch_start"), hooks.bound("on_train_batch_end")
     if module.automatic_optimization:
-        step = make_automatic_step(trainer, window)
+        step = make_automatic_step(trainer, window, last_share)
     else:
         training_step = profiled(profiler, "training_step", _step_call(strategy, "training_step"))
         forward_context = strategy.forward_context
@@ -96,7 +99,7 @@ def make_train_batch(trainer: Trainer, window: Window) -> TrainBatch:
     return profiled(profiler, "run_training_batch", train_batch)
 
 
-def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
+def make_automatic_step(trainer: Trainer, window: Window, last_share: float | None = None) -> TrainBatch:
     """The automatic-optimisation step with its seams bound: ``step(batch, batch_idx, is_last)``.
 
     For every strategy, precision, accumulation (``k`` batches a step), clipping and micro-batching::
@@ -196,7 +199,9 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
     accumulate = forward_backward if no_backward_sync is None else synced
     # Trainer(micro_batch_size=...): the batch in pieces, each through accumulate (trainer/microbatch.py).
     micro = trainer.micro_batcher
-    run_pieces = accumulate if micro is None else functools.partial(micro_batches, trainer, window, accumulate)
+    run_pieces: Callable[[Any, int, bool], Any] = (
+        accumulate if micro is None else functools.partial(micro_batches, trainer, window, accumulate)
+    )
 
     def finish_window() -> bool:
         """After the window's backward: the optimizer step; whether a step counts (not skipped for NaN)."""
@@ -254,7 +259,25 @@ def make_automatic_step(trainer: Trainer, window: Window) -> TrainBatch:
             end_window()
         return outputs[-1]
 
-    return step
+    if last_share is None:
+        return step
+    # The epoch ends on an unevenly split global batch: its loss is scaled by this rank's share, bound
+    # here so that every other step, and every epoch without such a batch, runs the plain step.
+    share_of_last = last_share
+
+    def weighted(piece: Any, batch_idx: int, sync: bool, share: float = 1.0) -> Any:
+        return accumulate(piece, batch_idx, sync, share * share_of_last)
+
+    last_pieces = weighted if micro is None else functools.partial(micro_batches, trainer, window, weighted)
+    even_step = step
+
+    def step_ending_uneven(batch: Any, batch_idx: int, is_last: bool) -> Any:
+        nonlocal run_pieces
+        if is_last:
+            run_pieces = last_pieces
+        return even_step(batch, batch_idx, is_last)
+
+    return step_ending_uneven
 
 
 def _zero_grad_hook(hook: Callable[..., Any], progress: Any, optimizer: torch.optim.Optimizer) -> None:
