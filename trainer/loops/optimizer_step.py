@@ -25,6 +25,7 @@ __all__ = [
     "loss_of",
     "manual_backward",
     "step_schedulers",
+    "zero_grad_hook",
 ]
 
 
@@ -215,3 +216,8 @@ def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = No
                 )
             continue
         lr_scheduler_step(cfg.scheduler, float(value))  # a sync, once per interval
+
+
+def zero_grad_hook(hook: Callable[..., Any], progress: Any, optimizer: torch.optim.Optimizer) -> None:
+    """The module's ``optimizer_zero_grad(epoch, batch_idx, optimizer)`` (batch_idx: the last of the window)."""
+    hook(progress.epoch, progress.batch_in_epoch, optimizer)

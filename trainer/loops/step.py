@@ -31,6 +31,7 @@ from trainer.loops.optimizer_step import (
     loss_of,
     manual_backward,
     step_schedulers,
+    zero_grad_hook,
 )
 from trainer.microbatch import micro_batches
 from trainer.module import TrainModule
@@ -142,7 +143,7 @@ def make_automatic_step(trainer: Trainer, window: Window, last_share: float | No
     zero_grad = (
         functools.partial(optimizer.zero_grad, set_to_none=True)
         if _keeps(module, TrainModule, "optimizer_zero_grad")
-        else functools.partial(_zero_grad_hook, module.optimizer_zero_grad, progress, optimizer)
+        else functools.partial(zero_grad_hook, module.optimizer_zero_grad, progress, optimizer)
     )
     if not _keeps(module, TrainModule, "backward"):
         if not plain_backward:
@@ -278,11 +279,6 @@ def make_automatic_step(trainer: Trainer, window: Window, last_share: float | No
         return even_step(batch, batch_idx, is_last)
 
     return step_ending_uneven
-
-
-def _zero_grad_hook(hook: Callable[..., Any], progress: Any, optimizer: torch.optim.Optimizer) -> None:
-    """The module's ``optimizer_zero_grad(epoch, batch_idx, optimizer)`` (batch_idx: the last of the window)."""
-    hook(progress.epoch, progress.batch_in_epoch, optimizer)
 
 
 def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_idx: int | None = None) -> EvalBatch:
