@@ -73,6 +73,7 @@ def fit_loop(trainer: Trainer) -> None:
             if should_stop_training(trainer):
                 break
         train_epoch(trainer, trainer.window)
+    _drop_open_window(trainer, trainer.window)
     hooks("on_train_end")
     hooks("on_fit_end")
 
@@ -129,6 +130,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
                 eval_loop(trainer, "validate")
                 last_val_at = p.batch_in_epoch
             if should_stop_training(trainer):
+                _drop_open_window(trainer, window)
                 break
     end_validation = validate_this_epoch and not across and not _may_stop(trainer)
     if end_validation and last_val_at != p.batch_in_epoch and p.batch_in_epoch:
@@ -151,6 +153,19 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         finally:
             trainer.in_train_epoch_end = False
     store.reset()
+
+
+def _drop_open_window(trainer: Trainer, window: Window) -> None:
+    """Training stopped inside an accumulation window: drop its gradients, which no step will apply.
+
+    As in Lightning, a stop (early stopping, ``max_time``, a batch hook's -1 in the last epoch) does
+    not wait for the window's end. Closing it here makes the state after the stop a checkpointable
+    one (the saves of the epoch's and the fit's end hold exactly what a resume continues from).
+    """
+    if window.has_loss or window.nonfinite:
+        for optimizer in trainer.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        window.has_loss = window.nonfinite = False
 
 
 def should_stop_training(trainer: Trainer) -> bool:
