@@ -97,7 +97,9 @@ class SaveSchedule(Checkpoint):
         """The schedule's bookkeeping, for the callback's checkpoint state."""
         return {
             "last_saved_step": self._last_saved_step,
-            "train_time_elapsed": None if self._last_time is None else self._clock() - self._last_time,
+            "train_time_elapsed": (
+                None if self._last_time is None or self.train_time_interval is None else self._clock() - self._last_time
+            ),
         }
 
     def load_schedule_state(self, state: dict[str, Any]) -> None:

@@ -21,8 +21,8 @@ from callbacks._checkpoint_files import (
     save_message,
     symlink,
 )
-from callbacks._monitor import Monitor
 from callbacks._checkpoint_schedule import SaveSchedule
+from callbacks._monitor import Monitor
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule

@@ -98,9 +98,9 @@ def test_a_time_interval_that_comes_due_inside_a_window_saves_at_its_end(tmp_pat
             steps.append(checkpoint["progress"]["batch_in_epoch"] % K)
 
     module, kwargs = make()
-    quiet_trainer(tmp_path, [Tick(), Record(), ckpt], enable_checkpointing=True, max_epochs=1, accumulate_grad_batches=K).fit(
-        module, **kwargs
-    )
+    quiet_trainer(
+        tmp_path, [Tick(), Record(), ckpt], enable_checkpointing=True, max_epochs=1, accumulate_grad_batches=K
+    ).fit(module, **kwargs)
     assert steps and all(s == 0 for s in steps)  # every save at a window's end
     assert (tmp_path / "step=1.ckpt").exists()
 
