@@ -106,6 +106,8 @@ class CheckpointConnector:
         if not weights_only:
             state.update(self.training_state())
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
+            mid_epoch = t.stage == "fit" and not t.progress.epoch_finished
+            state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
             if t.datamodule is not None:
                 state["datamodule"] = t.datamodule.state_dict()
         t.module.on_save_checkpoint(state)
@@ -233,6 +235,8 @@ class CheckpointConnector:
         resume_checks.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
+        if "metrics" in state:
+            t.metric_router.load_state_dict(state["metrics"])
         for cb in t.callbacks:
             if cb.state_key in state.get("callbacks", {}):
                 cb.load_state_dict(state["callbacks"][cb.state_key])

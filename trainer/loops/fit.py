@@ -100,7 +100,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         across or (p.epoch + 1) % trainer.check_val_every_n_epoch == 0  # type: ignore[operator]
     )
     last_val_at = -1
-    router.epoch_keys.clear()
+    router.start_train_epoch(store, trainer.module)  # after a mid-epoch resume: the epoch's sums so far
     with router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_epoch_start")
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
