@@ -15,6 +15,7 @@ from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import Window, make_train_batch, step_schedulers
 from trainer.metric_routing import EPOCH_DEFAULTS, STEP_DEFAULTS
+from trainer.metric_sync import epoch_agreement
 from trainer.metrics import MetricStore
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     num = num_batches(loader, trainer.limits["fit"])
     trainer.num_training_batches = num
     set_sampler_epoch(loader, p.epoch)
-    store = MetricStore(trainer.strategy.reduce)
+    store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
     val_every = _val_every(trainer, num)
     # check_val_every_n_epoch=None: every val_check_interval batches, counted across epochs.
     across = trainer.check_val_every_n_epoch is None
