@@ -136,3 +136,20 @@ def test_the_last_saved_step_is_restored(tmp_path: Path) -> None:
     state = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     (cb_state,) = (v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint"))
     assert cb_state["last_saved_step"] == 4
+
+
+def test_save_on_exception_inside_a_window_saves_nothing_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class FailsAtBatch4(Reg):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 4:  # the second window has one backward done
+                raise ValueError("boom")
+            return super().training_step(batch, batch_idx)
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_on_exception=True)  # saves at epochs' ends
+    _, kwargs = make()
+    with pytest.raises(ValueError, match="boom"):
+        quiet_trainer(tmp_path, [ckpt], enable_checkpointing=True, **OPTIONS).fit(FailsAtBatch4(), **kwargs)
+    assert "inside an accumulation window; not saved" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.ckpt"))  # the exception came before the first epoch's end
