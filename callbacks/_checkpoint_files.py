@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -9,7 +10,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_lightning_options", "fill_template", "free_path", "save_message", "symlink"]
+__all__ = [
+    "check_lightning_options",
+    "fill_template",
+    "free_path",
+    "plan_top_k",
+    "rank_key",
+    "save_message",
+    "symlink",
+]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
@@ -91,3 +100,31 @@ def save_message(
     if score is None or best is None:
         return f"{where}saving model to {path!r}"
     return f"{where}{monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} as top {top_k}"
+
+
+def rank_key(score: float, mode: str) -> float:
+    """``score`` as ``mode="min"`` ranks it; NaN counts as the worst possible."""
+    if math.isnan(score):
+        return math.inf
+    return score if mode == "min" else -score
+
+
+def plan_top_k(
+    best_k_models: dict[str, float], k: int, path: str, score: float | None, mode: str
+) -> tuple[bool, list[str]]:
+    """Whether a checkpoint at ``path`` with ``score`` joins the ``k`` kept, and which files it evicts.
+
+    ``best_k_models``: the kept files and their scores, oldest first; ``score`` None (no monitor)
+    keeps the newest ``k``.
+    """
+    if k == 0:
+        return False, []
+    others = {p: s for p, s in best_k_models.items() if p != path}
+    if k == -1 or len(others) < k:
+        return True, []
+    if score is None:
+        return True, list(others)[: len(others) - k + 1]
+    worst = max(others, key=lambda p: rank_key(others[p], mode))
+    if rank_key(score, mode) < rank_key(others[worst], mode):
+        return True, [worst]
+    return False, []

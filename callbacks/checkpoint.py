@@ -12,9 +12,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import override
 
-from callbacks._checkpoint_files import check_lightning_options, fill_template, free_path, save_message, symlink
+from callbacks._checkpoint_files import (
+    check_lightning_options,
+    fill_template,
+    free_path,
+    plan_top_k,
+    rank_key,
+    save_message,
+    symlink,
+)
+from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
-from callbacks.base import Checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -23,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["ModelCheckpoint"]
 
 
-class ModelCheckpoint(Checkpoint):
+class ModelCheckpoint(SaveSchedule):
     """Save checkpoints during training; remember the best by a monitored metric.
 
     Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
@@ -141,7 +149,7 @@ class ModelCheckpoint(Checkpoint):
         self.enable_version_counter = enable_version_counter
         self.save_weights_only = save_weights_only
         self.async_save = async_save
-        self._last_time: float | None = None
+        self._last_time = None
         self._clock = time.monotonic  # tests swap in a fake clock
         self._exception_path = ""
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
@@ -157,6 +165,8 @@ class ModelCheckpoint(Checkpoint):
             else None
         )
         self._last_saved_step = -1
+        self._deferred = self._stale = False
+        self._restored_elapsed = None
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
 
@@ -174,47 +184,10 @@ class ModelCheckpoint(Checkpoint):
             self.dirpath = trainer.checkpointing.default_directory()
 
     @override
-    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._last_time = self._clock()
-
-    @override
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if trainer.sanity_checking or trainer.stage != "fit":
-            return
-        if self._monitor is not None:
-            self._monitor.validated = True
-        if self.save_on_train_epoch_end is False and self._epoch_due(trainer):
-            self._save(trainer)  # after every validation pass, also one in the middle of an epoch
-
-    @override
-    def on_train_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.global_step == self._last_saved_step:
-            return
-        n = self.every_n_train_steps
-        if n and trainer.global_step % n == 0:
-            self._save(trainer)
-        elif self.train_time_interval is not None and self._last_time is not None:
-            # Rank 0's clock decides for every rank (one small broadcast per batch, only with this option).
-            due = self._clock() - self._last_time >= self.train_time_interval.total_seconds()
-            if trainer.strategy.broadcast(due, 0):
-                self._last_time = self._clock()
-                self._save(trainer)
-
-    @override
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self.save_on_train_epoch_end is not False and self._epoch_due(trainer):
-            self._save(trainer)
-
-    def _epoch_due(self, trainer: Trainer) -> bool:
-        n = self.every_n_epochs
-        return bool(n) and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step
-
-    @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
-        # The final state is always recoverable as last.ckpt, whatever the saving schedule.
-        if self.save_last and trainer.global_step != self._last_saved_step:
+        # The final state is always recoverable as last.ckpt, whatever the saving schedule; also
+        # when only a validation pass or an epoch's end (early stopping's count) came after the last save.
+        if self.save_last and (trainer.global_step != self._last_saved_step or self._stale):
             self._save(trainer, rank=False)
         self._confirm(trainer)  # the last write's failure surfaces here, with the bookkeeping rolled back
         if self._monitor is not None and self.save_top_k != 0:
@@ -233,6 +206,13 @@ class ModelCheckpoint(Checkpoint):
                 and trainer.global_step != self._last_saved_step
                 and self.dirpath is not None
             ):
+                if trainer.checkpointing.in_accumulation_window:
+                    if trainer.is_global_zero:
+                        print(
+                            f"ModelCheckpoint: {type(exception).__name__} raised inside an accumulation window; "
+                            f"not saved (it would lose the window's gradients). Newest: {self.last_model_path or '-'}"
+                        )
+                    return
                 self._save(trainer, rank=False, exception_file=True)
                 self._confirm(trainer)
                 if trainer.is_global_zero:
@@ -259,24 +239,7 @@ class ModelCheckpoint(Checkpoint):
 
     def _rank_key(self, score: float) -> float:
         """Scores as ``min`` ranks them; NaN counts as the worst possible."""
-        if math.isnan(score):
-            return math.inf
-        return score if self.mode == "min" else -score
-
-    def _plan_top_k(self, path: str, score: float | None) -> tuple[bool, list[str]]:
-        """Whether a checkpoint at ``path`` with ``score`` joins the top k, and which files it evicts."""
-        k = self.save_top_k
-        if k == 0:
-            return False, []
-        others = {p: s for p, s in self.best_k_models.items() if p != path}
-        if k == -1 or len(others) < k:
-            return True, []
-        if score is None:  # no monitor: the newest k
-            return True, list(others)[: len(others) - k + 1]
-        worst = max(others, key=lambda p: self._rank_key(others[p]))
-        if self._rank_key(score) < self._rank_key(others[worst]):
-            return True, [worst]
-        return False, []
+        return rank_key(score, self.mode)
 
     def _free_path(self, path: str) -> str:
         """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already."""
@@ -287,7 +250,11 @@ class ModelCheckpoint(Checkpoint):
     def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
         """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
         assert self.dirpath is not None
+        if trainer.checkpointing.in_accumulation_window:
+            self._deferred = True  # saved by on_train_batch_end at the window's end
+            return
         self._confirm(trainer)
+        self._deferred = self._stale = False
         self._last_saved_step = trainer.global_step
         score: float | None = None
         ranked = rank and self.save_top_k != 0
@@ -308,7 +275,7 @@ class ModelCheckpoint(Checkpoint):
             }
             path = self._free_path(str(self.dirpath / self.format_filename(metrics)))
         if ranked:
-            keep, evict = self._plan_top_k(path, score)
+            keep, evict = plan_top_k(self.best_k_models, self.save_top_k, path, score, self.mode)
             if self.verbose and trainer.is_global_zero:
                 self._say(trainer, score, path if keep else None)
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
@@ -390,6 +357,7 @@ class ModelCheckpoint(Checkpoint):
             "best_model_score": self.best_model_score,
             "last_model_path": self.last_model_path,
             "dirpath": str(self.dirpath),
+            **self.schedule_state(),
         }
 
     @override
@@ -398,3 +366,4 @@ class ModelCheckpoint(Checkpoint):
         self.best_model_path = state.get("best_model_path", "")
         self.best_model_score = state.get("best_model_score")
         self.last_model_path = state.get("last_model_path", "")
+        self.load_schedule_state(state)

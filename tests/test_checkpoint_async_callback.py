@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import trainer.checkpoint as ckpt
-from callbacks import Callback, ModelCheckpoint
+from callbacks import Checkpoint, ModelCheckpoint
 from tests.helpers.callback_tools import Scripted, loaders
 from tests.helpers.distributed import spawn
 from tests.helpers.trainers import quiet_trainer
@@ -116,7 +116,9 @@ def test_last_is_a_hard_link_and_a_later_save_never_writes_into_it(tmp_path: Pat
     )
     seen: list[tuple[int, int]] = []
 
-    class Probe(Callback):  # runs after cb's save at each epoch end: record the inodes once written
+    # Runs after cb's save at each epoch end (checkpoint callbacks run last, in their given order):
+    # record the inodes once written.
+    class Probe(Checkpoint):
         def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
             trainer.wait_for_checkpoints()
             best = Path(cb.best_model_path)
@@ -212,7 +214,9 @@ def test_async_save_returns_before_the_file_is_written(tmp_path: Path, monkeypat
     cb = ModelCheckpoint(dirpath=root, filename="{epoch}", save_last=True, async_save=True)
     pending: list[bool] = []
 
-    class Probe(Callback):  # runs after cb's save: training continues while the write is held
+    # Runs after cb's save (checkpoint callbacks run last, in their given order): training continues
+    # while the write is held.
+    class Probe(Checkpoint):
         def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
             pending.append(not (root / "epoch=0.ckpt").exists() and not (root / "last.ckpt").exists())
             release.set()

@@ -75,6 +75,18 @@ class CheckpointConnector:
         return Path(found)
 
     # ----------------------------------------------------------------- dump
+    @property
+    def in_accumulation_window(self) -> bool:
+        """Whether gradients of an unfinished accumulation window are waiting for their optimizer step.
+
+        From a window's first backward until its optimizer step and ``zero_grad`` are done (hooks such
+        as ``on_before_optimizer_step`` and ``on_before_zero_grad`` run inside it). A checkpoint written
+        then would lose those gradients on resume, so :meth:`save` refuses, and ``ModelCheckpoint``
+        waits for the window's end.
+        """
+        window = self._trainer.window
+        return window.has_loss or window.nonfinite
+
     def state(self, weights_only: bool = False) -> dict[str, Any]:
         """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints")."""
         t = self._trainer
@@ -96,6 +108,8 @@ class CheckpointConnector:
         if not weights_only:
             state.update(self.training_state())
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
+            mid_epoch = t.stage == "fit" and not t.progress.epoch_finished
+            state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
             if t.datamodule is not None:
                 state["datamodule"] = t.datamodule.state_dict()
         t.module.on_save_checkpoint(state)
@@ -142,6 +156,15 @@ class CheckpointConnector:
     ) -> None:
         """Write a checkpoint (rank 0 writes; every rank calls this). See ``Trainer.save_checkpoint``."""
         t = self._trainer
+        if not weights_only and self.in_accumulation_window:
+            k = t.accumulate_grad_batches
+            raise RuntimeError(
+                f"save_checkpoint({str(path)!r}) was called inside an accumulation window "
+                f"(accumulate_grad_batches={k}; batch {t.progress.batch_in_epoch} of epoch {t.progress.epoch}, "
+                "gradients not yet applied): resuming from it would lose them. Save when "
+                "trainer.checkpointing.in_accumulation_window is False (in on_train_batch_end after the "
+                "window's optimizer step, or at an epoch's end), or pass weights_only=True"
+            )
         state = self.state(weights_only)
         if t.is_global_zero:
             if async_:
@@ -220,6 +243,8 @@ class CheckpointConnector:
         resume_checks.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
+        if "metrics" in state:
+            t.metric_router.load_state_dict(state["metrics"])
         for cb in t.callbacks:
             if cb.state_key in state.get("callbacks", {}):
                 cb.load_state_dict(state["callbacks"][cb.state_key])

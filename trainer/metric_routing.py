@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trainer.common.tree import batch_size_of
+from trainer.metric_state import load_store_state, store_state
 from trainer.metrics import MetricStore
 
 __all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter"]
@@ -57,6 +58,10 @@ class MetricRouter:
         self._batch_size_cache: tuple[Any, int] = (None, 1)
         #: Keys logged with ``logger=False``: in ``callback_metrics``, never handed to the loggers.
         self.no_logger_keys: set[str] = set()
+        #: The store of the training epoch in progress (its running sums go into checkpoints).
+        self.train_store: MetricStore | None = None
+        #: The training epoch's aggregates restored from a checkpoint, for :meth:`start_train_epoch`.
+        self._resumed_epoch: dict[str, Any] | None = None
 
     @contextlib.contextmanager
     def logging(self, store: MetricStore, defaults: tuple[bool, bool]) -> Iterator[None]:
@@ -151,3 +156,38 @@ class MetricRouter:
     def restore(self, snapshot: tuple[dict[str, torch.Tensor], ...]) -> None:
         """Put back what :meth:`snapshot` took."""
         self.callback_metrics, self.progress_bar_metrics, self.logged_metrics = snapshot
+
+    # ----------------------------------------------------------------- checkpoints
+    def start_train_epoch(self, store: MetricStore, module: torch.nn.Module | None) -> None:
+        """Make ``store`` the training epoch's; after a mid-epoch resume, with the restored aggregates."""
+        self.train_store = store
+        self.epoch_keys.clear()
+        resumed, self._resumed_epoch = self._resumed_epoch, None
+        if resumed is not None:
+            load_store_state(store, resumed["store"], module)
+            self.epoch_keys.update(resumed["epoch_keys"])
+
+    def state_dict(self, module: torch.nn.Module | None, mid_epoch: bool) -> dict[str, Any]:
+        """What later decisions read: the three metric dicts and, ``mid_epoch``, the epoch's aggregates."""
+        state: dict[str, Any] = {
+            "callback_metrics": _detached(self.callback_metrics),
+            "logged_metrics": _detached(self.logged_metrics),
+            "progress_bar_metrics": _detached(self.progress_bar_metrics),
+        }
+        if mid_epoch and self.train_store is not None:
+            state["train_epoch"] = {
+                "store": store_state(self.train_store, module),
+                "epoch_keys": sorted(self.epoch_keys),
+            }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the epoch's aggregates wait for :meth:`start_train_epoch`."""
+        self.callback_metrics = dict(state.get("callback_metrics", {}))
+        self.logged_metrics = dict(state.get("logged_metrics", {}))
+        self.progress_bar_metrics = dict(state.get("progress_bar_metrics", {}))
+        self._resumed_epoch = state.get("train_epoch")
+
+
+def _detached(values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: value.detach().clone() if isinstance(value, torch.Tensor) else value for key, value in values.items()}

@@ -7,6 +7,7 @@ when the user asked (``sync_dist=True``); torchmetrics objects aggregate and syn
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,12 @@ class _Entry:
 
     def compute(self, reduce: Callable[[torch.Tensor, str], torch.Tensor]) -> torch.Tensor | None:
         if self.metric is not None:
+            if getattr(self.metric, "_update_count", 1) == 0:
+                # A rank without batches (an empty evaluation shard) still takes part in the metric's
+                # sync, which gives every rank the result; torchmetrics' warning would be noise.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return torch.as_tensor(self.metric.compute()).detach()
             return torch.as_tensor(self.metric.compute()).detach()
         if self.total is None:
             return None
@@ -66,6 +73,8 @@ class _Entry:
             if self.sync_dist:
                 total = reduce(total.double(), "sum")
                 weight = reduce(weight, "sum")
+                if self.weight == 0 and not weight.item():  # no samples on any rank: absent, as on one process
+                    return None
             return (total.double() / weight).to(torch.get_default_dtype())
         # A copy: ``total`` keeps being updated in place if anything logs after this.
         return reduce(total, self.reduce_fx) if self.sync_dist else total.clone()
@@ -80,6 +89,9 @@ class MetricStore:
     """
 
     reduce: Callable[[torch.Tensor, str], torch.Tensor]
+    #: Under several processes: makes every rank's entries the same list before values are reduced
+    #: (:func:`trainer.metric_sync.agree_on_entries`); None on one process.
+    agree: Callable[[MetricStore], None] | None = None
     entries: dict[str, _Entry] = field(default_factory=dict)
     #: Step-level values logged since the loggers were last given them.
     pending_step: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -145,6 +157,8 @@ class MetricStore:
     def epoch_values(self) -> dict[str, torch.Tensor]:
         """Compute every epoch-level value (syncing where asked), keyed as loggers should see them."""
         out: dict[str, torch.Tensor] = {}
+        if self.agree is not None:
+            self.agree(self)
         for entry in self.entries.values():
             if not entry.on_epoch:
                 continue

@@ -172,6 +172,11 @@ def default_callbacks(
     if max_time is not None:
         defaults.append(cbs.Timer(max_time, interval="step"))
     chosen = defaults + given
+    # Checkpoint callbacks run last in every hook (Lightning's order), so a checkpoint written in a
+    # hook holds the other callbacks' state after that hook (early stopping's count, a timer's).
+    chosen = [cb for cb in chosen if not isinstance(cb, cbs.Checkpoint)] + [
+        cb for cb in chosen if isinstance(cb, cbs.Checkpoint)
+    ]
     if fast_dev_run:
         dropped = [type(cb).__name__ for cb in chosen if not cb.runs_in_fast_dev_run]
         if dropped:

@@ -12,6 +12,7 @@ from trainer.common.rng import rng_state, set_rng_state
 from trainer.loops.iteration import iterate, num_batches
 from trainer.loops.step import make_eval_batch
 from trainer.metric_routing import EPOCH_DEFAULTS
+from trainer.metric_sync import epoch_agreement
 from trainer.metrics import MetricStore
 from trainer.profilers.base import profiled_iter
 
@@ -56,7 +57,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     if trainer.stage == "fit" and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
-    store = MetricStore(strategy.reduce)
+    store = MetricStore(strategy.reduce, epoch_agreement(trainer))
     # Evaluation leaves the random state as it found it (creating a DataLoader iterator draws from it),
     # so a run resumed from a checkpoint taken before a validation continues exactly.
     rng_before = rng_state()

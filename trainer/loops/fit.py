@@ -16,6 +16,7 @@ from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import Window, make_train_batch, step_schedulers
 from trainer.metric_routing import EPOCH_DEFAULTS, STEP_DEFAULTS
+from trainer.metric_sync import epoch_agreement
 from trainer.metrics import MetricStore
 from trainer.profilers.base import profiled_iter
 
@@ -79,6 +80,7 @@ def fit_loop(trainer: Trainer) -> None:
                 break
         with trainer.profiler.profile("run_training_epoch"):  # once an epoch: free when nothing profiles
             train_epoch(trainer, trainer.window)
+    _drop_open_window(trainer, trainer.window)
     hooks("on_train_end")
     hooks("on_fit_end")
 
@@ -131,7 +133,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     num = num_batches(loader, trainer.limits["fit"])
     trainer.num_training_batches = num
     set_sampler_epoch(loader, p.epoch)
-    store = MetricStore(trainer.strategy.reduce)
+    store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
     val_every = _val_every(trainer, num)
     # check_val_every_n_epoch=None: every val_check_interval batches, counted across epochs.
     across = trainer.check_val_every_n_epoch is None
@@ -140,7 +142,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         across or (p.epoch + 1) % trainer.check_val_every_n_epoch == 0  # type: ignore[operator]
     )
     last_val_at = -1
-    router.epoch_keys.clear()
+    router.start_train_epoch(store, trainer.module)  # after a mid-epoch resume: the epoch's sums so far
     with router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_epoch_start")
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
@@ -172,6 +174,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
                 eval_loop(trainer, "validate")
                 last_val_at = p.batch_in_epoch
             if should_stop_training(trainer):
+                _drop_open_window(trainer, window)
                 break
     end_validation = validate_this_epoch and not across and not _may_stop(trainer)
     if end_validation and last_val_at != p.batch_in_epoch and p.batch_in_epoch:
@@ -194,6 +197,19 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         finally:
             trainer.in_train_epoch_end = False
     store.reset()
+
+
+def _drop_open_window(trainer: Trainer, window: Window) -> None:
+    """Training stopped inside an accumulation window: drop its gradients, which no step will apply.
+
+    As in Lightning, a stop (early stopping, ``max_time``, a batch hook's -1 in the last epoch) does
+    not wait for the window's end. Closing it here makes the state after the stop a checkpointable
+    one (the saves of the epoch's and the fit's end hold exactly what a resume continues from).
+    """
+    if window.has_loss or window.nonfinite:
+        for optimizer in trainer.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        window.has_loss = window.nonfinite = False
 
 
 def should_stop_training(trainer: Trainer) -> bool:

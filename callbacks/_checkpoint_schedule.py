@@ -1,0 +1,108 @@
+"""When ``ModelCheckpoint`` saves: every n steps, after a time, at epochs' ends, after validation passes.
+
+A save never happens inside an accumulation window (its gradients are not applied yet, so a resume
+from that checkpoint would lose them): a save that comes due there is made at the window's end. The
+schedule's bookkeeping (the step of the last save, the time since the last timed save) is part of
+the callback's checkpoint state, so a resumed run neither saves again at once nor skips a save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from callbacks.base import Checkpoint
+
+if TYPE_CHECKING:
+    from callbacks._monitor import Monitor
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["SaveSchedule"]
+
+
+class SaveSchedule(Checkpoint):
+    """The hooks that decide when :class:`~callbacks.ModelCheckpoint` saves (its base class)."""
+
+    every_n_train_steps: int
+    every_n_epochs: int
+    train_time_interval: timedelta | None
+    save_on_train_epoch_end: bool | None
+    _monitor: Monitor | None
+    _last_saved_step: int = -1
+    _last_time: float | None = None
+    _clock: Callable[[], float]
+    #: A save came due inside an accumulation window: made at the window's end.
+    _deferred: bool = False
+    #: A validation pass or an epoch's end changed the run's state after the last save.
+    _stale: bool = False
+    #: Seconds on the ``train_time_interval`` clock restored from a checkpoint (None: none).
+    _restored_elapsed: float | None = None
+
+    def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
+        raise NotImplementedError
+
+    @override
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+        # A resumed run goes on with the interval where the checkpoint left it.
+        self._last_time = self._clock() - (self._restored_elapsed or 0.0)
+        self._restored_elapsed = None
+
+    @override
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if trainer.sanity_checking or trainer.stage != "fit":
+            return
+        if self._monitor is not None:
+            self._monitor.validated = True
+        self._stale = True
+        if self.save_on_train_epoch_end is False and self._epoch_due(trainer):
+            self._save(trainer)  # after every validation pass, also one in the middle of an epoch
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Saves come due at a window's end only: inside it, the gradients are not applied yet.
+        if trainer.checkpointing.in_accumulation_window:
+            return
+        if self._deferred:
+            self._save(trainer)
+            return
+        if trainer.global_step == self._last_saved_step:
+            return
+        n = self.every_n_train_steps
+        if n and trainer.global_step % n == 0:
+            self._save(trainer)
+        elif self.train_time_interval is not None and self._last_time is not None:
+            # Rank 0's clock decides for every rank (one small broadcast per batch, only with this option).
+            due = self._clock() - self._last_time >= self.train_time_interval.total_seconds()
+            if trainer.strategy.broadcast(due, 0):
+                self._last_time = self._clock()
+                self._save(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._stale = True
+        if self.save_on_train_epoch_end is not False and self._epoch_due(trainer):
+            self._save(trainer)
+
+    def _epoch_due(self, trainer: Trainer) -> bool:
+        n = self.every_n_epochs
+        return bool(n) and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step
+
+    def schedule_state(self) -> dict[str, Any]:
+        """The schedule's bookkeeping, for the callback's checkpoint state."""
+        return {
+            "last_saved_step": self._last_saved_step,
+            "train_time_elapsed": (
+                None if self._last_time is None or self.train_time_interval is None else self._clock() - self._last_time
+            ),
+        }
+
+    def load_schedule_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`schedule_state` (older checkpoints without it leave the defaults)."""
+        self._last_saved_step = int(state.get("last_saved_step", self._last_saved_step))
+        self._restored_elapsed = state.get("train_time_elapsed")
