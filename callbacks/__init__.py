@@ -17,13 +17,16 @@ from callbacks.base import Callback, Checkpoint
 
 if TYPE_CHECKING:
     from callbacks._logger import Logger
+    from callbacks.batch_size_finder import BatchSizeFinder
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.csv_logger import CSVLogger
     from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping
     from callbacks.lambda_callback import LambdaCallback
+    from callbacks.lr_finder import LearningRateFinder
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.model_summary import ModelSummary, RichModelSummary
+    from callbacks.prediction_writer import BasePredictionWriter, join_predictions
     from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
@@ -45,6 +48,10 @@ _LAZY = {
     "TensorBoardLogger": "callbacks.tensorboard",
     "ThroughputMonitor": "callbacks.throughput",
     "Timer": "callbacks.timer",
+    "LearningRateFinder": "callbacks.lr_finder",
+    "BatchSizeFinder": "callbacks.batch_size_finder",
+    "BasePredictionWriter": "callbacks.prediction_writer",
+    "join_predictions": "callbacks.prediction_writer",
 }
 
 __all__ = [
@@ -77,6 +84,7 @@ __all__ = [
     "ThroughputMonitor",
     "Timer",
     "WeightAveraging",
+    "join_predictions",
 ]
 
 _unsupported: dict[str, type[Callback]] = {}

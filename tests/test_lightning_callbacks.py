@@ -246,11 +246,8 @@ LIGHTNING_HOOKS: dict[str, tuple[str, ...]] = {
 NOT_SUPPORTED_YET = {
     "BackboneFinetuning",
     "BaseFinetuning",
-    "BasePredictionWriter",
-    "BatchSizeFinder",
     "EMAWeightAveraging",
     "GradientAccumulationScheduler",
-    "LearningRateFinder",
     "ModelPruning",
     "OnExceptionCheckpoint",
     "SpikeDetection",

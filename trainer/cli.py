@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.cli_tuning import TUNER_TASKS, log_trial_hparams, optimized_value, run_tuner_task
 from trainer.errors import ConfigError
 
 __all__ = [
@@ -19,7 +20,7 @@ __all__ = [
     "run_task",
 ]
 
-TASKS = ("fit", "validate", "test", "predict", "fit_test")
+TASKS = ("fit", "validate", "test", "predict", "fit_test", "lr_find", "scale_batch_size")
 
 
 def config_dir() -> Path:
@@ -74,6 +75,8 @@ def run_task(cfg: Any) -> dict[str, float]:
         # Every argument comes from the config's trainer node (or objects built from their groups).
         raise ConfigError(f"trainer: {err}") from err
     metrics: dict[str, float] = {}
+    if cfg.task in TUNER_TASKS:
+        return run_tuner_task(cfg, trainer, module, datamodule)
     if cfg.task in ("fit", "fit_test"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
@@ -93,6 +96,9 @@ def run_task(cfg: Any) -> dict[str, float]:
         print(f"final metrics ({cfg.task}, run directory {run_dir}):")
         for key in sorted(metrics):
             print(f"  {key:<{width}}  {metrics[key]:.4f}")
+    value = optimized_value(cfg, metrics)
+    if value is not None:
+        log_trial_hparams(cfg, trainer, cfg.optimized_metric, value)
     return metrics
 
 
@@ -266,8 +272,11 @@ def main() -> None:
         app()
 
 
-def run_job(cfg: Any) -> dict[str, float]:
-    """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory."""
+def run_job(cfg: Any) -> float | None:
+    """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory.
+
+    Returns the value of ``optimized_metric`` (None when it is null), for Hydra's sweepers to optimise.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     from trainer.cli_errors import remove_if_untouched, untouched
@@ -276,7 +285,7 @@ def run_job(cfg: Any) -> dict[str, float]:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     fresh = untouched(run_dir)  # not a folder reused with hydra.run.dir=..., which holds files of its own
     try:
-        return run_task(cfg)
+        return optimized_value(cfg, run_task(cfg))
     except BaseException:
         if fresh:
             remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))
