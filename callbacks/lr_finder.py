@@ -179,6 +179,9 @@ class _Sweep(Callback):
             self.losses.append(math.nan)  # not used by the suggestion
             return
         current = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        # Lightning's bias correction, by the optimizer steps taken including this one (one power more
+        # than the values averaged): the first points come out low, and the suggestion, the steepest
+        # fall over the rate, depends on it (corrected exactly, the flat noisy start wins instead).
         step = trainer.global_step - self.start_step
         self.avg_loss = self.beta * self.avg_loss + (1 - self.beta) * current
         smoothed = self.avg_loss / (1 - self.beta ** (step + 1))
@@ -324,6 +327,10 @@ def log_lr_curve(loggers: list[Any], result: LRFinderResult, step: int = 0) -> b
         figure = None
     else:
         figure = result.plot(suggest=True)
+        # TensorBoard shows images about 350 pixels wide: drawn near that size, the labels stay legible.
+        figure.set_size_inches(5.2, 3.5)
+        figure.set_dpi(72)
+        figure.tight_layout()
     for writer in writers:
         if figure is not None:
             writer.add_figure("lr_find", figure, global_step=step, close=False)
