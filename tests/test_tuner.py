@@ -238,3 +238,18 @@ def test_lr_find_without_matplotlib_writes_the_curve_as_scalars(
     lrs = [e.value for e in acc.Scalars("lr_find/lr")]
     assert losses == pytest.approx(result.results["loss"], rel=1e-6)
     assert lrs == pytest.approx(result.results["lr"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_tuner_under_ddp_restores_the_weights_and_sets_the_results_in_the_caller() -> None:
+    module = Regression(batch_size=8, oom_above=20)
+    before = _weights(module)
+    trainer = _trainer(strategy="ddp", devices=2, accelerator="cpu")
+    tuner = Tuner(trainer)
+    result = tuner.lr_find(module, num_training=20, early_stop_threshold=None)
+    assert result is not None and len(result.results["lr"]) == 20  # rank 0's curve came back
+    assert module.lr == result.suggestion()
+    # The loader's batch size is per rank, as in Lightning: 16 fits on each, 32 runs out of memory.
+    size = tuner.scale_batch_size(module, steps_per_trial=1, init_val=4)
+    assert size == 16 and module.batch_size == 16
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
