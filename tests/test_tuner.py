@@ -253,3 +253,21 @@ def test_tuner_under_ddp_restores_the_weights_and_sets_the_results_in_the_caller
     size = tuner.scale_batch_size(module, steps_per_trial=1, init_val=4)
     assert size == 16 and module.batch_size == 16
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def test_a_finder_in_a_resumed_fit_leaves_the_resume_exact(tmp_path: Path) -> None:
+    seed_everything(2)
+    first = Regression()
+    start = _trainer(max_steps=5)
+    start.fit(first)  # stops mid-epoch: the resume replays the epoch's shuffled order
+    ckpt = tmp_path / "mid.ckpt"
+    start.save_checkpoint(ckpt)
+    resumed = []
+    for callbacks in ([], [LearningRateFinder(num_training_steps=12, update_attr=False)]):
+        module = Regression()
+        trainer = _trainer(max_epochs=2, callbacks=callbacks)
+        trainer.fit(module, ckpt_path=ckpt)
+        resumed.append((module.state_dict(), trainer.global_step))
+    (plain, plain_steps), (tuned, tuned_steps) = resumed
+    assert plain_steps == tuned_steps > 5
+    assert all(torch.equal(plain[k], v) for k, v in tuned.items())

@@ -83,6 +83,8 @@ def _save(trainer: Trainer) -> dict[str, Any]:
         "rng": rng_state(),
         "options": (trainer.hooks, trainer.max_steps, trainer.max_epochs, trainer.limits),
         "num_training_batches": trainer.num_training_batches,
+        # A resumed run's epoch order is replayed by its own first epoch, not by the trial.
+        "resume_epoch_rng": trainer.checkpointing.take_resume_epoch_rng(),
     }
 
 
@@ -102,3 +104,4 @@ def _restore(trainer: Trainer, saved: dict[str, Any]) -> None:
     set_rng_state(saved["rng"])
     trainer.hooks, trainer.max_steps, trainer.max_epochs, trainer.limits = saved["options"]
     trainer.num_training_batches = saved["num_training_batches"]
+    trainer.checkpointing.resume_epoch_rng = saved["resume_epoch_rng"]
