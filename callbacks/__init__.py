@@ -17,6 +17,7 @@ from callbacks.base import Callback, Checkpoint
 
 if TYPE_CHECKING:
     from callbacks._logger import Logger
+    from callbacks.batch_size_finder import BatchSizeFinder
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.csv_logger import CSVLogger
     from callbacks.device_stats import DeviceStatsMonitor
@@ -25,8 +26,10 @@ if TYPE_CHECKING:
     from callbacks.grad_monitor import GradientMonitor
     from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
     from callbacks.lambda_callback import LambdaCallback
+    from callbacks.lr_finder import LearningRateFinder
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.model_summary import ModelSummary, RichModelSummary
+    from callbacks.prediction_writer import BasePredictionWriter, join_predictions
     from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
     from callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from callbacks.tensorboard import TensorBoardLogger
@@ -57,6 +60,10 @@ _LAZY = {
     "BaseFinetuning": "callbacks.finetuning",
     "BackboneFinetuning": "callbacks.finetuning",
     "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
+    "LearningRateFinder": "callbacks.lr_finder",
+    "BatchSizeFinder": "callbacks.batch_size_finder",
+    "BasePredictionWriter": "callbacks.prediction_writer",
+    "join_predictions": "callbacks.prediction_writer",
 }
 
 __all__ = [
@@ -90,6 +97,7 @@ __all__ = [
     "ThroughputMonitor",
     "Timer",
     "WeightAveraging",
+    "join_predictions",
 ]
 
 _unsupported: dict[str, type[Callback]] = {}

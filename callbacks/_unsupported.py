@@ -14,9 +14,6 @@ __all__ = ["UNSUPPORTED", "unsupported_class"]
 
 #: Lightning callback name -> what to do instead.
 UNSUPPORTED: dict[str, str] = {
-    "BasePredictionWriter": "write predictions in on_predict_batch_end / on_predict_epoch_end of a Callback of your own",
-    "BatchSizeFinder": "pick the batch size yourself (trainer.Tuner offers lr_find)",
-    "LearningRateFinder": "trainer.Tuner(trainer).lr_find(module, ...) before fitting",
     "OnExceptionCheckpoint": "ModelCheckpoint(save_on_exception=True)",
     "ModelPruning": "torch.nn.utils.prune in on_train_epoch_end of a Callback of your own",
     "SpikeDetection": "Trainer's non-finite loss policy, or a check of the loss in on_train_batch_end",

@@ -244,9 +244,6 @@ LIGHTNING_HOOKS: dict[str, tuple[str, ...]] = {
 
 #: Supported here for now: built by the other issues of the port, until then refused when built.
 NOT_SUPPORTED_YET = {
-    "BasePredictionWriter",
-    "BatchSizeFinder",
-    "LearningRateFinder",
     "ModelPruning",
     "OnExceptionCheckpoint",
     "SpikeDetection",

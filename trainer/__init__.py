@@ -1,6 +1,6 @@
 """geartrain's trainer: the loop and the user-facing API.
 
->>> from trainer import Trainer, TrainModule, DataModule, seed_everything
+>>> from trainer import Trainer, TrainModule, DataModule, Tuner, seed_everything
 
 The names are imported on first use, so importing a submodule (``trainer.common.tree``, which the
 strategies and callbacks use) does not import the Trainer, and through it the strategies and callbacks.
@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
     from trainer.trainer import Trainer
+    from trainer.tuner import Tuner
     from trainer.utils import seed_everything
 
-__all__ = ["DataModule", "TrainModule", "Trainer", "seed_everything"]
+__all__ = ["DataModule", "TrainModule", "Trainer", "Tuner", "seed_everything"]
 
 _LAZY = {
     "DataModule": "trainer.module",
     "TrainModule": "trainer.module",
     "Trainer": "trainer.trainer",
+    "Tuner": "trainer.tuner",
     "seed_everything": "trainer.utils",
 }
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.cli_tuning import TUNER_TASKS, log_trial_hparams, optimized_value, run_tuner_task
 from trainer.errors import ConfigError
 
 __all__ = [
@@ -20,7 +21,7 @@ __all__ = [
     "run_task",
 ]
 
-TASKS = ("fit", "validate", "test", "predict", "fit_test")
+TASKS = ("fit", "validate", "test", "predict", "fit_test", "lr_find", "scale_batch_size")
 
 
 def config_dir() -> Path:
@@ -75,6 +76,8 @@ def run_task(cfg: Any) -> dict[str, float]:
         # Every argument comes from the config's trainer node (or objects built from their groups).
         raise ConfigError(f"trainer: {err}") from err
     metrics: dict[str, float] = {}
+    if cfg.task in TUNER_TASKS:
+        return run_tuner_task(cfg, trainer, module, datamodule)
     if cfg.task in ("fit", "fit_test"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         if trainer.global_step == 0 and ckpt is None and trainer.max_steps != 0 and trainer.limits["fit"] != 0:
@@ -99,6 +102,9 @@ def run_task(cfg: Any) -> dict[str, float]:
         print(f"final metrics ({cfg.task}, run directory {run_dir}):")
         for key in sorted(metrics):
             print(f"  {key:<{width}}  {metrics[key]:.4f}")
+    value = optimized_value(cfg, metrics)
+    if value is not None:
+        log_trial_hparams(cfg, trainer, cfg.optimized_metric, value)
     return metrics
 
 
@@ -298,8 +304,11 @@ def _remove_empty(folder: Path, stop_at: Path) -> None:
         folder = folder.parent
 
 
-def run_job(cfg: Any) -> dict[str, float]:
-    """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory."""
+def run_job(cfg: Any) -> float | None:
+    """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory.
+
+    Returns the value of ``optimized_metric`` (None when it is null), for Hydra's sweepers to optimise.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     from trainer.cli_errors import remove_if_untouched, untouched
@@ -310,7 +319,7 @@ def run_job(cfg: Any) -> dict[str, float]:
     fresh = untouched(run_dir)  # not a folder reused with hydra.run.dir=..., which holds files of its own
     try:
         with contextlib.nullcontext() if _joined_rank_other_than_zero() else locked_run_dir(run_dir):
-            return run_task(cfg)
+            return optimized_value(cfg, run_task(cfg))
     except BaseException:
         if fresh:
             remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))

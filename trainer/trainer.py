@@ -377,6 +377,19 @@ class Trainer(TrainerAttributes):
         values = {key: torch.as_tensor(value) for key, value in metrics.items()}
         self.metric_router.emit(values, max(self.global_step - 1, 0) if step is None else step)
 
+    def run_trial(self, callback: Callback, steps: int, reload_dataloaders: bool = False) -> None:
+        """Train ``steps`` optimizer steps with only ``callback`` listening, then put the run back as it was.
+
+        For finders that try something from ``on_fit_start`` (``LearningRateFinder``, ``BatchSizeFinder``):
+        weights, optimizers, schedulers, counters, logged values and random generators are restored
+        afterwards, also when the trial raises. ``reload_dataloaders``: rebuild the training loader
+        before the trial and after it (a batch size changed); ``steps=0`` only rebuilds it. See
+        :func:`trainer.tuner.trial.run_trial`.
+        """
+        from trainer.tuner.trial import run_trial
+
+        run_trial(self, callback, steps, reload_dataloaders)
+
     def _to_loggers(self, metrics: dict[str, torch.Tensor], step: int) -> None:
         self.hooks.callbacks_only("on_log_metrics", metrics, step)
 

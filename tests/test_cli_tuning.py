@@ -1,0 +1,93 @@
+"""``geartrain task=lr_find`` / ``task=scale_batch_size`` and the Hydra hyperparameter search (optimized_metric)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.cli import run_dirs, run_geartrain
+
+QUICK = ["trainer.max_epochs=1", "trainer.enable_progress_bar=false"]
+
+
+def _events(folder: Path) -> object:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return acc
+
+
+@pytest.mark.slow
+def test_lr_find_task_prints_the_suggestion_and_draws_the_curve(tmp_path: Path) -> None:
+    result = run_geartrain("task=lr_find", "tuner.lr_find.num_training=30", *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = re.search(r"lr_find: suggested lr (\S+?);", result.stdout)
+    assert found, result.stdout
+    assert f"geartrain optim.lr={found.group(1)}" in result.stdout
+    (run,) = run_dirs(tmp_path)
+    acc = _events(run / "tensorboard")
+    assert len(acc.Images("lr_find")) == 1  # type: ignore[attr-defined]
+    assert not list(run.glob("checkpoints/*.ckpt"))  # tuning trains nothing to keep
+
+
+@pytest.mark.slow
+def test_scale_batch_size_task_prints_the_size_and_the_override(tmp_path: Path) -> None:
+    args = ["task=scale_batch_size", "tuner.scale_batch_size.max_val=64", "tuner.scale_batch_size.steps_per_trial=1"]
+    result = run_geartrain(*args, *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # On CPU nothing runs out of memory: doubling from 2 stops at max_val.
+    assert "the largest batch size that fits is 64" in result.stdout
+    assert "geartrain data.batch_size=64" in result.stdout
+
+
+@pytest.mark.slow
+def test_optuna_study_returns_each_trials_metric_and_logs_hparams(tmp_path: Path) -> None:
+    result = run_geartrain(
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "trainer.limit_train_batches=5", *QUICK,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trials = run_dirs(tmp_path, "multirun/*/*/*")
+    assert len(trials) == 3
+    values = []
+    for trial in trials:
+        acc = _events(trial / "tensorboard")
+        (metric,) = acc.Scalars("hparams/val/acc")  # type: ignore[attr-defined]
+        assert metric.value == pytest.approx(acc.Scalars("val/acc")[-1].value)  # type: ignore[attr-defined]
+        from tensorboard.plugins.hparams import plugin_data_pb2
+
+        content = acc.PluginTagToContent("hparams")  # type: ignore[attr-defined]
+        start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+        overrides = yaml.safe_load((trial / ".hydra" / "overrides.yaml").read_text())
+        swept = dict(
+            o.split("=", 1) for o in overrides if o.split("=")[0] in ("optim.lr", "model.hidden", "data.batch_size")
+        )
+        assert len(swept) == 3
+        hparams = start.session_start_info.hparams
+        assert hparams["optim/lr"].number_value == pytest.approx(float(swept["optim.lr"]))
+        assert hparams["model/hidden"].number_value == int(swept["model.hidden"])
+        values.append(metric.value)
+    best = yaml.safe_load(next(tmp_path.glob("multirun/*/*/optimization_results.yaml")).read_text())
+    assert best["best_value"] == pytest.approx(max(values))  # each trial returned its metric to the study
+    assert "Best parameters" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_basic_sweep_under_ddp_returns_the_metric_and_a_typo_is_refused(tmp_path: Path) -> None:
+    result = run_geartrain(
+        "-m", "optim.lr=0.01", "optimized_metric=val/acc", "strategy=ddp", "trainer.devices=2",
+        "trainer.limit_train_batches=4", "task=fit", *QUICK, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (trial,) = run_dirs(tmp_path, "multirun/*/*/*")
+    acc = _events(trial / "tensorboard")
+    assert acc.Scalars("hparams/val/acc")[0].value == pytest.approx(acc.Scalars("val/acc")[-1].value)  # type: ignore[attr-defined]
+    wrong = run_geartrain(
+        "optimized_metric=val/accuracy", "task=fit", "trainer.limit_train_batches=2", *QUICK, cwd=tmp_path
+    )
+    assert wrong.returncode != 0
+    assert "optimized_metric=val/accuracy" in wrong.stderr and "val/acc" in wrong.stderr

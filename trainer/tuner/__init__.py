@@ -1,0 +1,165 @@
+"""Lightning's ``Tuner``: ``lr_find`` and ``scale_batch_size`` before training.
+
+>>> from trainer import Tuner
+
+Each hosts its finder callback (:class:`callbacks.LearningRateFinder`,
+:class:`callbacks.BatchSizeFinder`) in a ``fit`` that trains no step of its own: the finder runs its
+trials from ``on_fit_start`` through :meth:`Trainer.run_trial`, which restores the module and
+optimizer after each. The trainer's callbacks, loggers, limits and counters are put back afterwards,
+so a ``fit`` after tuning gives what a fresh trainer gives.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from callbacks._attrs import set_attr
+from callbacks.batch_size_finder import BatchSizeFinder
+from callbacks.lr_finder import LearningRateFinder, LRFinderResult, log_lr_curve, lr_attr_name
+from trainer.common.rng import rng_state, set_rng_state
+from trainer.hooks import HookDispatch
+
+if TYPE_CHECKING:
+    from callbacks.base import Callback
+    from trainer.module import DataModule, TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["LRFinderResult", "Tuner"]
+
+
+class Tuner:
+    """Tune a trainer's module before fitting: a learning rate, a batch size (Lightning's ``Tuner``).
+
+    Args:
+        trainer: the trainer to tune with (its strategy, precision, accumulation and data).
+    """
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+
+    def lr_find(
+        self,
+        model: TrainModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        method: str = "fit",
+        min_lr: float = 1e-8,
+        max_lr: float = 1,
+        num_training: int = 100,
+        mode: str = "exponential",
+        early_stop_threshold: float | None = 4.0,
+        update_attr: bool = True,
+        attr_name: str = "",
+    ) -> LRFinderResult | None:
+        """The learning-rate range test; returns the result (``.results``, ``.suggestion()``, ``.plot()``).
+
+        Weights and optimizer are as before afterwards. With ``update_attr=True`` the suggestion is
+        set on ``attr_name`` (or ``lr`` / ``learning_rate``: module attribute, ``hparams`` key or
+        datamodule attribute). With a TensorBoard logger the curve is written there (a figure).
+        """
+        _check_method("lr_find", method, dataloaders)
+        finder = LearningRateFinder(min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr, attr_name)
+        loggers = self._host(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        result = finder.optimal_lr
+        if result is None:
+            return None
+        lr = result.suggestion() if update_attr else None
+        if lr is not None:  # again here: the sweep may have run in processes the strategy started
+            set_attr(model, lr_attr_name(model, attr_name, datamodule), lr, datamodule)
+        for logger in loggers:  # they sat out the hosting fit: their folder (save_dir=None) is resolved here
+            logger.setup(self._trainer, model, "fit")
+        log_lr_curve(loggers, result, self._trainer.global_step)
+        return result
+
+    def scale_batch_size(
+        self,
+        model: TrainModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        method: str = "fit",
+        mode: str = "power",
+        steps_per_trial: int = 3,
+        init_val: int = 2,
+        max_trials: int = 25,
+        batch_arg_name: str = "batch_size",
+        margin: float = 0.05,
+        max_val: int = 8192,
+    ) -> int | None:
+        """The largest batch size that trains ``steps_per_trial`` steps without running out of memory.
+
+        It is set on ``batch_arg_name`` (module attribute, ``hparams`` key or datamodule attribute)
+        and returned; weights and optimizer are as before.
+        """
+        _check_method("scale_batch_size", method, dataloaders)
+        finder = BatchSizeFinder(mode, steps_per_trial, init_val, max_trials, batch_arg_name, margin, max_val)
+        self._host(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        size = finder.optimal_batch_size
+        if size is not None:
+            set_attr(model, batch_arg_name, size, datamodule)
+        return size
+
+    def _host(
+        self,
+        finder: Callback,
+        model: TrainModule,
+        train_dataloaders: Any,
+        val_dataloaders: Any,
+        datamodule: DataModule | None,
+    ) -> list[Callback]:
+        """``fit`` with ``finder`` as the only callback and no step of its own; then the trainer put back.
+
+        Returns the trainer's loggers (they were left out of the hosting fit).
+        """
+        t = self._trainer
+        finder._early_exit = True  # type: ignore[attr-defined]
+        saved = (
+            list(t.callbacks),
+            t.max_steps,
+            t.num_sanity_val_steps,
+            copy.deepcopy(t.progress.__dict__),
+            t.optimizers,
+            t.lr_scheduler_configs,
+            t.metric_router.snapshot(),
+            rng_state(),
+        )
+        loggers = t.loggers
+        t.callbacks[:] = [finder]
+        t.hooks = HookDispatch(t.callbacks, t)
+        t.max_steps, t.num_sanity_val_steps = t.global_step, 0  # the finder's trials are the only steps
+        try:
+            t.fit(model, train_dataloaders, val_dataloaders, datamodule)
+        finally:
+            (
+                callbacks,
+                t.max_steps,
+                t.num_sanity_val_steps,
+                progress,
+                t.optimizers,
+                t.lr_scheduler_configs,
+                metrics,
+                rng,
+            ) = saved
+            t.callbacks[:] = callbacks
+            t.hooks = HookDispatch(t.callbacks, t)
+            t.progress.__dict__.update(progress)
+            t.metric_router.restore(metrics)
+            set_rng_state(rng)
+        return loggers
+
+
+def _check_method(name: str, method: str, dataloaders: Any) -> None:
+    if method != "fit":
+        raise ValueError(
+            f"Tuner.{name}(method={method!r}): geartrain tunes for training only; use method='fit' "
+            "(Lightning's other methods need the predict/validate loops to raise OutOfMemoryError too)"
+        )
+    if dataloaders is not None:
+        raise ValueError(
+            f"Tuner.{name}(method='fit', dataloaders=...): `dataloaders` is for the other methods; pass "
+            "train_dataloaders / val_dataloaders or datamodule"
+        )
