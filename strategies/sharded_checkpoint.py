@@ -37,6 +37,7 @@ import os
 import pickle
 import shutil
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -56,6 +57,8 @@ __all__ = [
     "load_sharded",
     "read_sharded_metadata",
     "read_trainer_state",
+    "safe_planner",
+    "safe_reader",
     "save_sharded",
     "sharded_model_state",
     "sharded_optimizer_state",
@@ -206,7 +209,8 @@ def save_sharded(
 
     if not async_:
         try:
-            dcp.save(tensors, storage_writer=writer)
+            with _one_process_quietly():
+                dcp.save(tensors, storage_writer=writer)
         except Exception as err:
             raise CheckpointError(f"Could not write the sharded checkpoint {path}: {err}") from err
         finish()
@@ -214,6 +218,14 @@ def save_sharded(
     group = _async_group() if dist.is_initialized() else None
     future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
     return PendingSave(future, finish)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _one_process_quietly() -> Any:
+    """Without a process group DCP warns that it assumes one process; that is what is meant here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _barrier() -> None:
@@ -359,7 +371,8 @@ def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
         raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
 
 
-def _safe_reader(path: Path) -> Any:
+def safe_reader(path: str | os.PathLike[str]) -> Any:
+    """DCP's file reader for ``path``, reading ``.metadata`` with :func:`read_sharded_metadata`."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -374,25 +387,30 @@ def _safe_reader(path: Path) -> Any:
     return SafeReader(path)
 
 
-def _safe_planner() -> Any:
+def safe_planner(base: type[Any] | None = None) -> Any:
+    """A DCP load planner (``base``, default ``DefaultLoadPlanner``) reading values with ``weights_only=True``.
+
+    DCP saves non-tensor values (an optimizer's learning rate, betas) as small ``torch.save`` blobs;
+    its default planner loads them with ``weights_only=False``, this one never does.
+    """
     from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._nested_dict import set_element  # type: ignore[attr-defined]
     from torch.distributed.checkpoint.planner import ReadItem
 
-    class SafePlanner(DefaultLoadPlanner):
+    class SafePlanner(base or DefaultLoadPlanner):  # type: ignore[misc]
         def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
             try:
                 obj = torch.load(value, weights_only=True)
             except Exception as err:
                 raise CheckpointError(
-                    f"The value {read_item.dest_index.fqn!r} of a sharded checkpoint cannot be read with "
-                    f"weights_only=True, refusing it: {_reason(err)}"
+                    f"The value {fqn!r} of a sharded checkpoint cannot be read with weights_only=True, "
+                    f"refusing it: {_reason(err)}"
                 ) from err
-            from torch.distributed.checkpoint._nested_dict import set_element  # type: ignore[attr-defined]
-
             if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
             else:
-                self.state_dict[read_item.dest_index.fqn] = obj
+                self.state_dict[fqn] = obj
 
     return SafePlanner()
 
@@ -436,7 +454,8 @@ def load_sharded(
     if wanted:
         target["optimizers"] = {i: template for i, (_, template) in wanted.items()}
     try:
-        dcp.load(target, storage_reader=_safe_reader(path), planner=_safe_planner())
+        with _one_process_quietly():
+            dcp.load(target, storage_reader=safe_reader(path), planner=safe_planner())
     except CheckpointError:
         raise
     except Exception as err:
