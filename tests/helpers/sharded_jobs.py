@@ -39,8 +39,28 @@ def full_weights(trainer: Any) -> dict[str, Any]:
 def resume_job(root: str) -> dict[str, Any]:
     """2 epochs with sharded saves, resume to 3, and 3 uninterrupted; rank 0 returns both weights."""
     _, first = fit(f"{root}/a", 2)
+    saved = {"weights": full_weights(first), "optimizer": full_optimizer(first), "step": first.global_step}
     resumed = first.checkpoint_callback.last_model_path
     _, trainer = fit(f"{root}/b", 3, ckpt_path=resumed)
     resumed_weights = full_weights(trainer)
     _, trainer = fit(f"{root}/c", 3)
-    return {"resumed": resumed_weights, "straight": full_weights(trainer), "last": resumed}
+    return {"resumed": resumed_weights, "straight": full_weights(trainer), "last": resumed, "saved": saved}
+
+
+def full_optimizer(trainer: Any) -> dict[str, Any]:
+    """The full optimizer state in ``optimizer.state_dict()``'s layout (a collective under FSDP)."""
+    return trainer.strategy.optimizer_state_dict(trainer.optimizers[0])
+
+
+def restore_job(ckpt: str, strategy: str, save_to: str | None, root: str) -> dict[str, Any]:
+    """Restore ``ckpt`` through ``fit(ckpt_path=...)`` with nothing left to train; return what was loaded.
+
+    With ``save_to``, the restored run is saved there again (a directory of this world size's shards
+    under FSDP).
+    """
+    chosen = FSDPStrategy() if strategy == "fsdp" else strategy
+    _, trainer = fit(root, 2, ckpt_path=ckpt, strategy=chosen)
+    out = {"weights": full_weights(trainer), "optimizer": full_optimizer(trainer), "step": trainer.global_step}
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    return out
