@@ -52,6 +52,7 @@ from trainer.common.errors import CheckpointError
 __all__ = [
     "TRAINER_STATE",
     "PendingSave",
+    "checkpoint_error",
     "complete_path",
     "is_sharded_checkpoint",
     "load_sharded",
@@ -211,8 +212,8 @@ def save_sharded(
         try:
             with _one_process_quietly():
                 dcp.save(tensors, storage_writer=writer)
-        except Exception as err:
-            raise CheckpointError(f"Could not write the sharded checkpoint {path}: {err}") from err
+        except _dcp_failures() as err:
+            raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
         finish()
         return PendingSave(None, None)
     group = _async_group() if dist.is_initialized() else None
@@ -226,6 +227,37 @@ def _one_process_quietly() -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def _dcp_failures() -> tuple[type[BaseException], ...]:
+    """What a DCP call raises for a failure on any rank: its ``CheckpointException`` is a BaseException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def checkpoint_error(err: BaseException, what: str) -> CheckpointError:
+    """A :class:`CheckpointError` for a failed DCP call: the first rank's own refusal where there is one.
+
+    DCP wraps every rank's exception (ours included) in its ``CheckpointException``, whose message is
+    the whole traceback; the refusal a rank raised says more, so it is passed on as it is.
+    """
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        for failure in failures.values():
+            if isinstance(failure, CheckpointError):
+                return failure
+            cause = getattr(failure, "__cause__", None)
+            if isinstance(cause, CheckpointError):
+                return cause
+        reasons = "; ".join(
+            f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            for rank, e in failures.items()
+        )
+        return CheckpointError(f"{what}: {reasons}")
+    if isinstance(err, CheckpointError):
+        return err
+    return CheckpointError(f"{what}: {err}")
 
 
 def _barrier() -> None:
@@ -314,9 +346,12 @@ def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _reason(err: BaseException) -> str:
+    """The line of torch's error that says what is wrong, never its advice to load with weights_only=False."""
     text = str(err)
     marker = "WeightsUnpickler error:"
-    return text.split(marker, 1)[1].strip().splitlines()[0] if marker in text else text.splitlines()[0][:200]
+    if marker in text:
+        return text.split(marker, 1)[1].strip().splitlines()[0]
+    return type(err).__name__
 
 
 # The classes DCP's ``.metadata`` pickle may name: its own plain data classes, and torch's sizes,
@@ -336,7 +371,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             if isinstance(obj, type) and obj.__module__ == module:  # defined there, not imported
                 return obj
         if (module, name) == ("torch.serialization", "_get_layout"):  # torch's weights_only loader admits it
-            return torch.serialization._get_layout  # type: ignore[attr-defined]
+            return torch.serialization._get_layout
         if module == "torch" and name == "Size":
             return torch.Size
         if module == "torch":
@@ -394,7 +429,7 @@ def safe_planner(base: type[Any] | None = None) -> Any:
     its default planner loads them with ``weights_only=False``, this one never does.
     """
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint._nested_dict import set_element  # type: ignore[attr-defined]
+    from torch.distributed.checkpoint._nested_dict import set_element
     from torch.distributed.checkpoint.planner import ReadItem
 
     class SafePlanner(base or DefaultLoadPlanner):  # type: ignore[misc]
@@ -452,14 +487,12 @@ def load_sharded(
             template: dict[str, Any] = get_optimizer_state_dict(module, opt, options=_options())
             wanted[str(i)] = (opt, template)
     if wanted:
-        target["optimizers"] = {i: template for i, (_, template) in wanted.items()}
+        target["optimizers"] = {key: saved_like for key, (_, saved_like) in wanted.items()}
     try:
         with _one_process_quietly():
             dcp.load(target, storage_reader=safe_reader(path), planner=safe_planner())
-    except CheckpointError:
-        raise
-    except Exception as err:
-        raise CheckpointError(f"Cannot load the sharded checkpoint {path}: {err}") from err
+    except _dcp_failures() as err:
+        raise checkpoint_error(err, f"Cannot load the sharded checkpoint {path}") from err
     set_model_state_dict(module, target["state_dict"], options=_options(strict=strict))
-    for i, (opt, _) in wanted.items():
-        set_optimizer_state_dict(module, opt, target["optimizers"][i], options=_options())
+    for key, (opt, _) in wanted.items():
+        set_optimizer_state_dict(module, opt, target["optimizers"][key], options=_options())

@@ -62,7 +62,9 @@ def test_two_ranks_directory_loads_in_one_process(two_ranks: list[dict[str, Any]
 def test_reshards_two_to_four_fsdp_and_four_to_two_ddp(two_ranks: list[dict[str, Any]], tmp_path: Path) -> None:
     """2→4 under FSDP (which saves a 4-rank directory), then that 4→2 under DDP: nothing changes on the way."""
     four_dir = tmp_path / "four.ckpt"
-    four = spawn(sharded_jobs.restore_job, two_ranks[0]["last"], "fsdp", str(four_dir), str(tmp_path / "f"), world_size=4)
+    four = spawn(
+        sharded_jobs.restore_job, two_ranks[0]["last"], "fsdp", str(four_dir), str(tmp_path / "f"), world_size=4
+    )
     _assert_same(four[0], two_ranks[0]["saved"])
     assert len(list(four_dir.glob("*.distcp"))) == 4
     two = spawn(sharded_jobs.restore_job, str(four_dir), "ddp", None, str(tmp_path / "d"), world_size=2)
