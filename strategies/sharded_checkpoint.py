@@ -157,14 +157,19 @@ class PendingSave:
             raise CheckpointError(f"Could not write the sharded checkpoint: {err}") from err
 
 
-_ASYNC_GROUP: list[Any] = []
+_ASYNC_GROUP: dict[int, Any] = {}
 
 
 def _async_group() -> Any:
-    """A gloo group of its own for background saves, so they never interleave with training's collectives."""
-    if not _ASYNC_GROUP:
-        _ASYNC_GROUP.append(dist.new_group(backend="gloo"))
-    return _ASYNC_GROUP[0]
+    """A gloo group of its own for background saves, so they never interleave with training's collectives.
+
+    Made once per default process group (a collective: every rank reaches its first async save together).
+    """
+    world = id(dist.group.WORLD)
+    if world not in _ASYNC_GROUP:
+        _ASYNC_GROUP.clear()  # groups of a destroyed default group are unusable
+        _ASYNC_GROUP[world] = dist.new_group(backend="gloo")
+    return _ASYNC_GROUP[world]
 
 
 def save_sharded(

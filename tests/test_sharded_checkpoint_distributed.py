@@ -37,6 +37,15 @@ def test_fsdp_resume_from_sharded_directory_equals_uninterrupted_run(two_ranks: 
     assert sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
+@pytest.mark.timeout(300)
+def test_async_save_on_two_ranks_writes_the_final_state(two_ranks: list[dict[str, Any]]) -> None:
+    """``ModelCheckpoint(async_save=True)`` under FSDP: DCP's background write holds the run's end state."""
+    loaded = jobs.BlockNet.load_from_checkpoint(two_ranks[0]["async_last"])
+    for name, value in two_ranks[0]["straight"].items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    assert not list(Path(two_ranks[0]["async_last"]).parent.glob(".*"))  # no partial or set-aside directory left
+
+
 def _assert_same(loaded: dict[str, Any], saved: dict[str, Any]) -> None:
     """Weights, step and every optimizer buffer equal, bit for bit."""
     assert loaded["step"] == saved["step"] > 0
