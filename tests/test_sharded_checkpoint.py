@@ -218,3 +218,12 @@ def test_a_kill_between_the_two_renames_leaves_the_previous_directory_found(tmp_
     resumed, _ = fit(tmp_path / "r", 2, ckpt_path=str(last))
     assert resumed.global_step == first.global_step
     assert_equal_weights(resumed, first.lightning_module)
+
+
+def test_fsdp_state_dict_type_defaults_to_sharded_and_refuses_other_values() -> None:
+    from strategies import FSDPStrategy
+
+    assert FSDPStrategy().state_dict_type == "sharded"
+    assert FSDPStrategy(state_dict_type="full").state_dict_type == "full"
+    with pytest.raises(ValueError, match="'sharded' or 'full', got 'distributed'"):
+        FSDPStrategy(state_dict_type="distributed")
