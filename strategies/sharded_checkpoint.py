@@ -81,17 +81,17 @@ def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 
 def complete_path(path: str | os.PathLike[str]) -> Path:
-    """``path``, or the previous complete directory a save moved aside when a kill came mid-rename.
+    """``path``, or the previous checkpoint a save moved aside when a kill came mid-rename.
 
-    A replacement renames the old directory to ``.<name>.old`` and then the new one into place; a
-    process killed between the two leaves no ``path`` but a complete ``.<name>.old``, which is what
-    was there before the save, so that is the checkpoint to load.
+    A replacement renames the old directory (or file) to ``.<name>.old`` and then the new one into
+    place; a process killed between the two leaves no ``path`` but a complete ``.<name>.old``, which
+    is what was there before the save, so that is the checkpoint to load.
     """
     path = Path(path)
     if path.exists():
         return path
     old = _aside(path)
-    return old if is_sharded_checkpoint(old) else path
+    return old if old.exists() else path
 
 
 def _options(**kwargs: Any) -> Any:
@@ -225,7 +225,8 @@ def save_sharded(
         finish()
         return PendingSave(None, None)
     group = _async_group() if dist.is_initialized() else None
-    future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
+    with _one_process_quietly():
+        future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
     return PendingSave(future, finish)  # type: ignore[arg-type]
 
 
@@ -256,14 +257,21 @@ def _write_file(path: Path, obj: Any) -> None:
 def _swap_in(new: Path, path: Path) -> None:
     """Rename the complete directory ``new`` to ``path``; an existing ``path`` is moved aside, then removed."""
     aside = _aside(path)
-    shutil.rmtree(aside, ignore_errors=True)
-    if path.is_dir() and not path.is_symlink():
-        os.replace(path, aside)
-    elif path.exists() or path.is_symlink():
-        path.unlink()  # a file or link of the same name (a full checkpoint saved there before)
+    _remove(aside)
+    if path.is_symlink():
+        path.unlink()  # save_last="link": the link goes, the directory it named stays
+    elif path.exists():
+        os.replace(path, aside)  # a directory, or the file of a full checkpoint saved there before
     os.replace(new, path)
     _fsync_dir(path.parent)
-    shutil.rmtree(aside, ignore_errors=True)
+    _remove(aside)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _place(tmp: Path, path: Path, also_at: Sequence[Path], replaces: Sequence[Path]) -> None:
@@ -279,10 +287,7 @@ def _place(tmp: Path, path: Path, also_at: Sequence[Path], replaces: Sequence[Pa
     keep = {path.resolve(), *(p.resolve() for p in also_at)}
     for gone in replaces:
         if gone.resolve() not in keep:
-            if gone.is_dir() and not gone.is_symlink():
-                shutil.rmtree(gone, ignore_errors=True)
-            else:
-                gone.unlink(missing_ok=True)
+            _remove(gone)
 
 
 def _link_or_copy(source: str, dest: str) -> None:

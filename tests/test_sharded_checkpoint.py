@@ -227,3 +227,32 @@ def test_fsdp_state_dict_type_defaults_to_sharded_and_refuses_other_values() -> 
     assert FSDPStrategy(state_dict_type="full").state_dict_type == "full"
     with pytest.raises(ValueError, match="'sharded' or 'full', got 'distributed'"):
         FSDPStrategy(state_dict_type="distributed")
+
+
+def test_a_full_run_resumes_from_a_directory_and_replaces_it_with_files(
+    tmp_path: Path, straight: jobs.BlockNet
+) -> None:
+    """Sharded run for 2 epochs, then the same folder resumed by a plain single-device run (full files)."""
+    fit(tmp_path, 2)
+    module = jobs.BlockNet()
+    cb = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True, save_top_k=0)
+    trainer = quiet_trainer(tmp_path, [cb], enable_checkpointing=True, max_epochs=3)
+    trainer.fit(module, DataLoader(jobs.dataset(40), batch_size=4, shuffle=True), ckpt_path="last")
+    assert_equal_weights(module, straight)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert last.is_file() and load_checkpoint(last)["progress"]["global_step"] == 30
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["last.ckpt"]
+
+
+def test_a_sharded_run_resumes_from_a_file_and_replaces_it_with_a_directory(
+    tmp_path: Path, straight: jobs.BlockNet
+) -> None:
+    """The other way: a plain run's last.ckpt file, resumed by a sharded run in the same folder."""
+    cb = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True, save_top_k=0)
+    trainer = quiet_trainer(tmp_path, [cb], enable_checkpointing=True, max_epochs=2)
+    trainer.fit(jobs.BlockNet(), DataLoader(jobs.dataset(40), batch_size=4, shuffle=True))
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    resumed, _ = fit(tmp_path, 3, ckpt_path="last")
+    assert_equal_weights(resumed, straight)
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_dir()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["last.ckpt"]

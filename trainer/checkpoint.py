@@ -111,7 +111,7 @@ def _place(source: Path, path: Path, sync_dir: bool) -> Path:
             # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
             return _copy(source, path, sync_dir)
     try:
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -162,7 +162,7 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp_name, path)
+        _replace(tmp_name, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
@@ -172,6 +172,21 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
     if sync_dir:
         _fsync_dir(path.parent)
     return path
+
+
+def _replace(source: str | Path, path: Path) -> None:
+    """``os.replace``, also over a sharded checkpoint directory of the same name (a run that switched
+    from FSDP to one file): the directory is moved aside first and removed only once the file is in
+    place, so a kill in between leaves it loadable (``strategies.sharded_checkpoint.complete_path``).
+    """
+    if not path.is_dir() or path.is_symlink():
+        os.replace(source, path)
+        return
+    aside = path.parent / f".{path.name}.old"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(path, aside)
+    os.replace(source, path)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:

@@ -265,10 +265,9 @@ def _read_any(path: Path) -> dict[str, Any]:
 
     A sharded directory gives its trainer state, with ``"sharded_directory"`` naming where its tensors are.
     """
-    if path.is_dir() or not path.exists():
-        directory = complete_path(path)
-        if directory.is_dir():
-            return read_directory(directory)
+    path = complete_path(path)  # after a kill between a save's two renames, the checkpoint set aside
+    if path.is_dir():
+        return read_directory(path)
     try:
         state = load_checkpoint(path, plain_weights=True)
     except CheckpointError:
