@@ -259,7 +259,7 @@ def test_a_sharded_run_resumes_from_a_file_and_replaces_it_with_a_directory(
 
 
 def test_save_last_link_points_at_the_newest_directory(tmp_path: Path, straight: jobs.BlockNet) -> None:
-    _, trainer = fit(tmp_path, 2, save_last="link", save_top_k=-1)
+    fit(tmp_path, 2, save_last="link", save_top_k=-1)
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.is_symlink() and last.resolve().name == "epoch=1-step=20.ckpt" and last.resolve().is_dir()
     resumed, _ = fit(tmp_path, 3, ckpt_path="last", save_last="link", save_top_k=-1)
