@@ -28,8 +28,7 @@ class FSDPStrategy(ParallelStrategy):
 
     Each rank stores 1/N of every parameter, its gradient and its optimizer state; a block's full
     weights are all-gathered just before its forward and backward and freed after. Checkpoints hold
-    the full, unsharded weights and optimizer state (gathered on rank 0), so they load under any
-    strategy. Launch and data sharding work as for :class:`~strategies.DDPStrategy`.
+    Launch and data sharding work as for :class:`~strategies.DDPStrategy`.
 
     Args:
         devices, num_nodes, precision, device, process_group_backend, timeout: as for DDP.
@@ -38,6 +37,11 @@ class FSDPStrategy(ParallelStrategy):
             transformer); everything else is sharded with the root.
         reshard_after_forward: free gathered weights after forward (saves memory, gathers again in
             backward).
+        state_dict_type: ``"sharded"`` (the default, as Lightning's): each rank writes its own shards
+            into a checkpoint directory with ``torch.distributed.checkpoint``, and no rank ever holds
+            the whole model or optimizer; the directory loads under any strategy and world size
+            (docs/checkpoints.md, "Sharded checkpoints"). ``"full"``: the full weights and optimizer
+            state gathered on rank 0 into one file.
 
     ``precision="16-mixed"`` works with the ordinary ``GradScaler``: its inf/NaN check on sharded
     (DTensor) gradients is reduced over the ranks, so all ranks skip an overflowing step together.
@@ -62,7 +66,10 @@ class FSDPStrategy(ParallelStrategy):
         max_restarts: int = 0,
         layer_classes: Iterable[type[nn.Module] | str] | None = None,
         reshard_after_forward: bool = True,
+        state_dict_type: str = "sharded",
     ) -> None:
+        if state_dict_type not in ("sharded", "full"):
+            raise ValueError(f"FSDPStrategy(state_dict_type=...) must be 'sharded' or 'full', got {state_dict_type!r}")
         version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
         if version < _MIN_TORCH:
             raise RuntimeError(
@@ -80,6 +87,7 @@ class FSDPStrategy(ParallelStrategy):
         )
         self.layer_classes = list(layer_classes) if layer_classes is not None else None
         self.reshard_after_forward = reshard_after_forward
+        self.state_dict_type = state_dict_type
         self._sharded: list[nn.Module] = []
 
     def _blocks(self, module: nn.Module) -> list[nn.Module]:

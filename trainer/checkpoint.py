@@ -36,6 +36,7 @@ __all__ = [
     "FORMAT_VERSION",
     "AsyncCheckpointWriter",
     "CheckpointError",
+    "check_version",
     "copy_checkpoint",
     "load_checkpoint",
     "load_module_state",
@@ -111,7 +112,7 @@ def _place(source: Path, path: Path, sync_dir: bool) -> Path:
             # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
             return _copy(source, path, sync_dir)
     try:
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -165,7 +166,7 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp_name, path)
+        _replace(tmp_name, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
@@ -193,6 +194,21 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _replace(source: str | Path, path: Path) -> None:
+    """``os.replace``, also over a sharded checkpoint directory of the same name (a run that switched
+    from FSDP to one file): the directory is moved aside first and removed only once the file is in
+    place, so a kill in between leaves it loadable (``strategies.sharded_checkpoint.complete_path``).
+    """
+    if not path.is_dir() or path.is_symlink():
+        os.replace(source, path)
+        return
+    aside = path.parent / f".{path.name}.old"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(path, aside)
+    os.replace(source, path)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
@@ -347,7 +363,12 @@ def load_checkpoint(
             f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
             "To load plain weights use module.load_state_dict(torch.load(path))."
         )
-    version = state.get("version")
+    check_version(path, state.get("version"))
+    return state
+
+
+def check_version(path: Path, version: Any) -> None:
+    """Refuse a checkpoint whose format ``version`` is not one this geartrain reads, saying which way it is off."""
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise CheckpointError(
             f"Checkpoint {path} has an invalid format version {version!r} (a whole number from 1 to "
@@ -358,7 +379,6 @@ def load_checkpoint(
             f"Checkpoint {path} has format version {version}, newer than this geartrain reads "
             f"({FORMAT_VERSION}); upgrade geartrain to load it."
         )
-    return state
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -39,7 +39,10 @@ def check_checkpoint_file(path: Path) -> None:
             ) from None
         raise CheckpointError(f"Checkpoint {path} does not exist") from None
     if stat.S_ISDIR(mode):
-        raise CheckpointError(f"Checkpoint {path} is a directory; give the checkpoint file inside it (a .ckpt file)")
+        raise CheckpointError(
+            f"Checkpoint {path} is a directory but not a sharded geartrain checkpoint (no .metadata from "
+            "torch.distributed.checkpoint); give a .ckpt file or a sharded checkpoint's directory"
+        )
     if not stat.S_ISREG(mode):
         kind = (
             "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"

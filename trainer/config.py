@@ -155,6 +155,7 @@ class FSDPStrategyConfig(_ParallelStrategyConfig):
     _target_: str = "strategies.FSDPStrategy"
     layer_classes: Optional[List[str]] = None  # noqa: UP006, UP045
     reshard_after_forward: bool = True
+    state_dict_type: str = "sharded"
 
 
 @dataclass
