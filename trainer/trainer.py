@@ -378,13 +378,9 @@ class Trainer(TrainerAttributes):
         self.metric_router.emit(values, max(self.global_step - 1, 0) if step is None else step)
 
     def run_trial(self, callback: Callback, steps: int, reload_dataloaders: bool = False) -> None:
-        """Train ``steps`` optimizer steps with only ``callback`` listening, then put the run back as it was.
+        """Train ``steps`` steps with only ``callback`` listening, then restore the run exactly (finders use it).
 
-        For finders that try something from ``on_fit_start`` (``LearningRateFinder``, ``BatchSizeFinder``):
-        weights, optimizers, schedulers, counters, logged values and random generators are restored
-        afterwards, also when the trial raises. ``reload_dataloaders``: rebuild the training loader
-        before the trial and after it (a batch size changed); ``steps=0`` only rebuilds it. See
-        :func:`trainer.tuner.trial.run_trial`.
+        See :func:`trainer.tuner.trial.run_trial` (what is restored, ``reload_dataloaders``).
         """
         from trainer.tuner.trial import run_trial
 
