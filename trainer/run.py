@@ -87,6 +87,7 @@ def run_stage(
             datamodule.setup(stage)
         module.setup(stage)
         t.hooks.callbacks_only("setup", stage)
+        t.strategy.connect(module)  # a model-parallel strategy's device_mesh, for configure_model
         module.configure_model()  # before the strategy wraps (or shards) the module, as Lightning
         module.configure_sharded_model()
         _apply_memory_options(t, module, stage)

@@ -1,0 +1,64 @@
+"""The character LM under tensor and 2-D parallelism (``strategy=model_parallel``).
+
+:class:`CharLMTP` is :class:`~examples.charlm.CharLM` with a ``configure_model`` that applies a
+tensor-parallel plan over ``self.device_mesh["tensor_parallel"]`` and ``fully_shard`` over
+``self.device_mesh["data_parallel"]``, as torchtitan does. The weights, their names and the
+checkpoints are the plain model's, so a run under any mesh resumes under any other strategy.
+
+    geartrain model=charlm_tp data=charlm strategy=model_parallel trainer.devices=4 \\
+        strategy.tensor_parallel_size=2 trainer.max_steps=20
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from examples.charlm import GPT, CharLM
+
+__all__ = ["CharLMTP", "parallelize_gpt"]
+
+
+def parallelize_gpt(gpt: GPT, mesh: Any, mp_policy: Any = None) -> GPT:
+    """Shard ``gpt`` over a ``("data_parallel", "tensor_parallel")`` mesh in place; return it.
+
+    Tensor parallel, per block: the MLP's first Linear is split by output columns
+    (``ColwiseParallel``) and its second by input rows (``RowwiseParallel``), so the hidden activation
+    stays split and one all-reduce joins the MLP's output; the attention's output projection is split
+    by rows as well (each rank multiplies its slice of the heads' output). The fused ``qkv``
+    projection stays replicated: split by columns, a rank would hold part of q and part of k. A model
+    with separate q/k/v projections splits them with ``ColwiseParallel`` too.
+
+    Data parallel: each block, then the rest at the root, is ``fully_shard``-ed over the data-parallel
+    ranks (with ``mp_policy``, a ``MixedPrecisionPolicy``, when given).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
+    if tp.size() > 1:
+        plan = {
+            "proj": RowwiseParallel(input_layouts=Replicate()),
+            "mlp.0": ColwiseParallel(),
+            "mlp.2": RowwiseParallel(),
+        }
+        for block in gpt.blocks:
+            parallelize_module(block, tp, plan)
+    if dp.size() > 1:
+        policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
+        blocks: list[nn.Module] = list(gpt.blocks)
+        for block in blocks:
+            fully_shard(block, mesh=dp, mp_policy=policy)
+        fully_shard(gpt, mesh=dp, mp_policy=policy)
+    return gpt
+
+
+class CharLMTP(CharLM):
+    """:class:`~examples.charlm.CharLM` parallelised in ``configure_model`` (same arguments)."""
+
+    def configure_model(self) -> None:
+        """Apply :func:`parallelize_gpt` when a model-parallel strategy gave a mesh; else train as is."""
+        if self.device_mesh is not None:
+            parallelize_gpt(self.model, self.device_mesh)
