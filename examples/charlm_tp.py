@@ -5,8 +5,7 @@ tensor-parallel plan over ``self.device_mesh["tensor_parallel"]`` and ``fully_sh
 ``self.device_mesh["data_parallel"]``, as torchtitan does. The weights, their names and the
 checkpoints are the plain model's, so a run under any mesh resumes under any other strategy.
 
-    geartrain model=charlm_tp data=charlm strategy=model_parallel trainer.devices=4 \\
-        strategy.tensor_parallel_size=2 trainer.max_steps=20
+    geartrain experiment=charlm_tp    # four processes, a 2x2 mesh
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Every method has a working single-process default, so a new strategy overrides o
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -18,6 +19,7 @@ from trainer.common.state_dict import load_module_state
 from trainer.common.tree import move_to_device
 
 if TYPE_CHECKING:
+    from strategies.sharded_checkpoint import PendingSave
     from trainer.module import TrainModule
 
 __all__ = ["Strategy"]
@@ -38,6 +40,11 @@ class Strategy:
     name = "base"
     #: Whether evaluation may run under ``torch.inference_mode()`` (``Trainer(inference_mode=True)``).
     supports_inference_mode = True
+    #: How checkpoints are written: ``"full"``, one file gathered on rank 0 (the portable form), or
+    #: ``"sharded"``, a directory each rank writes its own shards into (:meth:`save_sharded`). A
+    #: strategy opts in to sharded checkpoints by setting this to ``"sharded"``; nothing else is needed
+    #: for a module whose parameters are plain tensors or DTensors (FSDP2, tensor parallel, both).
+    state_dict_type: str = "full"
 
     def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None
@@ -249,6 +256,53 @@ class Strategy:
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Restore an optimizer from :meth:`optimizer_state_dict`'s output."""
         optimizer.load_state_dict(state)
+
+    # ----------------------------------------------------------------- sharded state
+    def sharded_model_state_dict(self) -> dict[str, Any]:
+        """The model state as this rank holds it (DTensor shards where sharded); gathers nothing."""
+        from strategies.sharded_checkpoint import sharded_model_state
+
+        assert self.module is not None
+        return sharded_model_state(self.module)
+
+    def sharded_optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer state as this rank holds it, keyed by parameter name; gathers nothing."""
+        from strategies.sharded_checkpoint import sharded_optimizer_state
+
+        assert self.module is not None
+        return sharded_optimizer_state(self.module, optimizer)
+
+    def save_sharded(
+        self,
+        path: str | os.PathLike[str],
+        state: Mapping[str, Any],
+        *,
+        async_: bool = False,
+        also_at: Iterable[str | os.PathLike[str]] = (),
+        replaces: Iterable[str | os.PathLike[str]] = (),
+    ) -> PendingSave:
+        """Write checkpoint ``state`` as a directory at ``path``, each rank its own shards; a collective.
+
+        ``state`` is the trainer's checkpoint dict with ``"state_dict"`` from
+        :meth:`sharded_model_state_dict` and ``"optimizers"`` from :meth:`sharded_optimizer_state_dict`.
+        See :func:`strategies.sharded_checkpoint.save_sharded` (atomic, ``async_``, ``also_at``, ``replaces``).
+        """
+        from strategies.sharded_checkpoint import save_sharded
+
+        return save_sharded(path, state, async_=async_, also_at=also_at, replaces=replaces)
+
+    def load_sharded(
+        self, path: str | os.PathLike[str], optimizers: Sequence[torch.optim.Optimizer] = (), strict: bool = True
+    ) -> None:
+        """Load a sharded checkpoint directory into the module (and ``optimizers``), resharding; a collective.
+
+        Works whatever wrote it (any world size, any strategy): the shards are read into the layout
+        the module has here. See :func:`strategies.sharded_checkpoint.load_sharded`.
+        """
+        from strategies.sharded_checkpoint import load_sharded
+
+        assert self.module is not None
+        load_sharded(path, self.module, optimizers, strict=strict)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"

@@ -29,9 +29,8 @@ class FSDPStrategy(ParallelStrategy):
     """Shard every block of the module (and the rest at the root) over the ranks with ``fully_shard``.
 
     Each rank stores 1/N of every parameter, its gradient and its optimizer state; a block's full
-    weights are all-gathered just before its forward and backward and freed after. Checkpoints hold
-    the full, unsharded weights and optimizer state (gathered on rank 0), so they load under any
-    strategy. Launch and data sharding work as for :class:`~strategies.DDPStrategy`.
+    weights are all-gathered just before its forward and backward and freed after. Checkpoints are
+    sharded directories by default (``state_dict_type``). Launch and data sharding work as for :class:`~strategies.DDPStrategy`.
 
     Args:
         devices, num_nodes, precision, device, process_group_backend, timeout: as for DDP.
@@ -42,6 +41,11 @@ class FSDPStrategy(ParallelStrategy):
             backward); an int reshards to that many ranks instead (FSDP2's hybrid option).
         cpu_offload: keep the sharded parameters, gradients and optimizer state in host memory
             (``CPUOffloadPolicy``); the optimizer steps on the CPU. Lightning's name.
+        state_dict_type: ``"sharded"`` (the default, as Lightning's): each rank writes its own shards
+            into a checkpoint directory with ``torch.distributed.checkpoint``, and no rank ever holds
+            the whole model or optimizer; the directory loads under any strategy and world size
+            (docs/checkpoints.md, "Sharded checkpoints"). ``"full"``: the full weights and optimizer
+            state gathered on rank 0 into one file.
 
     Mixed precision is FSDP2's ``MixedPrecisionPolicy`` (:mod:`strategies.fsdp_precision`):
     ``"bf16-mixed"`` all-gathers bfloat16 parameters and computes in bfloat16 without autocast, while
@@ -75,7 +79,10 @@ class FSDPStrategy(ParallelStrategy):
         layer_classes: Iterable[type[nn.Module] | str] | None = None,
         reshard_after_forward: bool | int = True,
         cpu_offload: bool = False,
+        state_dict_type: str = "sharded",
     ) -> None:
+        if state_dict_type not in ("sharded", "full"):
+            raise ValueError(f"FSDPStrategy(state_dict_type=...) must be 'sharded' or 'full', got {state_dict_type!r}")
         version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
         if version < _MIN_TORCH:
             raise RuntimeError(
@@ -96,6 +103,7 @@ class FSDPStrategy(ParallelStrategy):
             raise ValueError(f"reshard_after_forward must be a bool or a rank count >= 1, got {reshard_after_forward}")
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = bool(cpu_offload)
+        self.state_dict_type = state_dict_type
         self._sharded: list[nn.Module] = []
         self._device_mesh: Any = None
 

@@ -5,7 +5,7 @@ The user parallelises the model in ``configure_model`` with PyTorch's own tools,
 ``fully_shard`` over ``self.device_mesh["data_parallel"]``. The strategy builds the mesh, materialises
 a model built on the meta device, shards the data over the data-parallel dimension only (the ranks of
 one tensor-parallel group see the same batches), reduces logged values over it, and clips gradients
-that live on several meshes. Everything else (launch, evaluation, full-state checkpoints) is FSDP's.
+that live on several meshes. Everything else (launch, evaluation, sharded or full checkpoints) is FSDP's.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ class ModelParallelStrategy(FSDPStrategy):
     Args:
         data_parallel_size: ranks in a data-parallel group; ``"auto"`` is the number of nodes.
         tensor_parallel_size: ranks in a tensor-parallel group; ``"auto"`` is the processes per node.
-        save_distributed_checkpoint: Lightning's switch between per-rank shards and one full file.
-            Checkpoints are written as full files (gathered on rank 0, loadable under any strategy)
-            until sharded checkpoints land; either value is accepted.
+        save_distributed_checkpoint: ``True``: each rank writes its own shards into a checkpoint
+            directory (``torch.distributed.checkpoint``; it loads on any mesh, world size or strategy);
+            ``False``: the full weights and optimizer state gathered on rank 0 into one file.
         process_group_backend, timeout: as for :class:`~strategies.DDPStrategy`.
         devices, num_nodes, precision, device, max_restarts: geartrain's (set by the Trainer).
 
@@ -84,6 +84,7 @@ class ModelParallelStrategy(FSDPStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
             max_restarts=max_restarts,
+            state_dict_type="sharded" if save_distributed_checkpoint else "full",
         )
 
     @override

@@ -19,6 +19,7 @@ from trainer.common.state_dict import to_plain
 from trainer.data import ResumableBatchSampler
 from trainer.hparams import plain_hparams
 from trainer.lightning_checkpoint import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
+from trainer.sharded import PendingSave, complete_path, param_names, read_directory
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -37,6 +38,7 @@ class CheckpointConnector:
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
         self._writer: AsyncCheckpointWriter | None = None  # made on the first asynchronous save
+        self._sharded_pending: PendingSave | None = None  # a sharded directory written in the background
         #: The sampler's epoch order saved in the checkpoint a run resumed from (None: none);
         #: the training loop takes it once, to replay the interrupted epoch's order.
         self.resume_epoch_rng: dict[str, Any] | None = None
@@ -66,24 +68,29 @@ class CheckpointConnector:
         attr = "last_model_path" if str(ckpt_path) == "last" else "best_model_path"
         found = getattr(cb, attr, None) if cb is not None else None
         if not found and str(ckpt_path) == "last" and cb is not None:
-            candidate = self.last_path()
-            found = str(candidate) if candidate.exists() else None
+            candidate = self.last_path()  # a file, or a sharded directory (complete_path: see there)
+            found = str(candidate) if complete_path(candidate).exists() else None
         if not found:
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         return Path(found)
 
     # ----------------------------------------------------------------- dump
-    def state(self, weights_only: bool = False) -> dict[str, Any]:
-        """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints")."""
+    def state(self, weights_only: bool = False, sharded: bool = False) -> dict[str, Any]:
+        """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints").
+
+        ``sharded``: model and optimizer state as this rank holds them (a sharded directory's content).
+        """
         t = self._trainer
         assert t.module is not None
         hparams, unsaved = plain_hparams(t.module.hparams)
+        if sharded:
+            model = t.strategy.sharded_model_state_dict()
+        else:
+            model = t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "state_dict": (
-                t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
-            ),
+            "state_dict": model,
             "progress": t.progress.state_dict(),
             "hparams": hparams,
             "hparams_unsaved": unsaved,  # recorded as descriptions: load_from_checkpoint asks for them
@@ -92,7 +99,7 @@ class CheckpointConnector:
         if t.datamodule is not None:
             state["datamodule_hparams"], state["datamodule_hparams_unsaved"] = plain_hparams(t.datamodule.hparams)
         if not weights_only:
-            state.update(self.training_state())
+            state.update(self.training_state(sharded))
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
             if t.datamodule is not None:
                 state["datamodule"] = t.datamodule.state_dict()
@@ -100,7 +107,7 @@ class CheckpointConnector:
         t.hooks.callbacks_only("on_save_checkpoint", state)
         return state
 
-    def training_state(self) -> dict[str, Any]:
+    def training_state(self, sharded: bool = False) -> dict[str, Any]:
         """Optimizers, schedulers, precision, every rank's RNG and the sampler's epoch order.
 
         After a fit that ran in processes the strategy started, the caller's strategy never set up
@@ -110,11 +117,14 @@ class CheckpointConnector:
         if self.adopted is not None:
             return dict(self.adopted)
         t = self._trainer
+        optimizer_state = t.strategy.sharded_optimizer_state_dict if sharded else t.strategy.optimizer_state_dict
         state: dict[str, Any] = {
-            "optimizers": [t.strategy.optimizer_state_dict(opt) for opt in t.optimizers],
+            "optimizers": [optimizer_state(opt) for opt in t.optimizers],
             "lr_schedulers": [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs],
             # The kinds, so that resuming with another optimizer or scheduler is refused by name.
             "optimizer_types": resume_checks.types_of(t.optimizers),
+            # Parameter names in the by-index order of a full file, so it converts to a sharded directory.
+            "optimizer_param_names": param_names(t.module, t.optimizers) if t.module is not None else [],
             "lr_scheduler_types": resume_checks.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs]),
             "precision": t.strategy.precision.state_dict(),
             "rng": t.strategy.gather_object(rng_state()),  # one entry per rank
@@ -134,6 +144,14 @@ class CheckpointConnector:
     ) -> None:
         """Write a checkpoint (rank 0 writes; every rank calls this). See ``Trainer.save_checkpoint``."""
         t = self._trainer
+        if t.strategy.state_dict_type == "sharded" and self.adopted is None:
+            self.wait()  # one save in flight at a time, in order
+            pending = t.strategy.save_sharded(
+                path, self.state(weights_only, sharded=True), async_=async_, also_at=also_at, replaces=replaces
+            )
+            self._sharded_pending = pending if async_ else None
+            t.strategy.barrier("save_checkpoint")
+            return
         state = self.state(weights_only)
         if t.is_global_zero:
             if async_:
@@ -156,6 +174,9 @@ class CheckpointConnector:
 
     def wait(self) -> None:
         """Block until asynchronous writes are on disk; re-raise a failed write's error."""
+        pending, self._sharded_pending = self._sharded_pending, None
+        if pending is not None:
+            pending.wait()
         if self._writer is not None:
             self._writer.wait()
 
@@ -166,6 +187,7 @@ class CheckpointConnector:
         saves, and would otherwise hold a copy of the model in host memory until the process exits.
         """
         writer, self._writer = self._writer, None
+        self.wait()
         if writer is not None:
             writer.close()
 
@@ -191,6 +213,7 @@ class CheckpointConnector:
         self.wait()
         path = self.resolve(ckpt_path)
         state = _read_any(path)
+        sharded = state.pop("sharded_directory", None)
         assert t.module is not None
         if state.get("plain_weights"):
             if full and t.is_global_zero:
@@ -201,10 +224,13 @@ class CheckpointConnector:
         t.hooks.callbacks_only("on_load_checkpoint", state)
         if full:  # before anything is loaded: a mismatch is one message, not an error from inside torch
             resume_checks.check_resumable(path, state, t)
-        self._load_weights(path, state["state_dict"])
+        if sharded is not None:  # weights and optimizers in one read, resharded into this run's layout
+            t.strategy.load_sharded(sharded, t.optimizers if full else (), strict=True)
+        else:
+            self._load_weights(path, state["state_dict"])
         if not full:
             return
-        for opt, opt_state in zip(t.optimizers, state["optimizers"]):
+        for opt, opt_state in zip(t.optimizers, state["optimizers"] if sharded is None else ()):
             t.strategy.load_optimizer_state_dict(opt, opt_state)
         planned = [resume_checks.schedule_length(cfg.scheduler) for cfg in t.lr_scheduler_configs]
         for cfg, sched_state in zip(t.lr_scheduler_configs, state["lr_schedulers"]):
@@ -235,7 +261,14 @@ class CheckpointConnector:
 
 
 def _read_any(path: Path) -> dict[str, Any]:
-    """A geartrain checkpoint, a plain state dict, or a Lightning 2.x checkpoint as geartrain's dict."""
+    """A geartrain checkpoint, a plain state dict, or a Lightning 2.x checkpoint as geartrain's dict.
+
+    A sharded directory gives its trainer state, with ``"sharded_directory"`` naming where its tensors are.
+    """
+    if path.is_dir() or not path.exists():
+        directory = complete_path(path)
+        if directory.is_dir():
+            return read_directory(directory)
     try:
         state = load_checkpoint(path, plain_weights=True)
     except CheckpointError:

@@ -156,6 +156,7 @@ class FSDPStrategyConfig(_ParallelStrategyConfig):
     layer_classes: Optional[List[str]] = None  # noqa: UP006, UP045
     reshard_after_forward: Any = True  # a bool, or a rank count to reshard to
     cpu_offload: bool = False
+    state_dict_type: str = "sharded"
 
 
 @dataclass

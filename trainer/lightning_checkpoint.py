@@ -37,6 +37,10 @@ _LIGHTNING_SAFE_GLOBALS: list[Any] = [
 def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
     """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
     where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
+    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+        from trainer.sharded import read_directory
+
+        return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
     if isinstance(path, (str, os.PathLike)) and not Path(path).is_file():
         raise CheckpointError(f"Checkpoint {path} does not exist")
     try:
@@ -132,7 +136,12 @@ def load_from_checkpoint(
 
         assert isinstance(obj, torch.nn.Module)
         use_strict = strict if strict is not None else bool(getattr(obj, "strict_loading", True))
-        load_module_state(obj, state["state_dict"], strict=use_strict)
+        if "sharded_directory" in state:
+            from strategies.sharded_checkpoint import load_sharded
+
+            load_sharded(state["sharded_directory"], obj, strict=use_strict)
+        else:
+            load_module_state(obj, state["state_dict"], strict=use_strict)
         if map_location is not None and isinstance(map_location, (str, torch.device)):
             obj.to(map_location)
     else:

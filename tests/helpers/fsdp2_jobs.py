@@ -172,20 +172,28 @@ def char_windows(n: int = 64, block: int = 16) -> TensorDataset:
 
 
 def charlm_train(
-    root: str, strategy: Any, per_rank_batch: int, steps: int = TP_STEPS, **kwargs: Any
+    root: str, strategy: Any, per_rank_batch: int, epochs: int = 1, ckpt_path: str | None = None
 ) -> tuple[Any, Any]:
-    """The tiny charlm, ``steps`` AdamW steps with clipping, no shuffling, checkpoints on."""
+    """The tiny charlm: ``epochs`` of ``TP_STEPS`` AdamW steps with clipping, no shuffling, checkpoints on.
+
+    Bounded by epochs, not ``max_steps``, so the learning-rate schedule (which reads ``max_steps``) is
+    the same for a run and its resumption.
+    """
     torch.manual_seed(0)
     module = CharLMTP(**TP_SHAPE)  # type: ignore[arg-type]
     trainer = quiet_trainer(
-        root, strategy=strategy, max_steps=steps, gradient_clip_val=0.5, enable_checkpointing=True, **kwargs
+        root, strategy=strategy, max_epochs=epochs, gradient_clip_val=0.5, enable_checkpointing=True
     )
-    trainer.fit(module, DataLoader(char_windows(), batch_size=per_rank_batch, shuffle=False))
+    windows = char_windows(TP_STEPS * TP_GLOBAL_BATCH)
+    trainer.fit(module, DataLoader(windows, batch_size=per_rank_batch, shuffle=False), ckpt_path=ckpt_path)
     return module, trainer
 
 
-def model_parallel_job(root: str, dp: int, tp: int) -> dict[str, Any]:
-    """The charlm under ``ModelParallelStrategy`` on a ``dp`` x ``tp`` mesh: weights, mesh, checkpoint."""
+def model_parallel_job(root: str, dp: int, tp: int, resume_from: str | None = None) -> dict[str, Any]:
+    """The charlm under ``ModelParallelStrategy`` on a ``dp`` x ``tp`` mesh: weights, mesh, checkpoint.
+
+    With ``resume_from`` (a checkpoint written on another mesh), also resume it for a second epoch.
+    """
     from torch.distributed.tensor import DTensor
 
     from strategies import ModelParallelStrategy
@@ -193,12 +201,19 @@ def model_parallel_job(root: str, dp: int, tp: int) -> dict[str, Any]:
     strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp)
     module, trainer = charlm_train(f"{root}/mp", strategy, TP_GLOBAL_BATCH // dp)
     mesh = module.device_mesh
-    return {
+    out = {
         "weights": full_weights(module),
         "mesh": (tuple(mesh.mesh_dim_names), tuple(mesh.shape)),
         "sampler": trainer.strategy.distributed_sampler_kwargs,
         "tp_sharded": isinstance(module.model.blocks[0].mlp[0].weight, DTensor),
-        "loss": float(trainer.callback_metrics["train/loss"]),
         "ckpt": str(Path(trainer.checkpoint_callback.last_model_path)),
         "steps": trainer.global_step,
     }
+    if resume_from is not None:
+        strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp)
+        module, trainer = charlm_train(
+            f"{root}/resumed", strategy, TP_GLOBAL_BATCH // dp, epochs=2, ckpt_path=resume_from
+        )
+        out["resumed"] = full_weights(module)
+        out["resumed_steps"] = trainer.global_step
+    return out

@@ -10,6 +10,7 @@ import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from strategies import FSDPStrategy
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
 
@@ -109,7 +110,8 @@ def rank_job(root: str) -> dict[str, Any]:
     val_loader = DataLoader(dataset(37, seed=2), batch_size=5)
     out["ddp_val"] = trainer.validate(module, val_loader)[0]
 
-    module, trainer = train("fsdp", GLOBAL_BATCH // 2, f"{root}/fsdp")
+    # state_dict_type="full": the test reads one gathered file (sharded directories have their own tests).
+    module, trainer = train(FSDPStrategy(state_dict_type="full"), GLOBAL_BATCH // 2, f"{root}/fsdp")
     out["fsdp_ckpt"] = trainer.checkpoint_callback.last_model_path  # type: ignore[union-attr]
     out["fsdp_val"] = trainer.validate(module, val_loader)[0]
 

@@ -1,0 +1,465 @@
+"""Sharded checkpoints on ``torch.distributed.checkpoint`` (DCP): every rank writes its own shards.
+
+A sharded checkpoint is a directory named like the file it replaces (``last.ckpt/``,
+``epoch=3-step=120.ckpt/``)::
+
+    .metadata, __0_0.distcp, ...   DCP's files: the model under ``state_dict.<name>``, optimizer i
+                                   under ``optimizers.<i>.state.<name>.<key>`` (keyed by parameter name)
+    trainer.pt                     everything else a checkpoint holds (progress, every rank's RNG,
+                                   sampler, callbacks, hyperparameters, schedulers), written by
+                                   rank 0, read with ``torch.load(weights_only=True)``
+
+No rank gathers the full model or optimizer: each saves what it holds (``full_state_dict=False``),
+and DCP writes a replicated tensor once. Loading reshards: the target is whatever layout the loading
+module has now (FSDP2 shards over M ranks, tensor-parallel DTensors, plain tensors on one device),
+and DCP reads into it the slices it needs, so N ranks' checkpoint resumes on M ranks or one device.
+
+A directory appears complete or not at all: it is written into a temporary sibling, then renamed
+into place (the previous one is moved aside first and removed last; :func:`complete_path` finds it
+if a kill came between the two renames).
+
+Loading is as safe as for a file: DCP unpickles ``.metadata`` with plain ``pickle`` and its default
+planner reads non-tensor values with ``weights_only=False``; here the metadata goes through an
+unpickler that admits only DCP's own metadata classes and torch's dtypes and sizes, and every value
+through ``torch.load(weights_only=True)``.
+
+How a strategy opts in: set ``state_dict_type = "sharded"`` (the base :class:`~strategies.Strategy`'s
+``save_sharded``/``load_sharded`` call the functions here with the user's module, which works for any
+module whose parameters are plain tensors or DTensors: FSDP2, tensor parallel, both). This module
+imports torch and the leaf only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import shutil
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.common.errors import CheckpointError
+
+__all__ = [
+    "TRAINER_STATE",
+    "PendingSave",
+    "complete_path",
+    "is_sharded_checkpoint",
+    "load_sharded",
+    "read_sharded_metadata",
+    "read_trainer_state",
+    "safe_planner",
+    "safe_reader",
+    "save_sharded",
+    "sharded_model_state",
+    "sharded_optimizer_state",
+]
+
+#: The file inside a sharded checkpoint directory that holds everything but model and optimizer tensors.
+TRAINER_STATE = "trainer.pt"
+_METADATA = ".metadata"
+#: The keys of a checkpoint dict whose tensors DCP writes; the rest goes into :data:`TRAINER_STATE`.
+_SHARDED_KEYS = ("state_dict", "optimizers")
+
+
+def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """True for a directory written by :func:`save_sharded` (it holds DCP's ``.metadata``)."""
+    return (Path(path) / _METADATA).is_file()
+
+
+def complete_path(path: str | os.PathLike[str]) -> Path:
+    """``path``, or the previous complete directory a save moved aside when a kill came mid-rename.
+
+    A replacement renames the old directory to ``.<name>.old`` and then the new one into place; a
+    process killed between the two leaves no ``path`` but a complete ``.<name>.old``, which is what
+    was there before the save, so that is the checkpoint to load.
+    """
+    path = Path(path)
+    if path.exists():
+        return path
+    old = _aside(path)
+    return old if is_sharded_checkpoint(old) else path
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=False, **kwargs)
+
+
+def sharded_model_state(module: nn.Module) -> dict[str, Any]:
+    """``module``'s state dict as this rank holds it (DTensor shards where sharded); gathers nothing."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state: dict[str, Any] = get_model_state_dict(module, options=_options())
+    return state
+
+
+def sharded_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state as this rank holds it, keyed by parameter name; ``{}`` before its first step.
+
+    An optimizer that has not stepped is saved empty rather than through torch's initialising
+    zero-learning-rate step, which would give it state (Adam's ``step``) the uninterrupted run lacks.
+    """
+    if not optimizer.state:
+        return {}
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state: dict[str, Any] = get_optimizer_state_dict(module, optimizer, options=_options())
+    return state
+
+
+# ------------------------------------------------------------------------------------------ save
+class PendingSave:
+    """A sharded save in flight (``async_save``); :meth:`wait` blocks until it is in place."""
+
+    def __init__(self, future: Future[Any] | None, finish: Callable[[], None] | None) -> None:
+        self._future = future
+        self._finish = finish
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        if future is None:
+            self._complete()
+        else:
+            future.add_done_callback(lambda _: self._complete())
+
+    def _complete(self) -> None:
+        try:
+            if self._future is not None:
+                self._future.result()
+            if self._finish is not None:
+                self._finish()
+        except BaseException as err:
+            self._error = err
+        finally:
+            self._done.set()
+
+    @property
+    def pending(self) -> bool:
+        """True while the write or its renames are still running."""
+        return not self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until the directory is in place; re-raise the error of a failed write."""
+        self._done.wait()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise CheckpointError(f"Could not write the sharded checkpoint: {err}") from err
+
+
+_ASYNC_GROUP: list[Any] = []
+
+
+def _async_group() -> Any:
+    """A gloo group of its own for background saves, so they never interleave with training's collectives."""
+    if not _ASYNC_GROUP:
+        _ASYNC_GROUP.append(dist.new_group(backend="gloo"))
+    return _ASYNC_GROUP[0]
+
+
+def save_sharded(
+    path: str | os.PathLike[str],
+    state: Mapping[str, Any],
+    *,
+    async_: bool = False,
+    also_at: Iterable[str | os.PathLike[str]] = (),
+    replaces: Iterable[str | os.PathLike[str]] = (),
+) -> PendingSave:
+    """Write checkpoint ``state`` as a sharded directory at ``path``; a collective of every rank.
+
+    ``state["state_dict"]`` and ``state["optimizers"]`` (this rank's shards, see
+    :func:`sharded_model_state`) go through ``dcp.save``; the rest of ``state`` becomes
+    :data:`TRAINER_STATE`, written by rank 0. The directory is written into ``.<name>.partial``
+    and renamed into place once complete; then copies are placed at ``also_at`` (hard links) and
+    the directories ``replaces`` names are removed, in that order, so a failure loses nothing.
+
+    With ``async_``, tensors are staged to CPU memory now and written by DCP in the background
+    (``torch.distributed.checkpoint.async_save``); the returned :class:`PendingSave` finishes
+    the renames when the write completes.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    tmp = path.parent / f".{path.name}.partial"
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a save killed earlier
+        tmp.mkdir(parents=True)
+        rest = {k: v for k, v in state.items() if k not in _SHARDED_KEYS}
+        _write_file(tmp / TRAINER_STATE, rest)
+    _barrier()
+    tensors = {"state_dict": dict(state.get("state_dict", {}))}
+    tensors["optimizers"] = {str(i): opt for i, opt in enumerate(state.get("optimizers", [])) if opt}
+    writer = dcp.FileSystemWriter(tmp, sync_files=True)
+    extra = [Path(p) for p in also_at]
+    old = [Path(p) for p in replaces]
+
+    def finish() -> None:
+        if rank0:
+            _place(tmp, path, extra, old)
+
+    if not async_:
+        try:
+            with _one_process_quietly():
+                dcp.save(tensors, storage_writer=writer)
+        except Exception as err:
+            raise CheckpointError(f"Could not write the sharded checkpoint {path}: {err}") from err
+        finish()
+        return PendingSave(None, None)
+    group = _async_group() if dist.is_initialized() else None
+    future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
+    return PendingSave(future, finish)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _one_process_quietly() -> Any:
+    """Without a process group DCP warns that it assumes one process; that is what is meant here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _aside(path: Path) -> Path:
+    return path.parent / f".{path.name}.old"
+
+
+def _write_file(path: Path, obj: Any) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _swap_in(new: Path, path: Path) -> None:
+    """Rename the complete directory ``new`` to ``path``; an existing ``path`` is moved aside, then removed."""
+    aside = _aside(path)
+    shutil.rmtree(aside, ignore_errors=True)
+    if path.is_dir() and not path.is_symlink():
+        os.replace(path, aside)
+    elif path.exists() or path.is_symlink():
+        path.unlink()  # a file or link of the same name (a full checkpoint saved there before)
+    os.replace(new, path)
+    _fsync_dir(path.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _place(tmp: Path, path: Path, also_at: Sequence[Path], replaces: Sequence[Path]) -> None:
+    _fsync_dir(tmp)
+    for other in also_at:
+        if other.resolve() == path.resolve():
+            continue
+        copy = other.parent / f".{other.name}.partial"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(tmp, copy, copy_function=_link_or_copy)
+        _swap_in(copy, other)
+    _swap_in(tmp, path)
+    keep = {path.resolve(), *(p.resolve() for p in also_at)}
+    for gone in replaces:
+        if gone.resolve() not in keep:
+            if gone.is_dir() and not gone.is_symlink():
+                shutil.rmtree(gone, ignore_errors=True)
+            else:
+                gone.unlink(missing_ok=True)
+
+
+def _link_or_copy(source: str, dest: str) -> None:
+    """A hard link (no second write; DCP never writes into an existing file), else a copy."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------ load
+def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The :data:`TRAINER_STATE` file of a sharded checkpoint, read with ``weights_only=True``."""
+    file = Path(path) / TRAINER_STATE
+    if not file.is_file():
+        raise CheckpointError(
+            f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
+            "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
+        )
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:
+        from trainer.common.errors import CheckpointError as _Error
+
+        raise _Error(f"Checkpoint {file} cannot be read with weights_only=True, refusing it: {_reason(err)}") from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    return text.split(marker, 1)[1].strip().splitlines()[0] if marker in text else text.splitlines()[0][:200]
+
+
+# The classes DCP's ``.metadata`` pickle may name: its own plain data classes, and torch's sizes,
+# dtypes, layouts and memory formats. Anything else (os.system, ...) is refused, never called.
+_METADATA_MODULES = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint._extension",
+    "torch.distributed.checkpoint.planner",
+)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _METADATA_MODULES:
+            obj = getattr(__import__(module, fromlist=[name]), name, None)
+            if isinstance(obj, type) and obj.__module__ == module:  # defined there, not imported
+                return obj
+        if (module, name) == ("torch.serialization", "_get_layout"):  # torch's weights_only loader admits it
+            return torch.serialization._get_layout  # type: ignore[attr-defined]
+        if module == "torch" and name == "Size":
+            return torch.Size
+        if module == "torch":
+            obj = getattr(torch, name, None)
+            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+                return obj
+        if module == "pathlib" and name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+            import pathlib
+
+            return getattr(pathlib, name)  # the checkpoint id DCP records; making a path runs nothing
+        if module == "collections" and name == "OrderedDict":
+            import collections
+
+            return collections.OrderedDict
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
+    """DCP's ``.metadata`` of ``path``, unpickled admitting only DCP's metadata classes and torch's dtypes."""
+    file = Path(path) / _METADATA
+    try:
+        with open(file, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{path} is not a sharded checkpoint: it has no {_METADATA}") from err
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"Checkpoint {file} holds pickled Python objects ({err}), which could run code when loaded; "
+            "refusing it. A sharded checkpoint's metadata holds only torch.distributed.checkpoint's own classes."
+        ) from err
+    except Exception as err:
+        raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
+
+
+def safe_reader(path: str | os.PathLike[str]) -> Any:
+    """DCP's file reader for ``path``, reading ``.metadata`` with :func:`read_sharded_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_sharded_metadata(self.path)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(path)
+
+
+def safe_planner(base: type[Any] | None = None) -> Any:
+    """A DCP load planner (``base``, default ``DefaultLoadPlanner``) reading values with ``weights_only=True``.
+
+    DCP saves non-tensor values (an optimizer's learning rate, betas) as small ``torch.save`` blobs;
+    its default planner loads them with ``weights_only=False``, this one never does.
+    """
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._nested_dict import set_element  # type: ignore[attr-defined]
+    from torch.distributed.checkpoint.planner import ReadItem
+
+    class SafePlanner(base or DefaultLoadPlanner):  # type: ignore[misc]
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                obj = torch.load(value, weights_only=True)
+            except Exception as err:
+                raise CheckpointError(
+                    f"The value {fqn!r} of a sharded checkpoint cannot be read with weights_only=True, "
+                    f"refusing it: {_reason(err)}"
+                ) from err
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return SafePlanner()
+
+
+def load_sharded(
+    path: str | os.PathLike[str],
+    module: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer] = (),
+    strict: bool = True,
+) -> None:
+    """Load a sharded checkpoint's model (and ``optimizers``) into ``module``'s current layout; a collective.
+
+    ``module`` may be plain, FSDP2-sharded or tensor-parallel over any number of ranks: the
+    directory is resharded into what each rank holds now. Optimizer state is matched by parameter
+    name; an optimizer saved before its first step stays as it is.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    path = Path(path)
+    metadata = read_sharded_metadata(path)
+    saved = set(getattr(metadata, "state_dict_metadata", {}))
+    model = sharded_model_state(module)
+    if strict:
+        missing = [k for k in model if f"state_dict.{k}" not in saved]
+        if missing:
+            raise CheckpointError(
+                f"Cannot load the weights in {path}: the checkpoint lacks {missing[:5]} "
+                f"({len(missing)} missing). Pass strict=False to load what matches."
+            )
+    else:
+        model = {k: v for k, v in model.items() if f"state_dict.{k}" in saved}
+    target: dict[str, Any] = {"state_dict": model}
+    wanted: dict[str, tuple[torch.optim.Optimizer, dict[str, Any]]] = {}
+    for i, opt in enumerate(optimizers):
+        if any(key.startswith(f"optimizers.{i}.") for key in saved):
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+            template: dict[str, Any] = get_optimizer_state_dict(module, opt, options=_options())
+            wanted[str(i)] = (opt, template)
+    if wanted:
+        target["optimizers"] = {i: template for i, (_, template) in wanted.items()}
+    try:
+        with _one_process_quietly():
+            dcp.load(target, storage_reader=safe_reader(path), planner=safe_planner())
+    except CheckpointError:
+        raise
+    except Exception as err:
+        raise CheckpointError(f"Cannot load the sharded checkpoint {path}: {err}") from err
+    set_model_state_dict(module, target["state_dict"], options=_options(strict=strict))
+    for i, (opt, _) in wanted.items():
+        set_optimizer_state_dict(module, opt, target["optimizers"][i], options=_options())
