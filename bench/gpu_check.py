@@ -74,7 +74,9 @@ class SmallNet(TrainModule):
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         tp, dp = self.device_mesh["tensor_parallel"], self.device_mesh["data_parallel"]
-        plan = {f"{i}": ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i in range(len(self.blocks))}
+        plan: dict[str, Any] = {
+            f"{i}": ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i in range(len(self.blocks))
+        }
         parallelize_module(self.blocks, tp, plan)
         for block in self.blocks:
             fully_shard(block, mesh=dp)
