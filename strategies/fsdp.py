@@ -220,15 +220,18 @@ class FSDPStrategy(ParallelStrategy):
         per forward would then wait forever on the rank that has finished.
         """
         modules = self._sharded
+        # Each module's own setting is put back afterwards: an int (reshard to fewer ranks) or what a
+        # user chose in configure_model, which FSDP2's public setter (bools only) cannot restore.
+        saved = [_reshard_setting(m) for m in modules]
         for m in modules:
-            m.set_reshard_after_forward(False)  # type: ignore[operator]
+            m.set_reshard_after_forward(False, recurse=False)  # type: ignore[operator]
             m.unshard()  # type: ignore[operator]
         try:
             yield
         finally:
-            for m in modules:
+            for m, setting in zip(modules, saved, strict=True):
                 m.reshard()  # type: ignore[operator]
-                m.set_reshard_after_forward(self.reshard_after_forward)  # type: ignore[operator]
+                _restore_reshard_setting(m, setting)
 
     @override
     def clip_gradients(
@@ -302,3 +305,16 @@ class FSDPStrategy(ParallelStrategy):
         assert self.module is not None
         by_id = {id(p): name for name, p in self.module.named_parameters()}
         return [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _reshard_setting(module: nn.Module) -> tuple[Any, list[Any]]:
+    """What ``set_reshard_after_forward`` overwrites on one FSDP module (FSDP2's internals, read only here)."""
+    state = module._get_fsdp_state()  # type: ignore[operator]
+    return state._auto_reshard_after_forward, [group.post_forward_mesh_info for group in state._fsdp_param_groups]
+
+
+def _restore_reshard_setting(module: nn.Module, setting: tuple[Any, list[Any]]) -> None:
+    state = module._get_fsdp_state()  # type: ignore[operator]
+    state._auto_reshard_after_forward = setting[0]
+    for group, info in zip(state._fsdp_param_groups, setting[1], strict=True):
+        group.post_forward_mesh_info = info

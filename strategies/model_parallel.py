@@ -150,7 +150,7 @@ class ModelParallelStrategy(FSDPStrategy):
                 "gradients would not be averaged over them. Call fully_shard(..., mesh=self.device_mesh"
                 "['data_parallel']) on the model, or set data_parallel_size=1"
             )
-        if module is not None and isinstance(module, FSDPModule):
+        if isinstance(module, FSDPModule):
             raise TypeError(
                 "configure_model applied fully_shard to the TrainModule itself; apply it to its submodules "
                 "(e.g. fully_shard(self.model, ...)): training_step is not a forward call, so the root's "

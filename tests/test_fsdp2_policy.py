@@ -39,6 +39,7 @@ def test_bf16_mixed_policy_equals_a_handwritten_bf16_loop(ranks: list[dict[str, 
     reference = fsdp2_jobs.bf16_reference(world=2)
     for rank in ranks:
         assert _max_diff(rank["bf16"], reference) <= BF16_TOLERANCE
+        assert _max_diff(rank["bf16_compile"], reference) <= BF16_TOLERANCE  # compile=True composes
     assert _max_diff(ranks[0]["fp32"], reference) > 100 * BF16_TOLERANCE  # float32 training is not it
 
 

@@ -113,6 +113,10 @@ def fsdp_job(root: str) -> dict[str, Any]:
     out["bf16_dtensor"] = all(isinstance(p, DTensor) for p in module.parameters())
     module, _ = fsdp_train(f"{root}/bf16_ac", precision="bf16-mixed", activation_checkpointing=[nn.Linear])
     out["bf16_ac"] = full_weights(module)
+    module, _ = fsdp_train(
+        f"{root}/bf16_compile", precision="bf16-mixed", compile=True, compile_kwargs={"backend": "aot_eager"}
+    )
+    out["bf16_compile"] = full_weights(module)
     module, _ = fsdp_train(f"{root}/fp32")
     out["fp32"] = full_weights(module)
     out["mesh_size"] = module.mesh_size
