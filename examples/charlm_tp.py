@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from examples.charlm import GPT, CharLM
+from examples.charlm import GPT, CharLM, decode, encode
 
 __all__ = ["CharLMTP", "parallelize_gpt"]
 
@@ -61,3 +61,19 @@ class CharLMTP(CharLM):
         """Apply :func:`parallelize_gpt` when a model-parallel strategy gave a mesh; else train as is."""
         if self.device_mesh is not None:
             parallelize_gpt(self.model, self.device_mesh)
+
+    def on_fit_end(self) -> None:
+        """Generate the sample on every rank (a sharded forward is a collective), print it on rank 0.
+
+        The ranks compute the same logits and draw with the same seeded generator, so they append the
+        same characters and stay in step.
+        """
+        if self.sample_chars <= 0:
+            return
+        was_training = self.training
+        self.eval()
+        start = encode(self.prompt).unsqueeze(0).to(self.device)
+        self.sample = decode(self.model.generate(start, self.sample_chars)[0])
+        self.train(was_training)
+        if self.trainer.is_global_zero:
+            print(f"--- sample after {self.global_step} steps ---\n{self.sample}\n---")

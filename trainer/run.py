@@ -169,6 +169,7 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     if final["state_dict"] is not None:
         load_module_state(module, final["state_dict"])
     trainer.module = module
+    module._trainer = trainer  # configure_optimizers (below) may read self.trainer, as in the workers
     if final["training_state"] is not None:
         trainer.checkpointing.adopted = final["training_state"]
         _adopt_optimizers(trainer, module, final["training_state"])
