@@ -1,7 +1,7 @@
 """``python -m bench [NAMES...] [--quick] [--pairs N] [--wall]``: run benchmarks, print the table.
 
 Names: overhead (training with and without the default callbacks, evaluation), import, startup,
-checkpoint, ddp. Without names, all run. The exit status is 0 even when a target is missed: a benchmark
+checkpoint, ddp, sharded_checkpoint. Without names, all run. The exit status is 0 even when a target is missed: a benchmark
 reports, it does not gate.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench import checkpoint_stall, ddp, overhead, startup
+from bench import checkpoint_stall, ddp, overhead, sharded_checkpoint, startup
 from bench.core import Result, format_table, use_wall_clock
 
 GROUPS: dict[str, Callable[[bool, int], list[Result]]] = {
@@ -24,6 +24,7 @@ GROUPS: dict[str, Callable[[bool, int], list[Result]]] = {
     "startup": lambda quick, pairs: startup.run_startup(quick, min(pairs, 3)),
     "checkpoint": checkpoint_stall.run,
     "ddp": ddp.run,
+    "sharded_checkpoint": sharded_checkpoint.run,
 }
 
 

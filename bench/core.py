@@ -58,6 +58,8 @@ class Result:
     passed: bool
     note: str = ""
     ratios: list[float] = field(default_factory=list)
+    #: What ``ours``/``theirs`` count: ``"s"`` (seconds, the default) or another unit, printed after the value.
+    unit: str = "s"
 
 
 def paired(
@@ -146,8 +148,8 @@ def format_table(results: list[Result]) -> str:
     rows = [
         (
             r.name,
-            _seconds(r.ours),
-            _seconds(r.theirs),
+            _seconds(r.ours) if r.unit == "s" else f"{r.ours:.3f} {r.unit}",
+            _seconds(r.theirs) if r.unit == "s" else f"{r.theirs:.3f} {r.unit}",
             f"{r.ratio:.3f}x",
             r.target,
             "pass" if r.passed else "falls short",

@@ -18,10 +18,8 @@ A directory appears complete or not at all: it is written into a temporary sibli
 into place (the previous one is moved aside first and removed last; :func:`complete_path` finds it
 if a kill came between the two renames).
 
-Loading is as safe as for a file: DCP unpickles ``.metadata`` with plain ``pickle`` and its default
-planner reads non-tensor values with ``weights_only=False``; here the metadata goes through an
-unpickler that admits only DCP's own metadata classes and torch's dtypes and sizes, and every value
-through ``torch.load(weights_only=True)``.
+Loading is as safe as for a file: what DCP would unpickle freely is read by
+:mod:`strategies.sharded_safety` instead.
 
 How a strategy opts in: set ``state_dict_type = "sharded"`` (the base :class:`~strategies.Strategy`'s
 ``save_sharded``/``load_sharded`` call the functions here with the user's module, which works for any
@@ -32,9 +30,7 @@ imports torch and the leaf only.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
-import pickle
 import shutil
 import threading
 import warnings
@@ -47,11 +43,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies.sharded_safety import (
+    METADATA,
+    TRAINER_STATE,
+    checkpoint_error,
+    dcp_failures,
+    read_sharded_metadata,
+    read_trainer_state,
+    safe_planner,
+    safe_reader,
+)
 from trainer.common.errors import CheckpointError
 
 __all__ = [
     "TRAINER_STATE",
     "PendingSave",
+    "checkpoint_error",
     "complete_path",
     "is_sharded_checkpoint",
     "load_sharded",
@@ -64,16 +71,13 @@ __all__ = [
     "sharded_optimizer_state",
 ]
 
-#: The file inside a sharded checkpoint directory that holds everything but model and optimizer tensors.
-TRAINER_STATE = "trainer.pt"
-_METADATA = ".metadata"
 #: The keys of a checkpoint dict whose tensors DCP writes; the rest goes into :data:`TRAINER_STATE`.
 _SHARDED_KEYS = ("state_dict", "optimizers")
 
 
 def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
     """True for a directory written by :func:`save_sharded` (it holds DCP's ``.metadata``)."""
-    return (Path(path) / _METADATA).is_file()
+    return (Path(path) / METADATA).is_file()
 
 
 def complete_path(path: str | os.PathLike[str]) -> Path:
@@ -156,14 +160,19 @@ class PendingSave:
             raise CheckpointError(f"Could not write the sharded checkpoint: {err}") from err
 
 
-_ASYNC_GROUP: list[Any] = []
+_ASYNC_GROUP: dict[int, Any] = {}
 
 
 def _async_group() -> Any:
-    """A gloo group of its own for background saves, so they never interleave with training's collectives."""
-    if not _ASYNC_GROUP:
-        _ASYNC_GROUP.append(dist.new_group(backend="gloo"))
-    return _ASYNC_GROUP[0]
+    """A gloo group of its own for background saves, so they never interleave with training's collectives.
+
+    Made once per default process group (a collective: every rank reaches its first async save together).
+    """
+    world = id(dist.group.WORLD)
+    if world not in _ASYNC_GROUP:
+        _ASYNC_GROUP.clear()  # groups of a destroyed default group are unusable
+        _ASYNC_GROUP[world] = dist.new_group(backend="gloo")
+    return _ASYNC_GROUP[world]
 
 
 def save_sharded(
@@ -211,8 +220,8 @@ def save_sharded(
         try:
             with _one_process_quietly():
                 dcp.save(tensors, storage_writer=writer)
-        except Exception as err:
-            raise CheckpointError(f"Could not write the sharded checkpoint {path}: {err}") from err
+        except dcp_failures() as err:
+            raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
         finish()
         return PendingSave(None, None)
     group = _async_group() if dist.is_initialized() else None
@@ -294,127 +303,6 @@ def _fsync_dir(directory: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ load
-def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The :data:`TRAINER_STATE` file of a sharded checkpoint, read with ``weights_only=True``."""
-    file = Path(path) / TRAINER_STATE
-    if not file.is_file():
-        raise CheckpointError(
-            f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
-            "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
-        )
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:
-        from trainer.common.errors import CheckpointError as _Error
-
-        raise _Error(f"Checkpoint {file} cannot be read with weights_only=True, refusing it: {_reason(err)}") from err
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file} holds a {type(state).__name__}, not a checkpoint dict")
-    return state
-
-
-def _reason(err: BaseException) -> str:
-    text = str(err)
-    marker = "WeightsUnpickler error:"
-    return text.split(marker, 1)[1].strip().splitlines()[0] if marker in text else text.splitlines()[0][:200]
-
-
-# The classes DCP's ``.metadata`` pickle may name: its own plain data classes, and torch's sizes,
-# dtypes, layouts and memory formats. Anything else (os.system, ...) is refused, never called.
-_METADATA_MODULES = (
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.filesystem",
-    "torch.distributed.checkpoint._extension",
-    "torch.distributed.checkpoint.planner",
-)
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module in _METADATA_MODULES:
-            obj = getattr(__import__(module, fromlist=[name]), name, None)
-            if isinstance(obj, type) and obj.__module__ == module:  # defined there, not imported
-                return obj
-        if (module, name) == ("torch.serialization", "_get_layout"):  # torch's weights_only loader admits it
-            return torch.serialization._get_layout  # type: ignore[attr-defined]
-        if module == "torch" and name == "Size":
-            return torch.Size
-        if module == "torch":
-            obj = getattr(torch, name, None)
-            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-                return obj
-        if module == "pathlib" and name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
-            import pathlib
-
-            return getattr(pathlib, name)  # the checkpoint id DCP records; making a path runs nothing
-        if module == "collections" and name == "OrderedDict":
-            import collections
-
-            return collections.OrderedDict
-        raise pickle.UnpicklingError(f"{module}.{name}")
-
-
-def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
-    """DCP's ``.metadata`` of ``path``, unpickled admitting only DCP's metadata classes and torch's dtypes."""
-    file = Path(path) / _METADATA
-    try:
-        with open(file, "rb") as f:
-            return _MetadataUnpickler(f).load()
-    except FileNotFoundError as err:
-        raise CheckpointError(f"{path} is not a sharded checkpoint: it has no {_METADATA}") from err
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"Checkpoint {file} holds pickled Python objects ({err}), which could run code when loaded; "
-            "refusing it. A sharded checkpoint's metadata holds only torch.distributed.checkpoint's own classes."
-        ) from err
-    except Exception as err:
-        raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
-
-
-def safe_reader(path: str | os.PathLike[str]) -> Any:
-    """DCP's file reader for ``path``, reading ``.metadata`` with :func:`read_sharded_metadata`."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class SafeReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            metadata = read_sharded_metadata(self.path)
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return SafeReader(path)
-
-
-def safe_planner(base: type[Any] | None = None) -> Any:
-    """A DCP load planner (``base``, default ``DefaultLoadPlanner``) reading values with ``weights_only=True``.
-
-    DCP saves non-tensor values (an optimizer's learning rate, betas) as small ``torch.save`` blobs;
-    its default planner loads them with ``weights_only=False``, this one never does.
-    """
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint._nested_dict import set_element  # type: ignore[attr-defined]
-    from torch.distributed.checkpoint.planner import ReadItem
-
-    class SafePlanner(base or DefaultLoadPlanner):  # type: ignore[misc]
-        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-            fqn = read_item.dest_index.fqn
-            try:
-                obj = torch.load(value, weights_only=True)
-            except Exception as err:
-                raise CheckpointError(
-                    f"The value {fqn!r} of a sharded checkpoint cannot be read with weights_only=True, "
-                    f"refusing it: {_reason(err)}"
-                ) from err
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], obj)
-            else:
-                self.state_dict[fqn] = obj
-
-    return SafePlanner()
-
-
 def load_sharded(
     path: str | os.PathLike[str],
     module: nn.Module,
@@ -452,14 +340,12 @@ def load_sharded(
             template: dict[str, Any] = get_optimizer_state_dict(module, opt, options=_options())
             wanted[str(i)] = (opt, template)
     if wanted:
-        target["optimizers"] = {i: template for i, (_, template) in wanted.items()}
+        target["optimizers"] = {key: saved_like for key, (_, saved_like) in wanted.items()}
     try:
         with _one_process_quietly():
             dcp.load(target, storage_reader=safe_reader(path), planner=safe_planner())
-    except CheckpointError:
-        raise
-    except Exception as err:
-        raise CheckpointError(f"Cannot load the sharded checkpoint {path}: {err}") from err
+    except dcp_failures() as err:
+        raise checkpoint_error(err, f"Cannot load the sharded checkpoint {path}") from err
     set_model_state_dict(module, target["state_dict"], options=_options(strict=strict))
-    for i, (opt, _) in wanted.items():
-        set_optimizer_state_dict(module, opt, target["optimizers"][i], options=_options())
+    for key, (opt, _) in wanted.items():
+        set_optimizer_state_dict(module, opt, target["optimizers"][key], options=_options())

@@ -37,6 +37,15 @@ def test_fsdp_resume_from_sharded_directory_equals_uninterrupted_run(two_ranks: 
     assert sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
+@pytest.mark.timeout(300)
+def test_async_save_on_two_ranks_writes_the_final_state(two_ranks: list[dict[str, Any]]) -> None:
+    """``ModelCheckpoint(async_save=True)`` under FSDP: DCP's background write holds the run's end state."""
+    loaded = jobs.BlockNet.load_from_checkpoint(two_ranks[0]["async_last"])
+    for name, value in two_ranks[0]["straight"].items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    assert not list(Path(two_ranks[0]["async_last"]).parent.glob(".*"))  # no partial or set-aside directory left
+
+
 def _assert_same(loaded: dict[str, Any], saved: dict[str, Any]) -> None:
     """Weights, step and every optimizer buffer equal, bit for bit."""
     assert loaded["step"] == saved["step"] > 0
@@ -62,7 +71,9 @@ def test_two_ranks_directory_loads_in_one_process(two_ranks: list[dict[str, Any]
 def test_reshards_two_to_four_fsdp_and_four_to_two_ddp(two_ranks: list[dict[str, Any]], tmp_path: Path) -> None:
     """2→4 under FSDP (which saves a 4-rank directory), then that 4→2 under DDP: nothing changes on the way."""
     four_dir = tmp_path / "four.ckpt"
-    four = spawn(sharded_jobs.restore_job, two_ranks[0]["last"], "fsdp", str(four_dir), str(tmp_path / "f"), world_size=4)
+    four = spawn(
+        sharded_jobs.restore_job, two_ranks[0]["last"], "fsdp", str(four_dir), str(tmp_path / "f"), world_size=4
+    )
     _assert_same(four[0], two_ranks[0]["saved"])
     assert len(list(four_dir.glob("*.distcp"))) == 4
     two = spawn(sharded_jobs.restore_job, str(four_dir), "ddp", None, str(tmp_path / "d"), world_size=2)

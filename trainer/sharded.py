@@ -23,8 +23,10 @@ from torch import nn
 
 from strategies.sharded_checkpoint import (
     PendingSave,
+    checkpoint_error,
     complete_path,
     is_sharded_checkpoint,
+    read_sharded_metadata,
     read_trainer_state,
     safe_planner,
     safe_reader,
@@ -84,9 +86,15 @@ def _read_all_tensors(path: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    read_sharded_metadata(path)  # refuses a crafted .metadata with its own message, before DCP wraps it
     state: dict[str, Any] = {}
     planner = safe_planner(_EmptyStateDictLoadPlanner)
-    _load_state_dict(state, storage_reader=safe_reader(path), planner=planner, no_dist=True)
+    try:
+        _load_state_dict(state, storage_reader=safe_reader(path), planner=planner, no_dist=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # DCP's CheckpointException is one
+        raise checkpoint_error(err, f"Cannot read the sharded checkpoint {path}") from err
     return state
 
 

@@ -37,14 +37,16 @@ def full_weights(trainer: Any) -> dict[str, Any]:
 
 
 def resume_job(root: str) -> dict[str, Any]:
-    """2 epochs with sharded saves, resume to 3, and 3 uninterrupted; rank 0 returns both weights."""
+    """2 epochs with sharded saves, resume to 3, and 3 uninterrupted (saving asynchronously); rank 0 returns both."""
     _, first = fit(f"{root}/a", 2)
     saved = {"weights": full_weights(first), "optimizer": full_optimizer(first), "step": first.global_step}
     resumed = first.checkpoint_callback.last_model_path
     _, trainer = fit(f"{root}/b", 3, ckpt_path=resumed)
     resumed_weights = full_weights(trainer)
-    _, trainer = fit(f"{root}/c", 3)
-    return {"resumed": resumed_weights, "straight": full_weights(trainer), "last": resumed, "saved": saved}
+    _, trainer = fit(f"{root}/c", 3, async_save=True)  # the same run, its checkpoints written in the background
+    straight_last = trainer.checkpoint_callback.last_model_path
+    out = {"resumed": resumed_weights, "straight": full_weights(trainer), "last": resumed, "saved": saved}
+    return {**out, "async_last": straight_last}
 
 
 def full_optimizer(trainer: Any) -> dict[str, Any]:

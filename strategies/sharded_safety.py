@@ -1,0 +1,191 @@
+"""Reading sharded checkpoints safely: DCP's metadata, its values and the trainer state, never unpickled freely.
+
+``torch.distributed.checkpoint`` unpickles ``.metadata`` with plain ``pickle`` and its default load
+planner reads non-tensor values with ``torch.load(weights_only=False)``: a crafted directory would
+run code. Here the metadata goes through an unpickler that admits only DCP's own metadata classes
+and torch's dtypes, layouts and sizes, every value and the trainer state through
+``torch.load(weights_only=True)``, and DCP's wrapped errors become one :class:`CheckpointError`
+that names the file and the refused name. Imports torch and the leaf only.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.common.errors import CheckpointError
+
+__all__ = [
+    "METADATA",
+    "TRAINER_STATE",
+    "checkpoint_error",
+    "dcp_failures",
+    "read_sharded_metadata",
+    "read_trainer_state",
+    "safe_planner",
+    "safe_reader",
+]
+
+#: The file inside a sharded checkpoint directory that holds everything but model and optimizer tensors.
+TRAINER_STATE = "trainer.pt"
+METADATA = ".metadata"
+
+
+def dcp_failures() -> tuple[type[BaseException], ...]:
+    """What a DCP call raises for a failure on any rank: its ``CheckpointException`` is a BaseException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def checkpoint_error(err: BaseException, what: str) -> CheckpointError:
+    """A :class:`CheckpointError` for a failed DCP call: the first rank's own refusal where there is one.
+
+    DCP wraps every rank's exception (ours included) in its ``CheckpointException``, whose message is
+    the whole traceback; the refusal a rank raised says more, so it is passed on as it is.
+    """
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        for failure in failures.values():
+            if isinstance(failure, CheckpointError):
+                return failure
+            cause = getattr(failure, "__cause__", None)
+            if isinstance(cause, CheckpointError):
+                return cause
+        reasons = "; ".join(
+            f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            for rank, e in failures.items()
+        )
+        return CheckpointError(f"{what}: {reasons}")
+    if isinstance(err, CheckpointError):
+        return err
+    return CheckpointError(f"{what}: {err}")
+
+
+def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The :data:`TRAINER_STATE` file of a sharded checkpoint, read with ``weights_only=True``."""
+    file = Path(path) / TRAINER_STATE
+    if not file.is_file():
+        raise CheckpointError(
+            f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
+            "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
+        )
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:
+        from trainer.common.errors import CheckpointError as _Error
+
+        raise _Error(f"Checkpoint {file} cannot be read with weights_only=True, refusing it: {_reason(err)}") from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+def _reason(err: BaseException) -> str:
+    """The line of torch's error that says what is wrong, never its advice to load with weights_only=False."""
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        return text.split(marker, 1)[1].strip().splitlines()[0]
+    return type(err).__name__
+
+
+# The classes DCP's ``.metadata`` pickle may name: its own plain data classes, and torch's sizes,
+# dtypes, layouts and memory formats. Anything else (os.system, ...) is refused, never called.
+_METADATA_MODULES = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint._extension",
+    "torch.distributed.checkpoint.planner",
+)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _METADATA_MODULES:
+            obj = getattr(__import__(module, fromlist=[name]), name, None)
+            if isinstance(obj, type) and obj.__module__ == module:  # defined there, not imported
+                return obj
+        if (module, name) == ("torch.serialization", "_get_layout"):  # torch's weights_only loader admits it
+            return torch.serialization._get_layout
+        if module == "torch" and name == "Size":
+            return torch.Size
+        if module == "torch":
+            obj = getattr(torch, name, None)
+            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+                return obj
+        if module == "pathlib" and name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+            import pathlib
+
+            return getattr(pathlib, name)  # the checkpoint id DCP records; making a path runs nothing
+        if module == "collections" and name == "OrderedDict":
+            import collections
+
+            return collections.OrderedDict
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
+    """DCP's ``.metadata`` of ``path``, unpickled admitting only DCP's metadata classes and torch's dtypes."""
+    file = Path(path) / METADATA
+    try:
+        with open(file, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{path} is not a sharded checkpoint: it has no {METADATA}") from err
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"Checkpoint {file} holds pickled Python objects ({err}), which could run code when loaded; "
+            "refusing it. A sharded checkpoint's metadata holds only torch.distributed.checkpoint's own classes."
+        ) from err
+    except Exception as err:
+        raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
+
+
+def safe_reader(path: str | os.PathLike[str]) -> Any:
+    """DCP's file reader for ``path``, reading ``.metadata`` with :func:`read_sharded_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_sharded_metadata(self.path)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(path)
+
+
+def safe_planner(base: type[Any] | None = None) -> Any:
+    """A DCP load planner (``base``, default ``DefaultLoadPlanner``) reading values with ``weights_only=True``.
+
+    DCP saves non-tensor values (an optimizer's learning rate, betas) as small ``torch.save`` blobs;
+    its default planner loads them with ``weights_only=False``, this one never does.
+    """
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._nested_dict import set_element
+    from torch.distributed.checkpoint.planner import ReadItem
+
+    class SafePlanner(base or DefaultLoadPlanner):  # type: ignore[misc]
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                obj = torch.load(value, weights_only=True)
+            except Exception as err:
+                raise CheckpointError(
+                    f"The value {fqn!r} of a sharded checkpoint cannot be read with weights_only=True, "
+                    f"refusing it: {_reason(err)}"
+                ) from err
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return SafePlanner()
