@@ -87,3 +87,14 @@ def test_sharded_checkpoint_of_2x2_resumes_on_1x2_and_on_one_process(
     _assert_close(fsdp2_jobs.full_weights(module), single["two"])
     # The resumed runs continued from the checkpoint, not from scratch.
     assert max(float((single["two"][k] - single["one"][k]).abs().max()) for k in single["one"]) > 100 * ATOL
+
+
+@pytest.mark.timeout(600)
+def test_meta_build_on_a_2x2_mesh_equals_a_normal_build(tmp_path: Path) -> None:
+    """Tensor parallel then FSDP over the same dimension (strided shards): each rank materialises its
+    piece of every full-size init, so the weights equal a normal build's, bitwise."""
+    ranks = spawn(fsdp2_jobs.meta_2d_job, str(tmp_path), 2, 2, world_size=4)
+    for out in ranks:
+        assert out[True].keys() == out[False].keys()
+        for key in out[False]:
+            assert torch.equal(out[True][key], out[False][key]), key

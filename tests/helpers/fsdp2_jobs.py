@@ -221,3 +221,54 @@ def model_parallel_job(root: str, dp: int, tp: int, resume_from: str | None = No
         out["resumed"] = full_weights(module)
         out["resumed_steps"] = trainer.global_step
     return out
+
+
+def _tp_module_class() -> type:
+    from trainer import TrainModule
+
+    class TensorParallelNet(TrainModule):
+        """:class:`MetaNet` built in ``configure_model`` (on meta if ``meta``), Colwise/Rowwise plus FSDP."""
+
+        def __init__(self, meta: bool) -> None:
+            super().__init__()
+            self.meta = meta
+            self.net: nn.Module | None = None
+
+        def configure_model(self) -> None:
+            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+            torch.manual_seed(0)
+            if self.meta:
+                with torch.device("meta"):
+                    self.net = MetaNet()
+            else:
+                self.net = MetaNet()
+            tp, dp = self.device_mesh["tensor_parallel"], self.device_mesh["data_parallel"]
+            parallelize_module(self.net.blocks, tp, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+            for block in self.net.blocks:
+                fully_shard(block, mesh=dp)
+            fully_shard(self.net, mesh=dp)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            assert self.net is not None
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=LR)
+
+    return TensorParallelNet
+
+
+def meta_2d_job(root: str, dp: int, tp: int) -> dict[bool, dict[str, torch.Tensor]]:
+    """The same 2-D parallel net built normally and on the meta device; trained weights of both."""
+    from strategies import ModelParallelStrategy
+
+    out = {}
+    for meta in (False, True):
+        module = _tp_module_class()(meta)
+        trainer = quiet_trainer(f"{root}/{meta}", strategy=ModelParallelStrategy(dp, tp), max_steps=3)
+        trainer.fit(module, DataLoader(dataset(64), batch_size=8 // dp, shuffle=False))
+        out[meta] = full_weights(module)
+    return out
