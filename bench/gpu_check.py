@@ -3,8 +3,11 @@
     python bench/gpu_check.py [--steps 200]
 
 Rows: single (fp32), dp on one GPU, ddp over nccl (world size 1), amp fp16 (GradScaler), amp bf16,
-bf16-true, fsdp (world size 1). A row passes when training ran, the loss went down and the weights
-are finite. Without CUDA it prints a message and exits with status 0 (there is nothing to check); CI
+bf16-true, fsdp (world size 1), model_parallel (a 1x1 mesh, tensor-parallel plan applied in
+configure_model). A row passes when training ran, the loss went down and the weights are finite.
+Then one summary line compares FSDP bf16-mixed through ``MixedPrecisionPolicy`` with FSDP under
+autocast: the bytes one step all-gathers (parameter dtype x count x gathers, forward and backward)
+and the measured step time. Without CUDA it prints a message and exits with status 0 (there is nothing to check); CI
 machines have no GPU, so this script is run by hand on one.
 """
 
@@ -34,6 +37,8 @@ ROWS: list[tuple[str, dict[str, Any]]] = [
     ("single bf16-true", {"strategy": "single", "precision": "bf16-true"}),
     ("fsdp ws=1", {"strategy": "fsdp", "devices": 1}),
     ("ddp bf16-mixed", {"strategy": "ddp", "devices": 1, "precision": "bf16-mixed"}),
+    ("fsdp bf16 policy", {"strategy": "fsdp", "devices": 1, "precision": "bf16-mixed"}),
+    ("model_parallel 1x1", {"strategy": "model_parallel", "devices": 1, "precision": "bf16-mixed"}),
 ]
 
 
@@ -60,6 +65,53 @@ class SmallNet(TrainModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def configure_model(self) -> None:
+        """Under model_parallel: a Colwise/Rowwise plan over pairs of blocks, FSDP over data-parallel ranks."""
+        if self.device_mesh is None or self.device_mesh.ndim != 2:
+            return
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        tp, dp = self.device_mesh["tensor_parallel"], self.device_mesh["data_parallel"]
+        plan: dict[str, Any] = {
+            f"{i}": ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i in range(len(self.blocks))
+        }
+        parallelize_module(self.blocks, tp, plan)
+        for block in self.blocks:
+            fully_shard(block, mesh=dp)
+        fully_shard(self.head, mesh=dp)
+
+
+def autocast_fsdp() -> Any:
+    """FSDP as before the policy: float32 parameters all-gathered, autocast in the forward."""
+    from strategies import FSDPStrategy
+
+    class AutocastFSDP(FSDPStrategy):
+        def _sharded_precision(self, precision: Any) -> Any:
+            return precision
+
+    return AutocastFSDP(devices=1, precision="bf16-mixed")
+
+
+def gathered_bytes(module: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes all-gathered per step when every parameter is gathered in ``dtype`` for forward and again
+    for backward (``reshard_after_forward=True``); on N ranks each receives (N - 1)/N of it."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * itemsize * sum(p.numel() for p in module.parameters())
+
+
+def policy_summary(steps: int) -> str:
+    """One line: FSDP bf16 through MixedPrecisionPolicy vs autocast, bytes gathered and step time."""
+    rates = {}
+    for name, options in (("policy", {"strategy": "fsdp", "devices": 1}), ("autocast", {"strategy": autocast_fsdp()})):
+        ok, rate, _ = check({**options, "precision": "bf16-mixed"}, steps)
+        rates[name] = rate if ok else float("nan")
+    policy, autocast = gathered_bytes(SmallNet(), torch.bfloat16), gathered_bytes(SmallNet(), torch.float32)
+    return (
+        f"fsdp bf16: policy all-gathers {policy / 1e6:.2f} MB/step vs autocast {autocast / 1e6:.2f} MB/step "
+        f"({policy / autocast:.2f}x); step time {1e3 / rates['policy']:.2f} ms vs {1e3 / rates['autocast']:.2f} ms"
+    )
 
 
 def check(options: dict[str, Any], steps: int) -> tuple[bool, float, str]:
@@ -104,6 +156,12 @@ def main() -> int:
             traceback.print_exc()
         failures += not ok
         print(f"{name:<18} {'PASS' if ok else 'FAIL':<6} {rate:>8.1f}  {note}", flush=True)
+    try:
+        print(policy_summary(args.steps), flush=True)
+    except Exception as exc:
+        failures += 1
+        print(f"fsdp bf16 policy vs autocast: FAIL {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc()
     return 1 if failures else 0
 
 

@@ -78,11 +78,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=2)
+        head = c // self.n_head  # heads counted from q's width, which tensor parallelism may split
+        q, k, v = (z.view(b, t, z.shape[-1] // head, head).transpose(1, 2) for z in (q, k, v))
         # Flash / memory-efficient attention where the device has it.
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.ln2(x))
 
 

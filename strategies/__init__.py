@@ -17,12 +17,14 @@ if TYPE_CHECKING:
     from strategies.ddp import DDPStrategy
     from strategies.dp import DataParallelStrategy
     from strategies.fsdp import FSDPStrategy
+    from strategies.model_parallel import ModelParallelStrategy
 
 __all__ = [
     "AMPStrategy",
     "DDPStrategy",
     "DataParallelStrategy",
     "FSDPStrategy",
+    "ModelParallelStrategy",
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",
@@ -33,6 +35,7 @@ _LAZY = {
     "DDPStrategy": "strategies.ddp",
     "DataParallelStrategy": "strategies.dp",
     "FSDPStrategy": "strategies.fsdp",
+    "ModelParallelStrategy": "strategies.model_parallel",
 }
 
 

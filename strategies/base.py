@@ -103,6 +103,12 @@ class Strategy:
     def setup_environment(self) -> None:
         """Prepare this process (process groups, device selection). Called once per ``fit``/``test``."""
 
+    def connect(self, module: TrainModule) -> None:
+        """Hand ``module`` what its ``configure_model`` needs (a model-parallel strategy's ``device_mesh``).
+
+        Called before ``configure_model``, after :meth:`setup_environment`; the default does nothing.
+        """
+
     def setup(self, module: TrainModule) -> nn.Module:
         """Place ``module`` on the device (and wrap it where the strategy needs). Returns the module."""
         converted = self.precision.convert_module(module.to(self.root_device))

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from strategies.fsdp_precision import as_sharded_precision, mixed_precision_policy
+from strategies.materialize import has_meta_tensors, materialize_meta_module
 from strategies.parallel import ParallelStrategy, StepRunner
 from strategies.precision import Precision
 from trainer.common.state_dict import strip_wrapper_prefixes
@@ -27,8 +29,8 @@ class FSDPStrategy(ParallelStrategy):
     """Shard every block of the module (and the rest at the root) over the ranks with ``fully_shard``.
 
     Each rank stores 1/N of every parameter, its gradient and its optimizer state; a block's full
-    weights are all-gathered just before its forward and backward and freed after. Checkpoints hold
-    Launch and data sharding work as for :class:`~strategies.DDPStrategy`.
+    weights are all-gathered just before its forward and backward and freed after. Checkpoints are
+    sharded directories by default (``state_dict_type``). Launch and data sharding work as for :class:`~strategies.DDPStrategy`.
 
     Args:
         devices, num_nodes, precision, device, process_group_backend, timeout: as for DDP.
@@ -36,12 +38,22 @@ class FSDPStrategy(ParallelStrategy):
             ``"torch.nn.Linear"``). Default: every item of every ``nn.ModuleList`` (the layers of a
             transformer); everything else is sharded with the root.
         reshard_after_forward: free gathered weights after forward (saves memory, gathers again in
-            backward).
+            backward); an int reshards to that many ranks instead (FSDP2's hybrid option).
+        cpu_offload: keep the sharded parameters, gradients and optimizer state in host memory
+            (``CPUOffloadPolicy``); the optimizer steps on the CPU. Lightning's name.
         state_dict_type: ``"sharded"`` (the default, as Lightning's): each rank writes its own shards
             into a checkpoint directory with ``torch.distributed.checkpoint``, and no rank ever holds
             the whole model or optimizer; the directory loads under any strategy and world size
             (docs/checkpoints.md, "Sharded checkpoints"). ``"full"``: the full weights and optimizer
             state gathered on rank 0 into one file.
+
+    Mixed precision is FSDP2's ``MixedPrecisionPolicy`` (:mod:`strategies.fsdp_precision`):
+    ``"bf16-mixed"`` all-gathers bfloat16 parameters and computes in bfloat16 without autocast, while
+    the sharded master weights, reduced gradients and optimizer state stay float32.
+
+    ``configure_model`` runs with :attr:`device_mesh` set on the module and may build the model on
+    the meta device; each block is then sharded and materialised (:mod:`strategies.materialize`), so
+    the whole model never exists on one rank. Blocks the user already sharded there are left as they are.
 
     ``precision="16-mixed"`` works with the ordinary ``GradScaler``: its inf/NaN check on sharded
     (DTensor) gradients is reduced over the ranks, so all ranks skip an overflowing step together.
@@ -65,7 +77,8 @@ class FSDPStrategy(ParallelStrategy):
         timeout: float | timedelta = timedelta(minutes=30),
         max_restarts: int = 0,
         layer_classes: Iterable[type[nn.Module] | str] | None = None,
-        reshard_after_forward: bool = True,
+        reshard_after_forward: bool | int = True,
+        cpu_offload: bool = False,
         state_dict_type: str = "sharded",
     ) -> None:
         if state_dict_type not in ("sharded", "full"):
@@ -86,9 +99,51 @@ class FSDPStrategy(ParallelStrategy):
             max_restarts=max_restarts,
         )
         self.layer_classes = list(layer_classes) if layer_classes is not None else None
+        if not isinstance(reshard_after_forward, bool) and reshard_after_forward < 1:
+            raise ValueError(f"reshard_after_forward must be a bool or a rank count >= 1, got {reshard_after_forward}")
         self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = bool(cpu_offload)
         self.state_dict_type = state_dict_type
         self._sharded: list[nn.Module] = []
+        self._device_mesh: Any = None
+
+    @property
+    def precision(self) -> Precision:
+        """The precision plugin; autocast mixed precision is replaced by FSDP2's policy (see the class)."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: Precision) -> None:
+        self._precision = self._sharded_precision(value)
+
+    def _sharded_precision(self, precision: Precision) -> Precision:
+        return as_sharded_precision(precision)
+
+    @property
+    def device_mesh(self) -> Any:
+        """The ranks' ``DeviceMesh`` (one dimension), made on first use after the process group exists."""
+        if self._device_mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._device_mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        return self._device_mesh
+
+    @override
+    def connect(self, module: TrainModule) -> None:
+        module.device_mesh = self.device_mesh
+
+    def _shard_options(self) -> dict[str, Any]:
+        """``fully_shard``'s keyword arguments from this strategy's options and precision."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        return {
+            "reshard_after_forward": self.reshard_after_forward,
+            "mp_policy": mixed_precision_policy(self.precision),
+            # Pinned host memory needs an accelerator; on a CPU-only machine the policy cannot pin.
+            "offload_policy": (
+                CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if self.cpu_offload else OffloadPolicy()
+            ),
+        }
 
     def _blocks(self, module: nn.Module) -> list[nn.Module]:
         """The submodules to shard as units, in ``modules()`` order (outer blocks before inner ones)."""
@@ -110,22 +165,26 @@ class FSDPStrategy(ParallelStrategy):
 
     @override
     def setup(self, module: TrainModule) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         if self.module is module and self.model is not None:
             return module  # sharded by an earlier stage (fit, then validate): fully_shard applies once
-        converted = self.precision.convert_module(module.to(self.root_device))
-        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
-        blocks = self._blocks(converted)
+        on_meta = has_meta_tensors(module)
+        # A module on the meta device stays there until sharded: only its shards are ever allocated.
+        converted = self.precision.convert_module(module if on_meta else module.to(self.root_device))
+        mesh, options = self.device_mesh, self._shard_options()
+        own = [m for m in converted.modules() if isinstance(m, FSDPModule)]  # sharded in configure_model
+        blocks = [b for b in self._blocks(converted) if not isinstance(b, FSDPModule)]
         # Children before parents: a block nested in another block must be sharded first.
         for block in reversed(blocks):
-            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(block, mesh=mesh, **options)
         # The runner is the root: calling it gathers the parameters that belong to no block, so
         # training_step (not only forward) can use them.
         runner = StepRunner(converted)
-        fully_shard(runner, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        self._sharded = [*blocks, runner]
+        fully_shard(runner, mesh=mesh, **options)
+        if on_meta:
+            materialize_meta_module(converted, self.root_device)
+        self._sharded = [*own, *blocks, runner]
         self.module = converted
         self.model = runner
         return converted
@@ -141,15 +200,16 @@ class FSDPStrategy(ParallelStrategy):
 
     @contextlib.contextmanager
     def _gradient_sync(self, enabled: bool) -> Iterator[None]:
-        root = self.model
-        if enabled or root is None:
+        if enabled or not self._sharded:
             yield
             return
-        root.set_requires_gradient_sync(False)  # type: ignore[operator]
+        for m in self._sharded:
+            m.set_requires_gradient_sync(False, recurse=False)  # type: ignore[operator]
         try:
             yield
         finally:
-            root.set_requires_gradient_sync(True)  # type: ignore[operator]
+            for m in self._sharded:
+                m.set_requires_gradient_sync(True, recurse=False)  # type: ignore[operator]
 
     @override
     @contextlib.contextmanager
@@ -160,15 +220,18 @@ class FSDPStrategy(ParallelStrategy):
         per forward would then wait forever on the rank that has finished.
         """
         modules = self._sharded
+        # Each module's own setting is put back afterwards: an int (reshard to fewer ranks) or what a
+        # user chose in configure_model, which FSDP2's public setter (bools only) cannot restore.
+        saved = [_reshard_setting(m) for m in modules]
         for m in modules:
-            m.set_reshard_after_forward(False)  # type: ignore[operator]
+            m.set_reshard_after_forward(False, recurse=False)  # type: ignore[operator]
             m.unshard()  # type: ignore[operator]
         try:
             yield
         finally:
-            for m in modules:
+            for m, setting in zip(modules, saved, strict=True):
                 m.reshard()  # type: ignore[operator]
-                m.set_reshard_after_forward(self.reshard_after_forward)  # type: ignore[operator]
+                _restore_reshard_setting(m, setting)
 
     @override
     def clip_gradients(
@@ -242,3 +305,16 @@ class FSDPStrategy(ParallelStrategy):
         assert self.module is not None
         by_id = {id(p): name for name, p in self.module.named_parameters()}
         return [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _reshard_setting(module: nn.Module) -> tuple[Any, list[Any]]:
+    """What ``set_reshard_after_forward`` overwrites on one FSDP module (FSDP2's internals, read only here)."""
+    state = module._get_fsdp_state()  # type: ignore[operator]
+    return state._auto_reshard_after_forward, [group.post_forward_mesh_info for group in state._fsdp_param_groups]
+
+
+def _restore_reshard_setting(module: nn.Module, setting: tuple[Any, list[Any]]) -> None:
+    state = module._get_fsdp_state()  # type: ignore[operator]
+    state._auto_reshard_after_forward = setting[0]
+    for group, info in zip(state._fsdp_param_groups, setting[1], strict=True):
+        group.post_forward_mesh_info = info

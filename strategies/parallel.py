@@ -245,6 +245,14 @@ class ParallelStrategy(Strategy):
         self._owns_group = False
 
     # ----------------------------------------------------------------- data
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """How data is sharded (Lightning's name): ``num_replicas`` shards, this process takes ``rank``.
+
+        Every process is a replica here; a model-parallel strategy shards over its data-parallel ranks.
+        """
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
     @override
     def process_dataloader(self, dataloader: Iterable[Any], *, train: bool) -> Iterable[Any]:
         """Give a DataLoader a sampler that shards it over the ranks.
@@ -256,7 +264,8 @@ class ParallelStrategy(Strategy):
         :class:`~strategies.sampling.EvenEnd`, so every rank stops at the same batch. A sampler or batch sampler of the user's is
         kept and sharded (:mod:`strategies.sampling`): each rank gets its share of what it yields.
         """
-        world = self.world_size
+        shard = self.distributed_sampler_kwargs
+        world = shard["num_replicas"]
         if world == 1 or not isinstance(dataloader, DataLoader):
             return dataloader
         if isinstance(dataloader.dataset, IterableDataset):
@@ -267,7 +276,7 @@ class ParallelStrategy(Strategy):
             return dataloader
         if isinstance(dataloader.batch_sampler, ShardedBatchSampler):
             return dataloader
-        rank = self.global_rank
+        rank = shard["rank"]
         if dataloader.batch_size is None and dataloader.batch_sampler is not None:  # the user's batch sampler
             batches = ShardedBatchSampler(dataloader.batch_sampler, rank, world, pad=train)
             return rebuild_dataloader(dataloader, batch_sampler=batches)

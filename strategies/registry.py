@@ -1,9 +1,9 @@
 """Strategy names (``Trainer(strategy="ddp")``, ``geartrain strategy=ddp``) and how they are built.
 
-Ours are ``single``, ``dp``, ``ddp``, ``amp``, ``fsdp``. Lightning's names that mean one of ours are
+Ours are ``single``, ``dp``, ``ddp``, ``amp``, ``fsdp``, ``model_parallel``. Lightning's names that mean one of ours are
 aliases: ``ddp_spawn`` (DDP, workers spawned), ``ddp_fork`` and ``ddp_notebook`` (DDP, workers forked,
 so a module class defined in ``__main__`` of a notebook or ``python -`` trains),
-``ddp_find_unused_parameters_true`` and ``single_device``. Lightning's other names (DeepSpeed, XLA,
+``ddp_find_unused_parameters_true``, ``single_device`` and ``fsdp_cpu_offload``. Lightning's other names (DeepSpeed, XLA,
 FSDP with CPU offload, ...) are refused with a message naming what we have.
 """
 
@@ -26,6 +26,7 @@ STRATEGIES: dict[str, str] = {
     "ddp": "strategies.ddp:DDPStrategy",
     "amp": "strategies.amp:AMPStrategy",
     "fsdp": "strategies.fsdp:FSDPStrategy",
+    "model_parallel": "strategies.model_parallel:ModelParallelStrategy",
 }
 
 #: Lightning's strategy names that are one of ours with some arguments: name -> (ours, kwargs).
@@ -42,6 +43,7 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp_notebook_find_unused_parameters_true": ("ddp", {"start_method": "fork", "find_unused_parameters": True}),
     "ddp_notebook_find_unused_parameters_false": ("ddp", {"start_method": "fork", "find_unused_parameters": False}),
     "single_device": ("single", {}),
+    "fsdp_cpu_offload": ("fsdp", {"cpu_offload": True}),
 }
 
 #: ``Trainer(accelerator=...)`` values we run on.
@@ -49,7 +51,9 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
 
 def _valid_names() -> str:
-    lightning = "ddp_spawn, ddp_fork, ddp_notebook, ddp_find_unused_parameters_true/false, single_device"
+    lightning = (
+        "ddp_spawn, ddp_fork, ddp_notebook, ddp_find_unused_parameters_true/false, single_device, fsdp_cpu_offload"
+    )
     return f"valid names: {', '.join(['auto', *STRATEGIES])}; Lightning's names: {lightning}"
 
 

@@ -154,8 +154,19 @@ class FSDPStrategyConfig(_ParallelStrategyConfig):
 
     _target_: str = "strategies.FSDPStrategy"
     layer_classes: Optional[List[str]] = None  # noqa: UP006, UP045
-    reshard_after_forward: bool = True
+    reshard_after_forward: Any = True  # a bool, or a rank count to reshard to
+    cpu_offload: bool = False
     state_dict_type: str = "sharded"
+
+
+@dataclass
+class ModelParallelStrategyConfig(_ParallelStrategyConfig):
+    """``strategy=model_parallel``: a (data-parallel x tensor-parallel) mesh for the module's configure_model."""
+
+    _target_: str = "strategies.ModelParallelStrategy"
+    data_parallel_size: Any = "auto"
+    tensor_parallel_size: Any = "auto"
+    save_distributed_checkpoint: bool = True
 
 
 @dataclass
@@ -212,5 +223,6 @@ def register_configs() -> None:
     cs.store(group="schema/strategy", name="dp", node=DPStrategyConfig)
     cs.store(group="schema/strategy", name="ddp_alias", node=DDPAliasConfig)
     cs.store(group="schema/strategy", name="single_alias", node=SingleAliasConfig)
+    cs.store(group="schema/strategy", name="model_parallel", node=ModelParallelStrategyConfig)
     cs.store(group="schema/optim", name="adamw", node=OptimConfig)
     cs.store(group="schema/optim", name="sgd", node=SGDOptimConfig)

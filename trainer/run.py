@@ -90,6 +90,7 @@ def run_stage(
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank
         t.profiler.setup(stage, local_rank=t.strategy.local_rank, log_dir=t.log_dir)
+        t.strategy.connect(module)  # a model-parallel strategy's device_mesh, for configure_model
         module.configure_model()  # before the strategy wraps (or shards) the module, as Lightning
         module.configure_sharded_model()
         _apply_memory_options(t, module, stage)
@@ -174,6 +175,7 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     if final["state_dict"] is not None:
         load_module_state(module, final["state_dict"])
     trainer.module = module
+    module._trainer = trainer  # configure_optimizers (below) may read self.trainer, as in the workers
     if final["training_state"] is not None:
         trainer.checkpointing.adopted = final["training_state"]
         _adopt_optimizers(trainer, module, final["training_state"])
