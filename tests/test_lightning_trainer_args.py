@@ -190,7 +190,7 @@ def test_lightning_strategy_names_build_ours(name: str, start_method: str, find_
     assert build_strategy("ddp_fork", device="cpu", start_method="spawn").start_method == "spawn"
 
 
-@pytest.mark.parametrize("name", ["deepspeed", "deepspeed_stage_2", "xla", "fsdp_cpu_offload", "single_xla"])
+@pytest.mark.parametrize("name", ["deepspeed", "deepspeed_stage_2", "xla", "single_xla"])
 def test_lightning_strategies_we_lack_are_refused_naming_ours(name: str) -> None:
     with pytest.raises(ValueError, match=f"strategy='{name}' is a Lightning strategy.*valid names: auto, single"):
         Trainer(strategy=name)

@@ -288,7 +288,9 @@ def _constructible(name: str) -> bool:
     return True
 
 
-PORTABLE = [name for name in STRATEGIES if _constructible(name)]
+# model_parallel trains only a module whose configure_model applies a plan; its checkpoints move
+# between meshes and to one process in tests/test_model_parallel.py.
+PORTABLE = [name for name in STRATEGIES if _constructible(name) and name != "model_parallel"]
 
 
 def test_cross_strategy_matrix_covers_the_basic_strategies() -> None:
