@@ -56,27 +56,33 @@ class LRFinderResult:
         self._optimal_idx: int | None = None
 
     def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-        """The rate where the smoothed loss falls fastest (steepest negative slope over the rate).
+        """One tenth of the rate where the smoothed loss is lowest: a rate a fixed-length run trains well with.
 
-        ``skip_begin``/``skip_end`` points at either end are left out (the start is noisy, the end
-        diverges). None, with an error logged, when fewer than two finite points remain.
+        The sweep raises the rate every step, so the loss is lowest just before training turns
+        unstable; a run that keeps one rate for its whole length does best about ten times lower.
+        (Lightning takes the point of steepest slope over the rate, which the smoothing's start-up
+        and the sweep's tiny early steps can put many decades too low; see docs/tuning.md.)
+        ``skip_begin``/``skip_end`` points at either end are left out (the smoothing's start, the
+        divergence). None, with an error logged, when fewer than two finite points remain.
         """
         end = -skip_end if skip_end else None
         losses = torch.tensor(self.results["loss"][skip_begin:end], dtype=torch.float64)
-        lrs = torch.tensor(self.results["lr"][skip_begin:end], dtype=torch.float64)
         finite = torch.isfinite(losses)
-        losses, lrs = losses[finite], lrs[finite]
-        if len(losses) < 2:
+        if int(finite.sum()) < 2:
             log.error(
                 "lr_find: too few points to suggest a learning rate (%d finite after skipping); raise "
                 "num_training or give more training batches",
-                len(losses),
+                int(finite.sum()),
             )
             self._optimal_idx = None
             return None
-        slope = torch.gradient(losses, spacing=[lrs])[0]
         kept = torch.arange(len(self.results["loss"]))[skip_begin:end][finite]
-        self._optimal_idx = int(kept[int(torch.argmin(slope))])
+        lowest = int(kept[int(torch.argmin(losses[finite]))])
+        target = self.results["lr"][lowest] / 10
+        # The swept rate nearest to a tenth of the lowest point's (in log distance), so the suggestion
+        # is a point of the curve that plot() can mark.
+        distances = [abs(math.log(lr / target)) if lr > 0 else math.inf for lr in self.results["lr"]]
+        self._optimal_idx = min(range(len(distances)), key=distances.__getitem__)
         return self.results["lr"][self._optimal_idx]
 
     def plot(self, suggest: bool = False, show: bool = False, ax: Any = None) -> Any:
