@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from callbacks.lambda_callback import LambdaCallback
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.model_summary import ModelSummary, RichModelSummary
+    from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
@@ -38,6 +39,7 @@ _LAZY = {
     "Logger": "callbacks._logger",
     "ModelCheckpoint": "callbacks.checkpoint",
     "ModelSummary": "callbacks.model_summary",
+    "OnExceptionCheckpoint": "callbacks.on_exception_checkpoint",
     "ProgressBar": "callbacks.progress",
     "RichModelSummary": "callbacks.model_summary",
     "RichProgressBar": "callbacks.progress",

@@ -28,7 +28,6 @@ UNSUPPORTED: dict[str, str] = {
     "BatchSizeFinder": "pick the batch size yourself (trainer.Tuner offers lr_find)",
     "LearningRateFinder": "trainer.Tuner(trainer).lr_find(module, ...) before fitting",
     "GradientAccumulationScheduler": "Trainer(accumulate_grad_batches=k) with a fixed k",
-    "OnExceptionCheckpoint": "ModelCheckpoint(save_on_exception=True)",
     "ModelPruning": "torch.nn.utils.prune in on_train_epoch_end of a Callback of your own",
     "SpikeDetection": "Trainer's non-finite loss policy, or a check of the loss in on_train_batch_end",
 }

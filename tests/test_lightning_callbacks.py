@@ -252,7 +252,6 @@ NOT_SUPPORTED_YET = {
     "GradientAccumulationScheduler",
     "LearningRateFinder",
     "ModelPruning",
-    "OnExceptionCheckpoint",
     "SpikeDetection",
     "StochasticWeightAveraging",
     "WeightAveraging",
