@@ -25,8 +25,10 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -269,6 +271,11 @@ def _worker(payload: str) -> bytes | None:
     return record(_run_payload)(payload)
 
 
+def _interrupt_once(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _run_payload(payload: str) -> bytes | None:
     import torch.distributed as dist
 
@@ -278,11 +285,19 @@ def _run_payload(payload: str) -> bytes | None:
         with open(payload, "rb") as f:
             fn, args, rng = pickle.load(f)
     note_worker_pid(os.path.dirname(payload))  # where the launcher finds this process to pass a signal on
+    # A Ctrl-C reaches a worker twice (from the terminal and from the launcher): the second copy must not
+    # interrupt the handling of the first. (During fit the trainer notes SIGINT instead.)
+    signal.signal(signal.SIGINT, _interrupt_once)
     set_rng_state(rng)
     os.environ[STARTED_BY_LAUNCHER] = "1"  # the trainer then returns its full weights to the caller
     # On an exception the group is left as it is: the agent stops every worker, and a clean shutdown
     # could wait on peers that are blocked in a collective.
-    result = fn(*args)
+    try:
+        result = fn(*args)
+    except KeyboardInterrupt:
+        # torch.multiprocessing takes a KeyboardInterrupt in a worker for its parent's doing: the worker
+        # exits 0 with no result, and the agent would wait for that result forever. Fail instead.
+        raise RuntimeError("interrupted by SIGINT outside of training (no checkpoint to save)") from None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) != 0:

@@ -48,6 +48,13 @@ JOB = textwrap.dedent(
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
+        def test_step(self, batch, batch_idx):
+            (Path(self.root) / "testing").touch()
+            time.sleep(0.5)
+
+        def test_dataloader(self):
+            return self.train_dataloader()
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
@@ -70,6 +77,8 @@ JOB = textwrap.dedent(
             preemption_exit_code=None if "return" in sys.argv else 0,
         )
         trainer.fit(net, ckpt_path="last" if "resume" in sys.argv else None)
+        if "test" in sys.argv:
+            trainer.test(net, verbose=False)
         torch.save(net.state_dict(), Path(root) / "final.pt")
         print(f"fit returned: step {trainer.global_step}, preempted {trainer.preempted}, "
               f"last {trainer.checkpoint_callback.last_model_path}", flush=True)
@@ -221,3 +230,20 @@ def test_impossible_timeouts_name_the_option_and_the_range(bad: float) -> None:
         DDPStrategy(device="cpu", timeout=bad)
     with pytest.raises(ValueError, match="preemption_grace_period must be a number of seconds >= 0"):
         DDPStrategy(device="cpu", preemption_grace_period=-1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_test_after_fit_reports_the_interrupt(tmp_path: Path) -> None:
+    proc = start_job(tmp_path, "test")  # fit to STEPS, then test with slow steps
+    deadline = time.monotonic() + 200
+    while not (tmp_path / "testing").exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the job did not start testing"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = finish(proc)
+    assert proc.returncode != 0
+    assert "TypeError" not in out, out  # was: 'NoneType' object is not iterable
+    assert "Interrupted: the launcher received SIGINT" in out, out
+    assert f"the newest checkpoint is {tmp_path / 'checkpoints'}" in out, out
