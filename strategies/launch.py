@@ -19,6 +19,8 @@ notebook or in ``python -`` work; fork only before CUDA is initialised in the ca
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
 import logging
 import os
@@ -26,6 +28,7 @@ import pickle
 import re
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from types import FrameType
@@ -271,6 +274,13 @@ def _worker(payload: str) -> bytes | None:
     return record(_run_payload)(payload)
 
 
+def _exit_done() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)
+
+
 def _interrupt_once(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
@@ -300,6 +310,11 @@ def _run_payload(payload: str) -> bytes | None:
         raise RuntimeError("interrupted by SIGINT outside of training (no checkpoint to save)") from None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    # The work is done: from here the worker only hands its result over and exits 0. Its interpreter's
+    # finalization could abort it (see trainer.cli.leave_group_process: a gloo thread still releasing a
+    # collective's tensors), which the agent would report as a failed run; the first exit handler ends
+    # the process before that.
+    atexit.register(_exit_done)
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     buffer = io.BytesIO()
