@@ -38,7 +38,7 @@ import torch
 
 from strategies.launch_signals import SignalForwarder, note_worker_pid
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.common.errors import Interrupted
+from trainer.common.errors import Interrupted, UserError
 from trainer.common.rng import rng_state, set_rng_state
 
 __all__ = [
@@ -119,12 +119,12 @@ def check_slurm_launched(env: dict[str, str] | None = None) -> None:
     >>> check_slurm_launched({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"})
     Traceback (most recent call last):
     ...
-    RuntimeError: SLURM_NTASKS=2 ...
+    trainer.common.errors.UserError: SLURM_NTASKS=2 ...
     """
     env = dict(os.environ) if env is None else env
     if slurm_environment(env) is None or "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
         return
-    raise RuntimeError(
+    raise UserError(
         f"SLURM_NTASKS={env['SLURM_NTASKS']} and SLURM_PROCID={env['SLURM_PROCID']} are set, but this process "
         "was not started by srun (no SLURM_STEP_ID), so the other tasks do not exist and joining them would "
         "wait forever. Start the script with `srun python train.py ...` in the batch script, or, to run "

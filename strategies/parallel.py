@@ -29,6 +29,7 @@ from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined
 from strategies.precision import Precision
 from strategies.sampling import ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
+from trainer.common.errors import UserError
 from trainer.common.loaders import rebuild_dataloader
 
 __all__ = ["EvalShardSampler", "ParallelStrategy", "StepRunner"]
@@ -237,7 +238,7 @@ class ParallelStrategy(Strategy):
         cores = os.cpu_count() or 1
         limit = CPU_PROCESSES_PER_CORE * cores
         if count > limit:
-            raise ValueError(
+            raise UserError(
                 f"devices={count}: too many processes for this machine's {cores} CPU core(s) (at most {limit}, "
                 f"{CPU_PROCESSES_PER_CORE} per core, when the strategy starts them itself). Use devices<={limit}, "
                 "or spread the processes over machines with num_nodes; to start this many here deliberately, "

@@ -24,6 +24,7 @@ from strategies.launch import check_slurm_launched
 from tests.helpers import REPO_ROOT
 from tests.helpers.distributed import child_env, group_members
 from trainer import Trainer
+from trainer.common.errors import UserError
 
 JOB = textwrap.dedent(
     '''
@@ -210,7 +211,7 @@ def test_slurm_variables_without_srun_are_refused_at_once(monkeypatch: pytest.Mo
     for key, value in batch_shell.items():
         monkeypatch.setenv(key, value)
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"not started by srun.*srun python.*SLURM_NTASKS=1"):
+    with pytest.raises(UserError, match=r"not started by srun.*srun python.*SLURM_NTASKS=1"):
         DDPStrategy(device="cpu").setup_environment()
     assert time.monotonic() - started < 5
     check_slurm_launched({**batch_shell, "SLURM_STEP_ID": "0"})  # a task srun started: joins
@@ -220,7 +221,7 @@ def test_slurm_variables_without_srun_are_refused_at_once(monkeypatch: pytest.Mo
 def test_more_processes_than_the_machine_holds_are_refused_before_any_starts() -> None:
     cores = os.cpu_count() or 1
     trainer = Trainer(strategy=DDPStrategy(devices=1000, device="cpu"), max_steps=1, logger=False)
-    with pytest.raises(ValueError, match=rf"devices=1000: too many processes for this machine's {cores} CPU"):
+    with pytest.raises(UserError, match=rf"devices=1000: too many processes for this machine's {cores} CPU"):
         trainer.strategy.launch(lambda: None)
 
 
