@@ -238,7 +238,8 @@ def start_processes(
         raise Interrupted(f"the launcher received {exc.sigval.name}; the workers were stopped", exc.sigval) from None
     except ChildFailedError as exc:
         if forwarder.signal is not None:  # the workers died of the signal, or of the grace period's end
-            raise Interrupted(f"{forwarder.explain()}:{exc}", forwarder.signal) from None
+            # How they ended matters only when they were not killed for the grace period's end.
+            raise Interrupted(forwarder.explain() + ("" if forwarder.killed else f":{exc}"), forwarder.signal) from None
         failed = ", ".join(str(rank) for rank in sorted(exc.failures))
         first = min(exc.failures)
         raise WorkerFailedError(
