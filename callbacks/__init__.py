@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from callbacks.lr_finder import LearningRateFinder
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.model_summary import ModelSummary, RichModelSummary
+    from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from callbacks.prediction_writer import BasePredictionWriter, join_predictions
     from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
     from callbacks.stochastic_weight_avg import StochasticWeightAveraging
@@ -47,6 +48,7 @@ _LAZY = {
     "Logger": "callbacks._logger",
     "ModelCheckpoint": "callbacks.checkpoint",
     "ModelSummary": "callbacks.model_summary",
+    "OnExceptionCheckpoint": "callbacks.on_exception_checkpoint",
     "ProgressBar": "callbacks.progress",
     "RichModelSummary": "callbacks.model_summary",
     "RichProgressBar": "callbacks.progress",

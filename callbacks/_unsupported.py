@@ -14,7 +14,6 @@ __all__ = ["UNSUPPORTED", "unsupported_class"]
 
 #: Lightning callback name -> what to do instead.
 UNSUPPORTED: dict[str, str] = {
-    "OnExceptionCheckpoint": "ModelCheckpoint(save_on_exception=True)",
     "ModelPruning": "torch.nn.utils.prune in on_train_epoch_end of a Callback of your own",
     "SpikeDetection": "Trainer's non-finite loss policy, or a check of the loss in on_train_batch_end",
 }

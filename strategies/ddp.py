@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from strategies.launch import DEFAULT_GRACE_PERIOD
 from strategies.parallel import ParallelStrategy, StepRunner
 from strategies.precision import Precision
 
@@ -43,6 +44,8 @@ class DDPStrategy(ParallelStrategy):
             copy of the gradients in memory).
         start_method: ``"spawn"`` or ``"fork"`` for the processes the strategy starts itself
             (``strategy="ddp_fork"``/``"ddp_notebook"`` choose fork).
+        preemption_grace_period: seconds the processes the strategy started get to save after a signal
+            (see :class:`~strategies.parallel.ParallelStrategy`).
 
     >>> DDPStrategy(devices=2, device="cpu")
     DDPStrategy(devices=2, num_nodes=1, precision='32-true')
@@ -63,6 +66,7 @@ class DDPStrategy(ParallelStrategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         start_method: str = "spawn",
+        preemption_grace_period: float = DEFAULT_GRACE_PERIOD,
     ) -> None:
         super().__init__(
             devices=devices,
@@ -73,6 +77,7 @@ class DDPStrategy(ParallelStrategy):
             timeout=timeout,
             max_restarts=max_restarts,
             start_method=start_method,
+            preemption_grace_period=preemption_grace_period,
         )
         self.ddp_kwargs: dict[str, Any] = {
             "find_unused_parameters": find_unused_parameters,

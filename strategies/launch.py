@@ -19,28 +19,39 @@ notebook or in ``python -`` work; fork only before CUDA is initialised in the ca
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
 import logging
 import os
 import pickle
 import re
 import shutil
+import signal
+import sys
 import tempfile
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
 
+from strategies.launch_signals import SignalForwarder, note_worker_pid
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.common.errors import Preempted
+from trainer.common.errors import Interrupted, UserError
 from trainer.common.rng import rng_state, set_rng_state
 
 __all__ = [
+    "DEFAULT_GRACE_PERIOD",
     "WorkerFailedError",
+    "check_slurm_launched",
     "joined_environment",
     "slurm_environment",
     "start_processes",
 ]
+
+#: Seconds the processes a strategy started get, after a signal, to finish their step, save and exit.
+DEFAULT_GRACE_PERIOD = 30.0
 
 
 class WorkerFailedError(RuntimeError):
@@ -97,6 +108,30 @@ def first_host(nodelist: str) -> str:
     return prefix + re.split(r"[-,]", ranges)[0]
 
 
+def check_slurm_launched(env: dict[str, str] | None = None) -> None:
+    """Refuse Slurm's task variables in a process that ``srun`` did not start; it would wait for peers forever.
+
+    An ``sbatch --ntasks=2`` batch script has ``SLURM_NTASKS=2`` and ``SLURM_PROCID=0`` in its own
+    environment, but it is one process: the other task exists only once ``srun`` starts the step.
+    ``srun`` sets ``SLURM_STEP_ID`` (``SLURM_STEPID`` in older releases); the batch shell does not.
+
+    >>> check_slurm_launched({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"})
+    >>> check_slurm_launched({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"})
+    Traceback (most recent call last):
+    ...
+    trainer.common.errors.UserError: SLURM_NTASKS=2 ...
+    """
+    env = dict(os.environ) if env is None else env
+    if slurm_environment(env) is None or "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
+        return
+    raise UserError(
+        f"SLURM_NTASKS={env['SLURM_NTASKS']} and SLURM_PROCID={env['SLURM_PROCID']} are set, but this process "
+        "was not started by srun (no SLURM_STEP_ID), so the other tasks do not exist and joining them would "
+        "wait forever. Start the script with `srun python train.py ...` in the batch script, or, to run "
+        "one process here, unset the SLURM_* variables or set SLURM_NTASKS=1"
+    )
+
+
 def joined_environment() -> bool:
     """True when this process is one of several that torchrun or Slurm already started.
 
@@ -123,8 +158,16 @@ def start_processes(
     nprocs: int,
     max_restarts: int = 0,
     start_method: str = "spawn",
+    grace_period: float = DEFAULT_GRACE_PERIOD,
 ) -> Any:
     """Run ``fn(*args)`` in ``nprocs`` new local processes; return rank 0's result.
+
+    SIGTERM, SIGINT, SIGHUP and SIGUSR1 sent to this process (or to its whole process group) are
+    passed on to the workers, which finish their step, agree on where to stop, save ``last.ckpt``
+    and return (their trainer notes these signals): the result then says the run was preempted.
+    Workers that have not returned ``grace_period`` seconds after the first signal (a step slower
+    than that, or a second Ctrl-C) are killed, and :class:`~trainer.common.errors.Interrupted`
+    is raised: nothing newer than the last complete checkpoint was saved.
 
     With ``max_restarts`` > 0 a failing worker makes the elastic agent restart the whole group (up
     to that many times); the restarted workers see ``TORCHELASTIC_RESTART_COUNT`` > 0 and the trainer
@@ -172,12 +215,18 @@ def start_processes(
         monitor_interval=0.1,
         start_method=start_method,
     )
-    # The agent keeps a few seconds for workers to exit after SIGTERM before it sends SIGKILL.
+    # After a worker failed, the agent gives the others this long to exit after SIGTERM, then SIGKILL.
     config.shutdown_timeout = 5
     saved = {key: os.environ.get(key) for key in ("TORCHELASTIC_SIGNALS_TO_HANDLE", "OMP_NUM_THREADS")}
     # Workers inherit this environment. Without a thread limit each one starts an OpenMP pool as big
     # as the machine, and N pools spinning on the same cores make CPU steps many times slower.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    # The agent would turn these signals into an exception that stops watching the workers and kills
+    # them a few seconds later, saved or not; the forwarder passes them on and keeps the agent waiting.
+    # The agent keeps SIGQUIT: a hard stop. (It writes this setting into the environment: restored below.)
+    config.signals_to_handle = "SIGQUIT"
+    forwarder = SignalForwarder(workdir, grace_period)
+    forwarder.install()
     # The agent logs a failed worker's traceback, then raises it in ChildFailedError, which
     # WorkerFailedError carries: one copy is enough, and the caller decides how to show it.
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
@@ -185,17 +234,19 @@ def start_processes(
     agent_log.setLevel(logging.CRITICAL)
     try:
         results = elastic_launch(config, _worker)(payload)
-    except SignalException as exc:
-        # SIGTERM/SIGINT reached this launcher: the agent has passed it on to the workers, which
-        # finished their step and saved last.ckpt (the trainer's preemption handling) before exiting.
-        raise Preempted(f"the launcher received signal {exc.sigval}") from None
+    except SignalException as exc:  # SIGQUIT: the agent stopped the workers at once
+        raise Interrupted(f"the launcher received {exc.sigval.name}; the workers were stopped", exc.sigval) from None
     except ChildFailedError as exc:
+        if forwarder.signal is not None:  # the workers died of the signal, or of the grace period's end
+            # How they ended matters only when they were not killed for the grace period's end.
+            raise Interrupted(forwarder.explain() + ("" if forwarder.killed else f":{exc}"), forwarder.signal) from None
         failed = ", ".join(str(rank) for rank in sorted(exc.failures))
         first = min(exc.failures)
         raise WorkerFailedError(
             f"training process(es) of rank {failed} failed:{exc}", first, _recorded_cause(exc.failures[first])
         ) from None
     finally:
+        forwarder.restore()
         agent_log.setLevel(agent_level)
         _FORKED_TASKS.pop(payload, None)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -224,6 +275,18 @@ def _worker(payload: str) -> bytes | None:
     return record(_run_payload)(payload)
 
 
+def _exit_done() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)
+
+
+def _interrupt_once(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _run_payload(payload: str) -> bytes | None:
     import torch.distributed as dist
 
@@ -232,13 +295,27 @@ def _run_payload(payload: str) -> bytes | None:
     else:
         with open(payload, "rb") as f:
             fn, args, rng = pickle.load(f)
+    note_worker_pid(os.path.dirname(payload))  # where the launcher finds this process to pass a signal on
+    # A Ctrl-C reaches a worker twice (from the terminal and from the launcher): the second copy must not
+    # interrupt the handling of the first. (During fit the trainer notes SIGINT instead.)
+    signal.signal(signal.SIGINT, _interrupt_once)
     set_rng_state(rng)
     os.environ[STARTED_BY_LAUNCHER] = "1"  # the trainer then returns its full weights to the caller
     # On an exception the group is left as it is: the agent stops every worker, and a clean shutdown
     # could wait on peers that are blocked in a collective.
-    result = fn(*args)
+    try:
+        result = fn(*args)
+    except KeyboardInterrupt:
+        # torch.multiprocessing takes a KeyboardInterrupt in a worker for its parent's doing: the worker
+        # exits 0 with no result, and the agent would wait for that result forever. Fail instead.
+        raise RuntimeError("interrupted by SIGINT outside of training (no checkpoint to save)") from None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    # The work is done: from here the worker only hands its result over and exits 0. Its interpreter's
+    # finalization could abort it (see trainer.cli.leave_group_process: a gloo thread still releasing a
+    # collective's tensors), which the agent would report as a failed run; the first exit handler ends
+    # the process before that.
+    atexit.register(_exit_done)
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     buffer = io.BytesIO()

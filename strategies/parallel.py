@@ -25,15 +25,19 @@ from torch.utils.data import (
 from typing_extensions import override
 
 from strategies.base import Strategy
-from strategies.launch import joined_environment, start_processes
+from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
 from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
+from trainer.common.errors import UserError
 from trainer.common.loaders import rebuild_dataloader
 
 __all__ = ["EvalShardSampler", "ParallelStrategy", "StepRunner"]
 
 T = TypeVar("T")
+
+#: On CPU, a strategy that starts its own processes starts at most this many per core.
+CPU_PROCESSES_PER_CORE = 4
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -97,6 +101,10 @@ class ParallelStrategy(Strategy):
         start_method: how the strategy starts its own processes: ``"spawn"`` (fresh interpreters) or
             ``"fork"`` (copies of this one, so a module class defined in a notebook or in ``python -``
             trains; CPU, or CUDA not yet initialised).
+        preemption_grace_period: when the strategy starts its own processes and a signal (SIGTERM,
+            SIGINT, SIGHUP, SIGUSR1) reaches the launcher: seconds the processes get to finish their
+            step, save ``last.ckpt`` and exit before they are killed (docs/checkpoints.md, "Signals
+            and exit codes"). Under ``torchrun``/``srun`` their launcher decides.
     """
 
     name = "parallel"
@@ -111,9 +119,21 @@ class ParallelStrategy(Strategy):
         timeout: float | timedelta = timedelta(minutes=30),
         max_restarts: int = 0,
         start_method: str = "spawn",
+        preemption_grace_period: float = DEFAULT_GRACE_PERIOD,
     ) -> None:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+            raise ValueError(
+                f"timeout must be a positive number of seconds (or a timedelta), got {timeout!r}: how long a "
+                "collective may wait for the other processes, e.g. timeout=1800"
+            )
+        if not isinstance(preemption_grace_period, (int, float)) or not 0 <= preemption_grace_period < float("inf"):
+            raise ValueError(
+                f"preemption_grace_period must be a number of seconds >= 0, got {preemption_grace_period!r}"
+            )
+        self.preemption_grace_period = float(preemption_grace_period)
         if start_method not in ("spawn", "fork"):
             raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
         self.max_restarts = max_restarts
@@ -194,10 +214,36 @@ class ParallelStrategy(Strategy):
                 f"--nnodes={self.num_nodes} --nproc-per-node={self.num_processes} --rdzv-backend=c10d "
                 "--rdzv-endpoint=HOST:PORT your_script.py`, or `srun` under Slurm"
             )
+        self._check_process_count()
         result: T = start_processes(
-            fn, args, self.num_processes, max_restarts=self.max_restarts, start_method=self.start_method
+            fn,
+            args,
+            self.num_processes,
+            max_restarts=self.max_restarts,
+            start_method=self.start_method,
+            grace_period=self.preemption_grace_period,
         )
         return result
+
+    def _check_process_count(self) -> None:
+        """Refuse more local processes than the machine can hold, before starting any."""
+        count = self.num_processes
+        if self._accelerator() == "cuda":
+            available = torch.cuda.device_count()
+            if count > available:
+                raise ValueError(
+                    f"devices={count}: this machine has {available} CUDA device(s); use devices<={available}"
+                )
+            return
+        cores = os.cpu_count() or 1
+        limit = CPU_PROCESSES_PER_CORE * cores
+        if count > limit:
+            raise UserError(
+                f"devices={count}: too many processes for this machine's {cores} CPU core(s) (at most {limit}, "
+                f"{CPU_PROCESSES_PER_CORE} per core, when the strategy starts them itself). Use devices<={limit}, "
+                "or spread the processes over machines with num_nodes; to start this many here deliberately, "
+                f"start them yourself: torchrun --nproc-per-node={count} your_script.py"
+            )
 
     @override
     def setup_environment(self) -> None:
@@ -208,6 +254,8 @@ class ParallelStrategy(Strategy):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         if joined_environment():
+            if "TORCHELASTIC_RUN_ID" not in os.environ:
+                check_slurm_launched()
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             if attempt == "0":
                 dist.init_process_group(backend, init_method="env://", timeout=self.timeout)

@@ -245,7 +245,6 @@ LIGHTNING_HOOKS: dict[str, tuple[str, ...]] = {
 #: Supported here for now: built by the other issues of the port, until then refused when built.
 NOT_SUPPORTED_YET = {
     "ModelPruning",
-    "OnExceptionCheckpoint",
     "SpikeDetection",
 }
 

@@ -264,7 +264,49 @@ def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
 
 
 def main() -> None:
-    """Entry point of ``geartrain`` and ``python -m trainer``."""
+    """Entry point of ``geartrain`` and ``python -m trainer``.
+
+    A process of a group of several (torchrun, srun) ends with :func:`leave_group_process`."""
+    try:
+        _main()
+    except SystemExit as exc:
+        leave_group_process(exc.code)
+        raise
+    leave_group_process(0)
+
+
+def leave_group_process(code: Any) -> None:
+    """End a process that belongs to a process group of several, skipping the interpreter's finalization.
+
+    A gloo process group keeps worker threads, and a thread that releases a finished collective's
+    tensors takes the GIL to drop their Python objects. When the main thread is already finalizing the
+    interpreter, CPython ends a thread that asks for the GIL with ``pthread_exit``; unwinding through
+    the C++ destructor that asked calls ``std::terminate``, and the process aborts (SIGABRT, "terminate
+    called without an active exception") after its work is done. Here the ``atexit`` handlers run
+    (files and logs are flushed and closed, and the GIL is still there for the threads to take),
+    then the process exits with its status at once, without the finalization. Anything else
+    (one process, an exception on its way out) returns and exits as usual.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    import atexit
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message") prints the message and exits with 1
+        print(code, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left
+            stream.flush()
+    os._exit(status)
+
+
+def _main() -> None:
     freeze_startup_objects()
     import hydra
 
@@ -272,20 +314,25 @@ def main() -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     from trainer.cli_errors import reported
+    from trainer.common.errors import Interrupted
 
-    with reported():
-        from trainer.run_dirs import unique_run_dir_overrides
+    try:
+        with reported():
+            from trainer.run_dirs import unique_run_dir_overrides
 
-        shared = shared_run_dir_overrides()
-        claimed = [] if shared or _joined_rank() else unique_run_dir_overrides(sys.argv[1:])
-        sys.argv.extend(shared or claimed)
-        try:
-            # config_dir() also registers the schemas: once, as each registration builds the structured configs.
-            app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
-            app()
-        finally:
-            for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
-                _remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
+            shared = shared_run_dir_overrides()
+            claimed = [] if shared or _joined_rank() else unique_run_dir_overrides(sys.argv[1:])
+            sys.argv.extend(shared or claimed)
+            try:
+                # config_dir() also registers the schemas: once, as each registration builds the structured configs.
+                app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
+                app()
+            finally:
+                for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
+                    _remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
+    except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
+        print(f"geartrain: interrupted: {err}", file=sys.stderr)
+        sys.exit(128 + err.signal)
 
 
 def _joined_rank() -> bool:

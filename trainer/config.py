@@ -126,6 +126,8 @@ class DDPStrategyConfig(_ParallelStrategyConfig):
     gradient_as_bucket_view: bool = False
     #: "spawn", or "fork" (ddp_fork / ddp_notebook: classes defined in __main__ work).
     start_method: str = "spawn"
+    #: Seconds the processes started here get to save after SIGTERM/SIGINT/SIGHUP/SIGUSR1.
+    preemption_grace_period: float = 30.0
 
 
 @dataclass
@@ -138,6 +140,7 @@ class DDPAliasConfig(_ParallelStrategyConfig):
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
     start_method: Optional[str] = None  # noqa: UP045
+    preemption_grace_period: Optional[float] = None  # noqa: UP045
 
 
 @dataclass

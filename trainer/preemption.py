@@ -1,6 +1,7 @@
 """Preemption: signals noted, ranks agreeing on when to stop, the checkpoint, the requeue.
 
-On SIGTERM or SIGUSR1 the handler only notes the signal. The training loop asks :meth:`Preemption.due`
+On SIGTERM or SIGUSR1 (and, under several processes, SIGINT and SIGHUP: a Ctrl-C or a closed terminal
+must not stop one rank in the middle of a collective) the handler only notes the signal. The training loop asks :meth:`Preemption.due`
 after every optimizer step (a plain attribute test in one process), and, when due,
 :meth:`Preemption.requested`: under several processes a small all-reduce at a step every rank agreed
 on, so that every rank stops after the same step. The trainer then saves ``last.ckpt`` where
@@ -15,6 +16,7 @@ import subprocess
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +25,7 @@ from trainer.common.errors import Preempted
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
+    from trainer.trainer import Trainer
 
 __all__ = ["PREEMPT_CHECK_MAX_STEPS", "PREEMPT_CHECK_SECONDS", "Preempted", "Preemption"]
 
@@ -70,11 +73,11 @@ class Preemption:
             return
 
         def note(signum: int, frame: Any) -> None:
-            self.signal = signum
+            self.signal = self.signal or signum  # the first one decides (a requeue is for SIGUSR1 alone)
 
-        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
-            if sig is not None:
-                self._previous[sig] = signal.signal(sig, note)
+        names = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP") if self.agree else ("SIGTERM", "SIGUSR1")
+        for sig in (getattr(signal, name) for name in names if hasattr(signal, name)):
+            self._previous[sig] = signal.signal(sig, note)
 
     def restore(self) -> None:
         """Put back the signal handlers :meth:`install` replaced."""
@@ -114,3 +117,13 @@ class Preemption:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 warnings.warn(f"scontrol requeue {job} failed: {result.stderr.strip()}", stacklevel=2)
+
+    @staticmethod
+    def newest_checkpoint(trainer: Trainer) -> str:
+        """Which checkpoint a run stopped before saving can resume from, said for an error message."""
+        folder = trainer.checkpointing.directory()
+        found = [p for p in Path(folder).glob("*.ckpt") if p.is_file()] if Path(folder).is_dir() else []
+        if not found:
+            return f"no checkpoint was saved in {folder}"
+        newest = max(found, key=lambda p: p.stat().st_mtime)
+        return f"the newest checkpoint is {newest}: resume with ckpt_path={str(newest)!r}"

@@ -18,7 +18,7 @@ import torch
 
 from trainer import arguments, loops
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.common.errors import Preempted
+from trainer.common.errors import Interrupted, Preempted
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.dataloaders import resolve_loaders, results_per_loader
@@ -40,10 +40,9 @@ def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any
         trainer.checkpointing.adopted = None  # a new fit: the state adopted from an earlier one is stale
     try:
         output, final = trainer.strategy.launch(run_stage, trainer, stage, module, *rest)
-    except Preempted:  # the processes the strategy started were stopped by a signal
-        trainer.preemption.preempted = True
+    except Interrupted as err:  # a signal stopped the processes the strategy started before they saved
         trainer.status = TrainerStatus.INTERRUPTED
-        return None
+        raise Interrupted(f"{err} ({trainer.preemption.newest_checkpoint(trainer)})", err.signal) from None
     except BaseException:
         trainer.status = TrainerStatus.INTERRUPTED
         raise

@@ -11,7 +11,15 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["CheckpointError", "ConfigError", "MetricNotLoggedError", "Preempted", "UserError", "closest"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "Interrupted",
+    "MetricNotLoggedError",
+    "Preempted",
+    "UserError",
+    "closest",
+]
 
 
 class CheckpointError(RuntimeError):
@@ -19,10 +27,19 @@ class CheckpointError(RuntimeError):
 
 
 class Preempted(Exception):
-    """Raised inside the loop after a preemption checkpoint was saved; ``Trainer._run`` catches it.
+    """Raised inside the loop after a preemption checkpoint was saved; ``trainer/run.py`` catches it."""
 
-    The launcher raises it too, when a signal stopped the processes it started (they saved first).
+
+class Interrupted(RuntimeError):
+    """A signal stopped the processes a strategy started before they saved a checkpoint.
+
+    ``signal`` is the signal's number; the ``geartrain`` command exits with ``128 + signal``, as a
+    shell reports a process a signal ended. The trainer adds the newest checkpoint that exists.
     """
+
+    def __init__(self, message: str, signal: int) -> None:
+        super().__init__(message)
+        self.signal = int(signal)
 
 
 class UserError(ValueError):

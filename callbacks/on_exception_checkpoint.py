@@ -1,0 +1,82 @@
+"""``OnExceptionCheckpoint``: save a checkpoint when a run raises, as Lightning's callback of that name."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import override
+
+from callbacks.base import Checkpoint
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = ["OnExceptionCheckpoint"]
+
+
+class OnExceptionCheckpoint(Checkpoint):
+    """Save ``<dirpath>/<filename>.ckpt`` when fitting (or another stage) raises; remove it when a run ends well.
+
+    In one process the file is a full checkpoint (``trainer.save_checkpoint``: resume with
+    ``ckpt_path=``). Under several processes the rank(s) that raised write it alone: a collective
+    (gathering every rank's random state or optimizer shards) would wait forever for ranks that are
+    still inside the step, so the file holds the weights, counters and hyperparameters (a
+    ``save_weights_only`` checkpoint) of the rank that raised; with DDP every rank holds the same
+    weights. A signal that ends a run is not an exception here: preemption saves ``last.ckpt``.
+
+    Args:
+        dirpath: folder of the checkpoint (given up front: an exception may come before any setup).
+        filename: the file's name without the extension.
+
+    >>> OnExceptionCheckpoint("ckpts").ckpt_path
+    'ckpts/on_exception.ckpt'
+    """
+
+    FILE_EXTENSION = ".ckpt"
+
+    def __init__(self, dirpath: str | os.PathLike[str], filename: str = "on_exception") -> None:
+        super().__init__()
+        if not filename:
+            raise ValueError("OnExceptionCheckpoint(filename=''): the filename cannot be empty, e.g. 'on_exception'")
+        self.dirpath = dirpath
+        self.filename = filename
+        self._raised = False
+
+    @property
+    def ckpt_path(self) -> str:
+        """Where the checkpoint is written."""
+        return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        self._raised = False
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        self._raised = True
+        if trainer.world_size == 1:
+            trainer.save_checkpoint(self.ckpt_path)
+            return
+        state = trainer.checkpointing.state(weights_only=True)  # no collective under DDP
+        os.makedirs(self.dirpath, exist_ok=True)
+        # Atomic: a temporary file renamed over the name, so two ranks that both raised never mix.
+        fd, tmp = tempfile.mkstemp(dir=self.dirpath, prefix=f".{self.filename}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(state, f)
+            os.replace(tmp, self.ckpt_path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        # As Lightning: a run that ended well leaves no exception checkpoint (an older one would mislead).
+        # Teardown also runs after an exception here, so the file just written stays then.
+        if not self._raised and trainer.is_global_zero:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.ckpt_path)
