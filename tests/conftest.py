@@ -32,11 +32,17 @@ def clean_distributed_env() -> Iterator[None]:
         yield
 
 
+_DISTRIBUTED_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
 @pytest.fixture(autouse=True)
 def _restore_global_state() -> Iterator[None]:
     """Undo what a test did to torch's global switches and the seed environment variables."""
     deterministic = torch.are_deterministic_algorithms_enabled()
-    env = {k: os.environ.get(k) for k in ("GEARTRAIN_SEED", "GEARTRAIN_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")}
+    # The distributed variables too: a test that reads a Slurm environment sets MASTER_ADDR, RANK, ...,
+    # and a later test's `geartrain` subprocess would inherit them and wait to join a group.
+    keys = ("GEARTRAIN_SEED", "GEARTRAIN_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG", *_DISTRIBUTED_KEYS)
+    env = {k: os.environ.get(k) for k in keys}
     yield
     torch.use_deterministic_algorithms(deterministic)
     for key, value in env.items():

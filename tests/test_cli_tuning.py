@@ -77,15 +77,23 @@ def test_optuna_study_returns_each_trials_metric_and_logs_hparams(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_basic_sweep_under_ddp_returns_the_metric_and_a_typo_is_refused(tmp_path: Path) -> None:
+def test_optuna_study_under_ddp_returns_each_trials_metric_and_a_typo_is_refused(tmp_path: Path) -> None:
     result = run_geartrain(
-        "-m", "optim.lr=0.01", "optimized_metric=val/acc", "strategy=ddp", "trainer.devices=2",
-        "trainer.limit_train_batches=4", "task=fit", *QUICK, cwd=tmp_path,
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", "strategy=ddp", "trainer.devices=2",
+        "trainer.limit_train_batches=4", *QUICK, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    (trial,) = run_dirs(tmp_path, "multirun/*/*/*")
-    acc = _events(trial / "tensorboard")
-    assert acc.Scalars("hparams/val/acc")[0].value == pytest.approx(acc.Scalars("val/acc")[-1].value)  # type: ignore[attr-defined]
+    trials = run_dirs(tmp_path, "multirun/*/*/*")
+    assert len(trials) == 2
+    values = []
+    for trial in trials:
+        acc = _events(trial / "tensorboard")
+        (metric,) = acc.Scalars("hparams/val/acc")  # type: ignore[attr-defined]
+        assert metric.value == pytest.approx(acc.Scalars("val/acc")[-1].value)  # type: ignore[attr-defined]
+        values.append(metric.value)
+    best = yaml.safe_load(next(tmp_path.glob("multirun/*/*/optimization_results.yaml")).read_text())
+    assert best["best_value"] == pytest.approx(max(values))  # each DDP trial returned rank 0's metric
+    assert "Best parameters" in result.stdout + result.stderr
     wrong = run_geartrain(
         "optimized_metric=val/accuracy", "task=fit", "trainer.limit_train_batches=2", *QUICK, cwd=tmp_path
     )

@@ -204,7 +204,11 @@ def test_a_step_longer_than_the_grace_period_exits_nonzero_naming_the_checkpoint
     assert f"no checkpoint was saved in {tmp_path / 'checkpoints'}" in out
 
 
-def test_slurm_variables_without_srun_are_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slurm_variables_without_srun_are_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch, clean_distributed_env: None
+) -> None:
+    # clean_distributed_env: reading the Slurm variables sets MASTER_ADDR, RANK, WORLD_SIZE, ...; they must
+    # not leak into later tests' subprocesses (which would then wait to join a group at n1).
     batch_shell = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "n1"}
     for key in ("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_STEPID", "RANK", "WORLD_SIZE", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
