@@ -65,6 +65,8 @@ class SaveSchedule(Checkpoint):
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if not (self._deferred or self.every_n_train_steps or self.train_time_interval is not None):
+            return  # nothing falls due by step or time (the default): the per-step cost is this test
         # Saves come due at a window's end only: inside it, the gradients are not applied yet.
         if trainer.checkpointing.in_accumulation_window:
             return
