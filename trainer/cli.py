@@ -179,6 +179,16 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     return resolve_last_checkpoint(base, run_dir, overrides, sweep)
 
 
+def group_position(env: dict[str, str] | None = None) -> tuple[int, int]:
+    """``(rank, world size)`` of this process in a torchrun or srun job; ``(0, 1)`` when it is alone."""
+    from strategies.launch import slurm_environment
+
+    env = dict(os.environ) if env is None else env
+    slurm = slurm_environment(env) if "TORCHELASTIC_RUN_ID" not in env else None
+    source = slurm or env
+    return int(source.get("RANK", "0")), int(source.get("WORLD_SIZE", "1"))
+
+
 def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
     """Hydra overrides that make every process of a torchrun/srun job use one run directory.
 
@@ -190,17 +200,16 @@ def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
     process, or when the user set ``hydra.run.dir`` themselves.
     """
     env = dict(os.environ) if env is None else env
-    from strategies.launch import slurm_environment
-
-    slurm = slurm_environment(env) if "TORCHELASTIC_RUN_ID" not in env else None
-    rank = int((slurm or env).get("RANK", "0"))
-    if int((slurm or env).get("WORLD_SIZE", "1")) <= 1:
+    rank, world = group_position(env)
+    if world <= 1:
         return []
     if any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:]):
         return []
     import time
 
-    if slurm is not None:
+    from strategies.launch import slurm_environment
+
+    if "TORCHELASTIC_RUN_ID" not in env and slurm_environment(env) is not None:
         chosen = f"outputs/slurm-{env.get('SLURM_JOB_ID', 'job')}"
     else:
         from datetime import timedelta
@@ -313,7 +322,7 @@ def _main() -> None:
     # The user's own code (``model._target_=my_project.Net``) is importable from where they run.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from trainer.cli_errors import reported
+    from trainer.cli_errors import remove_empty, reported
     from trainer.common.errors import Interrupted
 
     try:
@@ -321,7 +330,8 @@ def _main() -> None:
             from trainer.run_dirs import unique_run_dir_overrides
 
             shared = shared_run_dir_overrides()
-            claimed = [] if shared or _joined_rank() else unique_run_dir_overrides(sys.argv[1:])
+            # Joined processes get the group's folder (or the user's hydra.run.dir, which claims nothing).
+            claimed = [] if shared else unique_run_dir_overrides(sys.argv[1:])
             sys.argv.extend(shared or claimed)
             try:
                 # config_dir() also registers the schemas: once, as each registration builds the structured configs.
@@ -329,26 +339,10 @@ def _main() -> None:
                 app()
             finally:
                 for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
-                    _remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
+                    remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
     except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)
-
-
-def _joined_rank() -> bool:
-    """Whether this process is one of several started by torchrun or srun (they agree on one folder)."""
-    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")) or 1) > 1
-
-
-def _remove_empty(folder: Path, stop_at: Path) -> None:
-    """Remove ``folder`` and then its parents up to ``stop_at``, each only while it is empty."""
-    stop = stop_at.resolve()
-    while folder.resolve() != stop and stop in folder.resolve().parents:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
 
 
 def run_job(cfg: Any) -> float | None:
@@ -364,18 +358,15 @@ def run_job(cfg: Any) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     fresh = untouched(run_dir)  # not a folder reused with hydra.run.dir=..., which holds files of its own
+    rank, world = group_position()
     try:
-        with contextlib.nullcontext() if _joined_rank_other_than_zero() else locked_run_dir(run_dir):
+        # Rank 0 of a torchrun/srun job holds the folder's lock for the group; the others share it.
+        with contextlib.nullcontext() if world > 1 and rank != 0 else locked_run_dir(run_dir):
             return optimized_value(cfg, run_task(cfg))
     except BaseException:
         if fresh:
             remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))
         raise
-
-
-def _joined_rank_other_than_zero() -> bool:
-    """A torchrun/srun process other than global rank 0: it shares rank 0's folder, and rank 0 holds its lock."""
-    return _joined_rank() and int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0) != 0
 
 
 def freeze_startup_objects() -> None:

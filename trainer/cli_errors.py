@@ -20,7 +20,7 @@ from typing import Any
 
 from trainer.common.errors import CheckpointError, UserError, closest
 
-__all__ = ["describe", "remove_if_untouched", "reported", "untouched"]
+__all__ = ["describe", "remove_empty", "remove_if_untouched", "reported", "untouched"]
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
 #: Lines of a message at most; the rest is what a traceback is for.
@@ -113,14 +113,18 @@ def remove_if_untouched(run_dir: Path, stop_at: Path) -> None:
     if not untouched(run_dir):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
-    parent = run_dir.parent
+    remove_empty(run_dir.parent, stop_at)
+
+
+def remove_empty(folder: Path, stop_at: Path) -> None:
+    """Remove ``folder`` and then its parents up to ``stop_at`` (not included), each only while it is empty."""
     stop = stop_at.resolve()
-    while parent.resolve() != stop and stop in parent.resolve().parents:
+    while folder.resolve() != stop and stop in folder.resolve().parents:
         try:
-            parent.rmdir()  # only when empty
+            folder.rmdir()  # only when empty
         except OSError:
-            break
-        parent = parent.parent
+            return
+        folder = folder.parent
 
 
 # ----------------------------------------------------------------- messages
