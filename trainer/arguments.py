@@ -97,7 +97,7 @@ TRAINER_ARGS = """
         slurm_requeue: on SIGUSR1 under Slurm, ``scontrol requeue`` the job after saving.
         config: the resolved run configuration (Hydra's), saved in checkpoints and as hparams.
         micro_batch_size: split training batches into pieces of this many samples and accumulate (the
-            step equals the whole batch's); ``"auto"`` halves it on out-of-memory (:mod:`trainer.microbatch`).
+            step equals the whole batch's); ``"auto"`` halves it on out-of-memory (:mod:`trainer.data.microbatch`).
         activation_checkpointing: module classes (or dotted paths) whose activations are recomputed.
         compile: ``torch.compile`` the module's ``__call__`` in place (state_dict keys unchanged).
         compile_kwargs: keyword arguments for ``torch.compile``.

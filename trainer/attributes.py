@@ -24,7 +24,7 @@ from trainer.state import RunningStage, TrainerFn, TrainerState, TrainerStatus
 if TYPE_CHECKING:
     from callbacks.base import Callback
     from strategies.base import Strategy
-    from trainer.metric_routing import MetricRouter
+    from trainer.metrics.routing import MetricRouter
     from trainer.module import DataModule, TrainModule
     from trainer.preemption import Preemption
     from trainer.progress import Progress
@@ -311,7 +311,7 @@ class TrainerAttributes:
     def _fit_loader(self) -> Iterable[Any] | None:
         """The prepared training loader; resolved now (and kept for the fit) inside ``fit`` if not yet."""
         if "fit" not in self.loaders and self.last_fn == "fit" and self.status == TrainerStatus.RUNNING:
-            from trainer.dataloaders import resolve_loaders
+            from trainer.data.loaders import resolve_loaders
 
             self.loaders["fit"] = resolve_loaders(self, "fit", self.given_loaders.get("fit"))  # type: ignore[arg-type]
         loader = self.loaders.get("fit")

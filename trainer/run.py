@@ -21,7 +21,7 @@ from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.common.errors import Interrupted, Preempted
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
-from trainer.dataloaders import resolve_loaders, results_per_loader
+from trainer.data.loaders import resolve_loaders, results_per_loader
 from trainer.loops.step import ManualOptimizer
 from trainer.optim import parse_optimizers
 from trainer.state import TrainerStatus

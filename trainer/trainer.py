@@ -1,7 +1,7 @@
 """The ``Trainer``: the front. It holds the options and wires module, data, strategy and callbacks.
 
 Each of its jobs is a room of its own: hook dispatch (:mod:`trainer.hooks`), metric routing
-(:mod:`trainer.metric_routing`), checkpoint state (:mod:`trainer.checkpointing`), preemption
+(:mod:`trainer.metrics.routing`), checkpoint state (:mod:`trainer.checkpoint.connector`), preemption
 (:mod:`trainer.preemption`), option checks and defaults (:mod:`trainer.options`), what one entry point
 does in every process (:mod:`trainer.run`) and the loops (:mod:`trainer.loops`, whose docstrings are the
 hook order). The loops reach the trainer through the attributes documented here.
@@ -23,19 +23,19 @@ from strategies.precision import normalize_precision
 from strategies.registry import resolve_accelerator, resolve_strategy
 from trainer import arguments, options, run
 from trainer.attributes import TrainerAttributes
-from trainer.checkpointing import CheckpointConnector
+from trainer.checkpoint.connector import CheckpointConnector
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.dataloaders import split_datamodule
+from trainer.data.loaders import split_datamodule
+from trainer.data.microbatch import MicroBatcher
 from trainer.hooks import HookDispatch
 from trainer.loops.step import ManualOptimizer, Window
-from trainer.metric_routing import MetricRouter
-from trainer.microbatch import MicroBatcher
+from trainer.metrics.results import results_table
+from trainer.metrics.routing import MetricRouter
 from trainer.module import DataModule, TrainModule
 from trainer.optim import SchedulerConfig
 from trainer.preemption import Preemption
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.progress import Progress
-from trainer.results import results_table
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -349,13 +349,13 @@ class Trainer(TrainerAttributes):
         """Write a checkpoint of the run (rank 0 writes; every rank must call this).
 
         With ``async_=True`` the call returns once the state is copied into CPU memory and a
-        background thread writes the file (see :class:`~trainer.checkpoint.AsyncCheckpointWriter`):
+        background thread writes the file (see :class:`~trainer.checkpoint.files.AsyncCheckpointWriter`):
         training stalls for the copy instead of the write. Writes never overlap, and the trainer
         waits for the last one before a run ends or a checkpoint is read back.
 
         ``also_at``: the same file is also placed at these paths (hard link, else copy), and
         ``replaces``: these files are deleted, both only once the file is on disk, in that order
-        (see :func:`~trainer.checkpoint.write_checkpoint`); a failed write deletes nothing.
+        (see :func:`~trainer.checkpoint.files.write_checkpoint`); a failed write deletes nothing.
         """
         if storage_options is not None:
             raise ValueError(

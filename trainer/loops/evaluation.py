@@ -11,9 +11,9 @@ import torch
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.loops.iteration import iterate, num_batches
 from trainer.loops.step import make_eval_batch
-from trainer.metric_routing import EPOCH_DEFAULTS
-from trainer.metric_sync import epoch_agreement
-from trainer.metrics import MetricStore
+from trainer.metrics.routing import EPOCH_DEFAULTS
+from trainer.metrics.store import MetricStore
+from trainer.metrics.sync import epoch_agreement
 from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from trainer.common.errors import Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import Window, make_train_batch, step_schedulers
-from trainer.metric_routing import EPOCH_DEFAULTS, STEP_DEFAULTS
-from trainer.metric_sync import epoch_agreement
-from trainer.metrics import MetricStore
+from trainer.metrics.routing import EPOCH_DEFAULTS, STEP_DEFAULTS
+from trainer.metrics.store import MetricStore
+from trainer.metrics.sync import epoch_agreement
 from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:

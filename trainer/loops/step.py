@@ -22,7 +22,8 @@ import torch
 from strategies.base import Strategy
 from strategies.precision import Precision
 from trainer.common.tree import move_to_device
-from trainer.dataloaders import check_takes_dataloader_idx, with_last_arg
+from trainer.data.loaders import check_takes_dataloader_idx, with_last_arg
+from trainer.data.microbatch import micro_batches
 from trainer.loops.optimizer_step import (
     ManualOptimizer,
     NonFinite,
@@ -33,7 +34,6 @@ from trainer.loops.optimizer_step import (
     step_schedulers,
     zero_grad_hook,
 )
-from trainer.microbatch import micro_batches
 from trainer.module import TrainModule
 from trainer.profilers.base import profiled
 
@@ -198,7 +198,7 @@ def make_automatic_step(trainer: Trainer, window: Window, last_share: float | No
             return forward_backward(piece, batch_idx, sync, share)
 
     accumulate = forward_backward if no_backward_sync is None else synced
-    # Trainer(micro_batch_size=...): the batch in pieces, each through accumulate (trainer/microbatch.py).
+    # Trainer(micro_batch_size=...): the batch in pieces, each through accumulate (trainer/data/microbatch.py).
     micro = trainer.micro_batcher
     run_pieces: Callable[[Any, int, bool], Any] = (
         accumulate if micro is None else functools.partial(micro_batches, trainer, window, accumulate)
