@@ -340,10 +340,10 @@ def test_weights_only_geartrain_checkpoint_is_not_taken_for_plain_weights(tmp_pa
 def test_hydra_trainer_config_carries_the_memory_options() -> None:
     from omegaconf import OmegaConf
 
-    from trainer.cli.config import TrainerConfig
+    from trainer.cli.config import trainer_schema
 
     cfg = OmegaConf.merge(
-        OmegaConf.structured(TrainerConfig),
+        OmegaConf.structured(trainer_schema()),
         OmegaConf.from_dotlist([f"activation_checkpointing=[{__name__}.Block]", "micro_batch_size=auto"]),
     )
     kwargs = OmegaConf.to_container(cfg, resolve=True)
