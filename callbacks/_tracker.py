@@ -95,6 +95,7 @@ class TrackerLogger(Logger):
         #: After a resume: metric key -> the last step the tracker already holds (skipped up to it).
         self._replay: dict[str, int] | None = None
         self._resumed = False
+        self._epoch_written_at = -1
         #: Under the ``geartrain`` command: the run directory (absolute), which names a new run.
         self._run_dir: str | None = None
 
@@ -196,6 +197,19 @@ class TrackerLogger(Logger):
             hparams = dict(getattr(module, "hparams", None) or {}) if getattr(module, "_log_hyperparams", True) else {}
             if hparams:
                 self.log_hyperparams(hparams)
+
+    @override
+    def on_log_metrics(
+        self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+    ) -> None:
+        if not self._writes:
+            return
+        values = {key: float(value) for key, value in metrics.items()}
+        # As Lightning: an ``epoch`` metric beside the values, once per step, so either axis reads.
+        if step != self._epoch_written_at:
+            values["epoch"] = trainer.current_epoch
+            self._epoch_written_at = step
+        self.log_metrics(values, step)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
