@@ -24,6 +24,8 @@ __all__ = ["WandbLogger", "history_rows"]
 
 #: The x-axis of every metric, as Lightning names it.
 STEP_KEY = "trainer/global_step"
+#: The name of the logger's own journal of rows, beside wandb's files.
+JOURNAL = "geartrain-rows"
 
 
 class WandbLogger(TrackerLogger):
@@ -94,6 +96,8 @@ class WandbLogger(TrackerLogger):
         self._given_run_id = self._run_id
         #: Folders of earlier sessions of a resumed run (from the checkpoint), read for the steps written.
         self._earlier_dirs: list[str] = []
+        #: The journal of rows logged with a step (see :meth:`_last_steps`), open while the run is.
+        self._journal: Any = None
         self._wandb_init: dict[str, Any] = {
             "name": name,
             "project": self._project,
@@ -151,7 +155,7 @@ class WandbLogger(TrackerLogger):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        # Where this run's files are: a resume from another run directory looks there for the steps written.
+        # Where this run's files are: a resume from another run directory looks there too.
         state = super().state_dict()
         return {**state, "dir": self._wandb_dir} if state else state
 
@@ -167,6 +171,7 @@ class WandbLogger(TrackerLogger):
         if self._experiment is not None:
             state["_run_id"] = self._experiment.id  # the copy resumes the run by its id
         state["_experiment"] = None
+        state["_journal"] = None
         state["_checkpoint_callbacks"] = []
         return state
 
@@ -196,24 +201,45 @@ class WandbLogger(TrackerLogger):
 
     @override
     def _write_metrics(self, metrics: dict[str, float], step: int | None) -> None:
-        self.experiment.log(metrics if step is None else {**metrics, STEP_KEY: step})
+        if step is None:
+            self.experiment.log(metrics)
+            return
+        self.experiment.log({**metrics, STEP_KEY: step})
+        if self._journal is None:
+            path = Path(self._wandb_dir or ".", "wandb", f"{JOURNAL}-{self.experiment.id}.jsonl")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._journal = path.open("a")
+        # Reaches the operating system at once: a killed process loses none of it (a machine crash may).
+        self._journal.write(json.dumps([step, metrics]) + "\n")
+        self._journal.flush()
 
     @override
     def _last_steps(self) -> dict[str, int]:
-        """From the run's files this machine already wrote (online and offline alike: wandb keeps them)."""
+        """What earlier sessions of the run logged, made whole in the run.
+
+        wandb writes its local file every ``x_transaction_log_flush_interval`` seconds (15 by
+        default) from a helper process that dies with the training process: a crash (``kill -9``)
+        loses the rows it held, including rows of steps before the checkpoint, which the resumed
+        fit does not compute again. So the logger also appends each row to a journal of its own,
+        ``<save_dir>/wandb/geartrain-rows-<run id>.jsonl`` (one short line per logging call). At
+        resume, the rows of the journal that wandb's files lack are logged again, and the resumed
+        fit skips every ``(key, step)`` logged before.
+        """
         run = self.experiment
-        last: dict[str, int] = {}
-        current = Path(run.dir).parent.resolve() if getattr(run, "dir", None) else None
         roots = dict.fromkeys(d for d in (*self._earlier_dirs, self._wandb_dir) if d is not None)
-        folders = {f.resolve() for root in roots for f in Path(root, "wandb").glob(f"*run-*-{run.id}")}
-        for folder in sorted(folders - {current}):
-            for row in history_rows(folder / f"run-{run.id}.wandb"):
-                step = row.get(STEP_KEY)
-                if isinstance(step, (int, float)):
-                    for key in row:
-                        if not key.startswith("_") and key != STEP_KEY:
-                            last[key] = max(last.get(key, -1), int(step))
-        return last
+        current = Path(run.dir).parent.resolve()
+        folders = {f.resolve() for root in roots for f in Path(root, "wandb").glob(f"*run-*-{run.id}")} - {current}
+        last = _last_steps_in([folder / f"run-{run.id}.wandb" for folder in sorted(folders)])
+        journals = {Path(root, "wandb", f"{JOURNAL}-{run.id}.jsonl").resolve() for root in roots}
+        rows = [json.loads(line) for path in sorted(journals) if path.is_file() for line in _whole_lines(path)]
+        logged = dict(last)
+        for step, row in rows:
+            missing = {k: v for k, v in row.items() if step > last.get(k, -1)}
+            if missing:
+                self._write_metrics(missing, step)
+            for key in row:
+                logged[key] = max(logged.get(key, -1), step)
+        return logged
 
     @override
     def _upload_checkpoint(self, checkpoint: CheckpointFile, checkpoint_callback: Any) -> None:
@@ -261,15 +287,66 @@ class WandbLogger(TrackerLogger):
             self._upload_pending()
 
 
-def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The history rows of a run's ``.wandb`` file, read with wandb's own reader, in order."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
+def _whole_lines(path: Path) -> list[str]:
+    """The complete lines of ``path`` (a line cut short by a crash is left out)."""
+    text = path.read_text()
+    return text.splitlines()[: text.count("\n")]
 
-    store = datastore.DataStore()
-    store.open_for_scan(os.fspath(path))
-    while (data := store.scan_data()) is not None:
+
+def _last_steps_in(files: list[Path]) -> dict[str, int]:
+    """Metric key -> the last ``trainer/global_step`` at which ``files`` hold it."""
+    last: dict[str, int] = {}
+    for path in files:
+        if not path.is_file():
+            continue
+        for row in history_rows(path):
+            step = row.get(STEP_KEY)
+            if isinstance(step, (int, float)):
+                for key in row:
+                    if not key.startswith("_") and key != STEP_KEY:
+                        last[key] = max(last.get(key, -1), int(step))
+    return last
+
+
+def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The history rows of a run's ``.wandb`` file, in order, each ``{key: value}``.
+
+    The file is wandb's transaction log: LevelDB's log format (32 KiB blocks of records framed by a
+    7-byte header: checksum, length, kind) after a 7-byte file header; each record is one of wandb's
+    own protobuf ``Record`` messages. wandb 0.2x and later write it from their Go core and ship no
+    Python reader, hence this one; a record cut short by a crash ends the scan.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    for data in _log_records(Path(path).read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
             yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+
+
+_BLOCK, _HEADER = 32768, 7
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _log_records(raw: bytes) -> Iterator[bytes]:
+    if raw[:4] != b":W&B":
+        raise ValueError("not a wandb transaction log (no :W&B header)")
+    pos, parts = _HEADER, bytearray()
+    while pos + _HEADER <= len(raw):
+        room = _BLOCK - pos % _BLOCK
+        if room < _HEADER:  # a block's tail too short for a header is padding
+            pos += room
+            continue
+        length, kind = int.from_bytes(raw[pos + 4 : pos + 6], "little"), raw[pos + 6]
+        start, pos = pos + _HEADER, pos + _HEADER + length
+        if kind == 0 or pos > len(raw):  # padding, or a record the writer never finished
+            if kind == 0:
+                pos = start - _HEADER + room
+                continue
+            return
+        if kind in (_FULL, _FIRST):
+            parts = bytearray()
+        parts += raw[start:pos]
+        if kind in (_FULL, _LAST):
+            yield bytes(parts)

@@ -64,7 +64,9 @@ class KillAt(Callback):
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -94,7 +96,10 @@ def fit(
     """One fit of :class:`Net` logging to ``tracker``; returns the logger's run id and rank."""
     seed_everything(0)
     logger = make_logger(tracker, target, name, **(logger_kwargs or {}))
-    callbacks: list[Callback] = [logger, ModelCheckpoint(dirpath=Path(out, "checkpoints"), every_n_train_steps=3, save_last=True)]
+    callbacks: list[Callback] = [
+        logger,
+        ModelCheckpoint(dirpath=Path(out, "checkpoints"), every_n_train_steps=3, save_last=True),
+    ]
     if kill_at is not None:
         callbacks.append(KillAt(kill_at))
     trainer = Trainer(
