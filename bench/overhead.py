@@ -269,11 +269,11 @@ def run(quick: bool = False, pairs: int = 7) -> list[Result]:
                 warmup,
             )
         )
-        try:
+        import importlib.util
+
+        if importlib.util.find_spec("mlflow") is not None:
             import mlflow  # noqa: F401  (its import is not a step's cost)
-        except ImportError:
-            mlflow = None
-        if mlflow is not None:
+
             # A local file store: no server between the two sides. Newer MLflow asks for this opt-in.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             store = f"file:{root / 'mlruns'}"

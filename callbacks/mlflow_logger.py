@@ -108,9 +108,9 @@ class MLFlowLogger(TrackerLogger):
         _ = self.experiment
         return self._experiment_id
 
-    @property  # type: ignore[override]
+    @property
     @override
-    def save_dir(self) -> str | None:
+    def save_dir(self) -> str | None:  # type: ignore[override]
         """The local store's folder when the tracking URI is ``file:``, else ``None`` (Lightning's)."""
         if self._tracking_uri.startswith(_LOCAL):
             return self._tracking_uri[len(_LOCAL) :]

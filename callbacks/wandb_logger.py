@@ -116,9 +116,9 @@ class WandbLogger(TrackerLogger):
             self._experiment = self._open_run()
         return self._experiment
 
-    @property  # type: ignore[override]
+    @property
     @override
-    def save_dir(self) -> str | None:
+    def save_dir(self) -> str | None:  # type: ignore[override]
         """The folder holding ``wandb/`` (absolute)."""
         return self._wandb_dir
 
@@ -319,7 +319,7 @@ def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     from wandb.proto import wandb_internal_pb2
 
     for data in _log_records(Path(path).read_bytes()):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
             yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}

@@ -342,7 +342,9 @@ def test_every_lightning_tracker_logger_takes_lightnings_arguments(name: str, mo
 def test_other_trackers_loggers_are_refused_by_name_with_the_alternatives(name: str) -> None:
     cls = getattr(callbacks, name)
     assert name in callbacks.__all__
-    with pytest.raises(NotImplementedError, match=rf"callbacks\.{name} is not supported yet: callbacks\.MLFlowLogger, "):
+    with pytest.raises(
+        NotImplementedError, match=rf"callbacks\.{name} is not supported yet: callbacks\.MLFlowLogger, "
+    ):
         cls(save_dir=".")
 
 
