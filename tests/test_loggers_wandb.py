@@ -215,8 +215,10 @@ def test_log_model_uploads_checkpoints_as_model_artifacts(tmp_path: Path, log_mo
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "artifact":
             art = record.artifact
-            uploads.append((art.name, art.type, list(art.aliases), [(e.path, e.digest) for e in art.manifest.contents]))
+            uploads.append(
+                (art.name, art.type, sorted(art.aliases), [(e.path, e.digest) for e in art.manifest.contents])
+            )
     best = Path(checkpoint.best_model_path)  # epoch 0's file, kept: val/score fell after it
     digest = base64.b64encode(hashlib.md5(best.read_bytes()).digest()).decode()
     # "all": after each save (epoch 0's file once; epoch 1 wrote no new file); True: once, when fitting ended.
-    assert uploads == [("net", "model", ["latest", "best"], [("model.ckpt", digest)])]
+    assert uploads == [("net", "model", ["best", "latest"], [("model.ckpt", digest)])]
