@@ -168,13 +168,15 @@ def hand_fit_mlflow(batches: Batches, epochs: int, store: str) -> float:
     """The same training by hand, with one MLflow run and the same values every 50 steps (loss, epoch)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
+    from mlflow.tracking.context.registry import resolve_tags
 
     model = fresh_model()
     start = clock()
     client = MlflowClient(store)
     found = client.get_experiment_by_name("bench")
     experiment = found.experiment_id if found is not None else client.create_experiment("bench")
-    run_id = client.create_run(experiment).info.run_id
+    # The run's source, user and git tags, as mlflow.start_run() and the logger both record them.
+    run_id = client.create_run(experiment, tags=resolve_tags({})).info.run_id
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     model.train()
     step = 0

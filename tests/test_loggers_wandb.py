@@ -155,3 +155,70 @@ def test_offline_with_log_model_is_refused_and_a_missing_package_names_the_extra
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'geartrain\[wandb\]'"):
         WandbLogger()
+
+
+def test_cli_records_run_directory_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import subprocess
+
+    from wandb.proto import wandb_internal_pb2
+
+    from callbacks.wandb_logger import _log_records
+    from tests.helpers.distributed import child_env
+
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)  # the command starts its own wandb helper
+    run_dir = tmp_path / "outputs" / "run"
+    cmd = [sys.executable, "-m", "trainer", "task=fit", "trainer.max_epochs=1", "trainer.limit_train_batches=3"]
+    cmd += ["trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", "logger=wandb", "~callbacks.progress_bar"]
+    cmd += [f"hydra.run.dir={run_dir}"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")  # wandb's files inside the run directory
+    (path,) = run_files(run_dir, folder.name.rsplit("-", 1)[1])
+    config: dict[str, Any] = {}
+    names = []
+    for data in _log_records(path.read_bytes()):
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "config":
+            config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+        elif kind == "run":
+            names.append(record.run.display_name)
+    assert names[0] == "outputs/run"  # the run is named after its run directory
+    assert config["geartrain.run_dir"] == str(run_dir)
+    assert config["geartrain.checkpoint_dir"] == str(run_dir / "checkpoints")
+    assert config["trainer"]["max_epochs"] == 1 and config["logger"]["wandb"]["project"] == "geartrain"
+    assert "train/loss" in series([path]) and "val/acc" in series([path])
+
+
+@pytest.mark.parametrize("log_model", ["all", True])
+def test_log_model_uploads_checkpoints_as_model_artifacts(tmp_path: Path, log_model: bool | str) -> None:
+    """Offline, an artifact is recorded in the run's file as it would be uploaded (WANDB_MODE=offline)."""
+    import base64
+    import hashlib
+
+    from wandb.proto import wandb_internal_pb2
+
+    from callbacks import ModelCheckpoint
+    from callbacks.wandb_logger import _log_records
+
+    logger = WandbLogger(save_dir=tmp_path, project="models", log_model=log_model, checkpoint_name="net")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/score", mode="max", save_top_k=1)
+    quiet_trainer(tmp_path, callbacks=[logger, checkpoint], max_epochs=2).fit(Scripted([0.7, 0.3]), *loaders())
+    run_id = logger.version
+    logger.experiment.finish()
+    (path,) = run_files(tmp_path, run_id)
+    uploads = []
+    for data in _log_records(path.read_bytes()):
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "artifact":
+            art = record.artifact
+            uploads.append(
+                (art.name, art.type, sorted(art.aliases), [(e.path, e.digest) for e in art.manifest.contents])
+            )
+    best = Path(checkpoint.best_model_path)  # epoch 0's file, kept: val/score fell after it
+    digest = base64.b64encode(hashlib.md5(best.read_bytes()).digest()).decode()
+    # "all": after each save (epoch 0's file once; epoch 1 wrote no new file); True: once, when fitting ended.
+    assert uploads == [("net", "model", ["best", "latest"], [("model.ckpt", digest)])]
