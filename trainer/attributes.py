@@ -282,7 +282,7 @@ class TrainerAttributes:
     @property
     def enable_validation(self) -> bool:
         """Whether ``fit`` validates: validation data, a ``validation_step`` and a limit above 0."""
-        if self.module is None or not hasattr(self.module, "validation_step"):
+        if self.module is None or getattr(self.module, "validation_step", None) is None:
             return False
         if self.limits["validate"] in (0, 0.0):
             return False

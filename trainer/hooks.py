@@ -119,7 +119,8 @@ def is_overridden(method_name: str, instance: object | None = None, parent: type
 
     ``parent`` defaults to :class:`~trainer.TrainModule`, :class:`~trainer.DataModule` or
     :class:`~callbacks.Callback`, whichever ``instance`` is. A method set to ``None`` on the instance
-    (``model.validation_step = None``) counts as not overridden, as does a missing one; a
+    (``model.validation_step = None``) counts as not overridden, as does a missing one; one ``parent``
+    does not define (TrainModule has no default ``validation_step``) counts as overridden; a
     ``functools.wraps`` wrapper or a ``functools.partial`` is judged by the function it wraps.
 
     >>> from trainer import TrainModule
@@ -147,7 +148,7 @@ def is_overridden(method_name: str, instance: object | None = None, parent: type
     if isinstance(fn, functools.partial):
         fn = fn.func
     parent_fn = getattr(parent, method_name, None)
-    if parent_fn is None:
-        raise ValueError(f"is_overridden: {parent.__name__} has no method {method_name!r} to compare with")
+    if parent_fn is None:  # TrainModule has no default validation_step, ...: defining one overrides
+        return True
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     return code is None or code is not getattr(getattr(parent_fn, "__func__", parent_fn), "__code__", None)

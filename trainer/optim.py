@@ -46,11 +46,6 @@ class SchedulerConfig:
                 f"lr_scheduler 'scheduler' must be a learning-rate scheduler with .step(), "
                 f"got {type(self.scheduler).__name__}"
             )
-        if self.needs_metric and self.monitor is None:
-            raise ValueError(
-                f"{type(self.scheduler).__name__} steps on a metric: give it one with "
-                "{'scheduler': ..., 'monitor': 'val/loss'} in configure_optimizers()"
-            )
 
     @property
     def needs_metric(self) -> bool:
@@ -78,8 +73,25 @@ def _is_optimizer(value: Any) -> bool:
     return isinstance(value, torch.optim.Optimizer)
 
 
-def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
-    """Accept every form DESIGN.md lists; otherwise raise naming what was returned."""
+def parse_optimizers(
+    returned: Any, automatic: bool = True
+) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    """Accept every form DESIGN.md lists; otherwise raise naming what was returned.
+
+    Under automatic optimisation (the trainer steps the schedulers) a ``ReduceLROnPlateau`` needs a
+    ``monitor``; under manual optimisation the user steps them, so it does not (as in Lightning).
+    """
+    optimizers, schedulers = _parse(returned)
+    for cfg in schedulers:
+        if automatic and cfg.needs_metric and cfg.monitor is None:
+            raise ValueError(
+                f"{type(cfg.scheduler).__name__} steps on a metric: give it one with "
+                "{'scheduler': ..., 'monitor': 'val/loss'} in configure_optimizers()"
+            )
+    return optimizers, schedulers
+
+
+def _parse(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     if _is_optimizer(returned):
         return [returned], []
     if isinstance(returned, Mapping):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.common.rng import rng_state, set_rng_state
-from trainer.loops.iteration import iterate, num_batches
+from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import make_eval_batch
 from trainer.metric_routing import EPOCH_DEFAULTS
 from trainer.metric_sync import epoch_agreement
@@ -20,7 +20,15 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["eval_loop", "predict_loop", "sanity_check", "set_num_batches", "validation_enabled"]
+__all__ = [
+    "eval_loop",
+    "module_modes",
+    "predict_loop",
+    "restore_modes",
+    "sanity_check",
+    "set_num_batches",
+    "validation_enabled",
+]
 
 _NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
@@ -45,7 +53,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     prefix = "validation" if stage == "validate" else "test"
     module, strategy, hooks, router = trainer.module, trainer.strategy, trainer.hooks, trainer.metric_router
     assert module is not None
-    if not hasattr(module, f"{prefix}_step"):
+    if getattr(module, f"{prefix}_step", None) is None:  # missing, or set to None (Lightning's way to switch off)
         raise NotImplementedError(f"{type(module).__name__} does not define {prefix}_step(self, batch, batch_idx)")
     loaders = trainer.loaders[stage]
     assert isinstance(loaders, list)
@@ -53,7 +61,10 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     if max_batches is not None:
         nums = [min(num, max_batches) for num in nums]
     set_num_batches(trainer, stage, nums)
-    was_training = module.training
+    if trainer.stage == "fit":  # as Lightning: a validation sampler may shuffle by the training epoch
+        for loader in loaders:
+            set_sampler_epoch(loader, trainer.progress.epoch)
+    modes = module_modes(module)
     if trainer.stage == "fit" and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
@@ -84,7 +95,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         trainer.running_stage = outer_stage
         router.dataloader_suffix = ""
         store.reset()
-        model_mode(module, f"on_{prefix}_model_train", was_training)
+        model_mode(module, f"on_{prefix}_model_train", modes)
         set_rng_state(rng_before)
     return values
 
@@ -99,12 +110,14 @@ def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
     """
     module, strategy, hooks = trainer.module, trainer.strategy, trainer.hooks
     assert module is not None
+    if module.predict_step is None:
+        raise NotImplementedError(f"{type(module).__name__}.predict_step is None: set it to a method to predict")
     loaders = trainer.loaders["predict"]
     assert isinstance(loaders, list)
     nums = [num_batches(loader, trainer.limits["predict"]) for loader in loaders]
     set_num_batches(trainer, "predict", nums)
     outputs: list[list[Any]] = []
-    was_training = module.training
+    modes = module_modes(module)
     model_mode(module, "on_predict_model_eval")
     try:
         with _no_grad(trainer), strategy.evaluation_context():
@@ -124,7 +137,7 @@ def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
             hooks("on_predict_epoch_end")
             hooks("on_predict_end")
     finally:
-        module.train(was_training)
+        restore_modes(module, modes)
     return outputs
 
 
@@ -141,7 +154,7 @@ def validation_enabled(trainer: Trainer) -> bool:
     """Whether ``fit`` validates: validation data, a ``validation_step``, and a limit above 0."""
     return (
         trainer.loaders.get("validate") is not None
-        and hasattr(trainer.module, "validation_step")
+        and getattr(trainer.module, "validation_step", None) is not None
         and trainer.limits["validate"] not in (0, 0.0)
     )
 
@@ -181,10 +194,24 @@ def overrides(module: TrainModule, hook: str) -> bool:
     return getattr(type(module), hook) is not getattr(TrainModule, hook)
 
 
-def model_mode(module: TrainModule, hook: str, training: bool = False) -> None:
-    """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else set the mode directly
-    (``training``: the mode to restore; the default hooks' effect, without the call)."""
+def module_modes(module: torch.nn.Module) -> dict[str, bool]:
+    """The ``training`` flag of ``module`` and of every submodule, by name (to put back after evaluating)."""
+    return {name: sub.training for name, sub in module.named_modules()}
+
+
+def restore_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
+    """Put back what :func:`module_modes` read: a submodule the user keeps in eval mode stays there."""
+    for name, sub in module.named_modules():
+        if name in modes:
+            sub.training = modes[name]
+
+
+def model_mode(module: TrainModule, hook: str, modes: dict[str, bool] | None = None) -> None:
+    """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else do what the default does:
+    ``eval()``, or (``modes`` given, the ``_train`` hooks) put back every submodule's own mode, as Lightning 2.6."""
     if overrides(module, hook):
         getattr(module, hook)()
+    elif modes is None:
+        module.eval()
     else:
-        module.train(training)
+        restore_modes(module, modes)

@@ -11,7 +11,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING
 
-from trainer.common.errors import Preempted
+from trainer.common.errors import PossibleUserWarning, Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import Window, make_train_batch, step_schedulers
@@ -21,6 +21,8 @@ from trainer.metrics import MetricStore
 from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:
+    import torch
+
     from trainer.trainer import Trainer
 
 __all__ = ["fit_loop", "should_stop_training", "train_epoch"]
@@ -71,7 +73,7 @@ def fit_loop(trainer: Trainer) -> None:
     if no_training_batches(trainer):
         hooks("on_fit_end")
         return
-    trainer.module.train()
+    _warn_if_in_eval_mode(trainer.module)  # the user's modes stay as they are, as in Lightning 2.6
     hooks("on_train_start")
     while not should_stop_training(trainer):
         if p.epoch_finished:
@@ -83,6 +85,18 @@ def fit_loop(trainer: Trainer) -> None:
     _drop_open_window(trainer, trainer.window)
     hooks("on_train_end")
     hooks("on_fit_end")
+
+
+def _warn_if_in_eval_mode(module: torch.nn.Module) -> None:
+    """Say when submodules will train in eval mode (frozen batch norm may be meant; a forgotten ``eval()`` not)."""
+    in_eval = [name or type(module).__name__ for name, sub in module.named_modules() if not sub.training]
+    if in_eval:
+        warnings.warn(
+            f"{len(in_eval)} module(s) are in eval mode at the start of training ({', '.join(in_eval[:5])}"
+            f"{', ...' if len(in_eval) > 5 else ''}); they stay so. Call .train() on them if that is not meant.",
+            PossibleUserWarning,
+            stacklevel=2,
+        )
 
 
 def no_training_batches(trainer: Trainer) -> bool:
