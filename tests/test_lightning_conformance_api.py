@@ -165,7 +165,7 @@ def test_manual_optimisation_takes_plateau_without_monitor_and_custom_schedulers
     model = PlateauByHand()
     trainer = quiet_trainer(tmp_path, max_epochs=1)
     trainer.fit(model, make_loader())  # 3 batches
-    plateau, custom = model.lr_schedulers()
+    _, custom = model.lr_schedulers()
     assert custom.steps == 3
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**2)  # 2 plateau steps after the 1st
 
