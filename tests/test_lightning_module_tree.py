@@ -145,9 +145,9 @@ def test_the_import_lines_lightning_programs_use() -> None:
 
 
 def test_unknown_names_fail_as_python_does() -> None:
-    with pytest.raises(AttributeError, match="'trainer.lightning.callbacks' has no attribute 'Nope'"):
+    with pytest.raises(AttributeError, match=r"'trainer\.lightning\.callbacks' has no attribute 'Nope'"):
         _ = pl.callbacks.Nope
-    with pytest.raises(ModuleNotFoundError, match="trainer.lightning.callbacks.nope"):
+    with pytest.raises(ModuleNotFoundError, match=r"trainer\.lightning\.callbacks\.nope"):
         importlib.import_module("trainer.lightning.callbacks.nope")
 
 
@@ -194,7 +194,7 @@ def test_lightnings_loggers_resolve_under_the_tree(name: str) -> None:
 
 
 def test_a_logger_geartrain_lacks_is_refused_when_built() -> None:
-    with pytest.raises(NotImplementedError, match="WandbLogger is not supported yet.*subclass callbacks.Logger"):
+    with pytest.raises(NotImplementedError, match=r"WandbLogger is not supported yet.*subclass callbacks\.Logger"):
         pl.loggers.WandbLogger(project="x")
 
 
