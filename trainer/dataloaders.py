@@ -32,6 +32,7 @@ __all__ = [
     "ZipLoaders",
     "check_takes_dataloader_idx",
     "is_datamodule",
+    "refuse_dataloader_iter",
     "resolve_loaders",
     "results_per_loader",
     "split_datamodule",
@@ -281,6 +282,20 @@ def check_takes_dataloader_idx(module: Any, step_name: str) -> None:
             f"{type(module).__name__}.{step_name} is given several dataloaders, so it is called as "
             f"{step_name}(batch, batch_idx, dataloader_idx) (as in Lightning); add a `dataloader_idx: int = 0` "
             "parameter, or pass one dataloader"
+        )
+
+
+def refuse_dataloader_iter(fn: Callable[..., Any], name: str) -> None:
+    """Lightning's experimental ``def training_step(self, dataloader_iter)`` form is refused, by name."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if "dataloader_iter" in params:
+        raise NotImplementedError(
+            f"{name}(self, dataloader_iter) is not supported: geartrain hands each step one batch; define "
+            f"{name}(self, batch, batch_idx), and to look ahead (prefetching), do it in the DataLoader "
+            "(num_workers, prefetch_factor)"
         )
 
 

@@ -22,7 +22,7 @@ import torch
 from strategies.base import Strategy
 from strategies.precision import Precision
 from trainer.common.tree import move_to_device
-from trainer.dataloaders import check_takes_dataloader_idx, with_last_arg
+from trainer.dataloaders import check_takes_dataloader_idx, refuse_dataloader_iter, with_last_arg
 from trainer.loops.optimizer_step import (
     ManualOptimizer,
     NonFinite,
@@ -377,7 +377,7 @@ def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:
     the signature is read once, here, not per batch.
     """
     assert strategy.module is not None
-    _refuse_dataloader_iter(getattr(strategy.module, name), name)
+    refuse_dataloader_iter(getattr(strategy.module, name), name)
     takes_index = _takes_batch_idx(getattr(strategy.module, name))
     fn: Callable[..., Any]
     if _keeps(strategy, Strategy, "step"):
@@ -387,20 +387,6 @@ def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:
     if takes_index:
         return fn
     return lambda batch, batch_idx: fn(batch)
-
-
-def _refuse_dataloader_iter(fn: Callable[..., Any], name: str) -> None:
-    """Lightning's experimental ``def training_step(self, dataloader_iter)`` form is refused, by name."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return
-    if "dataloader_iter" in params:
-        raise NotImplementedError(
-            f"{name}(self, dataloader_iter) is not supported: geartrain hands each step one batch; define "
-            f"{name}(self, batch, batch_idx), and to look ahead (prefetching), do it in the DataLoader "
-            "(num_workers, prefetch_factor)"
-        )
 
 
 def _takes_batch_idx(fn: Callable[..., Any]) -> bool:
