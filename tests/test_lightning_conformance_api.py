@@ -170,6 +170,52 @@ def test_manual_optimisation_takes_plateau_without_monitor_and_custom_schedulers
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**2)  # 2 plateau steps after the 1st
 
 
+class UpdatedByHand:
+    """A schedule the user advances with ``update()`` under manual optimisation: no ``step`` at all."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer, self.updates = optimizer, 0
+
+    def update(self) -> None:
+        self.updates += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] *= 0.5
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = state["updates"]
+
+
+def test_manual_optimisation_takes_a_scheduler_without_step_and_every_scheduler_needs_state(tmp_path: Path) -> None:
+    class Updates(Regressor):
+        automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            opt = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+            self.lr_schedulers().update()
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [opt], [UpdatedByHand(opt)]
+
+    model = Updates()
+    quiet_trainer(tmp_path, max_epochs=1).fit(model, make_loader())
+    assert model.lr_schedulers().updates == 3
+
+    class Stateless(Updates):
+        def configure_optimizers(self) -> Any:
+            return [torch.optim.SGD(self.parameters(), lr=0.1)], [object()]
+
+    with pytest.raises(TypeError, match=r"must have state_dict\(\) and load_state_dict\(\).*got object"):
+        quiet_trainer(tmp_path, max_epochs=1).fit(Stateless(), make_loader())
+
+
 def test_custom_scheduler_under_automatic_optimisation_is_stepped_through_lr_scheduler_step(tmp_path: Path) -> None:
     seen: list[Any] = []
 
