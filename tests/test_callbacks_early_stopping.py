@@ -11,7 +11,7 @@ from callbacks import EarlyStopping, ModelCheckpoint
 from callbacks.early_stopping import EarlyStoppingReason
 from tests.helpers.callback_tools import OtherRankStrategy, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 
 def _run(es: EarlyStopping, scores: list[float], **kwargs: object) -> int:

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from examples.charlm import DEFAULT_PATH, VOCAB, CharData, CharLM, decode, encode
 from tests.helpers import REPO_ROOT
 from tests.helpers.trainers import quiet_trainer
 from trainer import seed_everything
-from trainer.cli import config_dir
+from trainer.cli.app import config_dir
 
 TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
 
@@ -74,7 +75,7 @@ def test_experiments_compose(name: str, target: str) -> None:
         cfg = compose("config", overrides=[_experiment_override(name)])
     assert cfg.model._target_ == "examples.charlm.CharLM"
     assert cfg.data.block_size == cfg.model.block_size
-    assert cfg.strategy._target_.endswith(target)
+    assert type(instantiate(cfg.strategy)).__name__ == target
 
 
 def test_ddp_experiment_builds_on_charlm_with_two_processes() -> None:

@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from strategies import Strategy
 from trainer import DataModule, TrainModule
-from trainer.cli import config_dir
-from trainer.config import register_configs
+from trainer.cli.app import config_dir
+from trainer.cli.config import register_configs
 
 CONF = config_dir()
 
@@ -81,7 +81,7 @@ def test_experiments_compose(name: str) -> None:
 
 def test_digits_ddp_experiment_means_two_ddp_processes() -> None:
     cfg = make("experiment=digits_ddp")
-    assert cfg.strategy._target_.endswith("DDPStrategy")
+    assert type(instantiate(cfg.strategy)).__name__ == "DDPStrategy"
     assert cfg.trainer.devices == 2
 
 

@@ -25,7 +25,7 @@ from tests.helpers.regression import Regressor, assert_same_weights, make_datase
 from tests.helpers.trainers import quiet_trainer
 from trainer.common.errors import MisconfigurationException, PossibleUserWarning
 from trainer.common.rank_zero import rank_zero_only
-from trainer.dataloaders import CombinedLoader
+from trainer.data.loaders import CombinedLoader
 from trainer.hooks import is_overridden
 
 

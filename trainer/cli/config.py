@@ -8,10 +8,12 @@ fails while the config is composed, before anything runs, with a message naming 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, field, make_dataclass
+from datetime import timedelta
 from typing import Any, Dict, List, Optional  # noqa: UP035
 
-__all__ = ["OptimConfig", "SGDOptimConfig", "TrainerConfig", "register_configs"]
+__all__ = ["OptimConfig", "SGDOptimConfig", "TrainerConfig", "register_configs", "strategy_schema"]
 
 
 # OmegaConf reads these annotations at run time: they must be typing forms it knows (Optional, Any),
@@ -57,8 +59,9 @@ class TrainerConfig:
     barebones: bool = False
     sync_batchnorm: bool = False
     reload_dataloaders_every_n_epochs: int = 0
-    #: Refused until they exist (the Trainer's message names the alternative).
+    #: A name ("simple", "advanced", "pytorch") or null.
     profiler: Any = None
+    #: Lightning's; refused unless left at these values (the Trainer's message names the alternative).
     plugins: Any = None
     enable_autolog_hparams: bool = True
     model_registry: Optional[str] = None  # noqa: UP045
@@ -83,102 +86,56 @@ class TrainerConfig:
             )
 
 
-@dataclass
-class _OneDeviceStrategyConfig:
-    _target_: str = ""
-    precision: Optional[str] = None  # noqa: UP045
-    device: Optional[str] = None  # noqa: UP045
+def strategy_schema(cls: type, name: str, implied: dict[str, Any] | None = None) -> type:
+    """The schema of ``strategy=<name>``, derived from the strategy class's constructor (its one declaration).
+
+    One field per constructor argument, typed as OmegaConf can check it (a union of a config type with
+    others, ``float | timedelta``, is the config type; anything else is ``Any``), with the signature's
+    default; arguments the name implies (``ddp_fork``: ``start_method="fork"``) default to ``null``, so
+    the name decides unless the config says otherwise. Built through
+    :func:`strategies.registry.build_strategy`, which leaves ``null`` arguments to the class.
+    """
+    fields: list[tuple[str, Any, Any]] = [
+        ("_target_", str, field(default="strategies.registry.build_strategy")),
+        ("name", str, field(default=name)),
+    ]
+    for param in list(inspect.signature(cls).parameters.values()):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        kind, default = _config_type(str(param.annotation)), _config_value(param.default)
+        if kind is not Any and default is not None and not isinstance(default, kind):
+            kind = Any  # ``int | Literal["auto"] = "auto"``: the value itself says the type is wider
+        if implied and param.name in implied:
+            default = None
+        fields.append((param.name, Optional[kind] if kind is not Any else Any, field(default=default)))  # noqa: UP045
+    return make_dataclass(f"{cls.__name__}Config_{name}", fields)
 
 
-@dataclass
-class SingleStrategyConfig(_OneDeviceStrategyConfig):
-    """``strategy=single``: one process on one device."""
-
-    _target_: str = "strategies.SingleDeviceStrategy"
+_CONFIG_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
 
 
-@dataclass
-class AMPStrategyConfig(_OneDeviceStrategyConfig):
-    """``strategy=amp``: one device, mixed precision by default."""
-
-    _target_: str = "strategies.AMPStrategy"
-
-
-@dataclass
-class _ParallelStrategyConfig:
-    _target_: str = ""
-    devices: Any = "auto"
-    num_nodes: int = 1
-    precision: Optional[str] = None  # noqa: UP045
-    device: Optional[str] = None  # noqa: UP045
-    process_group_backend: Optional[str] = None  # noqa: UP045
-    timeout: float = 1800.0
-    max_restarts: int = 0
+def _config_type(annotation: str) -> Any:
+    """``"float | timedelta"`` -> float, ``"int | str"`` -> Any: the one config type in the union, if one."""
+    parts, depth, current = [], 0, ""
+    for char in annotation:
+        depth += (char in "[(" and 1) or ((char in "])" and -1) or 0)
+        if char == "|" and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    parts.append(current.strip())
+    simple = [_CONFIG_TYPES[part] for part in parts if part in _CONFIG_TYPES]
+    return simple[0] if len(simple) == 1 else Any
 
 
-@dataclass
-class DDPStrategyConfig(_ParallelStrategyConfig):
-    """``strategy=ddp``: one process per device, gradients all-reduced in backward."""
-
-    _target_: str = "strategies.DDPStrategy"
-    find_unused_parameters: bool = False
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
-    #: "spawn", or "fork" (ddp_fork / ddp_notebook: classes defined in __main__ work).
-    start_method: str = "spawn"
-    #: Seconds the processes started here get to save after SIGTERM/SIGINT/SIGHUP/SIGUSR1.
-    preemption_grace_period: float = 30.0
-
-
-@dataclass
-class DDPAliasConfig(_ParallelStrategyConfig):
-    """Lightning's DDP names (``strategy=ddp_fork``, ``ddp_spawn``, ...): ``null`` keeps the alias's choice."""
-
-    _target_: str = "strategies.registry.build_strategy"
-    name: str = "ddp"
-    find_unused_parameters: Optional[bool] = None  # noqa: UP045
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
-    start_method: Optional[str] = None  # noqa: UP045
-    preemption_grace_period: Optional[float] = None  # noqa: UP045
-
-
-@dataclass
-class SingleAliasConfig(_OneDeviceStrategyConfig):
-    """``strategy=single_device``: Lightning's name for ``single``."""
-
-    _target_: str = "strategies.registry.build_strategy"
-    name: str = "single_device"
-
-
-@dataclass
-class FSDPStrategyConfig(_ParallelStrategyConfig):
-    """``strategy=fsdp``: parameters, gradients and optimizer state sharded over the processes."""
-
-    _target_: str = "strategies.FSDPStrategy"
-    layer_classes: Optional[List[str]] = None  # noqa: UP006, UP045
-    reshard_after_forward: Any = True  # a bool, or a rank count to reshard to
-    cpu_offload: bool = False
-    state_dict_type: str = "sharded"
-
-
-@dataclass
-class ModelParallelStrategyConfig(_ParallelStrategyConfig):
-    """``strategy=model_parallel``: a (data-parallel x tensor-parallel) mesh for the module's configure_model."""
-
-    _target_: str = "strategies.ModelParallelStrategy"
-    data_parallel_size: Any = "auto"
-    tensor_parallel_size: Any = "auto"
-    save_distributed_checkpoint: bool = True
-
-
-@dataclass
-class DPStrategyConfig:
-    """``strategy=dp``: ``nn.DataParallel`` over the visible GPUs in one process."""
-
-    _target_: str = "strategies.DataParallelStrategy"
-    devices: Any = "auto"
-    precision: Optional[str] = None  # noqa: UP045
+def _config_value(default: Any) -> Any:
+    """A signature default as a config value: ``timedelta`` as seconds, objects as ``null`` (the class decides)."""
+    if isinstance(default, timedelta):
+        return default.total_seconds()
+    if default is inspect.Parameter.empty or not isinstance(default, (bool, int, float, str, type(None))):
+        return None
+    return default
 
 
 @dataclass
@@ -217,15 +174,12 @@ def register_configs() -> None:
     """Put the schemas into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
+    from strategies.registry import own_aliases, strategy_classes
+
     cs = ConfigStore.instance()
     cs.store(group="schema/trainer", name="trainer", node=TrainerConfig)
-    cs.store(group="schema/strategy", name="single", node=SingleStrategyConfig)
-    cs.store(group="schema/strategy", name="amp", node=AMPStrategyConfig)
-    cs.store(group="schema/strategy", name="ddp", node=DDPStrategyConfig)
-    cs.store(group="schema/strategy", name="fsdp", node=FSDPStrategyConfig)
-    cs.store(group="schema/strategy", name="dp", node=DPStrategyConfig)
-    cs.store(group="schema/strategy", name="ddp_alias", node=DDPAliasConfig)
-    cs.store(group="schema/strategy", name="single_alias", node=SingleAliasConfig)
-    cs.store(group="schema/strategy", name="model_parallel", node=ModelParallelStrategyConfig)
+    for cls in strategy_classes().values():
+        for name, implied in {cls.name: {}, **own_aliases(cls)}.items():
+            cs.store(group="schema/strategy", name=name, node=strategy_schema(cls, name, implied))
     cs.store(group="schema/optim", name="adamw", node=OptimConfig)
     cs.store(group="schema/optim", name="sgd", node=SGDOptimConfig)
