@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from callbacks._unsupported import UNSUPPORTED, unsupported_class
+from callbacks._unsupported import UNSUPPORTED, UNSUPPORTED_LOGGERS, unsupported_class
 from callbacks.base import Callback, Checkpoint
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ _unsupported: dict[str, type[Callback]] = {}
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in UNSUPPORTED:
+    if name in UNSUPPORTED or name in UNSUPPORTED_LOGGERS:
         if name not in _unsupported:
             _unsupported[name] = unsupported_class(name)
         return _unsupported[name]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from enum import Enum
 from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
@@ -16,7 +17,17 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["EarlyStopping"]
+__all__ = ["EarlyStopping", "EarlyStoppingReason"]
+
+
+class EarlyStoppingReason(Enum):
+    """Why :class:`EarlyStopping` stopped training (Lightning's enum, values included)."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -96,7 +107,11 @@ class EarlyStopping(Callback):
         self.best_score = math.inf if mode == "min" else -math.inf
         #: Epoch in which training was stopped (-1 while it was not).
         self.stopped_epoch = -1
-        self.stopping_reason = ""
+        #: Why this process asked to stop (``NOT_STOPPED`` while it did not, also when another rank did).
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        #: The sentence saying why training stopped; ``None`` while it did not.
+        self.stopping_reason_message: str | None = None
+        self._reason = EarlyStoppingReason.NOT_STOPPED  # of the last update() that asked to stop
         self._monitor = Monitor(
             self,
             monitor,
@@ -115,10 +130,13 @@ class EarlyStopping(Callback):
     def update(self, value: float) -> tuple[bool, str]:
         """Take one new value; return whether to stop and why. Updates the patience state."""
         if self.check_finite and not math.isfinite(value):
+            self._reason = EarlyStoppingReason.NON_FINITE_METRIC
             return True, f"{self.monitor} = {value} is not finite"
         if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
+            self._reason = EarlyStoppingReason.STOPPING_THRESHOLD
             return True, f"{self.monitor} = {value:.6g} reached the stopping threshold {self.stopping_threshold}"
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
+            self._reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
             return (
                 True,
                 f"{self.monitor} = {value:.6g} is worse than the divergence threshold {self.divergence_threshold}",
@@ -130,6 +148,7 @@ class EarlyStopping(Callback):
             return False, ""
         self.wait_count += 1
         if self.wait_count >= self.patience:
+            self._reason = EarlyStoppingReason.PATIENCE_EXHAUSTED
             return True, (
                 f"{self.monitor} did not improve by more than {self.min_delta} for {self.wait_count} "
                 f"checks; best {self.best_score:.6g}"
@@ -161,14 +180,15 @@ class EarlyStopping(Callback):
         if float(strategy.reduce(vote, "max")) > 0:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
-            self.stopping_reason = reason or "another process decided to stop"
+            self.stopping_reason = self._reason if stop else EarlyStoppingReason.NOT_STOPPED
+            self.stopping_reason_message = reason or "another process decided to stop"
             if self.verbose and (trainer.is_global_zero or not self.log_rank_zero_only):
                 out = self.stream if self.stream is not None else sys.stdout
                 rank = (
                     f"[rank: {trainer.global_rank}] " if trainer.world_size > 1 and not self.log_rank_zero_only else ""
                 )
                 print(
-                    f"{rank}EarlyStopping: stopping after epoch {trainer.current_epoch}: {self.stopping_reason}",
+                    f"{rank}EarlyStopping: stopping after epoch {trainer.current_epoch}: {self.stopping_reason_message}",
                     file=out,
                 )
 
@@ -179,6 +199,8 @@ class EarlyStopping(Callback):
             "best_score": self.best_score,
             "stopped_epoch": self.stopped_epoch,
             "patience": self.patience,
+            "stopping_reason": self.stopping_reason.value,
+            "stopping_reason_message": self.stopping_reason_message,
         }
 
     @override
@@ -186,3 +208,5 @@ class EarlyStopping(Callback):
         self.wait_count = int(state.get("wait_count", 0))
         self.best_score = float(state.get("best_score", self.best_score))
         self.stopped_epoch = int(state.get("stopped_epoch", -1))
+        self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
+        self.stopping_reason_message = state.get("stopping_reason_message")

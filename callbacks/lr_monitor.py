@@ -53,11 +53,19 @@ class LearningRateMonitor(Callback):
         self.log_weight_decay = log_weight_decay
         #: Every learning rate logged so far, by key (Lightning's ``lrs``).
         self.lrs: dict[str, list[float]] = {}
+        #: The momentum (``<key>-momentum``) and weight decay (``<key>-weight_decay``) logged last.
+        self.last_momentum_values: dict[str, float | None] = {}
+        self.last_weight_decay_values: dict[str, float | None] = {}
+        self._batch_logged = False  # this batch's values are logged (several optimizers step per batch)
 
     def _log(self, trainer: Trainer) -> None:
         values = self.learning_rates(trainer)
         for key, value in values.items():
-            if not key.endswith(("-momentum", "-weight_decay")):
+            if key.endswith("-momentum"):
+                self.last_momentum_values[key] = value
+            elif key.endswith("-weight_decay"):
+                self.last_weight_decay_values[key] = value
+            else:
                 self.lrs.setdefault(key, []).append(value)
         trainer.log_metrics(values, step=trainer.global_step)
 
@@ -120,8 +128,18 @@ class LearningRateMonitor(Callback):
             self._log(trainer)
 
     @override
+    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
+        self._batch_logged = False
+
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, module: TrainModule, optimizer: torch.optim.Optimizer) -> None:
         # Same steps as the trainer's own step logging: the step with index i is logged when
-        # (i + 1) is a multiple of log_every_n_steps.
-        if self._interval(trainer) == "step" and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+        # (i + 1) is a multiple of log_every_n_steps. Every optimizer's values are logged together, once
+        # a batch, also where several optimizers step in one batch (manual optimisation), as Lightning does.
+        if (
+            not self._batch_logged
+            and self._interval(trainer) == "step"
+            and (trainer.global_step + 1) % trainer.log_every_n_steps == 0
+        ):
+            self._batch_logged = True
             self._log(trainer)

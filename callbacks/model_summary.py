@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["ModelSummary", "RichModelSummary", "summarize"]
+__all__ = ["ModelSummary", "RichModelSummary", "Summary", "summarize"]
 
 #: ``summarize_kwargs`` Lightning's summaries read: styling only, accepted and without effect here.
 STYLING_KWARGS = frozenset({"header_style"})
@@ -87,6 +87,35 @@ def summarize(module: nn.Module, max_depth: int = 1) -> str:
     ):
         table.append(f"{value:<9} {label}")
     return "\n".join(table)
+
+
+class Summary:
+    """A module's summary as an object (Lightning's ``utilities.model_summary.ModelSummary``).
+
+    ``print(Summary(model, max_depth=2))`` prints :func:`summarize`'s table; the counts are attributes.
+
+    >>> Summary(nn.Linear(2, 3)).total_parameters
+    9
+    """
+
+    def __init__(self, model: nn.Module, max_depth: int = 1) -> None:
+        self.model = model
+        self.max_depth = max_depth
+
+    @property
+    def trainable_parameters(self) -> int:
+        """Parameters that require gradients."""
+        return _count(self.model)[0]
+
+    @property
+    def total_parameters(self) -> int:
+        """All parameters."""
+        return sum(_count(self.model))
+
+    def __str__(self) -> str:
+        return summarize(self.model, self.max_depth)
+
+    __repr__ = __str__
 
 
 def _io_sizes(module: nn.Module, names: list[str]) -> dict[str, tuple[str, str]]:

@@ -108,6 +108,78 @@ class ProgressBar(Callback):
         """
         return {key: float(value) for key, value in trainer.progress_bar_metrics.items()}
 
+    # Lightning's ProgressBar attributes, for progress bars written as its subclasses.
+    _trainer: Trainer | None = None
+    _current_eval_dataloader_idx: int | None = None
+    sanity_check_description = "Sanity Checking"
+    train_description = "Training"
+    validation_description = "Validation"
+    test_description = "Testing"
+    predict_description = "Predicting"
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        self._trainer = trainer
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer this bar reports on (set at ``setup``)."""
+        if self._trainer is None:
+            raise TypeError(f"{type(self).__name__}.trainer is set when a Trainer sets this callback up")
+        return self._trainer
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """Training batches this epoch (``inf`` for a loader without length)."""
+        return self.trainer.num_training_batches
+
+    @property
+    def total_val_batches(self) -> int | float:
+        """Validation batches of all validation loaders in this epoch's validation (0 if it does not validate)."""
+        trainer = self.trainer
+        every = trainer.check_val_every_n_epoch
+        if not trainer.enable_validation or (every is not None and (trainer.current_epoch + 1) % every):
+            return 0
+        num = trainer.num_val_batches
+        return sum(num) if isinstance(num, list) else num
+
+    def _of_current_loader(self, num: float | list[float]) -> int | float:
+        return num[self._current_eval_dataloader_idx or 0] if isinstance(num, list) else num
+
+    @property
+    def total_val_batches_current_dataloader(self) -> int | float:
+        """Batches of the validation loader being run (the sanity check's count while it runs)."""
+        trainer = self.trainer
+        return self._of_current_loader(
+            trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
+        )
+
+    @property
+    def total_test_batches_current_dataloader(self) -> int | float:
+        """Batches of the test loader being run."""
+        return self._of_current_loader(self.trainer.num_test_batches)
+
+    @property
+    def total_predict_batches_current_dataloader(self) -> int | float:
+        """Batches of the predict loader being run."""
+        return self._of_current_loader(self.trainer.num_predict_batches)
+
+    def has_dataloader_changed(self, dataloader_idx: int) -> bool:
+        """Record ``dataloader_idx`` as the current loader; whether it differs from the one before."""
+        old, self._current_eval_dataloader_idx = self._current_eval_dataloader_idx, dataloader_idx
+        return old != dataloader_idx
+
+    def reset_dataloader_idx_tracker(self) -> None:
+        """Forget the current loader (a new evaluation begins)."""
+        self._current_eval_dataloader_idx = None
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """Print a line (to this bar's stream) without breaking the bar."""
+        if self._progress is not None:
+            self._progress.console.print(*args, **kwargs)
+        else:
+            print(*args, file=self._out, **kwargs)
+
     @property
     def _out(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stdout

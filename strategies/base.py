@@ -194,14 +194,15 @@ class Strategy:
         """Context around a whole evaluation or predict loop (FSDP gathers full weights once here)."""
         return contextlib.nullcontext()
 
-    def manual_backward(self, loss: torch.Tensor) -> None:
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward of a loss from ``self.manual_backward`` (manual optimisation; may run several
-        times after one forward). Default: :meth:`backward`."""
-        self.backward(loss)
+        times after one forward). Default: :meth:`backward`. ``args``/``kwargs`` (``retain_graph=True``)
+        reach ``loss.backward``."""
+        self.backward(loss, *args, **kwargs)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` (scaled under fp16)."""
-        self.precision.backward(loss)
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (scaled under fp16); ``args``/``kwargs`` go to ``loss.backward``."""
+        self.precision.backward(loss, *args, **kwargs)
 
     def clip_gradients(
         self, optimizer: torch.optim.Optimizer, value: float | None, algorithm: str = "norm"
@@ -221,9 +222,9 @@ class Strategy:
             return None
         raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {algorithm!r}")
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         """Step ``optimizer``; False when the precision skipped it (fp16 overflow)."""
-        return self.precision.optimizer_step(optimizer)
+        return self.precision.optimizer_step(optimizer, **kwargs)
 
     # ----------------------------------------------------------------- collectives
     def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -123,7 +123,7 @@ class DDPStrategy(ParallelStrategy):
         return getattr(self.module, hook)(*args)
 
     @override
-    def manual_backward(self, loss: torch.Tensor) -> None:
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Each manual backward gets DDP's reducer ready for it.
 
         DDP prepares its gradient all-reduce once per forward (from the forward's output). Manual
@@ -139,7 +139,7 @@ class DDPStrategy(ParallelStrategy):
             unused_search = model.find_unused_parameters and not model.static_graph
             model.reducer._rebuild_buckets()
             model.reducer.prepare_for_backward(list(_find_tensors(loss)) if unused_search else [])
-        self.backward(loss)
+        self.backward(loss, *args, **kwargs)
 
     @override
     def no_backward_sync(self, skip: bool) -> contextlib.AbstractContextManager[None]:

@@ -65,16 +65,16 @@ class Precision:
         """Context for forward passes (autocast in mixed precision; here a shared do-nothing one)."""
         return NULL_CONTEXT
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss``."""
-        loss.backward()
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (``args``/``kwargs``, e.g. ``retain_graph=True``, go to ``loss.backward``)."""
+        loss.backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients to their true scale before clipping (default: they already are)."""
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         """Step ``optimizer``; return False when the step was skipped (e.g. fp16 overflow)."""
-        optimizer.step()
+        optimizer.step(**kwargs)
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,25 +109,25 @@ class MixedPrecision(Precision):
         # A new autocast object per use: it keeps the previous autocast state on itself while active.
         return torch.autocast(self.device_type, dtype=self.dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward()
+        loss.backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is not None and id(optimizer) not in self._unscaled:
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         if self.scaler is None:
-            optimizer.step()
+            optimizer.step(**kwargs)
             return True
         self._unscaled.discard(id(optimizer))
         # get_scale() reads a device scalar: one host-device sync per fp16 step, needed to tell a
         # skipped step from a taken one.
         before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
+        self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
         return not self.scaler.get_scale() < before
 

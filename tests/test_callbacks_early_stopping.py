@@ -8,6 +8,7 @@ import math
 import pytest
 
 from callbacks import EarlyStopping, ModelCheckpoint
+from callbacks.early_stopping import EarlyStoppingReason
 from tests.helpers.callback_tools import OtherRankStrategy, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.files import load_checkpoint
@@ -60,7 +61,14 @@ def test_says_why_and_keeps_state_in_checkpoints(tmp_path: object) -> None:
         "EarlyStopping: stopping after epoch 1: val/score did not improve by more than 0.0 for 1 checks; best 1\n"
     )
     state = load_checkpoint(ck.last_model_path)["callbacks"]["EarlyStopping[monitor=val/score,mode=min]"]
-    assert state == {"wait_count": 1, "best_score": 1.0, "stopped_epoch": 1, "patience": 1}
+    assert state == {
+        "wait_count": 1,
+        "best_score": 1.0,
+        "stopped_epoch": 1,
+        "patience": 1,
+        "stopping_reason": EarlyStoppingReason.PATIENCE_EXHAUSTED.value,
+        "stopping_reason_message": "val/score did not improve by more than 0.0 for 1 checks; best 1",
+    }
 
 
 def test_typo_in_monitor_is_a_clear_error() -> None:
@@ -73,7 +81,8 @@ def test_a_rank_that_wants_to_go_on_stops_when_another_rank_stops() -> None:
     strategy = OtherRankStrategy(other_votes=[0.0, 0.0, 1.0, 0.0])
     es = EarlyStopping(monitor="val/score", patience=5, verbose=False)
     assert _run(es, [5.0, 4.0, 3.0, 2.0, 1.0], strategy=strategy) == 3
-    assert es.stopping_reason == "another process decided to stop"
+    assert es.stopping_reason_message == "another process decided to stop"
+    assert es.stopping_reason is EarlyStoppingReason.NOT_STOPPED  # as Lightning: this rank did not decide
     assert [vote for vote, _ in strategy.reduce_calls] == [0.0, 0.0, 0.0]
 
 

@@ -274,6 +274,29 @@ class TrainerAttributes:
         return int(getattr(self.strategy, "num_nodes", 1))
 
     @property
+    def precision_plugin(self) -> Any:
+        """The strategy's precision object (Lightning's ``trainer.precision_plugin``)."""
+        return self.strategy.precision
+
+    @property
+    def scaler(self) -> Any:
+        """The fp16 ``GradScaler`` in use, else None."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` of this process's data shard; None on one process (as Lightning)."""
+        return getattr(self.strategy, "distributed_sampler_kwargs", None)
+
+    @property
+    def accelerator(self) -> Any:
+        """Refused: Lightning's ``Accelerator`` object has no counterpart here (an ``AttributeError`` naming ours)."""
+        raise AttributeError(
+            "Trainer.accelerator: geartrain has no Accelerator objects; the device is trainer.strategy.root_device "
+            "and its kind trainer.strategy.root_device.type"
+        )
+
+    @property
     def local_rank(self) -> int:
         """This process's rank on its machine."""
         return self.strategy.local_rank
@@ -319,7 +342,7 @@ class TrainerAttributes:
     @property
     def enable_validation(self) -> bool:
         """Whether ``fit`` validates: validation data, a ``validation_step`` and a limit above 0."""
-        if self.run_state.module is None or not hasattr(self.run_state.module, "validation_step"):
+        if self.run_state.module is None or getattr(self.run_state.module, "validation_step", None) is None:
             return False
         if self.run_state.loop.limits["validate"] in (0, 0.0):
             return False

@@ -4,7 +4,8 @@ A config value, a path, a checkpoint, a metric name: each message names what was
 the file, the metric) and how to fix it. The ``geartrain`` command prints these as a short message
 without a traceback and exits with code 1; in Python they are ordinary exceptions.
 :class:`UserError` and its subclasses are ``ValueError``\\ s, so code that caught the ``ValueError``
-raised before keeps working. They are defined in the leaf (``trainer.common.errors``), where every
+raised before keeps working, and :class:`MisconfigurationException`\\ s (Lightning's name), so Lightning code
+catching that catches them. They are defined in the leaf (``trainer.common.errors``), where every
 room of geartrain can raise them.
 
 >>> from trainer.errors import UserError, ConfigError
@@ -14,6 +15,20 @@ True
 
 from __future__ import annotations
 
-from trainer.common.errors import CheckpointError, ConfigError, MetricNotLoggedError, UserError
+from trainer.common.errors import (
+    CheckpointError,
+    ConfigError,
+    MetricNotLoggedError,
+    MisconfigurationException,
+    PossibleUserWarning,
+    UserError,
+)
 
-__all__ = ["CheckpointError", "ConfigError", "MetricNotLoggedError", "UserError"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "MetricNotLoggedError",
+    "MisconfigurationException",
+    "PossibleUserWarning",
+    "UserError",
+]

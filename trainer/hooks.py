@@ -23,7 +23,7 @@ from trainer.profilers.base import Profiler, is_active, profiled
 if TYPE_CHECKING:
     from trainer.module import TrainModule
 
-__all__ = ["HookDispatch"]
+__all__ = ["HookDispatch", "is_overridden"]
 
 _Resolved = tuple[Callable[..., Any] | None, tuple[Callable[..., Any], ...]]
 
@@ -112,3 +112,43 @@ class HookDispatch:
                 for cb, cb_fn in zip(self._by_hook.get(hook, ()), callback_fns, strict=True)
             )
         return fn, callback_fns
+
+
+def is_overridden(method_name: str, instance: object | None = None, parent: type | None = None) -> bool:
+    """Whether ``instance`` defines ``method_name`` otherwise than ``parent`` does (Lightning's function).
+
+    ``parent`` defaults to :class:`~trainer.TrainModule`, :class:`~trainer.DataModule` or
+    :class:`~callbacks.Callback`, whichever ``instance`` is. A method set to ``None`` on the instance
+    (``model.validation_step = None``) counts as not overridden, as does a missing one; one ``parent``
+    does not define (TrainModule has no default ``validation_step``) counts as overridden; a
+    ``functools.wraps`` wrapper or a ``functools.partial`` is judged by the function it wraps.
+
+    >>> from trainer import TrainModule
+    >>> class Net(TrainModule):
+    ...     def validation_step(self, batch, batch_idx): ...
+    >>> is_overridden("validation_step", Net()), is_overridden("test_step", Net())
+    (True, False)
+    """
+    from trainer.datamodule import DataModule
+    from trainer.module import TrainModule
+
+    if instance is None:
+        return False
+    if parent is None:
+        parent = next((p for p in (TrainModule, DataModule, Callback) if isinstance(instance, p)), None)
+        if parent is None:
+            raise ValueError(
+                f"is_overridden({method_name!r}): pass parent= for a {type(instance).__name__}, which is not a "
+                "TrainModule, DataModule or Callback"
+            )
+    fn = getattr(instance, method_name, None)
+    if fn is None:
+        return False
+    fn = getattr(fn, "__wrapped__", fn)
+    if isinstance(fn, functools.partial):
+        fn = fn.func
+    parent_fn = getattr(parent, method_name, None)
+    if parent_fn is None:  # TrainModule has no default validation_step, ...: defining one overrides
+        return True
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code is None or code is not getattr(getattr(parent_fn, "__func__", parent_fn), "__code__", None)

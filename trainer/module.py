@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -236,11 +237,15 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
             if not self._log_options(name, rank_zero_only, enable_graph, sync_dist_group):
                 return
             reduce_fx = _reduce_name(name, reduce_fx)
-        if type(value) is not torch.Tensor and _is_metric_collection(value):  # tensors first: the per-step case
-            # A torchmetrics MetricCollection: each member is a Metric logged under "name/member".
-            for key, metric in value.items():
-                self.log(f"{name}/{key}", metric, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist=sync_dist)
-            return
+        if type(value) is not torch.Tensor:  # tensors first: the per-step case
+            if _is_metric_collection(value):
+                # A torchmetrics MetricCollection: each member is a Metric logged under "name/member".
+                for key, metric in value.items():
+                    self.log(
+                        f"{name}/{key}", metric, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist=sync_dist
+                    )
+                return
+            _check_loggable(name, value)
         # Positional: this runs every step, and keyword passing costs a little more per call.
         self._trainer._log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, batch_size)
         if logger is False:
@@ -293,9 +298,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         """
         from trainer.loops.step import manual_backward
 
-        if args or kwargs:
-            raise ValueError("manual_backward(loss, *args, **kwargs): extra backward arguments are not supported")
-        manual_backward(self.trainer, loss)
+        manual_backward(self.trainer, loss, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward of the training loss (automatic optimisation); override to change how it runs."""
@@ -353,6 +356,16 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
 def _is_metric_collection(value: Any) -> bool:
     """True for a torchmetrics ``MetricCollection`` (duck-typed: ``compute``, ``reset`` and ``items``)."""
     return all(callable(getattr(value, attr, None)) for attr in ("compute", "reset", "items", "keys"))
+
+
+def _check_loggable(name: str, value: Any) -> None:
+    """Refuse what ``self.log`` cannot record (None, a str, a dict, ...) as Lightning does, naming it."""
+    if isinstance(value, (numbers.Number, torch.Tensor)) or callable(getattr(value, "compute", None)):
+        return
+    hint = "; log a dict with self.log_dict" if isinstance(value, Mapping) else ""
+    raise ValueError(
+        f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be logged{hint}"
+    )
 
 
 def _reduce_name(name: str, reduce_fx: Any) -> str:

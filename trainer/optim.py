@@ -41,16 +41,6 @@ class SchedulerConfig:
             )
         if not isinstance(self.frequency, int) or self.frequency < 1:
             raise ValueError(f"lr_scheduler 'frequency' must be a positive int, got {self.frequency!r}")
-        if not callable(getattr(self.scheduler, "step", None)):
-            raise TypeError(
-                f"lr_scheduler 'scheduler' must be a learning-rate scheduler with .step(), "
-                f"got {type(self.scheduler).__name__}"
-            )
-        if self.needs_metric and self.monitor is None:
-            raise ValueError(
-                f"{type(self.scheduler).__name__} steps on a metric: give it one with "
-                "{'scheduler': ..., 'monitor': 'val/loss'} in configure_optimizers()"
-            )
 
     @property
     def needs_metric(self) -> bool:
@@ -78,8 +68,36 @@ def _is_optimizer(value: Any) -> bool:
     return isinstance(value, torch.optim.Optimizer)
 
 
-def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
-    """Accept every form DESIGN.md lists; otherwise raise naming what was returned."""
+def parse_optimizers(
+    returned: Any, automatic: bool = True
+) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    """Accept every form DESIGN.md lists; otherwise raise naming what was returned.
+
+    Under automatic optimisation (the trainer steps the schedulers) a scheduler needs ``step()`` and a
+    ``ReduceLROnPlateau`` a ``monitor``; under manual optimisation the user steps them, so they do not
+    (as in Lightning). Every scheduler needs ``state_dict``/``load_state_dict``, as Lightning requires.
+    """
+    optimizers, schedulers = _parse(returned)
+    for cfg in schedulers:
+        if automatic and not callable(getattr(cfg.scheduler, "step", None)):  # the trainer calls it
+            raise TypeError(
+                f"lr_scheduler 'scheduler' must be a learning-rate scheduler with .step(), "
+                f"got {type(cfg.scheduler).__name__}"
+            )
+        if not all(callable(getattr(cfg.scheduler, m, None)) for m in ("state_dict", "load_state_dict")):
+            raise TypeError(
+                f"lr_scheduler 'scheduler' must have state_dict() and load_state_dict() (checkpoints hold its "
+                f"state), got {type(cfg.scheduler).__name__}"
+            )
+        if automatic and cfg.needs_metric and cfg.monitor is None:
+            raise ValueError(
+                f"{type(cfg.scheduler).__name__} steps on a metric: give it one with "
+                "{'scheduler': ..., 'monitor': 'val/loss'} in configure_optimizers()"
+            )
+    return optimizers, schedulers
+
+
+def _parse(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     if _is_optimizer(returned):
         return [returned], []
     if isinstance(returned, Mapping):

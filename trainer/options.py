@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,12 @@ def loop_options(
     training and validation limits (see :func:`trainer.arguments.overfit_loader` for the order).
     """
     check_positive_int("log_every_n_steps", log_every_n_steps)
+    if isinstance(val_check_interval, (str, dict, timedelta)):
+        raise ValueError(
+            f"val_check_interval={val_check_interval!r}: validating by wall-clock time is not supported (where it "
+            "falls would differ between runs, processes and a resumed run); give an int (every that many training "
+            "batches) or a float (that fraction of an epoch)"
+        )
     if check_val_every_n_epoch is None:
         if not isinstance(val_check_interval, int) or isinstance(val_check_interval, bool):
             raise ValueError(

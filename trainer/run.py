@@ -196,7 +196,7 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
 def _adopt_optimizers(trainer: Trainer, module: TrainModule, state: dict[str, Any]) -> None:
     """The caller's ``trainer.optimizers`` and schedulers, as Lightning's are after fit: the module's own,
     holding rank 0's end state (the processes that trained them are gone)."""
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers())
+    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), module.automatic_optimization)
     try:
         for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
             opt.load_state_dict(opt_state)
@@ -220,6 +220,12 @@ def reload_loaders(trainer: Trainer, first: bool = False) -> None:
     if not (first and "fit" in state.loaders):
         state.loaders["fit"] = resolve_loaders(trainer, "fit", given.get("fit"))
     state.loaders["validate"] = resolve_loaders(trainer, "validate", given.get("validate"), required=False)
+    val = state.loaders["validate"]
+    if isinstance(val, list):  # known before the first validation, as Lightning's (progress bars read it)
+        from trainer.loops.evaluation import set_num_batches
+        from trainer.loops.iteration import num_batches
+
+        set_num_batches(state, "validate", [num_batches(loader, state.loop.limits["validate"]) for loader in val])
 
 
 def _attach_module_callbacks(trainer: Trainer, module: TrainModule) -> None:
@@ -265,7 +271,7 @@ def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> 
 
 
 def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers())
+    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), module.automatic_optimization)
     if module.automatic_optimization and len(optimizers) > 1:
         raise ValueError(
             f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimisation "

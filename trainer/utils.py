@@ -1,5 +1,6 @@
-"""``seed_everything``, ``grad_norm`` (Lightning's ``lightning.pytorch.utilities.grad_norm``), and the batch
-helpers under their old names (they live in :mod:`trainer.common.tree`)."""
+"""``seed_everything``, ``grad_norm`` (Lightning's ``lightning.pytorch.utilities.grad_norm``), Lightning's
+``rank_zero_*`` helpers and ``isolate_rng``, and the batch helpers under their old names (they live in
+:mod:`trainer.common.tree`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,22 @@ import torch
 
 from trainer.common.env import SEED, SEED_WORKERS
 from trainer.common.grad_norm import grad_norm
+from trainer.common.rank_zero import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
+from trainer.common.rng import isolate_rng
 from trainer.common.tree import apply_to_tensors, batch_size_of, move_to_device
 
-__all__ = ["apply_to_tensors", "batch_size_of", "grad_norm", "move_to_device", "seed_everything"]
+__all__ = [
+    "apply_to_tensors",
+    "batch_size_of",
+    "grad_norm",
+    "isolate_rng",
+    "move_to_device",
+    "rank_zero_debug",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+    "seed_everything",
+]
 
 
 def seed_everything(seed: int = 0, workers: bool = False) -> int:

@@ -15,10 +15,14 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "Interrupted",
+    "LightningDeprecationWarning",
     "MetricNotLoggedError",
+    "MisconfigurationException",
+    "PossibleUserWarning",
     "Preempted",
     "UserError",
     "closest",
+    "disable_possible_user_warnings",
 ]
 
 
@@ -42,7 +46,15 @@ class Interrupted(RuntimeError):
         self.signal = int(signal)
 
 
-class UserError(ValueError):
+class MisconfigurationException(Exception):
+    """Lightning's name for a setting the trainer cannot run with; every :class:`UserError` is one.
+
+    So Lightning code catching ``MisconfigurationException`` catches geartrain's refusals, and code
+    raising it (Lightning users do, in their own checks) raises what Lightning's does.
+    """
+
+
+class UserError(MisconfigurationException, ValueError):
     """A mistake in what the user asked for; the message names it and the fix."""
 
 
@@ -59,6 +71,21 @@ class MetricNotLoggedError(UserError, KeyError):
     def __str__(self) -> str:
         # KeyError's str() quotes its argument, as it expects a key; this one carries a sentence.
         return str(self.args[0]) if self.args else ""
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about something that may be a mistake, or may be meant (Lightning's name)."""
+
+
+class LightningDeprecationWarning(DeprecationWarning):
+    """A Lightning name or behaviour that is going away (Lightning's name)."""
+
+
+def disable_possible_user_warnings(module: str = "") -> None:
+    """Silence :class:`PossibleUserWarning` (of ``module`` only, when given), as Lightning's function does."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=PossibleUserWarning, module=module)
 
 
 def closest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:

@@ -8,12 +8,13 @@ starts. DataLoader worker processes get generators of their own, seeded by :clas
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["WorkerInit", "rng_state", "seed_worker", "set_rng_state"]
+__all__ = ["WorkerInit", "isolate_rng", "rng_state", "seed_worker", "set_rng_state"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -46,6 +47,25 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def isolate_rng(include_cuda: bool = True) -> Iterator[None]:
+    """Draw random numbers inside the block and leave every generator as it was before it.
+
+    Lightning's ``lightning.pytorch.utilities.seed.isolate_rng``: Python's, NumPy's and torch's
+    generators (CUDA's too unless ``include_cuda=False``) are put back on leaving, also after an exception.
+
+    >>> with isolate_rng():
+    ...     _ = torch.rand(1)
+    """
+    state = rng_state()
+    if not include_cuda:
+        state.pop("cuda", None)
+    try:
+        yield
+    finally:
+        set_rng_state(state)
 
 
 def seed_worker(worker_id: int, rank: int) -> None:

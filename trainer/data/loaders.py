@@ -6,6 +6,7 @@ them in Lightning's default ``"max_size_cycle"`` mode (:class:`MaxSizeCycle`): e
 (or dict) with one batch from every loader, the shorter loaders start over until the longest ends.
 A single loader is used as it is, so the one-loader path costs nothing extra. A list counts as several
 loaders when its items are loaders; a list of batches (tensors, tuples, dicts) is one loader.
+Lightning's :class:`CombinedLoader` chooses another of its modes (``"min_size"``, ``"max_size"``).
 """
 
 from __future__ import annotations
@@ -25,9 +26,13 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = [
+    "ZIP_MODES",
+    "CombinedLoader",
     "MaxSizeCycle",
+    "ZipLoaders",
     "check_takes_dataloader_idx",
     "is_datamodule",
+    "refuse_dataloader_iter",
     "resolve_loaders",
     "results_per_loader",
     "split_datamodule",
@@ -42,20 +47,28 @@ LOADER_METHODS = {
 }
 
 
-class MaxSizeCycle:
-    """Several training loaders as one: batches of all of them together, the shorter ones cycled.
+class ZipLoaders:
+    """Several training loaders as one: a batch of every loader together (list or dict batches).
 
-    Lightning's ``CombinedLoader(mode="max_size_cycle")``: an epoch lasts as long as the longest
-    loader; a shorter loader that runs out starts over (a new iterator, so a shuffling sampler
-    draws a new order). A list of loaders gives list batches, a dict gives dict batches.
+    ``mode`` is Lightning's: ``"max_size_cycle"`` (its default in training) lasts as long as the
+    longest loader, a shorter one that runs out starts over (a new iterator, so a shuffling sampler
+    draws a new order); ``"min_size"`` ends with the shortest; ``"max_size"`` lasts as long as the
+    longest and gives ``None`` in place of a loader that has run out.
 
-    >>> [b for b in MaxSizeCycle([[1, 2, 3], [10]])]
+    >>> [b for b in ZipLoaders([[1, 2, 3], [10]])]
     [[1, 10], [2, 10], [3, 10]]
-    >>> next(iter(MaxSizeCycle({"a": [1], "b": [2]})))
+    >>> next(iter(ZipLoaders({"a": [1], "b": [2]})))
     {'a': 1, 'b': 2}
+    >>> [b for b in ZipLoaders([[1, 2, 3], [10]], "max_size")], [b for b in ZipLoaders([[1, 2, 3], [10]], "min_size")]
+    ([[1, 10], [2, None], [3, None]], [[1, 10]])
     """
 
-    def __init__(self, loaders: list[Iterable[Any]] | Mapping[str, Iterable[Any]]) -> None:
+    def __init__(
+        self, loaders: list[Iterable[Any]] | Mapping[str, Iterable[Any]], mode: str = "max_size_cycle"
+    ) -> None:
+        if mode not in ZIP_MODES:
+            raise ValueError(f"mode={mode!r}: training combines loaders in one of {list(ZIP_MODES)}")
+        self.mode = mode
         self.keys: list[str] | None = list(loaders) if isinstance(loaders, Mapping) else None
         #: The loaders, in order (a dict's values in its order).
         self.loaders: list[Iterable[Any]] = list(loaders.values()) if isinstance(loaders, Mapping) else list(loaders)
@@ -63,22 +76,27 @@ class MaxSizeCycle:
             raise ValueError("train_dataloaders: an empty list or dict of dataloaders")
 
     def __len__(self) -> int:
-        return max(len(loader) for loader in self.loaders)  # type: ignore[arg-type]
+        lengths = [len(loader) for loader in self.loaders]  # type: ignore[arg-type]
+        return min(lengths) if self.mode == "min_size" else max(lengths)
 
     def __iter__(self) -> Iterator[Any]:
-        iterators = [iter(loader) for loader in self.loaders]
+        iterators: list[Iterator[Any] | None] = [iter(loader) for loader in self.loaders]
         exhausted = [False] * len(iterators)
         while True:
             batch = []
             for i, loader in enumerate(self.loaders):
                 try:
-                    batch.append(next(iterators[i]))
+                    batch.append(next(iterators[i]) if iterators[i] is not None else None)  # type: ignore[arg-type]
                 except StopIteration:
                     exhausted[i] = True
-                    if all(exhausted):
+                    if all(exhausted) or self.mode == "min_size":
                         return
+                    if self.mode == "max_size":
+                        iterators[i] = None
+                        batch.append(None)
+                        continue
                     iterators[i] = iter(loader)
-                    batch.append(next(iterators[i]))
+                    batch.append(next(iterators[i]))  # type: ignore[arg-type]
             yield dict(zip(self.keys, batch)) if self.keys is not None else batch
 
     def set_epoch(self, epoch: int) -> None:
@@ -87,6 +105,66 @@ class MaxSizeCycle:
 
         for loader in self.loaders:
             set_sampler_epoch(loader, epoch)
+
+
+#: The name :class:`ZipLoaders` had when it knew Lightning's default mode only.
+MaxSizeCycle = ZipLoaders
+
+#: Lightning's ways of combining loaders that training takes; evaluation takes ``"sequential"``.
+ZIP_MODES = ("max_size_cycle", "min_size", "max_size")
+
+
+class CombinedLoader:
+    """Lightning's ``CombinedLoader``: several loaders (a list or dict) handed over as one.
+
+    Give it to ``trainer.fit`` to choose how training combines loaders (``"max_size_cycle"``,
+    ``"min_size"``, ``"max_size"``: see :class:`ZipLoaders`); give it in ``"sequential"`` mode to
+    ``validate``/``test``/``predict`` (or as validation loaders), which run the loaders one after
+    another with their ``dataloader_idx``. Iterating it yields Lightning's
+    ``(batch, batch_idx, dataloader_idx)`` triples.
+
+    >>> list(CombinedLoader({"a": [1, 2], "b": [10]}, "max_size_cycle"))
+    [({'a': 1, 'b': 10}, 0, 0), ({'a': 2, 'b': 10}, 1, 0)]
+    >>> list(CombinedLoader([[1, 2], [10]], "sequential"))
+    [(1, 0, 0), (2, 1, 0), (10, 0, 1)]
+    """
+
+    MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
+
+    def __init__(self, iterables: Any, mode: str = "min_size") -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"Unsupported mode {mode!r}, please select one of: {list(self.MODES)}.")
+        self.iterables = iterables
+        self.mode = mode
+
+    @property
+    def flattened(self) -> list[Any]:
+        """The loaders, in order (a dict's values in its order; one loader given alone is a list of one)."""
+        if isinstance(self.iterables, Mapping):
+            return list(self.iterables.values())
+        if isinstance(self.iterables, (list, tuple)):
+            return list(self.iterables)
+        return [self.iterables]
+
+    def _rebuilt(self, loaders: list[Any]) -> list[Any] | dict[str, Any]:
+        """``loaders`` (prepared versions of :attr:`flattened`) in the shape of :attr:`iterables`."""
+        if isinstance(self.iterables, Mapping):
+            return dict(zip(self.iterables, loaders, strict=True))
+        return loaders
+
+    def __iter__(self) -> Iterator[tuple[Any, int, int]]:
+        if self.mode == "sequential":
+            for dataloader_idx, loader in enumerate(self.flattened):
+                for batch_idx, batch in enumerate(loader):
+                    yield batch, batch_idx, dataloader_idx
+            return
+        for batch_idx, batch in enumerate(ZipLoaders(self._rebuilt(self.flattened), self.mode)):
+            yield batch, batch_idx, 0
+
+    def __len__(self) -> int:
+        if self.mode == "sequential":
+            return sum(len(loader) for loader in self.flattened)
+        return len(ZipLoaders(self._rebuilt(self.flattened), self.mode))
 
 
 def is_datamodule(obj: Any) -> bool:
@@ -137,6 +215,9 @@ def resolve_loaders(
         return None
     train = stage == "fit"
     overfit = bool(trainer.overfit_batches) and stage in ("fit", "validate") and trainer.stage == "fit"
+    mode = "max_size_cycle"
+    if isinstance(given, CombinedLoader):
+        given, mode = _combined(given, stage), given.mode
     several: list[Any] | Mapping[str, Any]
     if isinstance(given, Mapping):
         several = {key: _prepare(trainer, loader, train, overfit) for key, loader in given.items()}
@@ -150,7 +231,9 @@ def resolve_loaders(
             raise ValueError(f"{method}: an empty {type(given).__name__} of dataloaders")
         return None
     if train:
-        return MaxSizeCycle(several) if len(several) > 1 else make_resumable(next(iter(_values(several))))
+        if len(several) > 1 or mode != "max_size_cycle":
+            return ZipLoaders(several, mode)
+        return make_resumable(next(iter(_values(several))))
     return list(_values(several))
 
 
@@ -202,11 +285,40 @@ def check_takes_dataloader_idx(module: Any, step_name: str) -> None:
         )
 
 
+def refuse_dataloader_iter(fn: Callable[..., Any], name: str) -> None:
+    """Lightning's experimental ``def training_step(self, dataloader_iter)`` form is refused, by name."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if "dataloader_iter" in params:
+        raise NotImplementedError(
+            f"{name}(self, dataloader_iter) is not supported: geartrain hands each step one batch; define "
+            f"{name}(self, batch, batch_idx), and to look ahead (prefetching), do it in the DataLoader "
+            "(num_workers, prefetch_factor)"
+        )
+
+
 def _is_loader(obj: Any) -> bool:
     """A dataloader (or other iterable of batches), not a batch: a list of batches is one loader."""
     if isinstance(obj, DataLoader):
         return True
     return hasattr(obj, "__iter__") and not isinstance(obj, (torch.Tensor, list, tuple, Mapping, str, bytes))
+
+
+def _combined(loader: CombinedLoader, stage: str) -> Any:
+    """The loaders of a :class:`CombinedLoader`, refusing a mode ``stage`` cannot run (as Lightning does)."""
+    if stage == "fit" and loader.mode not in ZIP_MODES:
+        raise ValueError(
+            f'trainer.fit does not support CombinedLoader(mode="{loader.mode}"); training combines loaders in one '
+            f"of {list(ZIP_MODES)}. For loaders one after another, run them in separate fits."
+        )
+    if stage != "fit" and loader.mode != "sequential":
+        raise ValueError(
+            f'trainer.{stage} runs loaders one after another: CombinedLoader(mode="{loader.mode}") is not supported '
+            'there; pass CombinedLoader(..., mode="sequential") or the list/dict of loaders itself'
+        )
+    return loader.iterables
 
 
 def _values(several: list[Any] | Mapping[str, Any]) -> Iterable[Any]:

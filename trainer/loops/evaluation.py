@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.common.rng import rng_state, set_rng_state
-from trainer.loops.iteration import iterate, num_batches
+from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import make_eval_batch
 from trainer.metrics.routing import EPOCH_DEFAULTS
 from trainer.metrics.store import MetricStore
@@ -21,7 +21,15 @@ if TYPE_CHECKING:
     from trainer.run_state import RunState
     from trainer.trainer import Trainer
 
-__all__ = ["eval_loop", "predict_loop", "sanity_check", "set_num_batches", "validation_enabled"]
+__all__ = [
+    "eval_loop",
+    "module_modes",
+    "predict_loop",
+    "restore_modes",
+    "sanity_check",
+    "set_num_batches",
+    "validation_enabled",
+]
 
 _NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
@@ -48,7 +56,7 @@ def eval_loop(
     prefix = "validation" if stage == "validate" else "test"
     module, strategy, hooks, router = state.module, trainer.strategy, state.hooks, trainer.metric_router
     assert module is not None
-    if not hasattr(module, f"{prefix}_step"):
+    if getattr(module, f"{prefix}_step", None) is None:  # missing, or set to None (Lightning's way to switch off)
         raise NotImplementedError(f"{type(module).__name__} does not define {prefix}_step(self, batch, batch_idx)")
     loaders = state.loaders[stage]
     assert isinstance(loaders, list)
@@ -56,7 +64,10 @@ def eval_loop(
     if max_batches is not None:
         nums = [min(num, max_batches) for num in nums]
     set_num_batches(state, stage, nums)
-    was_training = module.training
+    if state.fn == "fit":  # as Lightning: a validation sampler may shuffle by the training epoch
+        for loader in loaders:
+            set_sampler_epoch(loader, state.progress.epoch)
+    modes = module_modes(module)
     if state.fn == "fit" and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
@@ -89,7 +100,7 @@ def eval_loop(
         state.running_stage = outer_stage
         router.dataloader_suffix = ""
         store.reset()
-        model_mode(module, f"on_{prefix}_model_train", was_training)
+        model_mode(module, f"on_{prefix}_model_train", modes)
         set_rng_state(rng_before)
     return values
 
@@ -104,12 +115,14 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
     """
     module, strategy, hooks = state.module, trainer.strategy, state.hooks
     assert module is not None
+    if module.predict_step is None:
+        raise NotImplementedError(f"{type(module).__name__}.predict_step is None: set it to a method to predict")
     loaders = state.loaders["predict"]
     assert isinstance(loaders, list)
     nums = [num_batches(loader, state.loop.limits["predict"]) for loader in loaders]
     set_num_batches(state, "predict", nums)
     outputs: list[list[Any]] = []
-    was_training = module.training
+    modes = module_modes(module)
     model_mode(module, "on_predict_model_eval")
     try:
         with _no_grad(trainer), strategy.evaluation_context():
@@ -129,7 +142,7 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
             hooks("on_predict_epoch_end")
             hooks("on_predict_end")
     finally:
-        module.train(was_training)
+        restore_modes(module, modes)
     return outputs
 
 
@@ -146,7 +159,7 @@ def validation_enabled(state: RunState) -> bool:
     """Whether ``fit`` validates: validation data, a ``validation_step``, and a limit above 0."""
     return (
         state.loaders.get("validate") is not None
-        and hasattr(state.module, "validation_step")
+        and getattr(state.module, "validation_step", None) is not None
         and state.loop.limits["validate"] not in (0, 0.0)
     )
 
@@ -186,10 +199,24 @@ def overrides(module: TrainModule, hook: str) -> bool:
     return getattr(type(module), hook) is not getattr(TrainModule, hook)
 
 
-def model_mode(module: TrainModule, hook: str, training: bool = False) -> None:
-    """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else set the mode directly
-    (``training``: the mode to restore; the default hooks' effect, without the call)."""
+def module_modes(module: torch.nn.Module) -> dict[str, bool]:
+    """The ``training`` flag of ``module`` and of every submodule, by name (to put back after evaluating)."""
+    return {name: sub.training for name, sub in module.named_modules()}
+
+
+def restore_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
+    """Put back what :func:`module_modes` read: a submodule the user keeps in eval mode stays there."""
+    for name, sub in module.named_modules():
+        if name in modes:
+            sub.training = modes[name]
+
+
+def model_mode(module: TrainModule, hook: str, modes: dict[str, bool] | None = None) -> None:
+    """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else do what the default does:
+    ``eval()``, or (``modes`` given, the ``_train`` hooks) put back every submodule's own mode, as Lightning 2.6."""
     if overrides(module, hook):
         getattr(module, hook)()
+    elif modes is None:
+        module.eval()
     else:
-        module.train(training)
+        restore_modes(module, modes)

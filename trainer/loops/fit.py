@@ -11,7 +11,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING
 
-from trainer.common.errors import Preempted
+from trainer.common.errors import PossibleUserWarning, Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import make_train_batch, step_schedulers
@@ -21,6 +21,8 @@ from trainer.metrics.sync import epoch_agreement
 from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:
+    import torch
+
     from trainer.run_state import RunState
     from trainer.trainer import Trainer
 
@@ -72,7 +74,7 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     if no_training_batches(trainer, state):
         hooks("on_fit_end")
         return
-    state.module.train()
+    _warn_if_in_eval_mode(state.module)  # the user's modes stay as they are, as in Lightning 2.6
     hooks("on_train_start")
     while not should_stop_training(state):
         if p.epoch_finished:
@@ -84,6 +86,18 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     _drop_open_window(state)
     hooks("on_train_end")
     hooks("on_fit_end")
+
+
+def _warn_if_in_eval_mode(module: torch.nn.Module) -> None:
+    """Say when submodules will train in eval mode (frozen batch norm may be meant; a forgotten ``eval()`` not)."""
+    in_eval = [name or type(module).__name__ for name, sub in module.named_modules() if not sub.training]
+    if in_eval:
+        warnings.warn(
+            f"{len(in_eval)} module(s) are in eval mode at the start of training ({', '.join(in_eval[:5])}"
+            f"{', ...' if len(in_eval) > 5 else ''}); they stay so. Call .train() on them if that is not meant.",
+            PossibleUserWarning,
+            stacklevel=2,
+        )
 
 
 def no_training_batches(trainer: Trainer, state: RunState) -> bool:

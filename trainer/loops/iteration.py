@@ -74,13 +74,16 @@ def _look_ahead(iterator: Iterator[Any], start: int) -> Iterator[tuple[int, Any,
 
 
 def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
-    """Tell a distributed (or any epoch-aware) sampler and dataset which epoch it is."""
-    for target in (
+    """Tell a distributed (or any epoch-aware) sampler and dataset which epoch it is (each once)."""
+    targets = (
         loader if not hasattr(loader, "dataset") else None,  # a combination of loaders
         getattr(loader, "dataset", None),
         getattr(loader, "sampler", None),
         getattr(getattr(loader, "batch_sampler", None), "sampler", None),
-    ):
+    )
+    for i, target in enumerate(targets):
+        if any(target is earlier for earlier in targets[:i]):
+            continue  # a loader's sampler is also its batch sampler's
         set_epoch = getattr(target, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)

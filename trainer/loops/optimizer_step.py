@@ -135,8 +135,11 @@ class ManualOptimizer:
         """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
-    def step(self, closure: Any = None) -> bool:
-        """Run ``closure`` if given, then step; returns False if the step was skipped (fp16 overflow, NaN)."""
+    def step(self, closure: Any = None, **kwargs: Any) -> bool:
+        """Run ``closure`` if given, then step; returns False if the step was skipped (fp16 overflow, NaN).
+
+        ``kwargs`` reach the optimizer's own ``step`` (as Lightning's ``LightningOptimizer.step`` passes them).
+        """
         if closure is not None:
             closure()
         trainer, state = self._trainer, self._trainer.run_state
@@ -144,7 +147,7 @@ class ManualOptimizer:
             NonFinite(trainer).skip_step(self._window)
             return False
         state.hooks("on_before_optimizer_step", self.optimizer)
-        stepped = trainer.strategy.optimizer_step(self.optimizer)
+        stepped = trainer.strategy.optimizer_step(self.optimizer, **kwargs)
         state.progress.global_step += 1
         state.progress.nonfinite_in_a_row = 0
         if not stepped:
@@ -160,13 +163,14 @@ class ManualOptimizer:
         return self.optimizer.state_dict()
 
 
-def manual_backward(trainer: Trainer, loss: torch.Tensor) -> None:
-    """``TrainModule.manual_backward``: the non-finite policy, then the strategy's backward."""
+def manual_backward(trainer: Trainer, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    """``TrainModule.manual_backward``: the non-finite policy, then the strategy's backward (``args``/``kwargs``,
+    e.g. ``retain_graph=True``, reach ``loss.backward``)."""
     state = trainer.run_state
     if trainer.on_nonfinite is not None and not NonFinite(trainer).check(loss, state.progress.batch_in_epoch):
         state.window.nonfinite = True
         return
-    trainer.strategy.manual_backward(loss)
+    trainer.strategy.manual_backward(loss, *args, **kwargs)
 
 
 def loss_of(out: Any) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ import torch
 from strategies.base import Strategy
 from strategies.precision import Precision
 from trainer.common.tree import move_to_device
-from trainer.data.loaders import check_takes_dataloader_idx, with_last_arg
+from trainer.data.loaders import check_takes_dataloader_idx, refuse_dataloader_iter, with_last_arg
 from trainer.data.microbatch import micro_batches
 from trainer.loops.optimizer_step import (
     ManualOptimizer,
@@ -381,6 +381,7 @@ def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:
     the signature is read once, here, not per batch.
     """
     assert strategy.module is not None
+    refuse_dataloader_iter(getattr(strategy.module, name), name)
     takes_index = _takes_batch_idx(getattr(strategy.module, name))
     fn: Callable[..., Any]
     if _keeps(strategy, Strategy, "step"):

@@ -1,0 +1,262 @@
+"""Lightning's module tree over geartrain's objects: ``import lightning.pytorch as pl`` -> ``import trainer.lightning as pl``.
+
+A Lightning program ports by changing its import lines only::
+
+    import trainer.lightning as pl                                  # was: import lightning.pytorch as pl
+    from trainer.lightning.callbacks import ModelCheckpoint         # was: from lightning.pytorch.callbacks import ...
+    from trainer.lightning.utilities.rank_zero import rank_zero_info
+
+    class Net(pl.LightningModule): ...
+    pl.Trainer(max_epochs=3, callbacks=[pl.callbacks.EarlyStopping("val_loss")]).fit(Net())
+
+Every name here is geartrain's own object under Lightning's name and path (``pl.LightningModule is
+trainer.TrainModule``): nothing is implemented twice, and what geartrain refuses it refuses under
+either name. :data:`TREE` is the whole map, one entry per Lightning module path. Its modules are
+made here when ``trainer.lightning`` is first imported (plain module objects, cheap), and each name
+is imported from its home on first use, so importing this package does not import the Trainer.
+
+>>> import trainer.lightning as pl
+>>> from trainer import TrainModule
+>>> pl.LightningModule is TrainModule
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TREE", "Callback", "LightningDataModule", "LightningModule", "Trainer", "seed_everything"]
+
+_CALLBACKS = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
+    "BasePredictionWriter",
+    "BatchSizeFinder",
+    "Callback",
+    "Checkpoint",
+    "DeviceStatsMonitor",
+    "EMAWeightAveraging",
+    "EarlyStopping",
+    "GradientAccumulationScheduler",
+    "LambdaCallback",
+    "LearningRateFinder",
+    "LearningRateMonitor",
+    "ModelCheckpoint",
+    "ModelPruning",
+    "ModelSummary",
+    "OnExceptionCheckpoint",
+    "ProgressBar",
+    "RichModelSummary",
+    "RichProgressBar",
+    "SpikeDetection",
+    "StochasticWeightAveraging",
+    "TQDMProgressBar",
+    "ThroughputMonitor",
+    "Timer",
+    "WeightAveraging",
+]
+_LOGGERS = [
+    "CSVLogger",
+    "CometLogger",
+    "LitLogger",
+    "Logger",
+    "MLFlowLogger",
+    "NeptuneLogger",
+    "TensorBoardLogger",
+    "WandbLogger",
+]
+_RANK_ZERO = ["rank_zero_debug", "rank_zero_deprecation", "rank_zero_info", "rank_zero_only", "rank_zero_warn"]
+_WARNINGS = {n: "trainer.common.errors" for n in ("PossibleUserWarning", "disable_possible_user_warnings")}
+_TYPES = [
+    "EVAL_DATALOADERS",
+    "LRSchedulerConfig",
+    "LRSchedulerConfigType",
+    "LRSchedulerPLType",
+    "LRSchedulerTypeUnion",
+    "OptimizerConfig",
+    "OptimizerLRScheduler",
+    "OptimizerLRSchedulerConfig",
+    "STEP_OUTPUT",
+    "TRAIN_DATALOADERS",
+]
+_CORE = {"LightningModule": "trainer.module:TrainModule", "LightningDataModule": "trainer.datamodule:DataModule"}
+_STATES = {n: "trainer.state" for n in ("RunningStage", "TrainerFn", "TrainerState", "TrainerStatus")}
+_PROFILERS = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler", "XLAProfiler"]
+_STRATEGIES = {
+    "Strategy": "strategies",
+    "SingleDeviceStrategy": "strategies",
+    "DDPStrategy": "strategies",
+    "FSDPStrategy": "strategies",
+    "ModelParallelStrategy": "strategies",
+    "ParallelStrategy": "strategies.parallel",
+}
+
+
+def _from(module: str, names: list[str] | tuple[str, ...]) -> dict[str, str]:
+    return dict.fromkeys(names, module)
+
+
+#: Lightning module path (below ``lightning.pytorch``) -> {name: where geartrain keeps it}. A home is
+#: ``"module"`` (same name there) or ``"module:name"``; a home ending in ``"/"`` is a submodule of ours.
+TREE: dict[str, dict[str, str]] = {
+    "": {
+        **_CORE,
+        "Trainer": "trainer.trainer",
+        "Callback": "callbacks.base",
+        "seed_everything": "trainer.utils",
+        **{sub: "/" for sub in ("callbacks", "core", "loggers", "profilers", "strategies", "trainer", "tuner")},
+        "utilities": "/",
+    },
+    # ----------------------------------------------------------------- lightning.pytorch.core
+    "core": {**_CORE, "module": "/", "datamodule": "/", "hooks": "/"},
+    "core.module": {"LightningModule": _CORE["LightningModule"]},
+    "core.datamodule": {"LightningDataModule": _CORE["LightningDataModule"]},
+    "core.hooks": _from("trainer.module_hooks", ["DataHooks", "ModelHooks"]),
+    # ----------------------------------------------------------------- lightning.pytorch.trainer
+    "trainer": {"Trainer": "trainer.trainer", "trainer": "/", "states": "/"},
+    "trainer.trainer": {"Trainer": "trainer.trainer"},
+    "trainer.states": _STATES,
+    # ----------------------------------------------------------------- lightning.pytorch.callbacks
+    "callbacks": {
+        **_from("callbacks", _CALLBACKS),
+        **{
+            sub: "/"
+            for sub in [
+                "callback",
+                "early_stopping",
+                "model_checkpoint",
+                "lr_monitor",
+                "progress",
+                "model_summary",
+                "finetuning",
+                "prediction_writer",
+                "timer",
+                "stochastic_weight_avg",
+                "lambda_function",
+                "throughput_monitor",
+                "device_stats_monitor",
+                "gradient_accumulation_scheduler",
+                "weight_averaging",
+                "on_exception_checkpoint",
+                "lr_finder",
+                "batch_size_finder",
+            ]
+        },
+    },
+    "callbacks.callback": {"Callback": "callbacks.base"},
+    "callbacks.early_stopping": _from("callbacks.early_stopping", ["EarlyStopping", "EarlyStoppingReason"]),
+    "callbacks.model_checkpoint": {"ModelCheckpoint": "callbacks.checkpoint"},
+    "callbacks.lr_monitor": {"LearningRateMonitor": "callbacks.lr_monitor"},
+    "callbacks.progress": _from("callbacks.progress", ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]),
+    "callbacks.model_summary": _from("callbacks.model_summary", ["ModelSummary"]),
+    "callbacks.finetuning": _from("callbacks.finetuning", ["BackboneFinetuning", "BaseFinetuning"]),
+    "callbacks.prediction_writer": {"BasePredictionWriter": "callbacks.prediction_writer"},
+    "callbacks.timer": {"Timer": "callbacks.timer"},
+    "callbacks.stochastic_weight_avg": {"StochasticWeightAveraging": "callbacks.stochastic_weight_avg"},
+    "callbacks.lambda_function": {"LambdaCallback": "callbacks.lambda_callback"},
+    "callbacks.throughput_monitor": {"ThroughputMonitor": "callbacks.throughput"},
+    "callbacks.device_stats_monitor": {"DeviceStatsMonitor": "callbacks.device_stats"},
+    "callbacks.gradient_accumulation_scheduler": {
+        "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler"
+    },
+    "callbacks.weight_averaging": _from("callbacks.weight_averaging", ["EMAWeightAveraging", "WeightAveraging"]),
+    "callbacks.on_exception_checkpoint": {"OnExceptionCheckpoint": "callbacks.on_exception_checkpoint"},
+    "callbacks.lr_finder": {"LearningRateFinder": "callbacks.lr_finder"},
+    "callbacks.batch_size_finder": {"BatchSizeFinder": "callbacks.batch_size_finder"},
+    # ----------------------------------------------------------------- lightning.pytorch.loggers
+    "loggers": {**_from("callbacks", _LOGGERS), "logger": "/", "tensorboard": "/", "csv_logs": "/"},
+    "loggers.logger": {"Logger": "callbacks"},
+    "loggers.tensorboard": {"TensorBoardLogger": "callbacks"},
+    "loggers.csv_logs": {"CSVLogger": "callbacks"},
+    # ----------------------------------------------------------------- profilers, tuner, strategies
+    "profilers": _from("trainer.profilers", _PROFILERS),
+    "tuner": {"Tuner": "trainer.tuner", "tuning": "/"},
+    "tuner.tuning": {"Tuner": "trainer.tuner"},
+    "strategies": _STRATEGIES,
+    # ----------------------------------------------------------------- lightning.pytorch.utilities
+    "utilities": {
+        **_from("trainer.common.rank_zero", _RANK_ZERO),
+        **_WARNINGS,
+        "AttributeDict": "trainer.hparams",
+        "CombinedLoader": "trainer.data.loaders",
+        "MisconfigurationException": "trainer.common.errors",
+        "grad_norm": "trainer.common.grad_norm",
+        "is_overridden": "trainer.hooks",
+        "isolate_rng": "trainer.common.rng",
+        "move_data_to_device": "trainer.common.tree:move_to_device",
+        **{
+            sub: "/"
+            for sub in [
+                "rank_zero",
+                "types",
+                "model_summary",
+                "combined_loader",
+                "exceptions",
+                "warnings",
+                "seed",
+                "grads",
+                "model_helpers",
+                "parsing",
+            ]
+        },
+    },
+    "utilities.rank_zero": _from("trainer.common.rank_zero", _RANK_ZERO),
+    "utilities.types": _from("trainer.types", _TYPES),
+    "utilities.model_summary": {
+        "ModelSummary": "callbacks.model_summary:Summary",
+        "summarize": "callbacks.model_summary",
+    },
+    "utilities.combined_loader": {"CombinedLoader": "trainer.data.loaders"},
+    "utilities.exceptions": {"MisconfigurationException": "trainer.common.errors"},
+    "utilities.warnings": _WARNINGS,
+    "utilities.seed": {"isolate_rng": "trainer.common.rng", "seed_everything": "trainer.utils"},
+    "utilities.grads": {"grad_norm": "trainer.common.grad_norm"},
+    "utilities.model_helpers": {"is_overridden": "trainer.hooks"},
+    "utilities.parsing": {"AttributeDict": "trainer.hparams"},
+}
+
+
+def _resolver(path: str) -> Callable[[str], Any]:
+    """The module-level ``__getattr__`` of ``trainer.lightning[.path]``: imports a name from its home."""
+    table = TREE[path]
+    full = f"{__name__}.{path}" if path else __name__
+
+    def __getattr__(name: str) -> Any:
+        home = table.get(name)
+        if home is None:
+            raise AttributeError(f"module {full!r} has no attribute {name!r} (geartrain maps Lightning's names only)")
+        if home == "/":
+            value: Any = sys.modules[f"{full}.{name}"]
+        else:
+            module, _, attr = home.partition(":")
+            value = getattr(importlib.import_module(module), attr or name)
+        setattr(sys.modules[full], name, value)  # later look-ups find it without calling this again
+        return value
+
+    return __getattr__
+
+
+def _install() -> None:
+    """Make every module of :data:`TREE` below this package (each name still resolved on first use)."""
+    for path, table in TREE.items():
+        if not path:
+            continue
+        full = f"{__name__}.{path}"
+        module = types.ModuleType(full, f"Lightning's ``lightning.pytorch.{path}``, mapped onto geartrain's objects.")
+        module.__getattr__ = _resolver(path)  # type: ignore[method-assign]
+        module.__all__ = [name for name, home in table.items() if home != "/"]  # type: ignore[attr-defined]
+        if any(home == "/" for home in table.values()):
+            module.__path__ = []  # a package: its submodules are the entries of TREE below it
+        sys.modules[full] = module
+
+
+_install()
+__getattr__ = _resolver("")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *TREE[""]})
