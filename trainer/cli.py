@@ -327,16 +327,22 @@ def _main() -> None:
 
     try:
         with reported():
-            from trainer.run_dirs import unique_run_dir_overrides
+            from trainer.run_dir_guard import guarded_run_dir
+            from trainer.run_dirs import held_folder, unique_run_dir_overrides
 
             shared = shared_run_dir_overrides()
             # Joined processes get the group's folder (or the user's hydra.run.dir, which claims nothing).
             claimed = [] if shared else unique_run_dir_overrides(sys.argv[1:])
             sys.argv.extend(shared or claimed)
+            # The folder's lock is taken before Hydra writes into it (rank 0 of a group holds it for all).
+            rank, world = group_position()
+            folder = held_folder(sys.argv[1:]) if world <= 1 or rank == 0 else None
+            held = guarded_run_dir(folder, claimed=bool(claimed)) if folder else contextlib.nullcontext()
             try:
-                # config_dir() also registers the schemas: once, as each registration builds the structured configs.
-                app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
-                app()
+                with held:
+                    # config_dir() also registers the schemas: once, as each registration builds the structured configs.
+                    app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
+                    app()
             finally:
                 for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
                     remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
@@ -348,25 +354,28 @@ def _main() -> None:
 def run_job(cfg: Any) -> float | None:
     """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory.
 
-    Returns the value of ``optimized_metric`` (None when it is null), for Hydra's sweepers to optimise.
+    The command holds the run (or sweep) folder's lock from before Hydra wrote into it; what Hydra
+    wrote as this job started is recorded as this run's, so a failure removes only that
+    (:mod:`trainer.run_dir_guard`). Returns the value of ``optimized_metric`` (None when it is null),
+    for Hydra's sweepers to optimise.
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.cli_errors import remove_if_untouched, untouched
-    from trainer.run_dirs import locked_run_dir
+    from trainer.run_dir_guard import current_guard, guarded_run_dir
 
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    fresh = untouched(run_dir)  # not a folder reused with hydra.run.dir=..., which holds files of its own
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    guard = current_guard()
     rank, world = group_position()
-    try:
-        # Rank 0 of a torchrun/srun job holds the folder's lock for the group; the others share it.
-        with contextlib.nullcontext() if world > 1 and rank != 0 else locked_run_dir(run_dir):
-            return optimized_value(cfg, run_task(cfg))
-    except BaseException:
-        if fresh:
-            remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))
-        raise
+    if guard is not None:
+        guard.record_hydra_files()
+        held: Any = contextlib.nullcontext()
+    else:  # a folder the command could not name in advance (an interpolated hydra.run.dir)
+        held = contextlib.nullcontext() if world > 1 and rank != 0 else guarded_run_dir(run_dir)
+    with held:
+        value = optimized_value(cfg, run_task(cfg))
+    if guard is not None:
+        guard.wrote = True  # a finished job's files are its record: a later job's failure keeps them
+    return value
 
 
 def freeze_startup_objects() -> None:

@@ -28,6 +28,7 @@ from trainer.common.errors import ConfigError
 __all__ = [
     "LOCK_FILE",
     "claim_run_dir",
+    "held_folder",
     "locked_run_dir",
     "resolve_last_checkpoint",
     "same_line",
@@ -77,6 +78,22 @@ def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> l
     root = "multirun" if sweep else "outputs"
     base = Path(root, time.strftime("%Y-%m-%d", stamp), time.strftime("%H-%M-%S", stamp))
     return [f"{key}={claim_run_dir(base).as_posix()}"]
+
+
+def held_folder(argv: Sequence[str]) -> Path | None:
+    """The folder a run on ``argv`` writes into (``hydra.run.dir``, or ``hydra.sweep.dir`` with ``-m``).
+
+    None when the command runs nothing (``--help``, ``--cfg``, ...) or the value is interpolated
+    (``${now:...}``), which only Hydra can resolve.
+    """
+    args = list(argv)
+    if any(a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args):
+        return None
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
+    values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith(f"{key}=")]
+    if not values or not values[-1] or "${" in values[-1]:
+        return None
+    return Path(values[-1].strip("'\""))
 
 
 @contextlib.contextmanager
@@ -151,11 +168,20 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
     that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
     """
-    own = run_dir / "checkpoints" / "last.ckpt"
-    if own.exists():
+    from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
+
+    own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
+    for notice in notices:
+        print(f"ckpt_path=last: {notice}", file=sys.stdout)
+    if own is not None:
         return str(own)
+    if notices:  # this run saved checkpoints, none complete: never another run's in their place
+        raise ConfigError(
+            f"ckpt_path=last: {run_dir / 'checkpoints'} holds no complete checkpoint (see above). "
+            "Give one: ckpt_path=path/to/file.ckpt"
+        )
     found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
-    found = [p for p in found if p.parent.name == "checkpoints"]
+    found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
     matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
     if not matching:
         where = f"{base / 'outputs'} or {base / 'multirun'}"
