@@ -318,7 +318,11 @@ class ModelCheckpoint(SaveSchedule):
         try:
             if keep or exception_file or link_only:
                 trainer.save_checkpoint(
-                    path, self.save_weights_only, async_=self.async_save, also_at=also_at, replaces=[] if link else replaces
+                    path,
+                    self.save_weights_only,
+                    async_=self.async_save,
+                    also_at=also_at,
+                    replaces=[] if link else replaces,
                 )
                 if link and trainer.is_global_zero:
                     symlink(path, self.last_model_path)

@@ -69,7 +69,9 @@ def test_a_bigger_models_directory_is_refused_on_resume(tmp_path: Path) -> None:
     big.fit(Bigger(), DataLoader(jobs.dataset(8), batch_size=4))
     big.save_checkpoint(tmp_path / "big.ckpt")
     with pytest.raises(CheckpointError, match="unexpected"):
-        trainer(tmp_path / "r", 2).fit(jobs.BlockNet(), DataLoader(jobs.dataset(8), batch_size=4), ckpt_path=tmp_path / "big.ckpt")
+        trainer(tmp_path / "r", 2).fit(
+            jobs.BlockNet(), DataLoader(jobs.dataset(8), batch_size=4), ckpt_path=tmp_path / "big.ckpt"
+        )
 
 
 # ----------------------------------------------------------------- item 9: storage confined

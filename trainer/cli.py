@@ -136,6 +136,11 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(f"task={cfg.task}: no such task; choose one of {', '.join(TASKS)}")
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
         raise ConfigError(f"seed={cfg.seed}: the seed must be a whole number, e.g. seed=42")
+    from hydra.core.hydra_config import HydraConfig
+
+    from trainer.cli_checks import check_before_start
+
+    check_before_start(cfg, Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd())
     for key in ("trainer", "strategy", "optim"):
         node = cfg.get(key)
         if isinstance(node, DictConfig) and OmegaConf.get_type(node) not in (dict, None):

@@ -21,6 +21,7 @@ from typing import IO
 
 from trainer.common.errors import ConfigError
 from trainer.run_dirs import LOCK_FILE as LOCK_NAME
+from trainer.run_dirs import unwritable
 
 __all__ = ["RunDirGuard", "current_guard", "guarded_run_dir"]
 
@@ -107,13 +108,19 @@ def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard
     folder = Path(os.path.abspath(folder))
     created: list[Path] = []
     missing = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    created += [p for p in reversed(missing) if p.is_dir()]
-    if claimed and folder not in created and not any(folder.iterdir()):
-        created.append(folder)
     lock = folder / LOCK_NAME
-    had_lock = os.path.lexists(lock)
-    handle: IO[str] = open(lock, "a+")  # noqa: SIM115 - held for the whole run
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        created += [p for p in reversed(missing) if p.is_dir()]
+        if claimed and folder not in created and not any(folder.iterdir()):
+            created.append(folder)
+        had_lock = os.path.lexists(lock)
+        handle: IO[str] = open(lock, "a+")  # noqa: SIM115 - held for the whole run
+    except OSError as err:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise unwritable(folder, err) from err
     try:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -33,6 +33,7 @@ __all__ = [
     "resolve_last_checkpoint",
     "same_line",
     "unique_run_dir_overrides",
+    "unwritable",
 ]
 
 #: The file in a run directory that the live run holds an ``flock`` on.
@@ -50,15 +51,27 @@ def claim_run_dir(base: Path) -> Path:
     ``os.mkdir`` succeeds for exactly one caller, across processes, so two runs started in the same
     second get different folders.
     """
-    base.parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 10_000):
-        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate
+    except OSError as err:
+        raise unwritable(base, err) from err
     raise ConfigError(f"could not create a run directory next to {base}: 10000 names are taken")
+
+
+def unwritable(folder: Path, err: OSError) -> ConfigError:
+    """The message for a run directory that cannot be created or written (read-only disk, no permission)."""
+    reason = os.strerror(err.errno) if err.errno else str(err)
+    return ConfigError(
+        f"cannot write the run directory {folder}: {reason} ({err.filename or folder}). Run geartrain from a "
+        "folder you can write to, or give one: hydra.run.dir=/path/you/can/write (hydra.sweep.dir= with -m)"
+    )
 
 
 def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> list[str]:

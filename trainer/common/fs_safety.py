@@ -1,9 +1,9 @@
 """geartrain removes or replaces only what it wrote: the checks every save, eviction and resume goes through.
 
-A checkpoint path is replaced only when what is there is a checkpoint of ours (a torch file, a link,
-or a sharded directory holding DCP's ``.metadata`` and our ``trainer.pt``) or nothing; anything else
-at a target path (a user's folder, the working directory, a text file) is refused with a message
-naming it, before a byte is written. Resuming looks for the newest *complete* checkpoint of one
+A checkpoint path is replaced only when what is there is a file or link (replaced whole, as
+``torch.save`` does), a sharded checkpoint directory of ours (DCP's ``.metadata`` and our
+``trainer.pt``) or nothing; a folder that is not a checkpoint (a user's folder, the working
+directory) is refused with a message naming it, before a byte is written. Resuming looks for the newest *complete* checkpoint of one
 folder: a set-aside ``.<name>.old``, a dangling link and a half-written directory are recovered or
 skipped with a one-line notice. Standard library only (the leaf).
 """
@@ -45,7 +45,7 @@ def _is_checkpoint_file(path: Path) -> bool:
 
 
 def check_replaceable(path: str | os.PathLike[str]) -> None:
-    """Raise :class:`CheckpointError` unless ``path`` is absent, a link, or a checkpoint of ours.
+    """Raise :class:`CheckpointError` unless ``path`` is absent, a file, a link, or a checkpoint folder of ours.
 
     A link is replaced as a link (the file or folder it names is left alone).
     """
@@ -66,11 +66,11 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
             "trainer.pt). geartrain replaces only checkpoints it wrote; give a path inside it, e.g. "
             f"{path / 'last.ckpt'}, or another name"
         )
-    if stat.S_ISREG(mode) and (os.path.getsize(path) == 0 or _is_checkpoint_file(path)):
+    if stat.S_ISREG(mode):  # a file is replaced whole, as torch.save and Lightning replace one
         return
     raise CheckpointError(
-        f"Refusing to replace {_shown(path)}: it is not a checkpoint (not a torch file). geartrain replaces only "
-        "checkpoints it wrote; remove it yourself or give another name"
+        f"Refusing to replace {_shown(path)}: it is not a file or a checkpoint folder (a FIFO, a socket or a "
+        "device); give another name"
     )
 
 
@@ -88,7 +88,7 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> bool:
     if is_our_checkpoint_dir(path):
         shutil.rmtree(path, ignore_errors=True)
         return True
-    if path.is_symlink() or (path.is_file() and (os.path.getsize(path) == 0 or _is_checkpoint_file(path))):
+    if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
         return True
     return not os.path.lexists(path)
@@ -102,7 +102,9 @@ def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
     return path.is_file() and _is_checkpoint_file(path)
 
 
-def newest_complete_checkpoint(folder: str | os.PathLike[str], name: str = "last.ckpt") -> tuple[Path | None, list[str]]:
+def newest_complete_checkpoint(
+    folder: str | os.PathLike[str], name: str = "last.ckpt"
+) -> tuple[Path | None, list[str]]:
     """``folder/name`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
 
     Returns the path to load (None when the folder holds no complete checkpoint) and one-line
