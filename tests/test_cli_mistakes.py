@@ -167,3 +167,58 @@ def test_a_read_only_run_directory_is_named(tmp_path: Path, monkeypatch: pytest.
         guarded_run_dir(tmp_path / "run"),
     ):
         pass
+
+
+FLAKY_MODEL = '''
+import torch
+from hydra.core.hydra_config import HydraConfig
+from examples.digits import DigitsClassifier
+
+
+class Flaky(DigitsClassifier):
+    """Trial 1 raises as a diverged run does; trial 2 ends with a NaN metric; the others train."""
+
+    def training_step(self, batch, batch_idx):
+        if HydraConfig.get().job.num == 1:
+            raise FloatingPointError("the loss is nan at step 0")
+        return super().training_step(batch, batch_idx)
+
+    def on_validation_epoch_end(self):
+        if HydraConfig.get().job.num == 2:
+            self.log("val/acc", float("nan"))
+'''
+
+
+def test_a_study_goes_on_past_failed_trials_and_says_why(tmp_path: Path) -> None:
+    """Item 8: one NaN trial used to end the whole study with a chained traceback."""
+    from tests.helpers.cli import run_geartrain
+
+    (tmp_path / "flaky.py").write_text(FLAKY_MODEL)
+    result = run_geartrain(
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", "model._target_=flaky.Flaky",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
+        cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "study: 2 of 4 trials failed:" in output, output[-3000:]
+    assert "trial 1 (" in output and "FloatingPointError: the loss is nan at step 0" in output
+    assert "trial 2 (" in output and "val/acc ended as nan" in output
+    assert "Best parameters" in output  # the study finished over the trials that trained
+
+
+def test_a_config_mistake_still_ends_the_study_at_the_first_trial(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_geartrain
+
+    result = run_geartrain(
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "optimized_metric=val/accuracy",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
+        cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "optimized_metric=val/accuracy" in output and "Traceback" not in output, output[-3000:]
+    assert len(list(tmp_path.glob("multirun/*/*/*/.hydra"))) == 1  # trials 1 and 2 never started

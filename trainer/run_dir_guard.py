@@ -58,13 +58,19 @@ class RunDirGuard:
         self._hydra: set[Path] = set()
         self.wrote = False  # set once a job finished or wrote files of its own: nothing is removed then
 
-    def record_hydra_files(self) -> None:
-        """Called as a job starts: what appeared since the lock was taken is Hydra's, written for this run."""
-        now = _listing(self.folder)
-        if now is None or self._before is None:
-            self._before = None
+    def record_hydra_files(self, written: list[Path]) -> None:
+        """Called as a job starts with the files Hydra wrote for it: those not there before are this run's."""
+        if self._before is None:
             return
-        self._hydra |= now - self._before - self._hydra
+        root = Path(os.path.abspath(self.folder))
+        for path in (Path(os.path.abspath(p)) for p in written):
+            if path in self._before or not os.path.lexists(path) or root not in path.parents:
+                continue
+            self._hydra.add(path)
+            for parent in path.parents:  # .hydra/, a sweep job's folder: made for these files
+                if parent == root or parent in self._before:
+                    break
+                self._hydra.add(parent)
 
     def holds_lock(self) -> bool:
         """Whether the lock file is still the one this process locked (not removed or replaced meanwhile)."""

@@ -10,7 +10,6 @@ it ends the study at the first trial with the usual short message.
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any
 
@@ -44,10 +43,6 @@ class TrialSummary(Callback):
                 raise SystemExit(1)
             self.failed.append(f"trial {number} ({params}): {_reason(err)}")
             return
-        value = job_return._return_value
-        if isinstance(value, float) and not math.isfinite(value):
-            name = config.get("optimized_metric")
-            self.failed.append(f"trial {number} ({params}): {name} ended as {value}")
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         """One line for the study, then one per failed trial."""
