@@ -33,7 +33,9 @@ class TrialSummary(Callback):
 
         self.trials += 1
         number = getattr(config.hydra.job, "num", self.trials - 1)
-        params = " ".join(str(o) for o in (getattr(job_return, "overrides", None) or []))
+        overrides = [str(o) for o in (getattr(job_return, "overrides", None) or [])]
+        swept = set((config.hydra.sweeper.get("params") or {}).keys())
+        params = " ".join(o for o in overrides if o.partition("=")[0] in swept) or " ".join(overrides)
         if job_return.status == JobStatus.FAILED:
             err = job_return._return_value
             message = _mistake(err, describe)
