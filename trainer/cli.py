@@ -360,58 +360,22 @@ def _main() -> None:
 def run_job(cfg: Any) -> float | None:
     """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory.
 
-    The command holds the run (or sweep) folder's lock from before Hydra wrote into it; what Hydra
-    wrote as this job started is recorded as this run's, so a failure removes only that
-    (:mod:`trainer.run_dir_guard`). Returns the value of ``optimized_metric`` (None when it is null),
-    for Hydra's sweepers to optimise.
+    What Hydra wrote as the job started is recorded as this run's, so a failure removes only that
+    (:mod:`trainer.run_dir_guard`). Returns the value of ``optimized_metric`` (None when it is
+    null), for Hydra's sweepers to optimise.
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.run_dir_guard import current_guard, guarded_run_dir
+    from trainer.run_dir_guard import job_held
+    from trainer.sweep_summary import optimising_sweep
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    guard = current_guard()
     rank, world = group_position()
-    if guard is not None:
-        guard.record_hydra_files(hydra_written_files())
-        held: Any = contextlib.nullcontext()
-    else:  # a folder the command could not name in advance (an interpolated hydra.run.dir)
-        held = contextlib.nullcontext() if world > 1 and rank != 0 else guarded_run_dir(run_dir)
-    with held:
+    with job_held(Path(HydraConfig.get().runtime.output_dir), shared=world > 1 and rank != 0):
         value = optimized_value(cfg, run_task(cfg))
-    if guard is not None:
-        guard.wrote = True  # a finished job's files are its record: a later job's failure keeps them
-    if value is not None and math.isnan(value) and _optimising_sweep():
+    if value is not None and math.isnan(value) and optimising_sweep():
         # Hydra's Optuna sweeper cannot take a NaN (it fails telling the study); a raised trial it records as failed.
         raise FloatingPointError(f"{cfg.optimized_metric} ended as nan")
     return value
-
-
-def hydra_written_files() -> list[Path]:
-    """The files Hydra wrote for the job now starting: its ``.hydra/`` configs, its log, a sweep's ``multirun.yaml``."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    hc = HydraConfig.get()
-    out = Path(hc.runtime.output_dir)
-    written = [out / f"{hc.job.name}.log"]
-    handler = (hc.job_logging or {}).get("handlers", {}).get("file", {})
-    if handler and handler.get("filename"):
-        written.append(Path(str(handler.get("filename"))))
-    if hc.output_subdir is not None:
-        written += [out / hc.output_subdir / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml")]
-    if hc.mode == RunMode.MULTIRUN:
-        written.append(Path(hc.sweep.dir) / "multirun.yaml")
-    return written
-
-
-def _optimising_sweep() -> bool:
-    """Whether the job runs under a sweeper that optimises its return value (not Hydra's basic one)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    hc = HydraConfig.get()
-    return hc.mode == RunMode.MULTIRUN and "BasicSweeper" not in str(hc.sweeper.get("_target_", ""))
 
 
 def freeze_startup_objects() -> None:

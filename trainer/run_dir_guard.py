@@ -23,7 +23,7 @@ from trainer.common.errors import ConfigError
 from trainer.run_dirs import LOCK_FILE as LOCK_NAME
 from trainer.run_dirs import unwritable
 
-__all__ = ["RunDirGuard", "current_guard", "guarded_run_dir"]
+__all__ = ["RunDirGuard", "current_guard", "guarded_run_dir", "hydra_written_files", "job_held"]
 
 _CURRENT: list[RunDirGuard] = []
 
@@ -155,3 +155,40 @@ def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard
             _CURRENT.remove(guard)
     finally:
         handle.close()  # releases the lock
+
+
+def hydra_written_files() -> list[Path]:
+    """The files Hydra wrote for the job now starting: its ``.hydra/`` configs, its log, a sweep's ``multirun.yaml``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    written = [out / f"{hc.job.name}.log"]
+    handler = (hc.job_logging or {}).get("handlers", {}).get("file", {})
+    if handler and handler.get("filename"):
+        written.append(Path(str(handler.get("filename"))))
+    if hc.output_subdir is not None:
+        written += [out / hc.output_subdir / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml")]
+    if hc.mode == RunMode.MULTIRUN:
+        written.append(Path(hc.sweep.dir) / "multirun.yaml")
+    return written
+
+
+@contextlib.contextmanager
+def job_held(run_dir: Path, shared: bool) -> Iterator[None]:
+    """Around a Hydra job: record the files Hydra wrote for it with the command's guard.
+
+    Without one (a folder the command could not name in advance, an interpolated ``hydra.run.dir``)
+    the job's folder is held here; ``shared``: a rank other than 0 of a group, whose rank 0 holds it.
+    """
+    guard = current_guard()
+    if guard is not None:
+        guard.record_hydra_files(hydra_written_files())
+        yield
+        guard.wrote = True  # a finished job's files are its record: a later job's failure keeps them
+    elif shared:
+        yield
+    else:
+        with guarded_run_dir(run_dir):
+            yield

@@ -15,7 +15,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-__all__ = ["TrialSummary"]
+__all__ = ["TrialSummary", "optimising_sweep"]
 
 
 class TrialSummary(Callback):
@@ -72,3 +72,12 @@ def _reason(err: Any) -> str:
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def optimising_sweep() -> bool:
+    """Whether the job runs under a sweeper that optimises its return value (not Hydra's basic one)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    return hc.mode == RunMode.MULTIRUN and "BasicSweeper" not in str(hc.sweeper.get("_target_", ""))
