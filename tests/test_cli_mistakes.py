@@ -152,6 +152,7 @@ def test_a_mesh_that_does_not_fit_is_refused_before_processes_start(
     outcomes: dict[str, tuple[int, str, Path]],
 ) -> None:
     _, output, _ = outcomes["mesh_does_not_fit"]
+    assert "geartrain: error: ModelParallelStrategy:" in output, output[-3000:]
     assert "(rank " not in output  # said by the launching process, not by a worker
 
 
