@@ -74,7 +74,7 @@ class ModelCheckpoint(SaveSchedule):
             blocks training only while the state is copied into CPU memory, and a thread writes the
             file, places ``last.ckpt`` and removes the evicted top-k files, in that order. Costs one
             CPU copy of the state, kept between saves. Two writes never overlap; a failed write is
-            raised (as :class:`~trainer.checkpoint.CheckpointError`) by the next save or at the end
+            raised (as :class:`~trainer.checkpoint.files.CheckpointError`) by the next save or at the end
             of fitting, with the bookkeeping rolled back to the files that are really on disk.
         missing_monitor: what a ``monitor`` still missing after a validation pass does. ``"raise"``
             (Lightning's behaviour): :class:`~trainer.errors.MetricNotLoggedError`, a ``KeyError``

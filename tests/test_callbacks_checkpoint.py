@@ -11,7 +11,7 @@ import torch
 from callbacks import ModelCheckpoint
 from tests.helpers.callback_tools import NotRankZero, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 SCORES = [0.5, 0.8, 0.6, 0.9, 0.7, 0.85]  # val/score per epoch; 4 steps per epoch
 

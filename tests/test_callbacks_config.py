@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 import callbacks as cbs
 from tests.helpers import REPO_ROOT
-from trainer.cli import build_callbacks, config_dir
+from trainer.cli.app import build_callbacks, config_dir
 
 
 def _build(*overrides: str) -> tuple[Any, list[Any], dict[str, Any]]:

@@ -10,7 +10,7 @@ import pytest
 from callbacks import EarlyStopping, ModelCheckpoint
 from tests.helpers.callback_tools import OtherRankStrategy, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 
 def _run(es: EarlyStopping, scores: list[float], **kwargs: object) -> int:

@@ -28,7 +28,7 @@ from callbacks.base import HOOKS
 from tests.helpers import REPO_ROOT
 from tests.helpers.callback_tools import NotRankZero, Recorder, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 # ----------------------------------------------------------------- progress bar
 NUM = r"[-+0-9.e]+"

@@ -17,7 +17,7 @@ from examples.charlm import DEFAULT_PATH, VOCAB, CharData, CharLM, decode, encod
 from tests.helpers import REPO_ROOT
 from tests.helpers.trainers import quiet_trainer
 from trainer import seed_everything
-from trainer.cli import config_dir
+from trainer.cli.app import config_dir
 
 TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import trainer.checkpoint as ckpt
+import trainer.checkpoint.files as ckpt
 from callbacks import Checkpoint, ModelCheckpoint
 from tests.helpers.callback_tools import Scripted, loaders
 from tests.helpers.distributed import spawn
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer
-from trainer.checkpoint import CheckpointError, load_checkpoint, place_checkpoint
+from trainer.checkpoint.files import CheckpointError, load_checkpoint, place_checkpoint
 
 SCORES = [0.5, 0.8, 0.6, 0.9, 0.7, 0.85]  # val/score per epoch; 4 steps per epoch
 

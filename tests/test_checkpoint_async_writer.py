@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-import trainer.checkpoint as ckpt
+import trainer.checkpoint.files as ckpt
 from tests.helpers import REPO_ROOT
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import AsyncCheckpointWriter, CheckpointError, load_checkpoint
+from trainer.checkpoint.files import AsyncCheckpointWriter, CheckpointError, load_checkpoint
 
 
 def test_file_is_complete_and_holds_the_state_at_save_time(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_a_failed_write_is_raised_on_wait_and_on_the_next_save(tmp_path: Path) -
 def test_process_does_not_exit_before_the_last_write(tmp_path: Path) -> None:
     code = f"""
 import time, torch
-import trainer.checkpoint as ckpt
+import trainer.checkpoint.files as ckpt
 real = ckpt.write_checkpoint
 def slow(state, path, *rest):
     time.sleep(1.0)

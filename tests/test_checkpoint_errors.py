@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-import trainer.checkpoint as ckpt_io
+import trainer.checkpoint.files as ckpt_io
 from tests.helpers.regression import Small
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule
-from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from trainer.checkpoint.files import CheckpointError, load_checkpoint, save_checkpoint
 
 
 @pytest.fixture

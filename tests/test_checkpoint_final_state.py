@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import Callback, EarlyStopping, ModelCheckpoint
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 
 class Flat(TrainModule):

@@ -11,7 +11,7 @@ from torch import nn
 
 from tests.helpers.regression import Regressor, assert_same_weights, make_loader, sgd
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from trainer.checkpoint.files import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def sgd_with_epoch_decay(m: nn.Module) -> Any:
@@ -168,7 +168,7 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path)
 def test_python_rng_state_is_one_tensor_and_older_list_checkpoints_still_restore() -> None:
     import random
 
-    from trainer.checkpoint import rng_state, set_rng_state
+    from trainer.checkpoint.files import rng_state, set_rng_state
 
     random.seed(3)
     state = rng_state()

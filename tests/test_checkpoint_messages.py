@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-import trainer.checkpoint as checkpoint_io
-from trainer.checkpoint import AsyncCheckpointWriter, load_checkpoint, save_checkpoint
+import trainer.checkpoint.files as checkpoint_io
+from trainer.checkpoint.files import AsyncCheckpointWriter, load_checkpoint, save_checkpoint
+from trainer.checkpoint.lightning_format import read_checkpoint
 from trainer.common.errors import CheckpointError
-from trainer.lightning_checkpoint import read_checkpoint
 
 STATE = {"format": "geartrain", "version": 1, "state_dict": {"w": torch.ones(3)}}
 

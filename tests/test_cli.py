@@ -144,7 +144,7 @@ def test_submitit_local_launcher_runs_a_job(tmp_path: Path) -> None:
 
 
 def test_slurm_tasks_share_a_run_directory_named_after_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.cli import shared_run_dir_overrides
+    from trainer.cli.app import shared_run_dir_overrides
 
     monkeypatch.setattr("sys.argv", ["geartrain"])
     slurm = {"SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "777"}

@@ -71,7 +71,7 @@ TUNER_MISTAKES = [
 
 @pytest.mark.parametrize(("task", "options", "said"), TUNER_MISTAKES)
 def test_bad_tuner_values_are_refused_naming_the_override(task: str, options: dict[str, object], said: str) -> None:
-    from trainer.cli_checks import check_tuner_options
+    from trainer.cli.checks import check_tuner_options
 
     with pytest.raises(ConfigError) as refused:
         check_tuner_options(task, options)
@@ -81,7 +81,7 @@ def test_bad_tuner_values_are_refused_naming_the_override(task: str, options: di
 def test_the_default_tuner_values_pass() -> None:
     from omegaconf import OmegaConf
 
-    from trainer.cli_checks import check_tuner_options
+    from trainer.cli.checks import check_tuner_options
 
     defaults = OmegaConf.load(REPO_ROOT / "conf" / "config.yaml").tuner
     for task in ("lr_find", "scale_batch_size"):
@@ -157,7 +157,7 @@ def test_a_mesh_that_does_not_fit_is_refused_before_processes_start(
 
 
 def test_a_read_only_run_directory_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.run_dir_guard import guarded_run_dir
+    from trainer.cli.run_dir_guard import guarded_run_dir
 
     def read_only(self: Path, *args: object, **kwargs: object) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))

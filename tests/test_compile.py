@@ -11,7 +11,7 @@ from torch import nn
 
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 
 class Net(TrainModule):

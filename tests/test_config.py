@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from strategies import Strategy
 from trainer import DataModule, TrainModule
-from trainer.cli import config_dir
-from trainer.config import register_configs
+from trainer.cli.app import config_dir
+from trainer.cli.config import register_configs
 
 CONF = config_dir()
 

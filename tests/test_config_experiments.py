@@ -10,7 +10,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.cli import check_config, config_dir
+from trainer.cli.app import check_config, config_dir
 from trainer.errors import ConfigError
 
 CONF = config_dir()

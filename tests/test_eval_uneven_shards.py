@@ -23,8 +23,8 @@ from strategies import DDPStrategy
 from tests.helpers.distributed import spawn
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule, seed_everything
-from trainer.metric_sync import agree_on_entries
-from trainer.metrics import MetricStore
+from trainer.metrics.store import MetricStore
+from trainer.metrics.sync import agree_on_entries
 
 
 class Net(TrainModule):

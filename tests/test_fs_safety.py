@@ -22,10 +22,10 @@ from strategies import SingleDeviceStrategy
 from tests.helpers import jobs
 from tests.helpers.cli import run_geartrain
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import save_checkpoint
-from trainer.checkpoint_convert import main as convert
+from trainer.checkpoint.convert import main as convert
+from trainer.checkpoint.files import save_checkpoint
+from trainer.cli.run_dirs import locked_run_dir, resolve_last_checkpoint
 from trainer.common.errors import CheckpointError
-from trainer.run_dirs import locked_run_dir, resolve_last_checkpoint
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -28,7 +28,7 @@ from callbacks import (
 from callbacks.base import overridden_hooks
 from tests.helpers.callback_tools import NotRankZero, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 
 class Recorder(Callback):

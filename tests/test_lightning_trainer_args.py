@@ -609,8 +609,8 @@ def test_hydra_config_takes_the_new_arguments_and_lightning_strategy_names() -> 
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from trainer.cli import config_dir
-    from trainer.config import register_configs
+    from trainer.cli.app import config_dir
+    from trainer.cli.config import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

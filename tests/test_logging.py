@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from callbacks.base import Callback
 from tests.helpers.regression import Regressor, make_dataset, make_loader
-from trainer.metrics import MetricStore
+from trainer.metrics.store import MetricStore
 
 
 class LogRecorder(Callback):

@@ -15,8 +15,8 @@ from callbacks import Callback, DeviceStatsMonitor
 from strategies.registry import STRATEGIES, resolve_strategy
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.checkpoint import CheckpointError, load_module_state, save_checkpoint
-from trainer.microbatch import split_batch
+from trainer.checkpoint.files import CheckpointError, load_module_state, save_checkpoint
+from trainer.data.microbatch import split_batch
 
 
 class Block(nn.Module):
@@ -340,7 +340,7 @@ def test_weights_only_geartrain_checkpoint_is_not_taken_for_plain_weights(tmp_pa
 def test_hydra_trainer_config_carries_the_memory_options() -> None:
     from omegaconf import OmegaConf
 
-    from trainer.config import TrainerConfig
+    from trainer.cli.config import TrainerConfig
 
     cfg = OmegaConf.merge(
         OmegaConf.structured(TrainerConfig),

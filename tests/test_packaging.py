@@ -86,7 +86,7 @@ def test_wheel_builds_quietly_and_its_geartrain_finds_the_configs(tmp_path: Path
     assert composed.returncode == 0, composed.stderr[-3000:]
     assert "examples.charlm.CharLM" in composed.stdout
     located = subprocess.run(
-        [sys.executable, "-c", "import trainer.cli as c; print(c.config_dir())"],
+        [sys.executable, "-c", "import trainer.cli.app as c; print(c.config_dir())"],
         cwd=elsewhere,
         env=env,
         capture_output=True,

@@ -16,7 +16,7 @@ import torch
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import CheckpointError, load_checkpoint
+from trainer.checkpoint.files import CheckpointError, load_checkpoint
 
 JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 

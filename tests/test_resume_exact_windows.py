@@ -22,7 +22,7 @@ from callbacks import Callback, ModelCheckpoint
 from tests.helpers.stop_resume import assert_same_state, attempts
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 K = 3  # accumulate_grad_batches; 6 batches an epoch: 2 optimizer steps
 

@@ -24,7 +24,7 @@ from callbacks import Callback, ModelCheckpoint
 from tests.helpers.stop_resume import KillAt, Killed, assert_same_state, attempts
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
 
 
 class Net(TrainModule):

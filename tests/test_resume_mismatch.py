@@ -18,9 +18,9 @@ import torch
 
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint.files import load_checkpoint
+from trainer.checkpoint.resume_checks import ScheduleEndsEarlyWarning
 from trainer.errors import CheckpointError
-from trainer.resume_checks import ScheduleEndsEarlyWarning
 
 
 def adamw(module: torch.nn.Module) -> Any:

@@ -17,8 +17,8 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from tests.helpers import global_jobs
 from tests.helpers.distributed import spawn
-from trainer.data import ResumableBatchSampler
-from trainer.resume_checks import InexactResumeWarning, warn_if_batches_differ
+from trainer.checkpoint.resume_checks import InexactResumeWarning, warn_if_batches_differ
+from trainer.data.resumable import ResumableBatchSampler
 
 G = global_jobs.GLOBAL
 

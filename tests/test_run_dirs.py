@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tests.helpers.cli import run_dirs, run_geartrain
+from trainer.cli.run_dirs import claim_run_dir, locked_run_dir, resolve_last_checkpoint, unique_run_dir_overrides
 from trainer.common.errors import ConfigError
-from trainer.run_dirs import claim_run_dir, locked_run_dir, resolve_last_checkpoint, unique_run_dir_overrides
 
 QUICK = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "task=fit")
 QUIET = ("trainer.enable_progress_bar=false", "logger=none")
@@ -70,7 +70,7 @@ def test_a_killed_run_leaves_its_folder_free(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from trainer.run_dirs import locked_run_dir\n"
+            "import sys, time; from pathlib import Path; from trainer.cli.run_dirs import locked_run_dir\n"
             "with locked_run_dir(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)",
             str(tmp_path),
         ],

@@ -19,7 +19,7 @@ from strategies import SingleDeviceStrategy
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule, seed_everything
 from trainer.common.rng import WorkerInit
-from trainer.data import add_worker_seeding
+from trainer.data.resumable import add_worker_seeding
 
 Draws = list[tuple[float, float, float]]
 

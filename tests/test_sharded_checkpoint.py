@@ -25,8 +25,8 @@ from strategies.sharded_checkpoint import TRAINER_STATE, load_sharded, save_shar
 from tests.helpers import REPO_ROOT, jobs
 from tests.helpers.distributed import child_env
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint import load_checkpoint
-from trainer.checkpoint_convert import main as convert
+from trainer.checkpoint.convert import main as convert
+from trainer.checkpoint.files import load_checkpoint
 from trainer.common.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(240)

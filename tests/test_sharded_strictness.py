@@ -25,7 +25,7 @@ from strategies import SingleDeviceStrategy
 from strategies.sharded_checkpoint import TRAINER_STATE, load_sharded, save_sharded
 from tests.helpers import jobs
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint_convert import main as convert
+from trainer.checkpoint.convert import main as convert
 from trainer.common.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(240)
@@ -176,4 +176,4 @@ def test_a_weights_only_directory_advises_what_works(tmp_path: Path) -> None:
         again.fit(jobs.BlockNet(), DataLoader(jobs.dataset(8), batch_size=4), ckpt_path=tmp_path / "w.ckpt")
     message = str(refused.value)
     assert f"torch.load('{tmp_path / 'w.ckpt'}'" not in message
-    assert f"checkpoint_convert to-file {tmp_path / 'w.ckpt'}" in message
+    assert f"checkpoint.convert to-file {tmp_path / 'w.ckpt'}" in message

@@ -55,7 +55,7 @@ def test_hydra_built_instance_learns_trainer_devices(clean_distributed_env: None
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from trainer.cli import config_dir
+    from trainer.cli.app import config_dir
 
     def composed(name: str) -> object:
         GlobalHydra.instance().clear()

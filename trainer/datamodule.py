@@ -116,7 +116,7 @@ class DataModule(HyperparametersMixin, DataHooks):
 
         Reads geartrain's and Lightning 2.x's checkpoints, always with ``weights_only=True``.
         """
-        from trainer.lightning_checkpoint import load_from_checkpoint
+        from trainer.checkpoint.lightning_format import load_from_checkpoint
 
         return load_from_checkpoint(
             cls, checkpoint_path, map_location, hparams_file, None, weights_only, kwargs, weights=False

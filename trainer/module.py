@@ -3,7 +3,7 @@
 Porting a ``LightningModule`` is a change of base class. The trainer drives these methods; a module
 used outside a trainer is a plain ``nn.Module`` whose ``self.log`` does nothing. The hooks are in
 :mod:`trainer.module_hooks`, hyperparameters in :mod:`trainer.hparams`, the data module in
-:mod:`trainer.datamodule` (re-exported here), checkpoint loading in :mod:`trainer.lightning_checkpoint`.
+:mod:`trainer.datamodule` (re-exported here), checkpoint loading in :mod:`trainer.checkpoint.lightning_format`.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         Reads geartrain's and Lightning 2.x's checkpoints, always with ``weights_only=True``.
         ``strict`` defaults to :attr:`strict_loading`.
         """
-        from trainer.lightning_checkpoint import load_from_checkpoint
+        from trainer.checkpoint.lightning_format import load_from_checkpoint
 
         return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, weights_only, kwargs)
 

@@ -90,7 +90,7 @@ class CrashOnce(Callback):
 
 def slow_down_saves() -> None:
     """Make every checkpoint write take ~1 s (in 64 KiB pieces), printing WRITING when one starts."""
-    import trainer.checkpoint as ckpt
+    import trainer.checkpoint.files as ckpt
 
     real_save = torch.save
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from trainer.common.rng import rng_state, set_rng_state
-from trainer.data import ResumableBatchSampler
+from trainer.data.resumable import ResumableBatchSampler
 
 __all__ = ["iterate", "last_batch_share", "num_batches", "set_sampler_epoch"]
 

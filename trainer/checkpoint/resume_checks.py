@@ -67,7 +67,7 @@ def weights_only_hint(path: Path) -> str:
     """How to start afresh from a checkpoint's weights: a plain state dict initialises them only."""
     if Path(path).is_dir():  # a sharded directory: torch.load cannot read a folder; one file first
         return (
-            f"start afresh from its weights: convert it to one file (python -m trainer.checkpoint_convert "
+            f"start afresh from its weights: convert it to one file (python -m trainer.checkpoint.convert "
             f"to-file {path} full.ckpt), save the weights with torch.save(torch.load('full.ckpt', "
             "weights_only=True)['state_dict'], 'weights.pt') and pass ckpt_path='weights.pt'"
         )

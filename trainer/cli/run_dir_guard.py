@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from trainer.cli.run_dirs import LOCK_FILE as LOCK_NAME
+from trainer.cli.run_dirs import unwritable
 from trainer.common.errors import ConfigError
-from trainer.run_dirs import LOCK_FILE as LOCK_NAME
-from trainer.run_dirs import unwritable
 
 __all__ = ["RunDirGuard", "current_guard", "guarded_run_dir", "hydra_written_files", "job_held"]
 
@@ -103,7 +103,7 @@ class RunDirGuard:
 def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard | None]:
     """Hold ``folder``'s lock for the ``with`` block, recording what is created; clean up after a failure.
 
-    ``claimed``: the folder was just created for this run (:func:`trainer.run_dirs.claim_run_dir`).
+    ``claimed``: the folder was just created for this run (:func:`trainer.cli.run_dirs.claim_run_dir`).
     Refuses, naming the other run, when a live run holds the folder; nothing is written or removed then.
     """
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.metrics import MetricStore, _Entry
+from trainer.metrics.store import MetricStore, _Entry
 
 if TYPE_CHECKING:
     from torch import nn

@@ -1,9 +1,9 @@
-"""``python -m trainer.checkpoint_convert``: a sharded checkpoint directory to one portable file, and back.
+"""``python -m trainer.checkpoint.convert``: a sharded checkpoint directory to one portable file, and back.
 
 ::
 
-    python -m trainer.checkpoint_convert to-file checkpoints/last.ckpt last-full.ckpt
-    python -m trainer.checkpoint_convert to-dir last-full.ckpt checkpoints/from-file.ckpt
+    python -m trainer.checkpoint.convert to-file checkpoints/last.ckpt last-full.ckpt
+    python -m trainer.checkpoint.convert to-dir last-full.ckpt checkpoints/from-file.ckpt
 
 ``to-file`` reads every shard in this one process (it needs memory for the whole state, as any
 single file does) and writes geartrain's checkpoint file, which ``torch.load(path,
@@ -17,8 +17,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from trainer.checkpoint.sharded import directory_to_file, file_to_directory
 from trainer.common.errors import CheckpointError
-from trainer.sharded import directory_to_file, file_to_directory
 
 __all__ = ["main"]
 
@@ -26,7 +26,7 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (2 for a bad checkpoint, with the reason on stderr)."""
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.checkpoint_convert",
+        prog="python -m trainer.checkpoint.convert",
         description="Convert a sharded geartrain checkpoint directory to one file, or a file to a directory.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

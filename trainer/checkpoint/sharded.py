@@ -1,8 +1,8 @@
 """Sharded checkpoint directories on the trainer's side: reading one, and converting to and from one file.
 
 The directory format and the per-rank save/load are :mod:`strategies.sharded_checkpoint`'s; this
-room checks a directory's trainer state like :func:`~trainer.checkpoint.load_checkpoint` checks a
-file, and converts between the two forms (``python -m trainer.checkpoint_convert``):
+room checks a directory's trainer state like :func:`~trainer.checkpoint.files.load_checkpoint` checks a
+file, and converts between the two forms (``python -m trainer.checkpoint.convert``):
 
 - :func:`directory_to_file`: every shard read into full tensors (no process group needed), the
   optimizer state renumbered into ``optimizer.state_dict()``'s by-index layout, written as one
@@ -32,8 +32,8 @@ from strategies.sharded_checkpoint import (
     safe_reader,
     save_sharded,
 )
-from trainer.checkpoint import FORMAT_NAME, check_version, load_checkpoint, save_checkpoint
-from trainer.checkpoint_safety import check_checkpoint_file
+from trainer.checkpoint.files import FORMAT_NAME, check_version, load_checkpoint, save_checkpoint
+from trainer.checkpoint.safety import check_checkpoint_file
 from trainer.common.errors import CheckpointError
 
 __all__ = [

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainer.common.errors import UserError
-from trainer.data import add_worker_seeding, make_resumable
+from trainer.data.resumable import add_worker_seeding, make_resumable
 
 if TYPE_CHECKING:
     from trainer.module import DataModule

@@ -18,8 +18,8 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION
-from trainer.checkpoint_safety import check_checkpoint_file, first_reason, unreadable
+from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION
+from trainer.checkpoint.safety import check_checkpoint_file, first_reason, unreadable
 from trainer.common.errors import CheckpointError
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
@@ -38,7 +38,7 @@ def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any 
     """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
     where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-        from trainer.sharded import read_directory
+        from trainer.checkpoint.sharded import read_directory
 
         return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
     if isinstance(path, (str, os.PathLike)):

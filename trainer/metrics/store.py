@@ -90,7 +90,7 @@ class MetricStore:
 
     reduce: Callable[[torch.Tensor, str], torch.Tensor]
     #: Under several processes: makes every rank's entries the same list before values are reduced
-    #: (:func:`trainer.metric_sync.agree_on_entries`); None on one process.
+    #: (:func:`trainer.metrics.sync.agree_on_entries`); None on one process.
     agree: Callable[[MetricStore], None] | None = None
     entries: dict[str, _Entry] = field(default_factory=dict)
     #: Step-level values logged since the loggers were last given them.

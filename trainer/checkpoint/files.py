@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint_safety import check_checkpoint_file, unreadable, write_failure
+from trainer.checkpoint.safety import check_checkpoint_file, unreadable, write_failure
 from trainer.common.errors import CheckpointError
 from trainer.common.fs_safety import check_replaceable
 from trainer.common.rng import rng_state, set_rng_state

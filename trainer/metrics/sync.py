@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.metric_state import metric_paths
-from trainer.metrics import MetricStore, _Entry
+from trainer.metrics.state import metric_paths
+from trainer.metrics.store import MetricStore, _Entry
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -1,7 +1,7 @@
 """Metric routing: from ``self.log`` to ``callback_metrics``, the progress bar and the loggers.
 
 ``TrainModule.log`` lands in :meth:`MetricRouter.log`, which records the value in the store of the
-stage in progress (a :class:`~trainer.metrics.MetricStore`, set by the loops with :meth:`logging`).
+stage in progress (a :class:`~trainer.metrics.store.MetricStore`, set by the loops with :meth:`logging`).
 Values become visible to callbacks through :attr:`MetricRouter.callback_metrics` and reach the loggers
 (callbacks overriding ``on_log_metrics``) through :meth:`MetricRouter.emit`, on rank 0's schedule.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from trainer.common.tree import batch_size_of
-from trainer.metric_state import load_store_state, store_state
-from trainer.metrics import MetricStore
+from trainer.metrics.state import load_store_state, store_state
+from trainer.metrics.store import MetricStore
 
 __all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter"]
 

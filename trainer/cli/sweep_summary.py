@@ -29,7 +29,7 @@ class TrialSummary(Callback):
         """Tally the trial; re-raise a user's mistake so the study ends with it."""
         from hydra.core.utils import JobStatus
 
-        from trainer.cli_errors import describe, report
+        from trainer.cli.errors import describe, report
 
         self.trials += 1
         number = getattr(config.hydra.job, "num", self.trials - 1)

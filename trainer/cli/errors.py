@@ -4,7 +4,7 @@ Mistakes are config keys and values (Hydra's composition errors, a value a schem
 refuses), missing options, paths, checkpoints and metric names. :func:`describe` turns each into a
 few lines that name the key or file and the fix; anything else is a bug and keeps its traceback, as
 every error does under ``HYDRA_FULL_ERROR=1``. A run that failed before it wrote anything of its own
-leaves no run directory behind (:mod:`trainer.run_dir_guard` removes what it recorded creating).
+leaves no run directory behind (:mod:`trainer.cli.run_dir_guard` removes what it recorded creating).
 """
 
 from __future__ import annotations

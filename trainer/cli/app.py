@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.cli_tuning import TUNER_TASKS, log_trial_hparams, optimized_value, run_tuner_task
+from trainer.cli.tuning import TUNER_TASKS, log_trial_hparams, optimized_value, run_tuner_task
 from trainer.errors import ConfigError
 
 __all__ = [
@@ -30,10 +30,10 @@ def config_dir() -> Path:
 
     Also registers the schemas the YAML files extend, so the folder composes with Hydra's compose API.
     """
-    from trainer.config import register_configs
+    from trainer.cli.config import register_configs
 
     register_configs()
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # trainer/
     for candidate in (here / "conf", here.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return candidate
@@ -128,7 +128,7 @@ def check_config(cfg: Any) -> None:
     """Refuse, naming the key, what composing the config let through: the task, the seed, schema checks.
 
     Hydra checks a typed node's keys and value types as it composes; the checks a schema makes in
-    ``__post_init__`` (``trainer/config.py``) run here, by building the schema objects.
+    ``__post_init__`` (``trainer/cli/config.py``) run here, by building the schema objects.
     """
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -139,7 +139,7 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(f"seed={cfg.seed}: the seed must be a whole number, e.g. seed=42")
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.cli_checks import check_before_start
+    from trainer.cli.checks import check_before_start
 
     check_before_start(cfg, Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd())
     for key in ("trainer", "strategy", "optim"):
@@ -158,7 +158,7 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
 
     Earlier runs are searched under ``outputs/`` and ``multirun/`` of the folder ``geartrain`` was
     started in, among runs of the same experiment (in a sweep: the same job), see
-    :func:`trainer.run_dirs.resolve_last_checkpoint`; the choice is printed, so a resume never
+    :func:`trainer.cli.run_dirs.resolve_last_checkpoint`; the choice is printed, so a resume never
     silently picks the wrong file. Any other value must name a file (or a sharded checkpoint's
     folder) that exists.
     """
@@ -177,7 +177,7 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
         return str(path)
     from hydra.types import RunMode
 
-    from trainer.run_dirs import resolve_last_checkpoint
+    from trainer.cli.run_dirs import resolve_last_checkpoint
 
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     overrides = list(hydra_cfg.overrides.task) if hydra_cfg is not None else []
@@ -229,7 +229,7 @@ def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
         )
         key = f"geartrain/run_dir/{env.get('TORCHELASTIC_RUN_ID', '')}"
         if rank == 0:
-            from trainer.run_dirs import claim_run_dir
+            from trainer.cli.run_dirs import claim_run_dir
 
             if not store.check([key]):  # an elastic restart keeps the first attempt's folder
                 claimed = claim_run_dir(Path(time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))).as_posix()
@@ -328,13 +328,13 @@ def _main() -> None:
     # The user's own code (``model._target_=my_project.Net``) is importable from where they run.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from trainer.cli_errors import remove_empty, reported
+    from trainer.cli.errors import remove_empty, reported
     from trainer.common.errors import Interrupted
 
     try:
         with reported():
-            from trainer.run_dir_guard import guarded_run_dir
-            from trainer.run_dirs import held_folder, unique_run_dir_overrides
+            from trainer.cli.run_dir_guard import guarded_run_dir
+            from trainer.cli.run_dirs import held_folder, unique_run_dir_overrides
 
             shared = shared_run_dir_overrides()
             # Joined processes get the group's folder (or the user's hydra.run.dir, which claims nothing).
@@ -361,13 +361,13 @@ def run_job(cfg: Any) -> float | None:
     """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory.
 
     What Hydra wrote as the job started is recorded as this run's, so a failure removes only that
-    (:mod:`trainer.run_dir_guard`). Returns the value of ``optimized_metric`` (None when it is
+    (:mod:`trainer.cli.run_dir_guard`). Returns the value of ``optimized_metric`` (None when it is
     null), for Hydra's sweepers to optimise.
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.run_dir_guard import job_held
-    from trainer.sweep_summary import optimising_sweep
+    from trainer.cli.run_dir_guard import job_held
+    from trainer.cli.sweep_summary import optimising_sweep
 
     rank, world = group_position()
     with job_held(Path(HydraConfig.get().runtime.output_dir), shared=world > 1 and rank != 0):

@@ -1,6 +1,6 @@
 """Checkpoint state: what a checkpoint of a run holds, writing it, reading it back, and where it is.
 
-The file format and the writing itself (atomic, asynchronous) are :mod:`trainer.checkpoint`'s; this
+The file format and the writing itself (atomic, asynchronous) are :mod:`trainer.checkpoint.files`'s; this
 room decides the content (DESIGN.md, "Checkpoints"), restores a run from it, resolves
 ``ckpt_path="last"``/``"best"``, and is the one owner of where ``last.ckpt`` lives.
 """
@@ -11,16 +11,22 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import resume_checks
-from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION, AsyncCheckpointWriter, load_checkpoint, write_checkpoint
+from trainer.checkpoint import resume_checks
+from trainer.checkpoint.files import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    AsyncCheckpointWriter,
+    load_checkpoint,
+    write_checkpoint,
+)
+from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
+from trainer.checkpoint.sharded import PendingSave, complete_path, param_names, read_directory
 from trainer.common.errors import CheckpointError
 from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
-from trainer.data import ResumableBatchSampler
+from trainer.data.resumable import ResumableBatchSampler
 from trainer.hparams import plain_hparams
-from trainer.lightning_checkpoint import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
-from trainer.sharded import PendingSave, complete_path, param_names, read_directory
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
