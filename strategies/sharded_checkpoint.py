@@ -361,7 +361,7 @@ def load_sharded(
             )
         # As a file's load_state_dict(strict=True): weights the module has no place for are refused too.
         unexpected = [k[len("state_dict.") :] for k in saved if k.startswith("state_dict.")]
-        unexpected = [k for k in unexpected if k not in model]
+        unexpected = sorted(k for k in unexpected if k not in model)
         if unexpected:
             raise CheckpointError(
                 f"Cannot load the weights in {path}: the checkpoint holds {unexpected[:5]} "
