@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from trainer.common.fs_safety import check_replaceable, remove_checkpoint
+
 __all__ = [
     "check_lightning_options",
     "fill_template",
@@ -78,12 +80,24 @@ def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1) -
 
 
 def symlink(target: str, link: str) -> None:
-    """Point ``link`` at ``target`` (relative to the link's folder), replacing what was there atomically."""
+    """Point ``link`` at ``target`` (relative to the link's folder), replacing what was there atomically.
+
+    A sharded checkpoint directory at ``link`` (an earlier save without links) is moved aside and
+    removed once the link is in place; anything else that is not a checkpoint is refused.
+    """
+    check_replaceable(link)
     tmp = f"{link}.tmp-link"
     if os.path.lexists(tmp):
         os.remove(tmp)
     os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), tmp)
+    aside = ""
+    if os.path.isdir(link) and not os.path.islink(link):  # os.replace cannot put a link over a folder
+        aside = os.path.join(os.path.dirname(link), f".{os.path.basename(link)}.old")
+        remove_checkpoint(aside)
+        os.replace(link, aside)
     os.replace(tmp, link)
+    if aside:
+        remove_checkpoint(aside)
 
 
 def save_message(

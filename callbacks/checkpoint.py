@@ -23,6 +23,7 @@ from callbacks._checkpoint_files import (
 )
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
+from trainer.common.fs_safety import remove_checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -152,6 +153,7 @@ class ModelCheckpoint(SaveSchedule):
         self._last_time = None
         self._clock = time.monotonic  # tests swap in a fake clock
         self._exception_path = ""
+        self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
@@ -267,7 +269,14 @@ class ModelCheckpoint(SaveSchedule):
         keep, evict = False, list[str]()
         previous = self.state_dict()
         path = ""
-        if ranked or exception_file:
+        # "link" with sharded directories: a save that does not rank writes a checkpoint of its own name
+        # for last.ckpt to link to, so last.ckpt never becomes a real folder a later link cannot replace.
+        own_name = (
+            self.save_last == "link"
+            and not self.async_save
+            and getattr(trainer.strategy, "state_dict_type", "full") == "sharded"
+        )
+        if ranked or exception_file or own_name:
             metrics: dict[str, Any] = {
                 **trainer.callback_metrics,
                 "epoch": trainer.current_epoch,
@@ -298,16 +307,29 @@ class ModelCheckpoint(SaveSchedule):
         replaces = [old for old in evict if old not in (path, self.last_model_path)]
         # "link": a symbolic link to the file just written, below; with async_save the writer thread
         # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
-        link = self.save_last == "link" and (keep or exception_file) and not self.async_save
+        link_only = own_name and not (keep or exception_file)
+        link = self.save_last == "link" and (keep or exception_file or link_only) and not self.async_save
         if link:
             also_at = []
+            # Relinked before anything is evicted: a kill in between leaves last.ckpt naming a checkpoint.
+            stale = self._link_only_path
+            if stale and stale != path and stale not in self.best_k_models:
+                replaces.append(stale)
         try:
-            if keep or exception_file:
+            if keep or exception_file or link_only:
                 trainer.save_checkpoint(
-                    path, self.save_weights_only, async_=self.async_save, also_at=also_at, replaces=replaces
+                    path,
+                    self.save_weights_only,
+                    async_=self.async_save,
+                    also_at=also_at,
+                    replaces=[] if link else replaces,
                 )
                 if link and trainer.is_global_zero:
                     symlink(path, self.last_model_path)
+                    for old in replaces:
+                        remove_checkpoint(old)
+                if link:
+                    self._link_only_path = path if link_only else ""
             elif self.save_last:
                 trainer.save_checkpoint(self.last_model_path, self.save_weights_only, async_=self.async_save)
         except BaseException:

@@ -68,6 +68,14 @@ class LRFinderResult:
         end = -skip_end if skip_end else None
         losses = torch.tensor(self.results["loss"][skip_begin:end], dtype=torch.float64)
         finite = torch.isfinite(losses)
+        if not any(math.isfinite(loss) for loss in self.results["loss"]):
+            log.error(
+                "lr_find: the loss was not finite at any step (from lr=%g on), so there is no learning rate to "
+                "suggest: the model or the data gives NaN/inf whatever the rate; check them",
+                self.results["lr"][0] if self.results["lr"] else float("nan"),
+            )
+            self._optimal_idx = None
+            return None
         if int(finite.sum()) < 2:
             log.error(
                 "lr_find: too few points to suggest a learning rate (%d finite after skipping); raise "
@@ -325,8 +333,8 @@ def log_lr_curve(loggers: list[Any], result: LRFinderResult, step: int = 0) -> b
     Returns True when something was written. Only rank 0's loggers write (the others do nothing).
     """
     writers = [lg.experiment for lg in loggers if hasattr(getattr(lg, "experiment", None), "add_scalar")]
-    if not writers or not result.results["lr"]:
-        return False
+    if not writers or not any(math.isfinite(loss) for loss in result.results["loss"]):
+        return False  # nothing to draw (no finite loss at all): whoever asks for a suggestion is told why
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -21,6 +21,7 @@ from typing_extensions import override
 from strategies.fsdp import FSDPStrategy
 from strategies.materialize import has_meta_tensors, materialize_meta_module
 from strategies.precision import Precision
+from trainer.common.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -91,6 +92,12 @@ class ModelParallelStrategy(FSDPStrategy):
     def _sharded_precision(self, precision: Precision) -> Precision:
         return precision  # autocast, as Lightning; the user's fully_shard chooses its own policy
 
+    @override
+    def _check_process_count(self) -> None:
+        """Also refuse a mesh that does not fit the processes, before any is started (not inside each)."""
+        super()._check_process_count()
+        self.mesh_shape()
+
     def mesh_shape(self) -> tuple[int, int]:
         """``(data_parallel_size, tensor_parallel_size)`` with ``"auto"`` resolved; their product is the world."""
         processes = self.world_size // max(self.num_nodes, 1)
@@ -101,7 +108,7 @@ class ModelParallelStrategy(FSDPStrategy):
         if self.data_parallel_size == "auto" and self.tensor_parallel_size != "auto":
             dp = self.world_size // tp
         if dp * tp != self.world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"ModelParallelStrategy: data_parallel_size={self.data_parallel_size!r} x tensor_parallel_size="
                 f"{self.tensor_parallel_size!r} gives {dp} x {tp} = {dp * tp} ranks, but {self.world_size} "
                 "processes run; choose sizes whose product is devices x num_nodes"

@@ -30,6 +30,7 @@ imports torch and the leaf only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import threading
@@ -54,6 +55,7 @@ from strategies.sharded_safety import (
     safe_reader,
 )
 from trainer.common.errors import CheckpointError
+from trainer.common.fs_safety import check_replaceable, remove_checkpoint
 
 __all__ = [
     "TRAINER_STATE",
@@ -198,18 +200,27 @@ def save_sharded(
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
+    extra = [Path(p) for p in also_at]
+    for target in (path, *extra):  # every rank refuses alike, before any of them writes or waits
+        check_replaceable(target)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     tmp = path.parent / f".{path.name}.partial"
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)  # a save killed earlier
-        tmp.mkdir(parents=True)
         rest = {k: v for k, v in state.items() if k not in _SHARDED_KEYS}
-        _write_file(tmp / TRAINER_STATE, rest)
+        try:
+            tmp.mkdir(parents=True)
+            _write_file(tmp / TRAINER_STATE, rest)
+        except (OSError, RuntimeError) as err:  # torch reports a refused write as a RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"Could not write the sharded checkpoint {path}: writing {tmp / TRAINER_STATE} failed: "
+                f"{_write_reason(err)}"
+            ) from err
     _barrier()
     tensors = {"state_dict": dict(state.get("state_dict", {}))}
     tensors["optimizers"] = {str(i): opt for i, opt in enumerate(state.get("optimizers", [])) if opt}
     writer = dcp.FileSystemWriter(tmp, sync_files=True)
-    extra = [Path(p) for p in also_at]
     old = [Path(p) for p in replaces]
 
     def finish() -> None:
@@ -221,6 +232,8 @@ def save_sharded(
             with _one_process_quietly():
                 dcp.save(tensors, storage_writer=writer)
         except dcp_failures() as err:
+            if rank0:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
         finish()
         return PendingSave(None, None)
@@ -247,6 +260,16 @@ def _aside(path: Path) -> Path:
     return path.parent / f".{path.name}.old"
 
 
+def _write_reason(err: BaseException) -> str:
+    """What stopped a write: the operating system's reason where the chain of errors holds one."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return os.strerror(seen.errno) + (" (the disk is full)" if seen.errno == errno.ENOSPC else "")
+        seen = seen.__cause__ or seen.__context__
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
 def _write_file(path: Path, obj: Any) -> None:
     with open(path, "wb") as f:
         torch.save(obj, f)
@@ -255,7 +278,11 @@ def _write_file(path: Path, obj: Any) -> None:
 
 
 def _swap_in(new: Path, path: Path) -> None:
-    """Rename the complete directory ``new`` to ``path``; an existing ``path`` is moved aside, then removed."""
+    """Rename the complete directory ``new`` to ``path``; an existing ``path`` is moved aside, then removed.
+
+    Only a checkpoint of ours is replaced (:func:`~trainer.common.fs_safety.check_replaceable`).
+    """
+    check_replaceable(path)
     aside = _aside(path)
     _remove(aside)
     if path.is_symlink():
@@ -268,10 +295,8 @@ def _swap_in(new: Path, path: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    """Delete a checkpoint of ours (file, link, sharded directory); anything else stays."""
+    remove_checkpoint(path)
 
 
 def _place(tmp: Path, path: Path, also_at: Sequence[Path], replaces: Sequence[Path]) -> None:
@@ -280,7 +305,7 @@ def _place(tmp: Path, path: Path, also_at: Sequence[Path], replaces: Sequence[Pa
         if other.resolve() == path.resolve():
             continue
         copy = other.parent / f".{other.name}.partial"
-        shutil.rmtree(copy, ignore_errors=True)
+        shutil.rmtree(copy, ignore_errors=True)  # our own name: a copy a killed save left
         shutil.copytree(tmp, copy, copy_function=_link_or_copy)
         _swap_in(copy, other)
     _swap_in(tmp, path)
@@ -333,6 +358,15 @@ def load_sharded(
             raise CheckpointError(
                 f"Cannot load the weights in {path}: the checkpoint lacks {missing[:5]} "
                 f"({len(missing)} missing). Pass strict=False to load what matches."
+            )
+        # As a file's load_state_dict(strict=True): weights the module has no place for are refused too.
+        unexpected = [k[len("state_dict.") :] for k in saved if k.startswith("state_dict.")]
+        unexpected = sorted(k for k in unexpected if k not in model)
+        if unexpected:
+            raise CheckpointError(
+                f"Cannot load the weights in {path}: the checkpoint holds {unexpected[:5]} "
+                f"({len(unexpected)} unexpected), which the module lacks (a checkpoint of another, bigger "
+                "model?). Pass strict=False to load what matches."
             )
     else:
         model = {k: v for k, v in model.items() if f"state_dict.{k}" in saved}

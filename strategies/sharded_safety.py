@@ -46,25 +46,40 @@ def dcp_failures() -> tuple[type[BaseException], ...]:
 def checkpoint_error(err: BaseException, what: str) -> CheckpointError:
     """A :class:`CheckpointError` for a failed DCP call: the first rank's own refusal where there is one.
 
-    DCP wraps every rank's exception (ours included) in its ``CheckpointException``, whose message is
-    the whole traceback; the refusal a rank raised says more, so it is passed on as it is.
+    DCP wraps every rank's exception (ours included) as ``(exception, traceback summary)`` in its
+    ``CheckpointException``, whose message is the whole traceback; the refusal a rank raised says
+    more, so it is passed on as it is, and any other error is named with the file it concerns.
     """
     failures = getattr(err, "failures", None)
     if isinstance(failures, dict):
-        for failure in failures.values():
+        unwrapped = {rank: _unwrap(failure) for rank, failure in failures.items()}
+        for failure in unwrapped.values():
             if isinstance(failure, CheckpointError):
                 return failure
             cause = getattr(failure, "__cause__", None)
             if isinstance(cause, CheckpointError):
                 return cause
-        reasons = "; ".join(
-            f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            for rank, e in failures.items()
-        )
+        reasons = "; ".join(f"rank {rank}: {_one_line(e)}" for rank, e in sorted(unwrapped.items()))
         return CheckpointError(f"{what}: {reasons}")
     if isinstance(err, CheckpointError):
         return err
-    return CheckpointError(f"{what}: {err}")
+    return CheckpointError(f"{what}: {_one_line(err)}")
+
+
+def _unwrap(failure: Any) -> Any:
+    """DCP's ``(exception, StackSummary)`` pair → the exception (older torch passes it bare)."""
+    if isinstance(failure, tuple) and failure and isinstance(failure[0], BaseException):
+        return failure[0]
+    return failure
+
+
+def _one_line(err: BaseException) -> str:
+    """``err`` in one line: an OS error as its reason and the file it concerns, else its first line."""
+    if isinstance(err, OSError) and err.errno is not None:
+        where = f": {err.filename}" if err.filename else ""
+        return f"{os.strerror(err.errno)}{where}"
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -131,20 +146,57 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
-    """DCP's ``.metadata`` of ``path``, unpickled admitting only DCP's metadata classes and torch's dtypes."""
+    """DCP's ``.metadata`` of ``path``, unpickled admitting only DCP's metadata classes and torch's dtypes.
+
+    Every storage file it names must lie inside ``path``: a crafted entry pointing at
+    ``../elsewhere`` is refused here, before DCP reads a byte.
+    """
     file = Path(path) / METADATA
     try:
         with open(file, "rb") as f:
-            return _MetadataUnpickler(f).load()
+            metadata = _MetadataUnpickler(f).load()
     except FileNotFoundError as err:
         raise CheckpointError(f"{path} is not a sharded checkpoint: it has no {METADATA}") from err
+    except EOFError as err:
+        raise CheckpointError(
+            f"Checkpoint {file} is truncated (it ends before its content does); the save that wrote it did not "
+            "finish. Use an earlier checkpoint"
+        ) from err
     except pickle.UnpicklingError as err:
+        if not _names_a_class(err):
+            raise CheckpointError(f"Checkpoint {file} is damaged (truncated or corrupted?): {err}") from err
         raise CheckpointError(
             f"Checkpoint {file} holds pickled Python objects ({err}), which could run code when loaded; "
             "refusing it. A sharded checkpoint's metadata holds only torch.distributed.checkpoint's own classes."
         ) from err
     except Exception as err:
         raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
+    _check_storage_paths(Path(path), metadata)
+    return metadata
+
+
+def _names_a_class(err: pickle.UnpicklingError) -> bool:
+    """Whether the unpickler refused a class by name (ours: ``module.name``), not a damaged stream."""
+    text = str(err)
+    return bool(text) and " " not in text and "." in text
+
+
+def _check_storage_paths(path: Path, metadata: Any) -> None:
+    """Refuse storage entries whose file lies outside the checkpoint directory (``../``, absolute paths)."""
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        return
+    root = path.resolve()
+    for info in storage.values():
+        relative = getattr(info, "relative_path", None)
+        if not isinstance(relative, str):
+            raise CheckpointError(f"Checkpoint {path / METADATA} names a storage file that is not a path: {relative!r}")
+        where = (root / relative).resolve()
+        if root not in where.parents:
+            raise CheckpointError(
+                f"Checkpoint {path / METADATA} names the storage file {relative!r}, outside {path}; refusing it "
+                "(a sharded checkpoint reads only files inside its own directory)"
+            )
 
 
 def safe_reader(path: str | os.PathLike[str]) -> Any:

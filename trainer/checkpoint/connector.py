@@ -22,6 +22,7 @@ from trainer.checkpoint.files import (
 from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
 from trainer.checkpoint.sharded import PendingSave, complete_path, param_names, read_directory
 from trainer.common.errors import CheckpointError
+from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
 from trainer.data.resumable import ResumableBatchSampler
@@ -75,9 +76,14 @@ class CheckpointConnector:
         cb = self._trainer.checkpoint_callback
         attr = "last_model_path" if str(ckpt_path) == "last" else "best_model_path"
         found = getattr(cb, attr, None) if cb is not None else None
-        if not found and str(ckpt_path) == "last" and cb is not None:
-            candidate = self.last_path()  # a file, or a sharded directory (complete_path: see there)
-            found = str(candidate) if complete_path(candidate).exists() else None
+        if str(ckpt_path) == "last" and (not found or not is_complete_checkpoint(found)) and cb is not None:
+            # last.ckpt, else what a kill left: its set-aside .old, or the newest complete checkpoint
+            # when last.ckpt is a link to an evicted one or a directory never completed.
+            newest, notices = newest_complete_checkpoint(self.last_path().parent)
+            for notice in notices:
+                if self._trainer.is_global_zero:
+                    print(f"ckpt_path='last': {notice}")
+            found = str(newest) if newest is not None else None
         if not found:
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         return Path(found)

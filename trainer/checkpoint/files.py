@@ -27,6 +27,7 @@ import torch
 
 from trainer.checkpoint.safety import check_checkpoint_file, unreadable, write_failure
 from trainer.common.errors import CheckpointError
+from trainer.common.fs_safety import check_replaceable
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import load_module_state, plain_state_dict, strip_wrapper_prefixes, to_plain
 from trainer.common.tree import apply_to_tensors
@@ -99,6 +100,7 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
 def _place(source: Path, path: Path, sync_dir: bool) -> Path:
     if source.resolve() == path.resolve():
         return path
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         # os.urandom, not the random module: a save must not move the run's Python RNG stream.
@@ -156,6 +158,7 @@ def write_checkpoint(
 
 
 def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool = True) -> Path:
+    check_replaceable(path)  # a user's folder or file at the path is refused before anything is written
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -200,7 +203,9 @@ def _replace(source: str | Path, path: Path) -> None:
     """``os.replace``, also over a sharded checkpoint directory of the same name (a run that switched
     from FSDP to one file): the directory is moved aside first and removed only once the file is in
     place, so a kill in between leaves it loadable (``strategies.sharded_checkpoint.complete_path``).
+    Anything at ``path`` that is not a checkpoint of ours is refused (:func:`check_replaceable`).
     """
+    check_replaceable(path)
     if not path.is_dir() or path.is_symlink():
         os.replace(source, path)
         return

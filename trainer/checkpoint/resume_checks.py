@@ -65,10 +65,50 @@ def types_of(objects: Sequence[Any]) -> list[str]:
 
 def weights_only_hint(path: Path) -> str:
     """How to start afresh from a checkpoint's weights: a plain state dict initialises them only."""
+    if Path(path).is_dir():  # a sharded directory: torch.load cannot read a folder; one file first
+        return (
+            f"start afresh from its weights: convert it to one file (python -m trainer.checkpoint.convert "
+            f"to-file {path} full.ckpt), save the weights with torch.save(torch.load('full.ckpt', "
+            "weights_only=True)['state_dict'], 'weights.pt') and pass ckpt_path='weights.pt'"
+        )
     return (
         f"start afresh from its weights: save them with torch.save(torch.load('{path}', "
         "weights_only=True)['state_dict'], 'weights.pt') and pass ckpt_path='weights.pt'"
     )
+
+
+def check_shapes(path: Path, state: Mapping[str, Any]) -> None:
+    """Refuse entries of the wrong kind (a damaged or hand-edited file) with a message, not torch's TypeError.
+
+    The progress counters must be whole numbers from 0 and its flags booleans; optimizer and
+    scheduler states lists of dicts.
+    """
+    from dataclasses import fields
+
+    from trainer.progress import Progress
+
+    def refuse(what: str, value: Any, expected: str) -> CheckpointError:
+        return CheckpointError(
+            f"{path} holds {what}={value!r}, where {expected} is expected: the checkpoint is damaged or was "
+            "edited; resume from another checkpoint"
+        )
+
+    for key in ("optimizers", "lr_schedulers"):
+        entries = state.get(key, [])
+        if not isinstance(entries, (list, tuple)) or not all(isinstance(e, Mapping) for e in entries):
+            raise refuse(key, entries, "a list of state dicts")
+    progress = state.get("progress", {})
+    if not isinstance(progress, Mapping):
+        raise refuse("progress", progress, "a dict of counters")
+    for f in fields(Progress):
+        if f.name not in progress:
+            continue
+        value = progress[f.name]
+        if f.type in (bool, "bool"):
+            if not isinstance(value, bool):
+                raise refuse(f"progress.{f.name}", value, "True or False")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise refuse(f"progress.{f.name}", value, "a whole number from 0")
 
 
 def check_resumable(path: Path, state: Mapping[str, Any], trainer: Trainer) -> None:
@@ -83,6 +123,7 @@ def check_resumable(path: Path, state: Mapping[str, Any], trainer: Trainer) -> N
             f"{path} has no {', '.join(repr(k) for k in missing)} entry, which resuming needs (it holds: "
             f"{', '.join(sorted(map(str, state)))}); it was not written whole by Trainer.save_checkpoint"
         )
+    check_shapes(path, state)
     _check_kinds(path, "optimizer", state["optimizers"], state.get("optimizer_types"), trainer.optimizers)
     schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
     _check_kinds(path, "scheduler", state["lr_schedulers"], state.get("lr_scheduler_types"), schedulers)

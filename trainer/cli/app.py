@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -136,6 +137,11 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(f"task={cfg.task}: no such task; choose one of {', '.join(TASKS)}")
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
         raise ConfigError(f"seed={cfg.seed}: the seed must be a whole number, e.g. seed=42")
+    from hydra.core.hydra_config import HydraConfig
+
+    from trainer.cli.checks import check_before_start
+
+    check_before_start(cfg, Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd())
     for key in ("trainer", "strategy", "optim"):
         node = cfg.get(key)
         if isinstance(node, DictConfig) and OmegaConf.get_type(node) not in (dict, None):
@@ -327,16 +333,22 @@ def _main() -> None:
 
     try:
         with reported():
-            from trainer.cli.run_dirs import unique_run_dir_overrides
+            from trainer.cli.run_dir_guard import guarded_run_dir
+            from trainer.cli.run_dirs import held_folder, unique_run_dir_overrides
 
             shared = shared_run_dir_overrides()
             # Joined processes get the group's folder (or the user's hydra.run.dir, which claims nothing).
             claimed = [] if shared else unique_run_dir_overrides(sys.argv[1:])
             sys.argv.extend(shared or claimed)
+            # The folder's lock is taken before Hydra writes into it (rank 0 of a group holds it for all).
+            rank, world = group_position()
+            folder = held_folder(sys.argv[1:]) if world <= 1 or rank == 0 else None
+            held = guarded_run_dir(folder, claimed=bool(claimed)) if folder else contextlib.nullcontext()
             try:
-                # config_dir() also registers the schemas: once, as each registration builds the structured configs.
-                app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
-                app()
+                with held:
+                    # config_dir() also registers the schemas: once, as each registration builds the structured configs.
+                    app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
+                    app()
             finally:
                 for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
                     remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
@@ -348,25 +360,22 @@ def _main() -> None:
 def run_job(cfg: Any) -> float | None:
     """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory.
 
-    Returns the value of ``optimized_metric`` (None when it is null), for Hydra's sweepers to optimise.
+    What Hydra wrote as the job started is recorded as this run's, so a failure removes only that
+    (:mod:`trainer.cli.run_dir_guard`). Returns the value of ``optimized_metric`` (None when it is
+    null), for Hydra's sweepers to optimise.
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.cli.errors import remove_if_untouched, untouched
-    from trainer.cli.run_dirs import locked_run_dir
+    from trainer.cli.run_dir_guard import job_held
+    from trainer.cli.sweep_summary import optimising_sweep
 
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    fresh = untouched(run_dir)  # not a folder reused with hydra.run.dir=..., which holds files of its own
     rank, world = group_position()
-    try:
-        # Rank 0 of a torchrun/srun job holds the folder's lock for the group; the others share it.
-        with contextlib.nullcontext() if world > 1 and rank != 0 else locked_run_dir(run_dir):
-            return optimized_value(cfg, run_task(cfg))
-    except BaseException:
-        if fresh:
-            remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))
-        raise
+    with job_held(Path(HydraConfig.get().runtime.output_dir), shared=world > 1 and rank != 0):
+        value = optimized_value(cfg, run_task(cfg))
+    if value is not None and math.isnan(value) and optimising_sweep():
+        # Hydra's Optuna sweeper cannot take a NaN (it fails telling the study); a raised trial it records as failed.
+        raise FloatingPointError(f"{cfg.optimized_metric} ended as nan")
+    return value
 
 
 def freeze_startup_objects() -> None:

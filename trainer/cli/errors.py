@@ -4,7 +4,7 @@ Mistakes are config keys and values (Hydra's composition errors, a value a schem
 refuses), missing options, paths, checkpoints and metric names. :func:`describe` turns each into a
 few lines that name the key or file and the fix; anything else is a bug and keeps its traceback, as
 every error does under ``HYDRA_FULL_ERROR=1``. A run that failed before it wrote anything of its own
-leaves no run directory behind (:func:`remove_if_untouched`).
+leaves no run directory behind (:mod:`trainer.cli.run_dir_guard` removes what it recorded creating).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 from trainer.common.errors import CheckpointError, UserError, closest
 
-__all__ = ["describe", "remove_empty", "remove_if_untouched", "reported", "untouched"]
+__all__ = ["describe", "remove_empty", "report", "reported"]
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
 #: Lines of a message at most; the rest is what a traceback is for.
@@ -86,34 +85,17 @@ def reported() -> Iterator[None]:
         message = None if wanted_traceback else describe(err)
         if message is None:
             raise
-        lines = message.strip().splitlines()
-        if len(lines) > MAX_LINES:
-            lines = [*lines[: MAX_LINES - 1], "..."]
-        print("geartrain: error: " + "\n  ".join(lines), file=sys.stderr)
-        print(f"(the traceback: run again with {FULL_ERROR}=1)", file=sys.stderr)
+        report(message)
         sys.exit(1)
 
 
-def untouched(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds nothing but Hydra's own files (``.hydra/``, the job log) and empty folders."""
-    if not run_dir.is_dir():
-        return False
-    for path in run_dir.rglob("*"):
-        if path.is_dir():
-            continue
-        relative = path.relative_to(run_dir)
-        if relative.parts[0] == ".hydra" or (len(relative.parts) == 1 and path.suffix in (".log", ".lock")):
-            continue
-        return False
-    return True
-
-
-def remove_if_untouched(run_dir: Path, stop_at: Path) -> None:
-    """Delete ``run_dir`` if :func:`untouched`, then its parents up to ``stop_at`` while they are empty."""
-    if not untouched(run_dir):
-        return
-    shutil.rmtree(run_dir, ignore_errors=True)
-    remove_empty(run_dir.parent, stop_at)
+def report(message: str) -> None:
+    """Print a user's mistake as the command does: at most :data:`MAX_LINES` lines, then where the traceback is."""
+    lines = message.strip().splitlines()
+    if len(lines) > MAX_LINES:
+        lines = [*lines[: MAX_LINES - 1], "..."]
+    print("geartrain: error: " + "\n  ".join(lines), file=sys.stderr)
+    print(f"(the traceback: run again with {FULL_ERROR}=1)", file=sys.stderr)
 
 
 def remove_empty(folder: Path, stop_at: Path) -> None:
@@ -122,6 +104,8 @@ def remove_empty(folder: Path, stop_at: Path) -> None:
     while folder.resolve() != stop and stop in folder.resolve().parents:
         try:
             folder.rmdir()  # only when empty
+        except FileNotFoundError:
+            pass  # removed already (the run's own clean-up): go on with its parents
         except OSError:
             return
         folder = folder.parent

@@ -28,10 +28,12 @@ from trainer.common.errors import ConfigError
 __all__ = [
     "LOCK_FILE",
     "claim_run_dir",
+    "held_folder",
     "locked_run_dir",
     "resolve_last_checkpoint",
     "same_line",
     "unique_run_dir_overrides",
+    "unwritable",
 ]
 
 #: The file in a run directory that the live run holds an ``flock`` on.
@@ -49,15 +51,27 @@ def claim_run_dir(base: Path) -> Path:
     ``os.mkdir`` succeeds for exactly one caller, across processes, so two runs started in the same
     second get different folders.
     """
-    base.parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 10_000):
-        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate
+    except OSError as err:
+        raise unwritable(base, err) from err
     raise ConfigError(f"could not create a run directory next to {base}: 10000 names are taken")
+
+
+def unwritable(folder: Path, err: OSError) -> ConfigError:
+    """The message for a run directory that cannot be created or written (read-only disk, no permission)."""
+    reason = os.strerror(err.errno) if err.errno else str(err)
+    return ConfigError(
+        f"cannot write the run directory {folder}: {reason} ({err.filename or folder}). Run geartrain from a "
+        "folder you can write to, or give one: hydra.run.dir=/path/you/can/write (hydra.sweep.dir= with -m)"
+    )
 
 
 def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> list[str]:
@@ -77,6 +91,22 @@ def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> l
     root = "multirun" if sweep else "outputs"
     base = Path(root, time.strftime("%Y-%m-%d", stamp), time.strftime("%H-%M-%S", stamp))
     return [f"{key}={claim_run_dir(base).as_posix()}"]
+
+
+def held_folder(argv: Sequence[str]) -> Path | None:
+    """The folder a run on ``argv`` writes into (``hydra.run.dir``, or ``hydra.sweep.dir`` with ``-m``).
+
+    None when the command runs nothing (``--help``, ``--cfg``, ...) or the value is interpolated
+    (``${now:...}``), which only Hydra can resolve.
+    """
+    args = list(argv)
+    if any(a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args):
+        return None
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
+    values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith(f"{key}=")]
+    if not values or not values[-1] or "${" in values[-1]:
+        return None
+    return Path(values[-1].strip("'\""))
 
 
 @contextlib.contextmanager
@@ -151,11 +181,20 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
     that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
     """
-    own = run_dir / "checkpoints" / "last.ckpt"
-    if own.exists():
+    from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
+
+    own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
+    for notice in notices:
+        print(f"ckpt_path=last: {notice}", file=sys.stdout)
+    if own is not None:
         return str(own)
+    if notices:  # this run saved checkpoints, none complete: never another run's in their place
+        raise ConfigError(
+            f"ckpt_path=last: {run_dir / 'checkpoints'} holds no complete checkpoint (see above). "
+            "Give one: ckpt_path=path/to/file.ckpt"
+        )
     found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
-    found = [p for p in found if p.parent.name == "checkpoints"]
+    found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
     matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
     if not matching:
         where = f"{base / 'outputs'} or {base / 'multirun'}"

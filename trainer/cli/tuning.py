@@ -31,6 +31,14 @@ def run_tuner_task(cfg: Any, trainer: Any, module: Any, datamodule: Any) -> dict
     try:
         if cfg.task == "lr_find":
             result = tuner.lr_find(module, datamodule=datamodule, update_attr=False, **kwargs)
+            losses = result.results["loss"] if result is not None else []
+            if losses and not any(math.isfinite(loss) for loss in losses):
+                first = result.results["lr"][0] if result is not None else kwargs.get("min_lr")
+                raise ConfigError(
+                    f"lr_find: the loss was not finite at any step, from the first (lr={first:g}) on, so there is "
+                    "no learning rate to suggest: the model or the data gives NaN/inf whatever the rate. Check them "
+                    "(task=fit with trainer.on_nonfinite=raise names the first such step)"
+                )
             lr = result.suggestion() if result is not None else None
             if trainer.is_global_zero:
                 if lr is None:

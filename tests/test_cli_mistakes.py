@@ -1,0 +1,225 @@
+"""Config mistakes that used to end the ``geartrain`` command with a traceback now end it with a short message.
+
+Before: bad ``tuner.*`` values, a missing data file, ``data.batch_size<=0``, ``trainer.num_nodes=2``
+outside torchrun, an output folder that cannot be written, and a ``model_parallel`` mesh that does
+not fit the processes (found only inside the workers) each printed a traceback; ``lr_find`` whose
+loss was never finite advised raising ``num_training``, logged that twice and exited 0. All the
+commands start at once, in folders of their own, as in test_cli_messages.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+from trainer.common.errors import ConfigError
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+LR_FIND = ("task=lr_find", "tuner.lr_find.num_training=20")
+
+
+@dataclass(frozen=True)
+class Mistake:
+    args: tuple[str, ...]
+    named: tuple[str, ...]  # what the message must name: the key, the file, the fix
+
+
+MISTAKES = {
+    "lr_find_mode": Mistake((*LR_FIND, "tuner.lr_find.mode=cosine"), ("tuner.lr_find.mode=cosine", "exponential")),
+    "missing_data_path": Mistake(("experiment=charlm", "data.path=corpus.txt"), ("data.path=corpus.txt", "no such")),
+    "batch_size_zero": Mistake(("data.batch_size=0",), ("data.batch_size=0", "from 1")),
+    "num_nodes_outside_torchrun": Mistake(
+        ("strategy=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes=2", "torchrun --nnodes=2", "srun")
+    ),
+    "output_folder_not_writable": Mistake(("hydra.run.dir=a_file/run",), ("a_file", "hydra.run.dir=")),
+    "mesh_does_not_fit": Mistake(
+        ("strategy=model_parallel", "trainer.devices=2", "strategy.tensor_parallel_size=3", "trainer.max_epochs=1"),
+        ("tensor_parallel_size=3", "2 processes"),
+    ),
+    "lr_find_never_finite": Mistake(
+        (*LR_FIND, "model._target_=nan_model.NanDigits", "logger=none"), ("lr_find", "not finite at any step")
+    ),
+}
+
+#: The tuner values each refused by the command before anything is built (unit-checked below, fast).
+TUNER_MISTAKES = [
+    ("lr_find", {"mode": "cosine"}, "tuner.lr_find.mode=cosine: choose exponential or linear"),
+    ("lr_find", {"min_lr": 0}, "tuner.lr_find.min_lr=0: a learning rate is a positive number"),
+    ("lr_find", {"min_lr": "abc"}, "tuner.lr_find.min_lr=abc"),
+    ("lr_find", {"min_lr": 0.5, "max_lr": 0.1}, "tuner.lr_find.min_lr=0.5 is not below tuner.lr_find.max_lr=0.1"),
+    ("lr_find", {"num_training": 0}, "tuner.lr_find.num_training=0: the sweep needs a whole number of steps from 2"),
+    ("lr_find", {"num_training": 2.5}, "tuner.lr_find.num_training=2.5"),
+    ("lr_find", {"early_stop_threshold": -1}, "tuner.lr_find.early_stop_threshold=-1"),
+    ("lr_find", {"num_trainin": 10}, "tuner.lr_find.num_trainin: no such option"),
+    ("scale_batch_size", {"mode": "linear"}, "tuner.scale_batch_size.mode=linear: choose power or binsearch"),
+    ("scale_batch_size", {"init_val": 0}, "tuner.scale_batch_size.init_val=0: a whole number from 1"),
+    ("scale_batch_size", {"max_trials": -2}, "tuner.scale_batch_size.max_trials=-2"),
+    ("scale_batch_size", {"steps_per_trial": 0}, "tuner.scale_batch_size.steps_per_trial=0"),
+    ("scale_batch_size", {"init_val": 64, "max_val": 8}, "tuner.scale_batch_size.max_val=8 is below"),
+    ("scale_batch_size", {"margin": 1.5}, "tuner.scale_batch_size.margin=1.5"),
+]
+
+
+@pytest.mark.parametrize(("task", "options", "said"), TUNER_MISTAKES)
+def test_bad_tuner_values_are_refused_naming_the_override(task: str, options: dict[str, object], said: str) -> None:
+    from trainer.cli.checks import check_tuner_options
+
+    with pytest.raises(ConfigError) as refused:
+        check_tuner_options(task, options)
+    assert said in str(refused.value)
+
+
+def test_the_default_tuner_values_pass() -> None:
+    from omegaconf import OmegaConf
+
+    from trainer.cli.checks import check_tuner_options
+
+    defaults = OmegaConf.load(REPO_ROOT / "conf" / "config.yaml").tuner
+    for task in ("lr_find", "scale_batch_size"):
+        check_tuner_options(task, dict(defaults[task]))
+
+
+NAN_MODEL = """
+import torch
+from examples.digits import DigitsClassifier
+
+
+class NanDigits(DigitsClassifier):
+    def forward(self, x):
+        return super().forward(x) * float("nan")
+"""
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, Path]]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+    try:
+        for name, mistake in MISTAKES.items():
+            cwd = tmp_path_factory.mktemp(name)
+            (cwd / "a_file").write_text("not a folder\n")
+            (cwd / "nan_model.py").write_text(NAN_MODEL)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer", "trainer.enable_progress_bar=false", *mistake.args],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            running[name] = (proc, cwd)
+        results = {}
+        for name, (proc, cwd) in running.items():
+            output, _ = proc.communicate(timeout=600)
+            results[name] = (proc.returncode, output, cwd)
+        yield results
+    finally:
+        for proc, _ in running.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_a_mistake_ends_with_a_short_message(outcomes: dict[str, tuple[int, str, Path]], name: str) -> None:
+    code, output, cwd = outcomes[name]
+    assert code == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    message = output[output.index("geartrain: error:") :]
+    assert len(message.strip().splitlines()) <= 10, message
+    for text in MISTAKES[name].named:
+        assert text in message, (text, message)
+    assert not (cwd / "outputs").exists(), sorted(p.relative_to(cwd).as_posix() for p in cwd.rglob("*"))
+
+
+def test_lr_find_never_finite_says_it_once(outcomes: dict[str, tuple[int, str, Path]]) -> None:
+    _, output, _ = outcomes["lr_find_never_finite"]
+    assert output.count("not finite at any step") == 1, output[-3000:]
+    assert "raise num_training" not in output
+
+
+def test_a_mesh_that_does_not_fit_is_refused_before_processes_start(
+    outcomes: dict[str, tuple[int, str, Path]],
+) -> None:
+    _, output, _ = outcomes["mesh_does_not_fit"]
+    assert "geartrain: error: ModelParallelStrategy:" in output, output[-3000:]
+    assert "(rank " not in output  # said by the launching process, not by a worker
+
+
+def test_a_read_only_run_directory_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.cli.run_dir_guard import guarded_run_dir
+
+    def read_only(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with (
+        pytest.raises(ConfigError, match=r"cannot write the run directory .*run: Read-only file system"),
+        guarded_run_dir(tmp_path / "run"),
+    ):
+        pass
+
+
+FLAKY_MODEL = '''
+import torch
+from hydra.core.hydra_config import HydraConfig
+from examples.digits import DigitsClassifier
+
+
+class Flaky(DigitsClassifier):
+    """Trial 1 raises as a diverged run does; trial 2 ends with a NaN metric; the others train."""
+
+    def training_step(self, batch, batch_idx):
+        if HydraConfig.get().job.num == 1:
+            raise FloatingPointError("the loss is nan at step 0")
+        return super().training_step(batch, batch_idx)
+
+    def on_validation_epoch_end(self):
+        if HydraConfig.get().job.num == 2:
+            self.log("val/acc", float("nan"))
+'''
+
+
+def test_a_study_goes_on_past_failed_trials_and_says_why(tmp_path: Path) -> None:
+    """Item 8: one NaN trial used to end the whole study with a chained traceback."""
+    from tests.helpers.cli import run_geartrain
+
+    (tmp_path / "flaky.py").write_text(FLAKY_MODEL)
+    result = run_geartrain(
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", "model._target_=flaky.Flaky",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
+        cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "study: 2 of 4 trials failed:" in output, output[-3000:]
+    assert "trial 1 (" in output and "FloatingPointError: the loss is nan at step 0" in output
+    assert "trial 2 (" in output and "val/acc ended as nan" in output
+    assert "Best parameters" in output  # the study finished over the trials that trained
+
+
+def test_a_config_mistake_still_ends_the_study_at_the_first_trial(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_geartrain
+
+    result = run_geartrain(
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "optimized_metric=val/accuracy",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
+        cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "optimized_metric=val/accuracy" in output and "Traceback" not in output, output[-3000:]
+    assert len(list(tmp_path.glob("multirun/*/*/*/.hydra"))) == 1  # trials 1 and 2 never started

@@ -1,0 +1,116 @@
+"""Config mistakes the ``geartrain`` command can see before it builds or starts anything.
+
+Each would otherwise surface as a traceback from deep inside a run (a ``DataLoader`` refusing batch
+size 0, a corpus file missing when the workers read it, a launcher refusing two machines): here
+each is one :class:`~trainer.errors.ConfigError` that names the key and what would be right.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import ConfigError
+
+__all__ = ["check_before_start", "check_tuner_options"]
+
+#: What each tuner task accepts from ``tuner.<task>.*`` (Tuner.lr_find / Tuner.scale_batch_size).
+_TUNER_KEYS = {
+    "lr_find": ("min_lr", "max_lr", "num_training", "mode", "early_stop_threshold", "attr_name"),
+    "scale_batch_size": ("mode", "steps_per_trial", "init_val", "max_trials", "max_val", "batch_arg_name", "margin"),
+}
+_MODES = {"lr_find": ("exponential", "linear"), "scale_batch_size": ("power", "binsearch")}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_tuner_options(task: str, options: dict[str, Any]) -> None:
+    """Refuse a ``tuner.<task>.*`` value the tuner cannot run with, naming the override to fix."""
+    key = f"tuner.{task}"
+    for name in options:
+        if name not in _TUNER_KEYS[task]:
+            raise ConfigError(f"{key}.{name}: no such option of {task}; its options: {', '.join(_TUNER_KEYS[task])}")
+    mode = options.get("mode")
+    if mode is not None and str(mode).lower() not in _MODES[task]:
+        raise ConfigError(f"{key}.mode={mode}: choose {' or '.join(_MODES[task])}")
+    if task == "lr_find":
+        low, high = options.get("min_lr", 1e-8), options.get("max_lr", 1.0)
+        for name, value in (("min_lr", low), ("max_lr", high)):
+            if not _number(value) or value <= 0:
+                raise ConfigError(f"{key}.{name}={value}: a learning rate is a positive number, e.g. {name}=1e-6")
+        if low >= high:
+            raise ConfigError(f"{key}.min_lr={low} is not below {key}.max_lr={high}: the sweep goes from min to max")
+        steps = options.get("num_training", 100)
+        if not _whole(steps) or steps < 2:
+            raise ConfigError(f"{key}.num_training={steps}: the sweep needs a whole number of steps from 2, e.g. 100")
+        threshold = options.get("early_stop_threshold", 4.0)
+        if threshold is not None and (not _number(threshold) or threshold <= 1):
+            raise ConfigError(
+                f"{key}.early_stop_threshold={threshold}: the sweep stops once the loss exceeds this many times its "
+                "best, so it must be above 1 (e.g. 4.0), or null to never stop early"
+            )
+        return
+    for name in ("steps_per_trial", "init_val", "max_trials", "max_val"):
+        value = options.get(name, 1)
+        if not _whole(value):
+            raise ConfigError(f"{key}.{name}={value}: a whole number from 1 is expected")
+    if options.get("max_val", 8192) < options.get("init_val", 2):
+        raise ConfigError(
+            f"{key}.max_val={options.get('max_val')} is below {key}.init_val={options.get('init_val')}: "
+            "the search starts at init_val and never goes past max_val"
+        )
+    margin = options.get("margin", 0.05)
+    if not _number(margin) or not 0 <= margin < 1:
+        raise ConfigError(f"{key}.margin={margin}: a share in [0, 1) is expected, e.g. 0.05")
+
+
+def check_before_start(cfg: Any, base: Path) -> None:
+    """The checks of ``cfg`` that need no object built: tuner options, data, the launch topology.
+
+    ``base`` is the folder the command was started in (relative data paths are read from there).
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    if cfg.task in _TUNER_KEYS:
+        node = cfg.get("tuner", {}).get(cfg.task, {}) or {}
+        options = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+        assert isinstance(options, dict)
+        check_tuner_options(cfg.task, {str(k): v for k, v in options.items()})
+    data = cfg.get("data")
+    if isinstance(data, DictConfig):
+        size = data.get("batch_size")
+        if size is not None and not _whole(size):
+            raise ConfigError(
+                f"data.batch_size={size}: the batch size is a whole number from 1, e.g. data.batch_size=32"
+            )
+        path = data.get("path")
+        if isinstance(path, str) and path:
+            where = Path(path) if Path(path).is_absolute() else base / path
+            if not where.exists():
+                raise ConfigError(
+                    f"data.path={path}: no such file or folder ({where}). Give an existing one, or leave data.path "
+                    "unset for the data's default"
+                )
+    trainer = cfg.get("trainer")
+    nodes = trainer.get("num_nodes", 1) if isinstance(trainer, DictConfig) else 1
+    if isinstance(nodes, int) and nodes > 1 and not _joined(os.environ):
+        raise ConfigError(
+            f"trainer.num_nodes={nodes}: the command starts processes on this machine only. Start one launcher per "
+            f"machine: torchrun --nnodes={nodes} --nproc-per-node=N --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT "
+            "-m trainer ..., or srun under Slurm (docs/multi-node.md)"
+        )
+
+
+def _joined(env: Any) -> bool:
+    """Whether this process was started by torchrun or srun (the processes exist already)."""
+    from strategies.launch import slurm_environment
+
+    return "TORCHELASTIC_RUN_ID" in env or slurm_environment(dict(env)) is not None

@@ -1,0 +1,83 @@
+"""A study goes on past a failed trial, says how many failed and why, and stops at once on a config mistake.
+
+Hydra's Optuna sweeper records a trial that raised (or returned NaN) as failed, and with
+``max_failure_rate: 1.0`` (``conf/hparams_search/digits_optuna.yaml``) the study goes on to its
+next trial instead of ending with a chained traceback. This Hydra callback keeps the tally: each
+failed trial's number, parameters and reason in one line, printed when the sweep ends. A config
+mistake (a typo'd ``optimized_metric``, a key that does not exist) would fail every trial alike, so
+it ends the study at the first trial with the usual short message.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+__all__ = ["TrialSummary", "optimising_sweep"]
+
+
+class TrialSummary(Callback):
+    """Counts a sweep's trials and remembers why each failed one failed."""
+
+    def __init__(self) -> None:
+        self.trials = 0
+        self.failed: list[str] = []
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        """Tally the trial; re-raise a user's mistake so the study ends with it."""
+        from hydra.core.utils import JobStatus
+
+        from trainer.cli.errors import describe, report
+
+        self.trials += 1
+        number = getattr(config.hydra.job, "num", self.trials - 1)
+        overrides = [str(o) for o in (getattr(job_return, "overrides", None) or [])]
+        swept = set((config.hydra.sweeper.get("params") or {}).keys())
+        params = " ".join(o for o in overrides if o.partition("=")[0] in swept) or " ".join(overrides)
+        if job_return.status == JobStatus.FAILED:
+            err = job_return._return_value
+            message = _mistake(err, describe)
+            if message is not None:
+                # Hydra's callbacks may not raise (it turns exceptions into warnings): end the study here.
+                report(message)
+                raise SystemExit(1)
+            self.failed.append(f"trial {number} ({params}): {_reason(err)}")
+            return
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        """One line for the study, then one per failed trial."""
+        if not self.failed:
+            return
+        print(f"study: {len(self.failed)} of {self.trials} trials failed:", file=sys.stderr)
+        for line in self.failed:
+            print(f"  {line}", file=sys.stderr)
+
+
+def _mistake(err: Any, describe: Any) -> str | None:
+    """A user's config mistake (which every trial would repeat) as the command reports it, else None."""
+    from trainer.common.errors import CheckpointError
+
+    if not isinstance(err, Exception) or isinstance(err, CheckpointError):
+        return None
+    try:
+        message: str | None = describe(err)
+    except Exception:
+        return None
+    return message
+
+
+def _reason(err: Any) -> str:
+    text = str(err).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def optimising_sweep() -> bool:
+    """Whether the job runs under a sweeper that optimises its return value (not Hydra's basic one)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    return hc.mode == RunMode.MULTIRUN and "BasicSweeper" not in str(hc.sweeper.get("_target_", ""))

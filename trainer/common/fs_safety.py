@@ -1,0 +1,139 @@
+"""geartrain removes or replaces only what it wrote: the checks every save, eviction and resume goes through.
+
+A checkpoint path is replaced only when what is there is a file or link (replaced whole, as
+``torch.save`` does), a sharded checkpoint directory of ours (DCP's ``.metadata`` and our
+``trainer.pt``) or nothing; a folder that is not a checkpoint (a user's folder, the working
+directory) is refused with a message naming it, before a byte is written. Resuming looks for the newest *complete* checkpoint of one
+folder: a set-aside ``.<name>.old``, a dangling link and a half-written directory are recovered or
+skipped with a one-line notice. Standard library only (the leaf).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import zipfile
+from pathlib import Path
+
+from trainer.common.errors import CheckpointError
+
+__all__ = [
+    "check_replaceable",
+    "is_complete_checkpoint",
+    "is_our_checkpoint_dir",
+    "newest_complete_checkpoint",
+    "remove_checkpoint",
+]
+
+#: The files that mark a sharded checkpoint directory as ours (DCP's metadata, our trainer state).
+_MARKERS = (".metadata", "trainer.pt")
+
+
+def is_our_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
+    """True for a real directory (not a link) that a geartrain sharded save wrote: it holds both markers."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and all((path / m).is_file() for m in _MARKERS)
+
+
+def _is_checkpoint_file(path: Path) -> bool:
+    """A regular file in torch's format (a zip archive; every ``torch.save`` since torch 1.6 writes one)."""
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def check_replaceable(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`CheckpointError` unless ``path`` is absent, a file, a link, or a checkpoint folder of ours.
+
+    A link is replaced as a link (the file or folder it names is left alone).
+    """
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise CheckpointError(f"Cannot write the checkpoint {path}: {os.strerror(err.errno or 0)}") from err
+    if stat.S_ISLNK(mode):
+        return
+    if stat.S_ISDIR(mode):
+        if is_our_checkpoint_dir(path):
+            return
+        raise CheckpointError(
+            f"Refusing to replace {_shown(path)}: it is a folder, not a geartrain checkpoint (no .metadata and "
+            "trainer.pt). geartrain replaces only checkpoints it wrote; give a path inside it, e.g. "
+            f"{path / 'last.ckpt'}, or another name"
+        )
+    if stat.S_ISREG(mode):  # a file is replaced whole, as torch.save and Lightning replace one
+        return
+    raise CheckpointError(
+        f"Refusing to replace {_shown(path)}: it is not a file or a checkpoint folder (a FIFO, a socket or a "
+        "device); give another name"
+    )
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the user gave it, with the absolute folder where that says little (``.``, ``..``)."""
+    return f"{path} ({path.resolve()})" if path.name in ("", ".", "..") else str(path)
+
+
+def remove_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Delete the checkpoint at ``path`` (a file, a link, or a sharded directory of ours); False if left alone.
+
+    Anything else at ``path`` is not geartrain's to delete and stays.
+    """
+    path = Path(path)
+    if is_our_checkpoint_dir(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+        return True
+    return not os.path.lexists(path)
+
+
+def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """A torch checkpoint file, or a sharded directory with both markers (followed through links)."""
+    path = Path(path)
+    if path.is_dir():
+        return all((path / m).is_file() for m in _MARKERS)
+    return path.is_file() and _is_checkpoint_file(path)
+
+
+def newest_complete_checkpoint(
+    folder: str | os.PathLike[str], name: str = "last.ckpt"
+) -> tuple[Path | None, list[str]]:
+    """``folder/name`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
+
+    Returns the path to load (None when the folder holds no complete checkpoint) and one-line
+    notices for what was recovered or skipped: ``name`` missing after a kill between a save's two
+    renames (its ``.<name>.old`` is the checkpoint that was there), a link to a deleted checkpoint,
+    a directory that was never completed.
+    """
+    folder = Path(folder)
+    wanted = folder / name
+    if is_complete_checkpoint(wanted):
+        return wanted, []
+    notices: list[str] = []
+    if wanted.is_symlink():
+        notices.append(f"{wanted} links to {os.readlink(wanted)}, which is gone")
+    elif wanted.is_dir():
+        notices.append(f"{wanted} is a directory that was never completed (no .metadata or trainer.pt); skipped")
+    elif wanted.exists():
+        notices.append(f"{wanted} is not a complete checkpoint; skipped")
+    aside = folder / f".{name}.old"
+    if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
+        notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
+        return aside, notices
+    try:
+        entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name.endswith(".ckpt")]
+    except OSError:
+        entries = []
+    complete = [p for p in entries if p != wanted and is_complete_checkpoint(p)]
+    if not complete:
+        return None, notices
+    newest = max(complete, key=lambda p: p.stat().st_mtime)
+    notices.append(f"using the newest complete checkpoint of this run instead: {newest}")
+    return newest, notices
