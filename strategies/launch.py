@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from strategies.launch_signals import SignalForwarder, note_worker_pid
+from strategies.relaunch import RERUN
 from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.common.errors import Interrupted, UserError
 from trainer.common.rng import rng_state, set_rng_state
@@ -133,12 +134,12 @@ def check_slurm_launched(env: dict[str, str] | None = None) -> None:
 
 
 def joined_environment() -> bool:
-    """True when this process is one of several that torchrun or Slurm already started.
+    """True when this process is one of several that torchrun, Slurm or a ``ddp`` caller already started.
 
     Under Slurm this also sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (when not
     already set) so ``torch.distributed``'s ``env://`` initialisation finds them.
     """
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    if "TORCHELASTIC_RUN_ID" in os.environ or (RERUN in os.environ and "RANK" in os.environ):
         return True
     slurm = slurm_environment()
     if slurm is None:

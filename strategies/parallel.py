@@ -25,6 +25,7 @@ from torch.utils.data import (
 from typing_extensions import override
 
 from strategies.base import Strategy
+from strategies import relaunch
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
 from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
@@ -98,9 +99,12 @@ class ParallelStrategy(Strategy):
         max_restarts: when the strategy starts its own processes, restart the whole group this many
             times after a worker fails; training resumes from the last checkpoint (under ``torchrun``
             use its ``--max-restarts``: the resume is the same).
-        start_method: how the strategy starts its own processes: ``"spawn"`` (fresh interpreters) or
-            ``"fork"`` (copies of this one, so a module class defined in a notebook or in ``python -``
-            trains; CPU, or CUDA not yet initialised).
+        start_method: how the strategy starts its own processes: ``"popen"`` (Lightning's ``ddp``: this
+            process becomes rank 0 and the others run the script again, :mod:`strategies.relaunch`;
+            nothing is pickled), ``"spawn"`` (``ddp_spawn``: fresh interpreters that get the trainer,
+            module and data pickled) or ``"fork"`` (``ddp_fork``/``ddp_notebook``: copies of this one, so
+            a module class defined in a notebook or in ``python -`` trains; CPU, or CUDA not yet
+            initialised). With ``max_restarts`` > 0, ``"popen"`` spawns: only the elastic engine restarts.
         preemption_grace_period: when the strategy starts its own processes and a signal (SIGTERM,
             SIGINT, SIGHUP, SIGUSR1) reaches the launcher: seconds the processes get to finish their
             step, save ``last.ckpt`` and exit before they are killed (docs/checkpoints.md, "Signals
@@ -118,7 +122,7 @@ class ParallelStrategy(Strategy):
         process_group_backend: str | None = None,
         timeout: float | timedelta = timedelta(minutes=30),
         max_restarts: int = 0,
-        start_method: str = "spawn",
+        start_method: str = "popen",
         preemption_grace_period: float = DEFAULT_GRACE_PERIOD,
     ) -> None:
         if max_restarts < 0:
@@ -134,8 +138,8 @@ class ParallelStrategy(Strategy):
                 f"preemption_grace_period must be a number of seconds >= 0, got {preemption_grace_period!r}"
             )
         self.preemption_grace_period = float(preemption_grace_period)
-        if start_method not in ("spawn", "fork"):
-            raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
+        if start_method not in ("popen", "spawn", "fork"):
+            raise ValueError(f"start_method must be 'popen', 'spawn' or 'fork', got {start_method!r}")
         self.max_restarts = max_restarts
         self.start_method = start_method
         self._device_type = torch.device(device).type if device is not None else None
@@ -205,7 +209,15 @@ class ParallelStrategy(Strategy):
     # ----------------------------------------------------------------- lifecycle
     @override
     def launch(self, fn: Callable[..., T], *args: Any) -> T:
-        """Join torchrun's or Slurm's processes, or start ``devices`` local ones, and run ``fn``."""
+        """Join torchrun's or Slurm's processes, or start ``devices`` local ones, and run ``fn``.
+
+        ``start_method="popen"``: this process runs ``fn`` as rank 0 while the ranks it started run the
+        script again (their ``fit`` joins here). The others run ``fn`` in processes started through the
+        elastic engine and hand rank 0's result back.
+        """
+        launcher = relaunch.current_launcher()
+        if launcher is not None:  # this process started ranks that run the script with it
+            return launcher.run(fn, *args)
         if (dist.is_available() and dist.is_initialized()) or joined_environment() or self.world_size == 1:
             return fn(*args)
         if self.num_nodes > 1:
@@ -215,12 +227,15 @@ class ParallelStrategy(Strategy):
                 "--rdzv-endpoint=HOST:PORT your_script.py`, or `srun` under Slurm"
             )
         self._check_process_count()
+        if self.start_method == "popen" and self.max_restarts == 0:
+            relaunch.check_rerunnable(self.name)
+            return relaunch.start_ranks(self.num_processes, self.preemption_grace_period).run(fn, *args)
         result: T = start_processes(
             fn,
             args,
             self.num_processes,
             max_restarts=self.max_restarts,
-            start_method=self.start_method,
+            start_method="fork" if self.start_method == "fork" else "spawn",
             grace_period=self.preemption_grace_period,
         )
         return result
@@ -254,6 +269,7 @@ class ParallelStrategy(Strategy):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         if joined_environment():
+            relaunch.record_errors()  # in a rank the caller started: its traceback goes to the caller
             if "TORCHELASTIC_RUN_ID" not in os.environ:
                 check_slurm_launched()
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -343,6 +343,9 @@ def _main() -> None:
     except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)
+    except KeyboardInterrupt:  # Ctrl-C outside training, or a second one during it: nothing more was saved
+        print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
+        sys.exit(130)
 
 
 def run_job(cfg: Any) -> float | None:

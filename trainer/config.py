@@ -124,8 +124,8 @@ class DDPStrategyConfig(_ParallelStrategyConfig):
     find_unused_parameters: bool = False
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
-    #: "spawn", or "fork" (ddp_fork / ddp_notebook: classes defined in __main__ work).
-    start_method: str = "spawn"
+    #: "popen" (the other ranks run the command again), "spawn" (ddp_spawn: pickled) or "fork" (ddp_fork).
+    start_method: str = "popen"
     #: Seconds the processes started here get to save after SIGTERM/SIGINT/SIGHUP/SIGUSR1.
     preemption_grace_period: float = 30.0
 
