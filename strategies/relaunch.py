@@ -253,7 +253,7 @@ class RankLauncher:
         try:
             return fn(*args)
         except BaseException as exc:
-            failed = self._wait_failure(2.0) if not isinstance(exc, Interrupted) else None
+            failed = self._wait_failure(1.0) if not isinstance(exc, Interrupted) else None
             self.stop()
             if self.forwarder.killed and not isinstance(exc, Interrupted):
                 raise Interrupted(self.forwarder.explain(), self.forwarder.signal or signal.SIGTERM) from None
@@ -321,13 +321,8 @@ class RankLauncher:
             time.sleep(0.1)
 
     def _kill_others(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-        deadline = time.monotonic() + 3
-        while any(proc.poll() is None for proc in self.procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Killed outright: with a rank gone the group cannot go on, and a rank stuck in a collective or
+        # noting SIGTERM for a preemption would only wait for its timeout.
         for proc in self.procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

@@ -161,3 +161,37 @@ def test_geartrain_ddp_sweep_gives_each_job_one_folder_with_both_ranks(tmp_path:
         assert sorted(p.name for p in job.glob("rank-*")) == ["rank-0", "rank-1"]
         assert {p.read_text() for p in job.glob("rank-*")} == {lr}  # both ranks trained that job's lr
     assert not (tmp_path / "s" / "outputs").exists()  # no rank started a run of its own
+
+
+DDP_SCRIPT = str(REPO_ROOT / "tests" / "helpers" / "ddp_script.py")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_hanging_rank_ends_the_run_within_the_documented_bound(tmp_path: Path, rank: int) -> None:
+    # docs/strategies.md: a rank that hangs ends the run within about strategy.timeout + 10 s.
+    timeout = 5
+    args = ["--root", str(tmp_path), "--fail-rank", str(rank), "--fail-at-step", "3", "--hang", "--timeout", str(timeout)]
+    result = run_python([DDP_SCRIPT, *args], timeout=150)
+    ended = time.time()
+    assert result.returncode != 0
+    hung_at = float((tmp_path / "failed_at").read_text())
+    assert ended - hung_at < timeout + 10, f"the run took {ended - hung_at:.1f}s to end after the hang"
+    assert result.leftovers == []
+    assert not (tmp_path / "report.json").exists()
+
+
+@pytest.mark.timeout(400)
+def test_lazy_layers_train_under_ddp_and_fsdp_and_equal_one_process(tmp_path: Path) -> None:
+    one = tmp_path / "one"
+    result = run_python([SCRIPT, "--root", str(one), "--devices", "1", "--batch", "8", "--lazy"], timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected = _weights(one)
+    assert expected["net.0.weight"].shape == (16, 6)  # materialised from the first batch
+    for strategy in ("ddp", "fsdp"):
+        root = tmp_path / strategy
+        args = [SCRIPT, "--root", str(root), "--devices", "2", "--batch", "4", "--lazy", "--strategy", strategy]
+        result = run_python(args, timeout=150)
+        assert result.returncode == 0, result.stderr  # plain DDP: "Modules with uninitialized parameters"
+        assert json.loads((root / "report.json").read_text())["global_step"] == 16
+        _assert_equal(_weights(root), expected)

@@ -76,15 +76,21 @@ def main() -> None:
     )
     trainer.fit(module, loader)
     (root / f"rank-{trainer.global_rank}").write_text(str(os.getpid()))
+    full = trainer.strategy.model_state_dict()  # every rank: under FSDP it gathers the shards
     if trainer.is_global_zero:
-        last = torch.load(trainer.checkpoint_callback.last_model_path, weights_only=True)["state_dict"]
-        state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        state = {k: v.detach().clone() for k, v in full.items()}
         torch.save(state, root / "weights.pt")
+        last_path = Path(trainer.checkpoint_callback.last_model_path)
+        if last_path.is_file():  # a full file (DDP); FSDP writes a sharded folder
+            last = torch.load(last_path, weights_only=True)["state_dict"]
+            matches = last.keys() == state.keys() and all(torch.equal(state[k], last[k]) for k in last)
+        else:
+            matches = None
         report = {
             "world_size": trainer.world_size,
             "global_step": trainer.global_step,
             "trained_here": module.trained_in == {os.getpid()},
-            "module_matches_last_ckpt": last.keys() == state.keys() and all(torch.equal(state[k], last[k]) for k in last),
+            "module_matches_last_ckpt": matches,
         }
         (root / "report.json").write_text(json.dumps(report))
 
