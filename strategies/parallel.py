@@ -24,8 +24,8 @@ from torch.utils.data import (
 )
 from typing_extensions import override
 
-from strategies.base import Strategy
 from strategies import relaunch
+from strategies.base import Strategy
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
 from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler

@@ -272,8 +272,10 @@ class RankLauncher:
         """What rank ``rank`` that ended with ``code`` recorded: its traceback, else its exit status."""
         text = self._error_text(rank)
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        return f"training process of rank {rank} failed ({how}):\n{text}" if text else (
-            f"training process of rank {rank} failed ({how}); its output above says why"
+        return (
+            f"training process of rank {rank} failed ({how}):\n{text}"
+            if text
+            else (f"training process of rank {rank} failed ({how}); its output above says why")
         )
 
     def _error_text(self, rank: int) -> str:

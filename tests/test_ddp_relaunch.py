@@ -87,7 +87,7 @@ def test_under_pytest_ddp_is_refused_naming_ddp_spawn() -> None:
     from strategies.relaunch import check_rerunnable
     from trainer.common.errors import UserError
 
-    with pytest.raises(UserError, match="this process runs pytest.*strategy='ddp_spawn'"):
+    with pytest.raises(UserError, match=r"this process runs pytest.*strategy='ddp_spawn'"):
         check_rerunnable("ddp")
 
 
@@ -153,7 +153,9 @@ def test_geartrain_ddp_sweep_gives_each_job_one_folder_with_both_ranks(tmp_path:
     assert len(runs) == 1 and sorted(p.name for p in runs[0].glob("rank-*")) == ["rank-0", "rank-1"]
     assert not (tmp_path / "multirun").exists()
     (tmp_path / "s").mkdir()
-    swept = run_geartrain("-m", "optim.lr=0.01,0.003", "strategy=ddp", "trainer.devices=2", *one, *mark, cwd=tmp_path / "s")
+    swept = run_geartrain(
+        "-m", "optim.lr=0.01,0.003", "strategy=ddp", "trainer.devices=2", *one, *mark, cwd=tmp_path / "s"
+    )
     assert swept.returncode == 0, swept.stderr[-3000:]
     jobs = run_dirs(tmp_path / "s", "multirun/*/*/*")
     assert len(jobs) == 2
@@ -171,7 +173,17 @@ DDP_SCRIPT = str(REPO_ROOT / "tests" / "helpers" / "ddp_script.py")
 def test_a_hanging_rank_ends_the_run_within_the_documented_bound(tmp_path: Path, rank: int) -> None:
     # docs/strategies.md: a rank that hangs ends the run within about strategy.timeout + 10 s.
     timeout = 5
-    args = ["--root", str(tmp_path), "--fail-rank", str(rank), "--fail-at-step", "3", "--hang", "--timeout", str(timeout)]
+    args = [
+        "--root",
+        str(tmp_path),
+        "--fail-rank",
+        str(rank),
+        "--fail-at-step",
+        "3",
+        "--hang",
+        "--timeout",
+        str(timeout),
+    ]
     result = run_python([DDP_SCRIPT, *args], timeout=150)
     ended = time.time()
     assert result.returncode != 0
