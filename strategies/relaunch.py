@@ -241,6 +241,7 @@ class RankLauncher:
             self._saved_env.setdefault(key, os.environ.get(key))
             os.environ[key] = value
         self.forwarder.install()
+        record_errors()  # an exception that ends this process ends it at once (see there)
         threading.Thread(target=self._watch, name="geartrain-rank-watch", daemon=True).start()
         atexit.register(self.wait_at_exit)
 
@@ -253,7 +254,7 @@ class RankLauncher:
         try:
             return fn(*args)
         except BaseException as exc:
-            failed = self._wait_failure(1.0) if not isinstance(exc, Interrupted) else None
+            failed = self._wait_failure(2.0) if not isinstance(exc, Interrupted) else None
             self.stop()
             if self.forwarder.killed and not isinstance(exc, Interrupted):
                 raise Interrupted(self.forwarder.explain(), self.forwarder.signal or signal.SIGTERM) from None
@@ -289,11 +290,11 @@ class RankLauncher:
         return lines[-1] if lines else ""
 
     def _wait_failure(self, seconds: float) -> tuple[int, int] | None:
-        """The first rank that failed on its own, waiting up to ``seconds`` for the watcher to see one."""
+        """The first rank that failed on its own, waiting up to ``seconds`` for one to tell."""
         deadline = time.monotonic() + seconds
         while self.failure is None and time.monotonic() < deadline and not self.stopping:
+            self._check_exits()
             if all(proc.poll() is not None for proc in self.procs):
-                self._check_exits()
                 break
             time.sleep(0.05)
         return self.failure
@@ -302,8 +303,10 @@ class RankLauncher:
     def _check_exits(self) -> None:
         for rank, proc in enumerate(self.procs, start=1):
             code = proc.poll()
-            if code not in (None, 0) and self.failure is None and not self.stopping:
-                self.failure = (rank, code)
+            # A recorded traceback tells at once, while the rank may still be on its way out.
+            recorded = os.path.exists(os.path.join(self.workdir, f"rank-{rank}.err"))
+            if (code not in (None, 0) or recorded) and self.failure is None and not self.stopping:
+                self.failure = (rank, code if code not in (None, 0) else 1)
 
     def _watch(self) -> None:
         """While a stage runs here: a rank that fails ends the others, and this process if it is stuck."""
@@ -364,7 +367,7 @@ class RankLauncher:
                 time.sleep(0.05)
         except BaseException:  # a second Ctrl-C while waiting: end them
             self._kill_others()
-        failed = [(rank, proc.returncode) for rank, proc in enumerate(self.procs, start=1) if proc.returncode != 0]
+        failed = [(rank, code) for rank, proc in enumerate(self.procs, start=1) if (code := proc.returncode) != 0]
         self.forwarder.restore()
         shutil.rmtree(self.workdir, ignore_errors=True)
         if failed and not self.stopping and self.forwarder.signal is None:
@@ -390,9 +393,10 @@ def _end_now(message: str, code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(message.rstrip() + "\n")
-        sys.stderr.flush()
+    if message:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(message.rstrip() + "\n")
+            sys.stderr.flush()
     os._exit(code)
 
 
@@ -452,17 +456,33 @@ class _RankZeroForwarder(SignalForwarder):
 
 
 def record_errors() -> None:
-    """In a started rank: write the traceback of the exception that ends it where rank 0 reads it."""
-    path = os.environ.get(ERROR_FILE)
-    if not path or getattr(sys.excepthook, "_geartrain", False):
+    """Make the exception that ends a rank of a started group end it at once, and say it where it belongs.
+
+    In a rank that rank 0 started, the traceback goes to a file rank 0 reads (it becomes rank 0's
+    :class:`~strategies.launch.WorkerFailedError`); in rank 0 it is printed as usual. Then the exit
+    handlers run and the process ends without the interpreter's finalization: with the group's peers
+    gone, gloo's threads can keep a finalizing interpreter from ever ending (see
+    ``trainer.cli.leave_group_process``).
+    """
+    if getattr(sys.excepthook, "_geartrain", False):
         return
-    previous = sys.excepthook
+    path = os.environ.get(ERROR_FILE)
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        try:
-            Path(path).write_text("".join(traceback.format_exception(kind, value, tb)))
-        except OSError:
-            previous(kind, value, tb)
+        written = False
+        if path:
+            with contextlib.suppress(OSError):
+                Path(path).write_text("".join(traceback.format_exception(kind, value, tb)))
+                written = True
+        if not written:
+            # Straight to the process's stderr: torch.distributed's own hook, which calls this one,
+            # collects what it prints to add a rank prefix, and would print it only after this returns.
+            stream = sys.__stderr__ or sys.stderr
+            with contextlib.suppress(OSError, ValueError):
+                traceback.print_exception(kind, value, tb, file=stream)
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()
+        _end_now("", 1)
 
     hook._geartrain = True  # type: ignore[attr-defined]
     sys.excepthook = hook
