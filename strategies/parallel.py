@@ -270,6 +270,9 @@ class ParallelStrategy(Strategy):
             torch.cuda.set_device(self.root_device)
         if joined_environment():
             relaunch.record_errors()  # in a rank the caller started: its traceback goes to the caller
+            if relaunch.started_by_rerun():
+                relaunch.join_group(backend, self.timeout)
+                return
             if "TORCHELASTIC_RUN_ID" not in os.environ:
                 check_slurm_launched()
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

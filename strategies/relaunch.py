@@ -34,6 +34,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
@@ -92,6 +93,32 @@ def start_ranks(nprocs: int, grace_period: float) -> RankLauncher:
 def started_by_rerun() -> bool:
     """True in a process that :class:`RankLauncher` started (it joins the caller's group)."""
     return RERUN in os.environ and "RANK" in os.environ
+
+
+#: How long rank 0 waits for the ranks it started to reach ``fit`` (they import and build first).
+JOIN_TIMEOUT = timedelta(minutes=10)
+
+
+def join_group(backend: str, timeout: timedelta) -> None:
+    """Form the process group of rank 0 and the ranks it started (in each of them).
+
+    The ranks meet through a store rank 0 serves, waiting up to :data:`JOIN_TIMEOUT` for every rank to
+    arrive: a rank that runs the script again takes a while to get there, and ``timeout`` (the
+    collectives' limit, which may be seconds) is not meant for that. A rank that dies on the way is
+    seen by rank 0's watcher, which ends the run with its traceback.
+    """
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0,
+        timeout=max(timeout, JOIN_TIMEOUT),
+        wait_for_workers=True,
+    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def check_rerunnable(strategy: str) -> None:

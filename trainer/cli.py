@@ -56,7 +56,10 @@ def run_task(cfg: Any) -> dict[str, float]:
 
     check_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
-    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    from strategies.relaunch import started_by_rerun
+
+    # A rank that rank 0 started gets rank 0's choice in fit (resolving "last" again could differ).
+    ckpt = cfg.get("ckpt_path") if started_by_rerun() else resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
     seed_everything(int(cfg.seed))
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)

@@ -81,6 +81,9 @@ def run_stage(
     if datamodule is not None:
         datamodule.trainer = t
     t.strategy.setup_environment()
+    if t.strategy.world_size > 1:
+        # Rank 0's choice holds everywhere (a "last" that ranks started later could resolve otherwise).
+        ckpt_path = t.strategy.broadcast(ckpt_path)
     try:
         _prepare_data(t, module, datamodule)
         if datamodule is not None:
