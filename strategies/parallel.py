@@ -28,6 +28,7 @@ from strategies import relaunch
 from strategies.base import Strategy
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
+from strategies.rank_process import join_group, record_errors
 from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
 from trainer.common.errors import UserError
@@ -99,12 +100,9 @@ class ParallelStrategy(Strategy):
         max_restarts: when the strategy starts its own processes, restart the whole group this many
             times after a worker fails; training resumes from the last checkpoint (under ``torchrun``
             use its ``--max-restarts``: the resume is the same).
-        start_method: how the strategy starts its own processes: ``"popen"`` (Lightning's ``ddp``: this
-            process becomes rank 0 and the others run the script again, :mod:`strategies.relaunch`;
-            nothing is pickled), ``"spawn"`` (``ddp_spawn``: fresh interpreters that get the trainer,
-            module and data pickled) or ``"fork"`` (``ddp_fork``/``ddp_notebook``: copies of this one, so
-            a module class defined in a notebook or in ``python -`` trains; CPU, or CUDA not yet
-            initialised). With ``max_restarts`` > 0, ``"popen"`` spawns: only the elastic engine restarts.
+        start_method: ``"popen"`` (``ddp``: this process is rank 0, the others run the script again;
+            :mod:`strategies.relaunch`), ``"spawn"`` (``ddp_spawn``: pickled into new interpreters) or
+            ``"fork"`` (``ddp_fork``/``ddp_notebook``). ``max_restarts`` > 0 spawns (the elastic engine).
         preemption_grace_period: when the strategy starts its own processes and a signal (SIGTERM,
             SIGINT, SIGHUP, SIGUSR1) reaches the launcher: seconds the processes get to finish their
             step, save ``last.ckpt`` and exit before they are killed (docs/checkpoints.md, "Signals
@@ -209,14 +207,8 @@ class ParallelStrategy(Strategy):
     # ----------------------------------------------------------------- lifecycle
     @override
     def launch(self, fn: Callable[..., T], *args: Any) -> T:
-        """Join torchrun's or Slurm's processes, or start ``devices`` local ones, and run ``fn``.
-
-        ``start_method="popen"``: this process runs ``fn`` as rank 0 while the ranks it started run the
-        script again (their ``fit`` joins here). The others run ``fn`` in processes started through the
-        elastic engine and hand rank 0's result back.
-        """
-        launcher = relaunch.current_launcher()
-        if launcher is not None:  # this process started ranks that run the script with it
+        """Join torchrun's, Slurm's or rank 0's processes, or start ``devices`` local ones, and run ``fn``."""
+        if (launcher := relaunch.current_launcher()) is not None:  # ranks this process started run with it
             return launcher.run(fn, *args)
         if (dist.is_available() and dist.is_initialized()) or joined_environment() or self.world_size == 1:
             return fn(*args)
@@ -230,14 +222,8 @@ class ParallelStrategy(Strategy):
         if self.start_method == "popen" and self.max_restarts == 0:
             relaunch.check_rerunnable(self.name)
             return relaunch.start_ranks(self.num_processes, self.preemption_grace_period).run(fn, *args)
-        result: T = start_processes(
-            fn,
-            args,
-            self.num_processes,
-            max_restarts=self.max_restarts,
-            start_method="fork" if self.start_method == "fork" else "spawn",
-            grace_period=self.preemption_grace_period,
-        )
+        method, grace = ("fork" if self.start_method == "fork" else "spawn"), self.preemption_grace_period
+        result: T = start_processes(fn, args, self.num_processes, self.max_restarts, method, grace)
         return result
 
     def _check_process_count(self) -> None:
@@ -269,10 +255,9 @@ class ParallelStrategy(Strategy):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         if joined_environment():
-            relaunch.record_errors()  # in a rank the caller started: its traceback goes to the caller
+            record_errors()  # a rank's failure ends its process at once (and reaches rank 0)
             if relaunch.started_by_rerun():
-                relaunch.join_group(backend, self.timeout)
-                return
+                return join_group(backend, self.timeout)
             if "TORCHELASTIC_RUN_ID" not in os.environ:
                 check_slurm_launched()
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

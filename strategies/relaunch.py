@@ -28,19 +28,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any, TypeVar
 
 from strategies.launch_signals import SignalForwarder
-from trainer.common.errors import Interrupted, UserError
+from strategies.rank_process import ERROR_FILE, PARENT, end_now, record_errors
+from strategies.rerun_command import check_rerunnable, hydra_config, rerun_command
+from trainer.common.errors import Interrupted
 
 __all__ = [
     "RERUN",
@@ -57,8 +56,6 @@ T = TypeVar("T")
 
 #: Set in the processes :class:`RankLauncher` started: the launch's work folder (error files).
 RERUN = "GEARTRAIN_RERUN"
-#: Where a started rank writes the traceback of the exception that ends it.
-ERROR_FILE = "GEARTRAIN_RANK_ERROR_FILE"
 #: Seconds the caller waits for its own stage to end after a rank it started failed or was killed,
 #: before it ends itself (its main thread may be stuck where no error reaches it).
 STUCK_SECONDS = 5.0
@@ -93,115 +90,6 @@ def start_ranks(nprocs: int, grace_period: float) -> RankLauncher:
 def started_by_rerun() -> bool:
     """True in a process that :class:`RankLauncher` started (it joins the caller's group)."""
     return RERUN in os.environ and "RANK" in os.environ
-
-
-#: How long rank 0 waits for the ranks it started to reach ``fit`` (they import and build first).
-JOIN_TIMEOUT = timedelta(minutes=10)
-
-
-def join_group(backend: str, timeout: timedelta) -> None:
-    """Form the process group of rank 0 and the ranks it started (in each of them).
-
-    The ranks meet through a store rank 0 serves, waiting up to :data:`JOIN_TIMEOUT` for every rank to
-    arrive: a rank that runs the script again takes a while to get there, and ``timeout`` (the
-    collectives' limit, which may be seconds) is not meant for that. A rank that dies on the way is
-    seen by rank 0's watcher, which ends the run with its traceback.
-    """
-    import torch.distributed as dist
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
-        is_master=rank == 0,
-        timeout=max(timeout, JOIN_TIMEOUT),
-        wait_for_workers=True,
-    )
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-
-
-def check_rerunnable(strategy: str) -> None:
-    """Refuse, before any process starts, where no script can be run again for the other ranks.
-
-    An interactive session, a notebook, ``python -c`` and ``python -`` (a script read from stdin) have
-    no file to run again; a pytest session would run the whole test session again in every rank.
-    """
-    import __main__
-
-    argv0 = sys.argv[0] if sys.argv else ""
-    main_file = getattr(__main__, "__file__", None)
-    spec = getattr(__main__, "__spec__", None)
-    interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
-    if interactive or argv0 in ("", "-", "-c") or (main_file is None and spec is None):
-        where = "python -c" if argv0 == "-c" else "an interactive session or notebook" if argv0 != "-" else "python -"
-        raise UserError(
-            f"strategy={strategy!r} runs the script again for every other rank, and {where} has no script to "
-            "run again. Run your code as a script (python train.py), or choose a notebook-compatible strategy: "
-            "strategy='ddp_notebook' (processes forked from this one)"
-        )
-    name = (spec.name if spec is not None else Path(argv0).name).split(".")[0]
-    if name in ("pytest", "py", "_pytest") or Path(argv0).name in ("pytest", "py.test"):
-        raise UserError(
-            f"strategy={strategy!r} runs the script again for every other rank, and this process runs pytest "
-            "(every rank would run the test session again). In tests use strategy='ddp_spawn' (the module, "
-            "trainer and data are pickled into new processes) or run a script in a subprocess"
-        )
-
-
-def rerun_command(rank: int) -> tuple[list[str], str | None]:
-    """The command line rank ``rank`` runs, and its working directory (None: this one's).
-
-    A plain script or module runs again with the same arguments. A Hydra job runs again as one job:
-    its config flags, its own overrides (a sweep's job gets its values, never the whole sweep), and
-    its run directory pinned; ranks other than 0 write no ``.hydra/`` folder and no log file.
-    """
-    import __main__
-
-    spec = getattr(__main__, "__spec__", None)
-    if spec is not None and spec.name not in ("__main__", ""):
-        command = [sys.executable, "-m", spec.name.removesuffix(".__main__")]
-    else:
-        command = [sys.executable, os.path.abspath(sys.argv[0])]
-    hydra = _hydra_config()
-    if hydra is None:
-        return command + sys.argv[1:], None
-    run_dir = hydra.runtime.output_dir
-    overrides = [*_config_flags(sys.argv[1:]), *hydra.overrides.task]
-    overrides += [f"hydra.run.dir={_quoted(run_dir)}", "hydra.output_subdir=null"]
-    overrides += ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    return command + overrides, hydra.runtime.cwd
-
-
-def _hydra_config() -> Any:
-    """The running Hydra job's config, or None outside Hydra (Hydra is imported only if the program did)."""
-    if "hydra.core.hydra_config" not in sys.modules:
-        return None
-    from hydra.core.hydra_config import HydraConfig
-
-    return HydraConfig.get() if HydraConfig.initialized() else None
-
-
-def _config_flags(argv: list[str]) -> list[str]:
-    """Hydra's flags that choose the config (``--config-dir``, ``--config-path``, ``--config-name``) from ``argv``."""
-    flags = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
-    kept: list[str] = []
-    take_next = False
-    for arg in argv:
-        if take_next:
-            kept.append(arg)
-            take_next = False
-        elif arg in flags:
-            kept.append(arg)
-            take_next = True
-        elif arg.startswith(tuple(f"{flag}=" for flag in flags)):
-            kept.append(arg)
-    return kept
-
-
-def _quoted(value: str) -> str:
-    """``value`` as a quoted string of Hydra's override grammar (a path may hold ``=``, ``,`` or spaces)."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class RankLauncher:
@@ -251,7 +139,7 @@ class RankLauncher:
             torch.set_num_threads(threads)
         for rank in range(1, self.nprocs):
             command, cwd = rerun_command(rank)
-            child = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            child = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank), PARENT: str(os.getpid())}
             child[ERROR_FILE] = os.path.join(self.workdir, f"rank-{rank}.err")
             self.procs.append(
                 subprocess.Popen(
@@ -259,9 +147,8 @@ class RankLauncher:
                     env=child,
                     cwd=cwd,
                     # Their own process group: a terminal's Ctrl-C reaches this process alone, which
-                    # passes it on once (see _RankZeroForwarder); they die with this process.
+                    # passes it on once (see _RankZeroForwarder). They die with this process (join_group).
                     process_group=0,
-                    preexec_fn=_die_with_parent,
                 )
             )
         for key, value in {**env, "RANK": "0", "LOCAL_RANK": "0"}.items():
@@ -346,7 +233,7 @@ class RankLauncher:
                 while self._stages > 0 and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if self._stages > 0:  # stuck where no error reaches it (a hang, a long computation)
-                    _end_now(f"WorkerFailedError: {self.describe(rank, code)}", 1)
+                    end_now(f"WorkerFailedError: {self.describe(rank, code)}", 1)
                 return
             if all(proc.poll() is not None for proc in self.procs):
                 return
@@ -399,32 +286,13 @@ class RankLauncher:
         shutil.rmtree(self.workdir, ignore_errors=True)
         if failed and not self.stopping and self.forwarder.signal is None:
             rank, code = failed[0]
-            _end_now(f"WorkerFailedError: {self.describe(rank, code)}", code if code > 0 else 1)
+            end_now(f"WorkerFailedError: {self.describe(rank, code)}", code if code > 0 else 1)
 
 
 def _job_key() -> str | None:
     """Which Hydra job this process runs now (its run directory), else None."""
-    hydra = _hydra_config()
+    hydra = hydra_config()
     return str(hydra.runtime.output_dir) if hydra is not None else None
-
-
-def _die_with_parent() -> None:
-    """In a started rank, before it runs: die when the process that started it dies (Linux)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _end_now(message: str, code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    if message:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(message.rstrip() + "\n")
-            sys.stderr.flush()
-    os._exit(code)
 
 
 class _RankZeroForwarder(SignalForwarder):
@@ -467,7 +335,7 @@ class _RankZeroForwarder(SignalForwarder):
         def stuck() -> None:
             time.sleep(STUCK_SECONDS)
             if self.launcher._stages > 0:
-                _end_now(f"Interrupted: {self.explain()}", 128 + int(self.signal or signal.SIGTERM))
+                end_now(f"Interrupted: {self.explain()}", 128 + int(self.signal or signal.SIGTERM))
 
         threading.Thread(target=stuck, daemon=True).start()
 
@@ -480,36 +348,3 @@ class _RankZeroForwarder(SignalForwarder):
                 "and the step in progress was lost"
             )
         return f"the launcher received {self.signal.name}"
-
-
-def record_errors() -> None:
-    """Make the exception that ends a rank of a started group end it at once, and say it where it belongs.
-
-    In a rank that rank 0 started, the traceback goes to a file rank 0 reads (it becomes rank 0's
-    :class:`~strategies.launch.WorkerFailedError`); in rank 0 it is printed as usual. Then the exit
-    handlers run and the process ends without the interpreter's finalization: with the group's peers
-    gone, gloo's threads can keep a finalizing interpreter from ever ending (see
-    ``trainer.cli.leave_group_process``).
-    """
-    if getattr(sys.excepthook, "_geartrain", False):
-        return
-    path = os.environ.get(ERROR_FILE)
-
-    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        written = False
-        if path:
-            with contextlib.suppress(OSError):
-                Path(path).write_text("".join(traceback.format_exception(kind, value, tb)))
-                written = True
-        if not written:
-            # Straight to the process's stderr: torch.distributed's own hook, which calls this one,
-            # collects what it prints to add a rank prefix, and would print it only after this returns.
-            stream = sys.__stderr__ or sys.stderr
-            with contextlib.suppress(OSError, ValueError):
-                traceback.print_exception(kind, value, tb, file=stream)
-        with contextlib.suppress(Exception):
-            atexit._run_exitfuncs()
-        _end_now("", 1)
-
-    hook._geartrain = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
