@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -126,6 +127,15 @@ class Preemption:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 warnings.warn(f"scontrol requeue {job} failed: {result.stderr.strip()}", stacklevel=2)
+
+    def exit_status(self, trainer: Trainer) -> int:
+        """The exit code after a stop for a signal; a Ctrl-C (rank 0) also says where it stopped, and gives 130."""
+        if self.signal != signal.SIGINT:
+            assert self.exit_code is not None
+            return self.exit_code
+        if trainer.is_global_zero:
+            print(self.interrupted_line(trainer), file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
 
     @staticmethod
     def interrupted_line(trainer: Trainer) -> str:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import sys
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -271,11 +269,7 @@ class Trainer(TrainerAttributes):
         train_dataloaders, datamodule = split_datamodule(train_dataloaders, datamodule, "fit")
         run.launch(self, "fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
         if self.preempted and self.preemption_exit_code is not None:
-            if self.preemption.signal == signal.SIGINT:  # Ctrl-C: say where it stopped; 130 as a shell does
-                if self.is_global_zero:
-                    print(self.preemption.interrupted_line(self), file=sys.stderr, flush=True)
-                raise SystemExit(128 + signal.SIGINT)
-            raise SystemExit(self.preemption_exit_code)
+            raise SystemExit(self.preemption.exit_status(self))
 
     def validate(
         self,
