@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ERROR_FILE", "JOIN_TIMEOUT", "PARENT", "end_now", "join_group", "record_errors"]
+__all__ = ["ERROR_FILE", "JOIN_TIMEOUT", "PARENT", "end_now", "hand_over", "join_group", "record_errors"]
 
 #: The process id of rank 0, in the ranks it started.
 PARENT = "GEARTRAIN_RERUN_PARENT"
@@ -104,3 +104,18 @@ def record_errors() -> None:
 
     hook._geartrain = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def hand_over(err: BaseException) -> bool:
+    """In a rank that rank 0 started: record ``err`` for rank 0 to report, and return True; elsewhere False.
+
+    The ``geartrain`` command's short messages use it, so a mistake every rank meets is said once.
+    """
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return False
+    with contextlib.suppress(OSError):
+        Path(path).write_text("".join(traceback.format_exception(type(err), err, err.__traceback__)))
+        Path(path).with_suffix(".cause").write_text(f"{type(err).__name__}: {err}")
+        return True
+    return False

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from strategies.launch_signals import SignalForwarder
 from strategies.rank_process import ERROR_FILE, PARENT, end_now, record_errors
 from strategies.rerun_command import check_rerunnable, hydra_config, rerun_command
-from trainer.common.errors import Interrupted
+from trainer.common.errors import CheckpointError, Interrupted, UserError
 
 __all__ = [
     "RERUN",
@@ -172,7 +172,7 @@ class RankLauncher:
             self.stop()
             if self.forwarder.killed and not isinstance(exc, Interrupted):
                 raise Interrupted(self.forwarder.explain(), self.forwarder.signal or signal.SIGTERM) from None
-            if failed is not None:
+            if failed is not None and not isinstance(exc, (UserError, CheckpointError)):  # else: its own mistake
                 rank, code = failed
                 raise WorkerFailedError(self.describe(rank, code), rank, self._cause(rank)) from None
             raise
@@ -199,7 +199,9 @@ class RankLauncher:
         return ""
 
     def _cause(self, rank: int) -> str:
-        """``"ExceptionType: message"``: the last line of the recorded traceback."""
+        """``"ExceptionType: message"``, as the rank handed it over, else the recorded traceback's last line."""
+        with contextlib.suppress(OSError):
+            return Path(self.workdir, f"rank-{rank}.cause").read_text()
         lines = self._error_text(rank).strip().splitlines()
         return lines[-1] if lines else ""
 
