@@ -42,8 +42,9 @@ class DDPStrategy(ParallelStrategy):
             optimisations.
         gradient_as_bucket_view: gradients are views into DDP's communication buckets (saves one
             copy of the gradients in memory).
-        start_method: ``"spawn"`` or ``"fork"`` for the processes the strategy starts itself
-            (``strategy="ddp_fork"``/``"ddp_notebook"`` choose fork).
+        start_method: how the strategy starts its own processes: ``"popen"`` (``strategy="ddp"``: the
+            other ranks run the script again), ``"spawn"`` (``"ddp_spawn"``: pickled into new
+            processes) or ``"fork"`` (``"ddp_fork"``/``"ddp_notebook"``).
         preemption_grace_period: seconds the processes the strategy started get to save after a signal
             (see :class:`~strategies.parallel.ParallelStrategy`).
 
@@ -80,7 +81,7 @@ class DDPStrategy(ParallelStrategy):
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
-        start_method: str = "spawn",
+        start_method: str = "popen",
         preemption_grace_period: float = DEFAULT_GRACE_PERIOD,
     ) -> None:
         super().__init__(

@@ -1,20 +1,19 @@
-"""Process launch: join processes that already exist, or start them with PyTorch's elastic launcher.
+"""Process launch: join processes that already exist, or start them.
 
-There is one launch model (DESIGN.md, "Processes"):
+There is one launch model (DESIGN.md, "Processes"): every rank runs the user's script.
 
-* Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is set) or Slurm (``srun`` with ``SLURM_NTASKS > 1``)
-  every process already runs the user's script; each one reads its rank from the environment and
-  joins the process group. Nothing is started.
-* Otherwise, when a strategy needs N > 1 processes, :func:`start_processes` starts them through
-  ``torch.distributed.launcher.api.elastic_launch`` (the engine behind ``torchrun``). The function
-  to run and its arguments (the trainer, the module, the dataloaders) are pickled and handed over;
-  ``sys.argv`` is never re-run. Rank 0's return value comes back to the caller.
-
-The workers are started with the ``spawn`` method by default, which imports the caller's main module
-again in every worker: a script that trains must keep its top-level code under
-``if __name__ == "__main__":``. With ``start_method="fork"`` (``strategy="ddp_fork"``/``"ddp_notebook"``)
-the workers are copies of the caller: nothing is imported again or pickled, so classes defined in a
-notebook or in ``python -`` work; fork only before CUDA is initialised in the caller.
+* Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is set), Slurm (``srun`` with ``SLURM_NTASKS > 1``) or
+  in a rank that ``strategy="ddp"`` started (:mod:`strategies.relaunch`) the processes already run
+  the script; each one reads its rank from the environment and joins the process group.
+* ``strategy="ddp"`` (``start_method="popen"``) makes the caller rank 0 and runs the script again for
+  the other ranks (:mod:`strategies.relaunch`): nothing is pickled.
+* ``ddp_spawn`` and ``ddp_fork``/``ddp_notebook`` (and ``max_restarts`` > 0) use
+  :func:`start_processes`: ``torch.distributed.launcher.api.elastic_launch`` (the engine behind
+  ``torchrun``) runs a function in new processes. With ``spawn`` the function and its arguments (the
+  trainer, the module, the dataloaders) are pickled and handed over, and the caller's main module is
+  imported again in every worker (keep top-level code under ``if __name__ == "__main__":``); with
+  ``fork`` the workers are copies of the caller, so classes defined in a notebook or in ``python -``
+  work (fork only before CUDA is initialised). Rank 0's return value comes back to the caller.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from typing import Any
 import torch
 
 from strategies.launch_signals import SignalForwarder, note_worker_pid
+from strategies.relaunch import RERUN
 from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.common.errors import Interrupted, UserError
 from trainer.common.rng import rng_state, set_rng_state
@@ -133,12 +133,12 @@ def check_slurm_launched(env: dict[str, str] | None = None) -> None:
 
 
 def joined_environment() -> bool:
-    """True when this process is one of several that torchrun or Slurm already started.
+    """True when this process is one of several that torchrun, Slurm or a ``ddp`` caller already started.
 
     Under Slurm this also sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (when not
     already set) so ``torch.distributed``'s ``env://`` initialisation finds them.
     """
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    if "TORCHELASTIC_RUN_ID" in os.environ or (RERUN in os.environ and "RANK" in os.environ):
         return True
     slurm = slurm_environment()
     if slurm is None:

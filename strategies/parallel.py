@@ -24,9 +24,11 @@ from torch.utils.data import (
 )
 from typing_extensions import override
 
+from strategies import relaunch
 from strategies.base import Strategy
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
+from strategies.rank_process import join_group, record_errors
 from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
 from trainer.common.errors import UserError
@@ -98,9 +100,9 @@ class ParallelStrategy(Strategy):
         max_restarts: when the strategy starts its own processes, restart the whole group this many
             times after a worker fails; training resumes from the last checkpoint (under ``torchrun``
             use its ``--max-restarts``: the resume is the same).
-        start_method: how the strategy starts its own processes: ``"spawn"`` (fresh interpreters) or
-            ``"fork"`` (copies of this one, so a module class defined in a notebook or in ``python -``
-            trains; CPU, or CUDA not yet initialised).
+        start_method: ``"popen"`` (``ddp``: this process is rank 0, the others run the script again;
+            :mod:`strategies.relaunch`), ``"spawn"`` (``ddp_spawn``: pickled into new interpreters) or
+            ``"fork"`` (``ddp_fork``/``ddp_notebook``). ``max_restarts`` > 0 spawns (the elastic engine).
         preemption_grace_period: when the strategy starts its own processes and a signal (SIGTERM,
             SIGINT, SIGHUP, SIGUSR1) reaches the launcher: seconds the processes get to finish their
             step, save ``last.ckpt`` and exit before they are killed (docs/checkpoints.md, "Signals
@@ -119,7 +121,7 @@ class ParallelStrategy(Strategy):
         process_group_backend: str | None = None,
         timeout: float | timedelta = timedelta(minutes=30),
         max_restarts: int = 0,
-        start_method: str = "spawn",
+        start_method: str = "popen",
         preemption_grace_period: float = DEFAULT_GRACE_PERIOD,
     ) -> None:
         if max_restarts < 0:
@@ -135,8 +137,8 @@ class ParallelStrategy(Strategy):
                 f"preemption_grace_period must be a number of seconds >= 0, got {preemption_grace_period!r}"
             )
         self.preemption_grace_period = float(preemption_grace_period)
-        if start_method not in ("spawn", "fork"):
-            raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
+        if start_method not in ("popen", "spawn", "fork"):
+            raise ValueError(f"start_method must be 'popen', 'spawn' or 'fork', got {start_method!r}")
         self.max_restarts = max_restarts
         self.start_method = start_method
         self._device_type = torch.device(device).type if device is not None else None
@@ -206,7 +208,9 @@ class ParallelStrategy(Strategy):
     # ----------------------------------------------------------------- lifecycle
     @override
     def launch(self, fn: Callable[..., T], *args: Any) -> T:
-        """Join torchrun's or Slurm's processes, or start ``devices`` local ones, and run ``fn``."""
+        """Join torchrun's, Slurm's or rank 0's processes, or start ``devices`` local ones, and run ``fn``."""
+        if (launcher := relaunch.current_launcher()) is not None:  # ranks this process started run with it
+            return launcher.run(fn, *args)
         if (dist.is_available() and dist.is_initialized()) or joined_environment() or self.world_size == 1:
             return fn(*args)
         if self.num_nodes > 1:
@@ -216,14 +220,11 @@ class ParallelStrategy(Strategy):
                 "--rdzv-endpoint=HOST:PORT your_script.py`, or `srun` under Slurm"
             )
         self._check_process_count()
-        result: T = start_processes(
-            fn,
-            args,
-            self.num_processes,
-            max_restarts=self.max_restarts,
-            start_method=self.start_method,
-            grace_period=self.preemption_grace_period,
-        )
+        if self.start_method == "popen" and self.max_restarts == 0:
+            relaunch.check_rerunnable(self.name)
+            return relaunch.start_ranks(self.num_processes, self.preemption_grace_period).run(fn, *args)
+        method, grace = ("fork" if self.start_method == "fork" else "spawn"), self.preemption_grace_period
+        result: T = start_processes(fn, args, self.num_processes, self.max_restarts, method, grace)
         return result
 
     def _check_process_count(self) -> None:
@@ -255,6 +256,9 @@ class ParallelStrategy(Strategy):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         if joined_environment():
+            record_errors()  # a rank's failure ends its process at once (and reaches rank 0)
+            if relaunch.started_by_rerun():
+                return join_group(backend, self.timeout)
             if "TORCHELASTIC_RUN_ID" not in os.environ:
                 check_slurm_launched()
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
-__all__ = ["EvenEnd", "GlobalBatchSampler", "ShardedBatchSampler", "ShardedSampler"]
+__all__ = ["EmptyShardError", "EvenEnd", "GlobalBatchSampler", "ShardedBatchSampler", "ShardedSampler"]
 
 
 def _shard(order: list[Any], rank: int, world_size: int, pad: bool, drop_last: bool) -> list[Any]:
@@ -239,16 +239,29 @@ class EvenEnd:
     def __iter__(self) -> Iterator[Any]:
         sentinel = object()
         iterator = iter(self.loader)
+        first = True
         while True:
             batch = next(iterator, sentinel)
             if _agree(0.0 if batch is sentinel else 1.0, "min", self.device) == 0.0:
+                if first:  # a rank streamed nothing: as an empty training set, not an epoch of 0 steps
+                    rank = _agree(float(dist.get_rank()) if batch is sentinel else math.inf, "min", self.device)
+                    raise EmptyShardError(int(rank))
                 return
+            first = False
             yield batch
 
     def __getattr__(self, name: str) -> Any:
         if name == "loader":  # not set yet (e.g. while unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+class EmptyShardError(RuntimeError):
+    """The share of a user-sharded ``IterableDataset`` of rank ``rank`` (the first such) gave no batch."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(f"rank {rank}'s share of its IterableDataset is empty")
+        self.rank = rank
 
 
 def _agree(value: float, op: str, device: torch.device) -> float:

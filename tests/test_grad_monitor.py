@@ -15,7 +15,7 @@ from torch.nn import functional as F
 import callbacks as cbs
 from tests.helpers.callback_tools import Recorder
 from tests.helpers.regression import Regressor, make_loader, plain_copy, sgd
-from tests.helpers.trainers import quiet_trainer
+from tests.helpers.trainers import quiet_trainer, spawned
 from trainer.utils import grad_norm
 
 
@@ -111,7 +111,7 @@ def test_under_ddp_and_fsdp_the_norms_are_of_the_full_synchronised_gradients(tmp
         return {(k, int(r["step"])): float(v) for r in rows for k, v in r.items() if k.startswith("grad_") and v}
 
     one = run(tmp_path / "one", 8)
-    two = run(tmp_path / strategy, 4, strategy=strategy, devices=2)
+    two = run(tmp_path / strategy, 4, strategy=spawned(strategy), devices=2)
     assert set(two) == set(one) and len({step for _, step in one}) == 4
     for key, value in one.items():
         assert two[key] == pytest.approx(value, rel=1e-5), key

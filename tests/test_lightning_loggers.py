@@ -205,7 +205,7 @@ def test_a_lightning_style_custom_logger_receives_what_is_logged() -> None:
 def test_under_ddp_rank_zero_writes_into_the_version_the_caller_sees(tmp_path: Path) -> None:
     logger = CSVLogger(save_dir=tmp_path)
     train, val = loaders()
-    trainer = quiet_trainer(callbacks=[logger], max_epochs=1, strategy="ddp", devices=2)
+    trainer = quiet_trainer(callbacks=[logger], max_epochs=1, strategy="ddp_spawn", devices=2)
     trainer.fit(Scripted(), train, val)
     assert logger.log_dir == tmp_path / "lightning_logs" / "version_0"
     assert _names_under(tmp_path) == ["lightning_logs/version_0/hparams.yaml", "lightning_logs/version_0/metrics.csv"]

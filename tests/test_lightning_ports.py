@@ -46,7 +46,7 @@ def test_digits_template_project_trains_and_tests_the_best_checkpoint(tmp_path: 
 
 @pytest.mark.slow
 def test_digits_template_project_under_ddp(tmp_path: Path) -> None:
-    _check_digits(digits_port.train(str(tmp_path), "ddp", 2))
+    _check_digits(digits_port.train(str(tmp_path), "ddp_spawn", 2))
 
 
 def _hand_written_gan(epochs: int) -> gan_port.GAN:

@@ -178,7 +178,8 @@ def test_accelerators_that_are_missing_or_unsupported_are_refused(monkeypatch: p
         ("ddp_spawn", "spawn", False),
         ("ddp_fork", "fork", False),
         ("ddp_notebook", "fork", False),
-        ("ddp_find_unused_parameters_true", "spawn", True),
+        ("ddp_find_unused_parameters_true", "popen", True),  # Lightning's ddp: the script runs again
+        ("ddp", "popen", False),
     ],
 )
 def test_lightning_strategy_names_build_ours(name: str, start_method: str, find_unused: bool) -> None:

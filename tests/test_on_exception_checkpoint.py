@@ -74,7 +74,10 @@ def test_under_ddp_the_rank_that_raised_saves_without_waiting_for_the_others(tmp
     torch.manual_seed(0)
     callback = OnExceptionCheckpoint(tmp_path / "ckpts")
     trainer = quiet_trainer(
-        tmp_path, callbacks=[callback], max_steps=4, strategy=DDPStrategy(devices=2, device="cpu", timeout=120)
+        tmp_path,
+        callbacks=[callback],
+        max_steps=4,
+        strategy=DDPStrategy(devices=2, device="cpu", timeout=120, start_method="spawn"),
     )
     with pytest.raises(Exception, match="Crash"):
         trainer.fit(FailsAtStep(fail_at=2, rank=1))
@@ -82,5 +85,7 @@ def test_under_ddp_the_rank_that_raised_saves_without_waiting_for_the_others(tmp
     assert state["progress"]["global_step"] == 2  # the steps both ranks took before rank 1 raised
     torch.manual_seed(0)
     two_steps = FailsAtStep(fail_at=None)
-    quiet_trainer(tmp_path / "ref", max_steps=2, strategy=DDPStrategy(devices=2, device="cpu")).fit(two_steps)
+    quiet_trainer(
+        tmp_path / "ref", max_steps=2, strategy=DDPStrategy(devices=2, device="cpu", start_method="spawn")
+    ).fit(two_steps)
     assert all(torch.equal(state["state_dict"][k], v) for k, v in two_steps.state_dict().items())

@@ -77,7 +77,7 @@ def test_ddp_shards_join_into_one_process_predictions_in_order(tmp_path: Path) -
     module = Doubler()
     expected = torch.cat(_trainer().predict(module, _loader()))  # type: ignore[arg-type]
     (tmp_path / "ddp").mkdir()
-    trainer = _trainer(strategy="ddp", devices=2, accelerator="cpu", callbacks=[ShardWriter(tmp_path / "ddp")])
+    trainer = _trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", callbacks=[ShardWriter(tmp_path / "ddp")])
     trainer.predict(module, _loader(), return_predictions=False)
     shards = sorted((tmp_path / "ddp").glob("rank*.pt"))
     assert [p.name for p in shards] == ["rank0.pt", "rank1.pt"]

@@ -115,7 +115,7 @@ def test_pytorch_profiler_trace_is_valid_json_with_the_record_function_markers(t
 @pytest.mark.slow
 def test_pytorch_profiler_under_ddp_writes_one_trace_per_rank(tmp_path: Path) -> None:
     logger = cbs.TensorBoardLogger(tmp_path)
-    trainer = quiet_trainer(tmp_path, strategy="ddp", devices=2, profiler="pytorch", max_epochs=1, logger=logger)
+    trainer = quiet_trainer(tmp_path, strategy="ddp_spawn", devices=2, profiler="pytorch", max_epochs=1, logger=logger)
     trainer.fit(Regressor(), make_loader(32, 4))
     traces = sorted(trainer.log_dir.glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["fit-rank0", "fit-rank1"]

@@ -244,7 +244,7 @@ def test_lr_find_without_matplotlib_writes_the_curve_as_scalars(
 def test_tuner_under_ddp_restores_the_weights_and_sets_the_results_in_the_caller() -> None:
     module = Regression(batch_size=8, oom_above=20)
     before = _weights(module)
-    trainer = _trainer(strategy="ddp", devices=2, accelerator="cpu")
+    trainer = _trainer(strategy="ddp_spawn", devices=2, accelerator="cpu")
     tuner = Tuner(trainer)
     result = tuner.lr_find(module, num_training=20, early_stop_threshold=None)
     assert result is not None and len(result.results["lr"]) == 20  # rank 0's curve came back

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from callbacks import Callback, EMAWeightAveraging, WeightAveraging
 from tests.helpers import REPO_ROOT, jobs
 from tests.helpers.regression import Regressor, make_loader
-from tests.helpers.trainers import quiet_trainer
+from tests.helpers.trainers import quiet_trainer, spawned
 from trainer import Trainer, TrainModule
 
 DECAY = 0.75  # far from 1, so every update moves the average visibly
@@ -215,7 +215,7 @@ def _fit_blocknet(strategy: str, per_rank_batch: int, root: Path) -> dict[str, t
     module = jobs.BlockNet()
     trainer = quiet_trainer(
         root,
-        strategy=strategy,
+        strategy=spawned(strategy),
         devices=2 if strategy != "single" else 1,
         callbacks=[EMAWeightAveraging(decay=0.8)],
         max_steps=6,

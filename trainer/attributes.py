@@ -166,7 +166,7 @@ class TrainerAttributes:
 
     @property
     def preempted(self) -> bool:
-        """True when the last run stopped for SIGTERM/SIGUSR1 after saving ``last.ckpt``."""
+        """True when the last run stopped for a signal (SIGTERM, SIGUSR1, Ctrl-C) after saving ``last.ckpt``."""
         return self.preemption.preempted
 
     @property

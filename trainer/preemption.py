@@ -1,7 +1,8 @@
 """Preemption: signals noted, ranks agreeing on when to stop, the checkpoint, the requeue.
 
-On SIGTERM or SIGUSR1 (and, under several processes, SIGINT and SIGHUP: a Ctrl-C or a closed terminal
-must not stop one rank in the middle of a collective) the handler only notes the signal. The training loop asks :meth:`Preemption.due`
+On SIGTERM, SIGUSR1 or SIGINT (a Ctrl-C; a second one stops at once in one process) and, under several
+processes, SIGHUP (a closed terminal must not stop one rank in the middle of a collective) the handler
+only notes the signal. The training loop asks :meth:`Preemption.due`
 after every optimizer step (a plain attribute test in one process), and, when due,
 :meth:`Preemption.requested`: under several processes a small all-reduce at a step every rank agreed
 on, so that every rank stops after the same step. The trainer then saves ``last.ckpt`` where
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -73,9 +75,17 @@ class Preemption:
             return
 
         def note(signum: int, frame: Any) -> None:
+            if signum == signal.SIGINT and self.signal == signal.SIGINT and not self.agree:
+                raise KeyboardInterrupt  # a second Ctrl-C in one process: stop now, unsaved
             self.signal = self.signal or signum  # the first one decides (a requeue is for SIGUSR1 alone)
+            # The process that started the other ranks passes the signal on to them (strategies.relaunch).
+            pass_on = getattr(getattr(self._previous.get(signum), "__self__", None), "pass_on", None)
+            if pass_on is not None:
+                pass_on(signum)
 
-        names = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP") if self.agree else ("SIGTERM", "SIGUSR1")
+        # A Ctrl-C is noted too: the run stops after the step, saves and says how to resume. Under
+        # several processes it must not stop one rank in the middle of a collective.
+        names = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP") if self.agree else ("SIGTERM", "SIGUSR1", "SIGINT")
         for sig in (getattr(signal, name) for name in names if hasattr(signal, name)):
             self._previous[sig] = signal.signal(sig, note)
 
@@ -117,6 +127,23 @@ class Preemption:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 warnings.warn(f"scontrol requeue {job} failed: {result.stderr.strip()}", stacklevel=2)
+
+    def exit_status(self, trainer: Trainer) -> int:
+        """The exit code after a stop for a signal; a Ctrl-C (rank 0) also says where it stopped, and gives 130."""
+        if self.signal != signal.SIGINT:
+            assert self.exit_code is not None
+            return self.exit_code
+        if trainer.is_global_zero:
+            print(self.interrupted_line(trainer), file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+
+    @staticmethod
+    def interrupted_line(trainer: Trainer) -> str:
+        """The one line a run stopped by Ctrl-C ends with: where it stopped and how to resume."""
+        return (
+            f"interrupted at step {trainer.global_step}, saved {trainer.checkpointing.last_path()}, "
+            "resume with ckpt_path=last"
+        )
 
     @staticmethod
     def newest_checkpoint(trainer: Trainer) -> str:

@@ -22,6 +22,7 @@ from trainer.common.errors import Interrupted, Preempted
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.data.loaders import resolve_loaders, results_per_loader
+from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer
 from trainer.optim import parse_optimizers
 from trainer.state import TrainerStatus
@@ -85,6 +86,9 @@ def run_stage(
     if datamodule is not None:
         datamodule.trainer = t
     t.strategy.setup_environment()
+    if t.strategy.world_size > 1:
+        # Rank 0's choice holds everywhere (a "last" that ranks started later could resolve otherwise).
+        ckpt_path = t.strategy.broadcast(ckpt_path)
     try:
         _prepare_data(t, module, datamodule)
         if datamodule is not None:
@@ -97,6 +101,7 @@ def run_stage(
         t.strategy.connect(module)  # a model-parallel strategy's device_mesh, for configure_model
         module.configure_model()  # before the strategy wraps (or shards) the module, as Lightning
         module.configure_sharded_model()
+        materialize_lazy(t, module, loader)  # lazy layers get their shapes before the strategy wraps them
         _apply_memory_options(t, module, stage)
         arguments.convert_sync_batchnorm(module, t.sync_batchnorm, t.strategy.world_size)
         t.strategy.setup(module)

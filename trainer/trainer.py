@@ -241,7 +241,7 @@ class Trainer(TrainerAttributes):
         train_dataloaders, datamodule = split_datamodule(train_dataloaders, datamodule, "fit")
         run.launch(self, "fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
         if self.preempted and self.preemption_exit_code is not None:
-            raise SystemExit(self.preemption_exit_code)
+            raise SystemExit(self.preemption.exit_status(self))
 
     def validate(
         self,

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node=2 tests/helpers/ddp_script.py --root OUT  # joins torchrun's processes
 
 Rank 0 (or the calling process) writes ``OUT/report.json`` describing what ``fit`` left behind.
-``--fail-rank R --fail-at-step K`` makes rank R raise at step K, to test failure handling.
+``--fail-rank R --fail-at-step K`` makes rank R raise at step K, to test failure handling; with
+``--hang`` it hangs there instead, and ``--timeout T`` sets the strategy's collective timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from callbacks import ModelCheckpoint
+from strategies import DDPStrategy
 from tests.helpers.jobs import BlockNet, dataset
 from trainer import Trainer
 
@@ -27,13 +29,15 @@ from trainer import Trainer
 class FailingNet(BlockNet):
     """BlockNet whose rank ``fail_rank`` raises at optimizer step ``fail_at`` (never, by default)."""
 
-    def __init__(self, root: str, fail_rank: int = -1, fail_at: int = -1) -> None:
+    def __init__(self, root: str, fail_rank: int = -1, fail_at: int = -1, hang: bool = False) -> None:
         super().__init__()
-        self.root, self.fail_rank, self.fail_at = root, fail_rank, fail_at
+        self.root, self.fail_rank, self.fail_at, self.hang = root, fail_rank, fail_at, hang
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.trainer.global_rank == self.fail_rank and self.global_step == self.fail_at:
             Path(self.root, "failed_at").write_text(repr(time.time()))
+            if self.hang:
+                time.sleep(3600)
             raise RuntimeError(f"rank {self.fail_rank} fails at step {self.fail_at}")
         return super().training_step(batch, batch_idx)
 
@@ -43,14 +47,16 @@ def main() -> None:
     parser.add_argument("--root", required=True)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-at-step", type=int, default=-1)
+    parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--timeout", type=float, default=None)
     args = parser.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
 
-    module = FailingNet(str(root), args.fail_rank, args.fail_at_step)
+    module = FailingNet(str(root), args.fail_rank, args.fail_at_step, args.hang)
     checkpoint = ModelCheckpoint(dirpath=root / "checkpoints", monitor="val/acc", mode="max", save_last=True)
     trainer = Trainer(
-        strategy="ddp",
+        strategy="ddp" if args.timeout is None else DDPStrategy(timeout=args.timeout),
         devices=2,
         max_epochs=2,
         accumulate_grad_batches=2,

@@ -38,3 +38,14 @@ def quiet_trainer(root: str | Path | None = None, callbacks: Iterable[Callback] 
     if "strategy" not in options:  # built only when used: a Strategy is a fresh object per trainer
         options["strategy"] = SingleDeviceStrategy(device="cpu")
     return Trainer(callbacks=list(callbacks), **options)
+
+
+def spawned(name: str) -> Any:
+    """Strategy ``name`` with its processes spawned and handed pickled objects (``ddp_spawn``'s way).
+
+    A test that calls ``fit`` inside pytest cannot use ``strategy="ddp"``/``"fsdp"`` as they are:
+    their other ranks run the script again, and here the script is the test session.
+    """
+    from strategies.registry import build_strategy
+
+    return build_strategy(name, start_method="spawn") if name != "single" else name

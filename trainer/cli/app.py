@@ -57,7 +57,10 @@ def run_task(cfg: Any) -> dict[str, float]:
 
     check_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
-    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    from strategies.relaunch import started_by_rerun
+
+    # A rank that rank 0 started gets rank 0's choice in fit (resolving "last" again could differ).
+    ckpt = cfg.get("ckpt_path") if started_by_rerun() else resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
     seed_everything(int(cfg.seed))
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
@@ -355,6 +358,9 @@ def _main() -> None:
     except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)
+    except KeyboardInterrupt:  # Ctrl-C outside training, or a second one during it: nothing more was saved
+        print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
+        sys.exit(130)
 
 
 def run_job(cfg: Any) -> float | None:

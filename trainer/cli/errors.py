@@ -85,7 +85,11 @@ def reported() -> Iterator[None]:
         message = None if wanted_traceback else describe(err)
         if message is None:
             raise
-        report(message)
+        from strategies.rank_process import hand_over
+
+        if hand_over(err):  # a rank that rank 0 started: rank 0 says it, once
+            sys.exit(1)
+        report(_rank_prefix() + message)
         sys.exit(1)
 
 
@@ -96,6 +100,14 @@ def report(message: str) -> None:
         lines = [*lines[: MAX_LINES - 1], "..."]
     print("geartrain: error: " + "\n  ".join(lines), file=sys.stderr)
     print(f"(the traceback: run again with {FULL_ERROR}=1)", file=sys.stderr)
+
+
+def _rank_prefix() -> str:
+    """``"(rank R) "`` under several processes (which rank met the mistake), else ``""``."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return ""
+    return f"(rank {dist.get_rank()}) "
 
 
 def remove_empty(folder: Path, stop_at: Path) -> None:

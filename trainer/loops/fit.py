@@ -11,6 +11,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING
 
+from strategies.sampling import EmptyShardError
 from trainer.common.errors import PossibleUserWarning, Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
@@ -82,7 +83,17 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
             if should_stop_training(state):
                 break
         with trainer.profiler.profile("run_training_epoch"):  # once an epoch: free when nothing profiles
-            train_epoch(trainer, state)
+            try:
+                train_epoch(trainer, state)
+            except EmptyShardError as err:  # one rank's stream gave nothing: said as an empty training set
+                if trainer.is_global_zero:
+                    warnings.warn(
+                        f"Trainer.fit stopped: the training dataloader has no batches ({err}). Check the "
+                        "dataset's sharding (every rank needs at least one batch), its split or path, and the "
+                        "batch size.",
+                        stacklevel=2,
+                    )
+                break
     _drop_open_window(state)
     hooks("on_train_end")
     hooks("on_fit_end")

@@ -1,0 +1,121 @@
+"""What a rank that ``strategy="ddp"`` started does in its own process (see :mod:`strategies.relaunch`).
+
+It joins rank 0's group through a store that waits for it (:func:`join_group`), dies with rank 0,
+and hands the traceback of an exception that ends it to rank 0 (:func:`record_errors`), which reports
+it as :class:`~strategies.launch.WorkerFailedError`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["ERROR_FILE", "JOIN_TIMEOUT", "PARENT", "end_now", "hand_over", "join_group", "record_errors"]
+
+#: The process id of rank 0, in the ranks it started.
+PARENT = "GEARTRAIN_RERUN_PARENT"
+#: Where a started rank writes the traceback of the exception that ends it.
+ERROR_FILE = "GEARTRAIN_RANK_ERROR_FILE"
+
+#: How long rank 0 waits for the ranks it started to reach ``fit`` (they import and build first).
+JOIN_TIMEOUT = timedelta(minutes=10)
+
+
+def join_group(backend: str, timeout: timedelta) -> None:
+    """Form the process group of rank 0 and the ranks it started (in each of them).
+
+    The ranks meet through a store rank 0 serves, waiting up to :data:`JOIN_TIMEOUT` for every rank to
+    arrive: a rank that runs the script again takes a while to get there, and ``timeout`` (the
+    collectives' limit, which may be seconds) is not meant for that. A rank that dies on the way is
+    seen by rank 0's watcher, which ends the run with its traceback.
+    """
+    import torch.distributed as dist
+
+    if os.environ.get(PARENT):
+        _die_with_parent()
+        if str(os.getppid()) != os.environ[PARENT]:  # rank 0 is gone already
+            raise RuntimeError("the process that started this rank (rank 0) has ended; nothing to join")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0,
+        timeout=max(timeout, JOIN_TIMEOUT),
+        wait_for_workers=True,
+    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def _die_with_parent() -> None:
+    """In a started rank: die when the process that started it dies (Linux; elsewhere nothing)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def end_now(message: str, code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if message:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(message.rstrip() + "\n")
+            sys.stderr.flush()
+    os._exit(code)
+
+
+def record_errors() -> None:
+    """Make the exception that ends a rank of a started group end it at once, and say it where it belongs.
+
+    In a rank that rank 0 started, the traceback goes to a file rank 0 reads (it becomes rank 0's
+    :class:`~strategies.launch.WorkerFailedError`); in rank 0 it is printed as usual. Then the exit
+    handlers run and the process ends without the interpreter's finalization: with the group's peers
+    gone, gloo's threads can keep a finalizing interpreter from ever ending (see
+    ``trainer.cli.app.leave_group_process``).
+    """
+    if getattr(sys.excepthook, "_geartrain", False):
+        return
+    path = os.environ.get(ERROR_FILE)
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        written = False
+        if path:
+            with contextlib.suppress(OSError):
+                Path(path).write_text("".join(traceback.format_exception(kind, value, tb)))
+                written = True
+        if not written:
+            # Straight to the process's stderr: torch.distributed's own hook, which calls this one,
+            # collects what it prints to add a rank prefix, and would print it only after this returns.
+            stream = sys.__stderr__ or sys.stderr
+            with contextlib.suppress(OSError, ValueError):
+                traceback.print_exception(kind, value, tb, file=stream)
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()
+        end_now("", 1)
+
+    hook._geartrain = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def hand_over(err: BaseException) -> bool:
+    """In a rank that rank 0 started: record ``err`` for rank 0 to report, and return True; elsewhere False.
+
+    The ``geartrain`` command's short messages use it, so a mistake every rank meets is said once.
+    """
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return False
+    with contextlib.suppress(OSError):
+        Path(path).write_text("".join(traceback.format_exception(type(err), err, err.__traceback__)))
+        Path(path).with_suffix(".cause").write_text(f"{type(err).__name__}: {err}")
+        return True
+    return False

@@ -1,0 +1,29 @@
+"""Callbacks for the ``geartrain`` command in tests: which ranks ran a job, and a job slow enough to interrupt."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from callbacks import Callback
+
+
+class RankMark(Callback):
+    """Writes ``<default_root_dir>/rank-R`` at fit start holding the optimizer's learning rate."""
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        Path(trainer.default_root_dir, f"rank-{trainer.global_rank}").write_text(f"{lr:g}")
+
+
+class SlowSteps(Callback):
+    """Sleeps after every training batch; from step 2, rank 0 touches ``<default_root_dir>/stepping``."""
+
+    def __init__(self, seconds: float = 0.2) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step >= 2 and trainer.is_global_zero:
+            Path(trainer.default_root_dir, "stepping").touch()
+        time.sleep(self.seconds)

@@ -1,0 +1,209 @@
+"""``strategy="ddp"`` as Lightning's: the caller is rank 0, the other ranks run the script again.
+
+Nothing is pickled, so what ``ddp_spawn`` cannot carry (lambdas, a logger already used, open files)
+trains; the result equals one process; the caller holds rank 0's own state after ``fit``; where no
+script can run again the strategy refuses before any process starts; under Hydra every rank of a
+job writes into the job's one run directory, also in a sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_dirs, run_geartrain
+from tests.helpers.distributed import child_env, run_python
+
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+SCRIPT = str(REPO_ROOT / "tests" / "helpers" / "relaunch_script.py")
+
+
+def _weights(root: Path) -> dict[str, torch.Tensor]:
+    return torch.load(root / "weights.pt", weights_only=True)
+
+
+def _assert_equal(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for key in expected:  # the DDP-equals-one-process pattern of test_strategies_distributed
+        torch.testing.assert_close(actual[key], expected[key], atol=1e-6, rtol=0, msg=key)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    root = tmp_path_factory.mktemp("one")
+    result = run_python([SCRIPT, "--root", str(root), "--devices", "1", "--batch", "8"], timeout=120)
+    assert result.returncode == 0, result.stderr
+    return _weights(root)
+
+
+@pytest.mark.timeout(180)
+def test_ddp_reruns_the_script_with_lambdas_and_a_used_logger_and_equals_one_process(
+    tmp_path: Path, one_process: dict[str, torch.Tensor]
+) -> None:
+    result = run_python([SCRIPT, "--root", str(tmp_path), "--devices", "2", "--batch", "4"], timeout=150)
+    assert result.returncode == 0, result.stderr
+    assert result.leftovers == []
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["world_size"] == 2 and report["global_step"] == 16
+    # The caller trained as rank 0 itself: its module, not a copy adopted from another process.
+    assert report["trained_here"] and report["module_matches_last_ckpt"]
+    assert (tmp_path / "rank-0").read_text() != (tmp_path / "rank-1").read_text()  # two processes ran the script
+    _assert_equal(_weights(tmp_path), one_process)
+    assert not torch.equal(one_process["net.0.weight"], torch.zeros_like(one_process["net.0.weight"]))
+
+
+@pytest.mark.timeout(120)
+def test_python_c_is_refused_before_any_process_starts() -> None:
+    code = textwrap.dedent(
+        """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        from tests.helpers.relaunch_script import LambdaNet
+        from trainer import Trainer
+        x = torch.randn(8, 6)
+        Trainer(strategy="ddp", accelerator="cpu", devices=2, max_steps=1, logger=False).fit(
+            LambdaNet(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
+        """
+    )
+    started = time.monotonic()
+    result = run_python(["-c", code], timeout=100)
+    assert result.returncode != 0
+    assert "strategy='ddp' runs the script again for every other rank, and python -c has no script" in result.stderr
+    assert "strategy='ddp_notebook'" in result.stderr
+    assert result.leftovers == []
+    assert time.monotonic() - started < 60
+
+
+def test_under_pytest_ddp_is_refused_naming_ddp_spawn() -> None:
+    from strategies.relaunch import check_rerunnable
+    from trainer.common.errors import UserError
+
+    with pytest.raises(UserError, match=r"this process runs pytest.*strategy='ddp_spawn'"):
+        check_rerunnable("ddp")
+
+
+HYDRA_APP = textwrap.dedent(
+    """
+    import os
+    from pathlib import Path
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from tests.helpers.relaunch_script import LambdaNet
+    from trainer import Trainer
+
+    @hydra.main(version_base=None, config_path=None, config_name=None)
+    def main(cfg):
+        out = Path(HydraConfig.get().runtime.output_dir)
+        x = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+        trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1, logger=False,
+                          enable_progress_bar=False, default_root_dir=out)
+        trainer.fit(LambdaNet(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
+        (out / f"rank-{trainer.global_rank}").write_text(str(cfg.get("tag", "")))
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def _run_app(app: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = child_env(HYDRA_FULL_ERROR="1")
+    return subprocess.run(
+        [sys.executable, str(app), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=200, check=False
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_users_hydra_script_keeps_one_run_directory_and_a_sweep_one_per_job(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(HYDRA_APP)
+    single = _run_app(app, "+tag=one", cwd=tmp_path / "run")
+    assert single.returncode == 0, single.stderr
+    runs = [p for p in (tmp_path / "run" / "outputs").glob("*/*") if p.is_dir()]
+    assert len(runs) == 1, runs  # the re-run rank wrote into the caller's run directory
+    assert (runs[0] / "rank-0").read_text() == "one" and (runs[0] / "rank-1").read_text() == "one"
+    sweep = _run_app(app, "-m", "+tag=a,b", cwd=tmp_path / "sweep")
+    assert sweep.returncode == 0, sweep.stderr
+    jobs = sorted(p for p in (tmp_path / "sweep" / "multirun").glob("*/*/*") if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]  # no stray run directory of a re-run sweep
+    for job, tag in zip(jobs, "ab", strict=True):  # each job's two ranks ran that job, with its override
+        assert (job / "rank-0").read_text() == tag and (job / "rank-1").read_text() == tag
+    assert not (tmp_path / "sweep" / "outputs").exists()
+
+
+@pytest.mark.timeout(300)
+def test_geartrain_ddp_sweep_gives_each_job_one_folder_with_both_ranks(tmp_path: Path) -> None:
+    mark = ["+callbacks.rank_mark._target_=tests.helpers.rank_marks.RankMark"]
+    one = ["task=fit", "trainer.max_steps=2", "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
+    result = run_geartrain("strategy=ddp", "trainer.devices=2", *one, *mark, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = run_dirs(tmp_path)
+    assert len(runs) == 1 and sorted(p.name for p in runs[0].glob("rank-*")) == ["rank-0", "rank-1"]
+    assert not (tmp_path / "multirun").exists()
+    (tmp_path / "s").mkdir()
+    swept = run_geartrain(
+        "-m", "optim.lr=0.01,0.003", "strategy=ddp", "trainer.devices=2", *one, *mark, cwd=tmp_path / "s"
+    )
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    jobs = run_dirs(tmp_path / "s", "multirun/*/*/*")
+    assert len(jobs) == 2
+    for job, lr in zip(jobs, ("0.01", "0.003"), strict=True):
+        assert sorted(p.name for p in job.glob("rank-*")) == ["rank-0", "rank-1"]
+        assert {p.read_text() for p in job.glob("rank-*")} == {lr}  # both ranks trained that job's lr
+    assert not (tmp_path / "s" / "outputs").exists()  # no rank started a run of its own
+
+
+DDP_SCRIPT = str(REPO_ROOT / "tests" / "helpers" / "ddp_script.py")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_hanging_rank_ends_the_run_within_the_documented_bound(tmp_path: Path, rank: int) -> None:
+    # docs/strategies.md: a rank that hangs ends the run within about strategy.timeout + 10 s.
+    timeout = 5
+    args = [
+        "--root",
+        str(tmp_path),
+        "--fail-rank",
+        str(rank),
+        "--fail-at-step",
+        "3",
+        "--hang",
+        "--timeout",
+        str(timeout),
+    ]
+    result = run_python([DDP_SCRIPT, *args], timeout=150)
+    ended = time.time()
+    assert result.returncode != 0
+    hung_at = float((tmp_path / "failed_at").read_text())
+    assert ended - hung_at < timeout + 10, f"the run took {ended - hung_at:.1f}s to end after the hang"
+    assert result.leftovers == []
+    assert not (tmp_path / "report.json").exists()
+
+
+@pytest.mark.timeout(400)
+def test_lazy_layers_train_under_ddp_and_fsdp_and_equal_one_process(tmp_path: Path) -> None:
+    one = tmp_path / "one"
+    result = run_python([SCRIPT, "--root", str(one), "--devices", "1", "--batch", "8", "--lazy"], timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected = _weights(one)
+    assert expected["net.0.weight"].shape == (16, 6)  # materialised from the first batch
+    for strategy in ("ddp", "fsdp"):
+        root = tmp_path / strategy
+        args = [SCRIPT, "--root", str(root), "--devices", "2", "--batch", "4", "--lazy", "--strategy", strategy]
+        result = run_python(args, timeout=150)
+        assert result.returncode == 0, result.stderr  # plain DDP: "Modules with uninitialized parameters"
+        assert json.loads((root / "report.json").read_text())["global_step"] == 16
+        _assert_equal(_weights(root), expected)
