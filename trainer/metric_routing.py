@@ -54,6 +54,8 @@ class MetricRouter:
         #: ``"/dataloader_idx_N"`` while evaluating loader N of several (Lightning's key suffix), else "".
         self.dataloader_suffix = ""
         self.store: MetricStore | None = None
+        #: The hook running inside :meth:`refusing` (named in the error of a ``self.log`` there).
+        self.refused_hook = ""
         self.defaults: tuple[bool, bool] = STEP_DEFAULTS
         self._batch_size_cache: tuple[Any, int] = (None, 1)
         #: Keys logged with ``logger=False``: in ``callback_metrics``, never handed to the loggers.
@@ -73,6 +75,16 @@ class MetricRouter:
         finally:
             self.store, self.defaults = previous
 
+    @contextlib.contextmanager
+    def refusing(self, hook: str) -> Iterator[None]:
+        """Inside the block ``self.log`` is refused, naming ``hook`` (Lightning refuses it in ``on_*_end``)."""
+        previous = self.store, self.refused_hook
+        self.store, self.refused_hook = None, hook
+        try:
+            yield
+        finally:
+            self.store, self.refused_hook = previous
+
     def log(
         self,
         name: str,
@@ -87,9 +99,11 @@ class MetricRouter:
         """Back end of ``TrainModule.log`` (arguments in its order; positional, as it runs every step)."""
         store = self.store
         if store is None:
+            where = f" in {self.refused_hook}" if self.refused_hook else " outside the steps and hooks of fit/validate/test"
             raise RuntimeError(
-                f"self.log({name!r}) was called outside the steps and hooks of fit/validate/test "
-                "(logging is not supported in predict or in setup hooks)"
+                f"self.log({name!r}) was called{where}. As in Lightning, values are logged in the steps, the "
+                "batch and backward hooks, on_train_start, on_validation_start, on_test_start and the "
+                "on_*_epoch_start/end hooks; not in setup, on_fit_*, on_*_end, predict or checkpoint hooks"
             )
         if on_step is None:
             on_step = self.defaults[0]

@@ -84,8 +84,8 @@ def run_stage(
         _prepare_data(t, module, datamodule)
         if datamodule is not None:
             datamodule.setup(stage)
+        t.hooks.callbacks_only("setup", stage)  # data module, callbacks, module (trainer/hook_order.py)
         module.setup(stage)
-        t.hooks.callbacks_only("setup", stage)
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank
         t.profiler.setup(stage, local_rank=t.strategy.local_rank, log_dir=t.log_dir)
@@ -133,11 +133,11 @@ def run_stage(
     finally:
         t.running_stage = None
         t.preemption.restore()
-        t.hooks.callbacks_only("teardown", stage)
-        t.checkpointing.close()
-        module.teardown(stage)
         if datamodule is not None:
             datamodule.teardown(stage)
+        t.hooks.callbacks_only("teardown", stage)  # data module, callbacks, module (trainer/hook_order.py)
+        t.checkpointing.close()
+        module.teardown(stage)
         t.strategy.teardown()
         t.profiler.describe()  # rank 0 prints the report and writes it to the log directory
         t.profiler.teardown(stage)

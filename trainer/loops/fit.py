@@ -72,14 +72,19 @@ def fit_loop(trainer: Trainer) -> None:
         hooks("on_fit_end")
         return
     trainer.module.train()
-    hooks("on_train_start")
+    # Values logged in on_train_start count towards the first epoch's (Lightning's rule).
+    first_store: MetricStore | None = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
+    assert first_store is not None
+    with trainer.metric_router.logging(first_store, EPOCH_DEFAULTS):
+        hooks("on_train_start")
     while not should_stop_training(trainer):
         if p.epoch_finished:
             p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
             if should_stop_training(trainer):
                 break
         with trainer.profiler.profile("run_training_epoch"):  # once an epoch: free when nothing profiles
-            train_epoch(trainer, trainer.window)
+            train_epoch(trainer, trainer.window, first_store)
+        first_store = None
     _drop_open_window(trainer, trainer.window)
     hooks("on_train_end")
     hooks("on_fit_end")
@@ -120,8 +125,11 @@ def no_training_batches(trainer: Trainer) -> bool:
     return True
 
 
-def train_epoch(trainer: Trainer, window: Window) -> None:
-    """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order."""
+def train_epoch(trainer: Trainer, window: Window, store: MetricStore | None = None) -> None:
+    """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order.
+
+    ``store``: where the epoch's values go, holding what ``on_train_start`` logged (default: a new one).
+    """
     p, hooks, router, preemption = trainer.progress, trainer.hooks, trainer.metric_router, trainer.preemption
     reload_every = trainer.reload_dataloaders_every_n_epochs
     if reload_every and p.epoch and p.epoch % reload_every == 0 and p.batch_in_epoch == 0:
@@ -133,7 +141,8 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     num = num_batches(loader, trainer.limits["fit"])
     trainer.num_training_batches = num
     set_sampler_epoch(loader, p.epoch)
-    store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
+    if store is None:
+        store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
     val_every = _val_every(trainer, num)
     # check_val_every_n_epoch=None: every val_check_interval batches, counted across epochs.
     across = trainer.check_val_every_n_epoch is None
@@ -141,6 +150,12 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     validate_this_epoch = validation_enabled(trainer) and (
         across or (p.epoch + 1) % trainer.check_val_every_n_epoch == 0  # type: ignore[operator]
     )
+    if validate_this_epoch and val_every and not across and val_every > num:
+        raise ValueError(
+            f"Trainer(val_check_interval={trainer.val_check_interval}) must be at most the number of training "
+            f"batches per epoch ({int(num)}). Set limit_val_batches=0 to switch validation off, or "
+            "check_val_every_n_epoch=None to count the interval across epochs."
+        )
     last_val_at = -1
     router.start_train_epoch(store, trainer.module)  # after a mid-epoch resume: the epoch's sums so far
     with router.logging(store, EPOCH_DEFAULTS):
@@ -148,6 +163,22 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
     train_batch = make_train_batch(trainer, window, last_batch_share(loader, num))
     log_every = trainer.log_every_n_steps
+
+    def validation_due(batch_idx: int) -> bool:
+        """Lightning's rule: after every ``val_every``-th batch (no extra run at the epoch's end)."""
+        return validate_this_epoch and bool(val_every) and (batch_offset + batch_idx + 1) % val_every == 0  # type: ignore[operator]
+
+    def validate() -> None:
+        nonlocal last_val_at
+        p.validated_at = p.batches_before_epoch + p.batch_in_epoch
+        eval_loop(trainer, "validate")
+        last_val_at = p.batch_in_epoch
+
+    if p.batch_in_epoch and validation_due(p.batch_in_epoch - 1):
+        if p.validated_at != p.batches_before_epoch + p.batch_in_epoch:
+            validate()  # resumed from a save made before a due validation ran: run it now
+        else:
+            last_val_at = p.batch_in_epoch
     with router.logging(store, STEP_DEFAULTS):
         batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
         # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
@@ -170,17 +201,22 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            if validate_this_epoch and val_every and (batch_offset + batch_idx + 1) % val_every == 0:
-                eval_loop(trainer, "validate")
-                last_val_at = p.batch_in_epoch
+            if validation_due(batch_idx):
+                validate()
             if should_stop_training(trainer):
                 _drop_open_window(trainer, window)
                 break
-    end_validation = validate_this_epoch and not across and not _may_stop(trainer)
+    # Without a length the epoch's end is the one moment to validate (Lightning's rule for such loaders).
+    end_validation = validate_this_epoch and not val_every and not _may_stop(trainer)
     if end_validation and last_val_at != p.batch_in_epoch and p.batch_in_epoch:
-        eval_loop(trainer, "validate")
-        last_val_at = p.batch_in_epoch
+        validate()
     with router.logging(store, EPOCH_DEFAULTS):
+        # trainer/hook_order.py: callbacks that monitor nothing, the module, then the monitoring ones
+        # (checkpointing, early stopping), which so see what the module logs here. The first ones see
+        # the epoch's values of the steps, as in Lightning, which computes them when read.
+        if hooks.overridden("on_train_epoch_end"):
+            router.remember(store.epoch_values(), store)
+            hooks.callbacks_only("on_train_epoch_end", monitors=False)
         hooks.module("on_train_epoch_end")
         router.publish_epoch(store, max(p.global_step - 1, 0))
         # A validation metric may legitimately be missing in an epoch without validation
@@ -193,7 +229,7 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         # epoch as ``current_epoch``, as in Lightning, which counts it done only after these hooks.
         trainer.in_train_epoch_end = True
         try:
-            hooks.callbacks_only("on_train_epoch_end")
+            hooks.callbacks_only("on_train_epoch_end", monitors=True)
         finally:
             trainer.in_train_epoch_end = False
     store.reset()
