@@ -164,7 +164,7 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
         "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
         "metrics": [
             {k: v.detach().to(cpu) for k, v in metrics.items()}
-            for metrics in (t.callback_metrics, t.logged_metrics, t.progress_bar_metrics)
+            for metrics in (t.callback_metrics, t.logged_metrics, t.metric_router.progress_bar_metrics)
         ],
     }
 

@@ -64,6 +64,8 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
     store = MetricStore(strategy.reduce, epoch_agreement(trainer))
+    if trainer.stage != "fit":  # a validate/test call counts its steps' x-axis from 0 (fit: over all runs)
+        router.eval_steps.clear()
     outer_stage, trainer.running_stage = trainer.running_stage, "sanity_check" if trainer.sanity_checking else stage
     try:
         with _no_grad(trainer), strategy.evaluation_context():
@@ -93,8 +95,12 @@ def _run_epoch(
         router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
         eval_batch = make_eval_batch(trainer, f"{prefix}_step", prefix, dataloader_idx if several else None)
         batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
+        pending = store.pending_step
         for batch_idx, batch, _ in batches:
             eval_batch(batch, batch_idx)
+            if pending:  # values logged with on_step=True go to the loggers now, as in Lightning
+                router.emit_eval_step(dict(pending), prefix, dataloader_idx)
+                pending.clear()
     router.dataloader_suffix = ""
     # Callbacks, then the module (trainer/hook_order.py); the callbacks see the epoch's values
     # of the steps, as in Lightning, which computes them when read.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
@@ -72,19 +73,23 @@ def fit_loop(trainer: Trainer) -> None:
         hooks("on_fit_end")
         return
     trainer.module.train()
+    # A fresh run opens its first epoch's loader here, before on_train_start, as Lightning does: that
+    # draws the loader's worker seed from the global generator, before what the hooks draw. Later
+    # epochs (and a resumed run's first) open theirs after on_train_epoch_start.
+    first_batches = _open_first_epoch(trainer) if p.epoch == 0 and p.batch_in_epoch == 0 else None
     # Values logged in on_train_start count towards the first epoch's (Lightning's rule).
-    first_store: MetricStore | None = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
-    assert first_store is not None
-    with trainer.metric_router.logging(first_store, EPOCH_DEFAULTS):
+    store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
+    with trainer.metric_router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_start")
+    first_store: MetricStore | None = store
     while not should_stop_training(trainer):
         if p.epoch_finished:
             p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
             if should_stop_training(trainer):
                 break
         with trainer.profiler.profile("run_training_epoch"):  # once an epoch: free when nothing profiles
-            train_epoch(trainer, trainer.window, first_store)
-        first_store = None
+            train_epoch(trainer, trainer.window, first_store, first_batches)
+        first_store = first_batches = None
     _drop_open_window(trainer, trainer.window)
     hooks("on_train_end")
     hooks("on_fit_end")
@@ -125,10 +130,24 @@ def no_training_batches(trainer: Trainer) -> bool:
     return True
 
 
-def train_epoch(trainer: Trainer, window: Window, store: MetricStore | None = None) -> None:
+def _open_first_epoch(trainer: Trainer) -> Iterator[tuple[int, Any, bool]]:
+    """The batches of a fresh run's first epoch, its loader's iterator created now."""
+    loader = trainer.loaders["fit"]
+    assert loader is not None
+    set_sampler_epoch(loader, 0)
+    return iterate(loader, num_batches(loader, trainer.limits["fit"]))
+
+
+def train_epoch(
+    trainer: Trainer,
+    window: Window,
+    store: MetricStore | None = None,
+    batches: Iterator[tuple[int, Any, bool]] | None = None,
+) -> None:
     """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order.
 
     ``store``: where the epoch's values go, holding what ``on_train_start`` logged (default: a new one).
+    ``batches``: the epoch's batches, when its loader was opened already (default: opened here).
     """
     p, hooks, router, preemption = trainer.progress, trainer.hooks, trainer.metric_router, trainer.preemption
     reload_every = trainer.reload_dataloaders_every_n_epochs
@@ -180,7 +199,8 @@ def train_epoch(trainer: Trainer, window: Window, store: MetricStore | None = No
         else:
             last_val_at = p.batch_in_epoch
     with router.logging(store, STEP_DEFAULTS):
-        batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
+        if batches is None:
+            batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
         # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
         for batch_idx, batch, is_last in profiled_iter(trainer.profiler, "train_dataloader_next", batches):
             steps_before = p.global_step
