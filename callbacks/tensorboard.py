@@ -234,6 +234,8 @@ class TensorBoardLogger(Logger):
         if step != self._epoch_written_at:
             numbers["epoch"] = trainer.current_epoch
             self._epoch_written_at = step
+        else:  # one epoch point per step (the trainer's rows carry it; the first one is written)
+            numbers.pop("epoch", None)
         self.log_metrics(numbers, step)
 
     @override

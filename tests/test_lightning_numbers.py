@@ -166,7 +166,7 @@ def test_reduce_fx_takes_what_lightning_takes(reduce_fx: Any, expected: float) -
 
 
 def test_reduce_fx_refuses_others_naming_them() -> None:
-    with pytest.raises(ValueError, match=r"reduce_fx='median'.*'mean', 'sum', 'max' or 'min'"):
+    with pytest.raises(ValueError, match=r"reduce_fx must be one of 'mean', 'sum', 'max', 'min'.*got 'median'"):
         _fit_logs("median")
 
 
@@ -194,5 +194,6 @@ def test_log_is_refused_where_lightning_refuses_it(hook: str) -> None:
     setattr(LogsThere, hook, log_there)
     trainer = quiet_trainer(max_epochs=1, callbacks=[LogsThere()])
     data = TensorDataset(torch.tensor([[1.0]]))
-    with pytest.raises(RuntimeError, match=rf"self.log\('x'\) was called in {hook}\b|self.log\('x'\) was called"):
+    where = "outside the steps" if hook == "setup" else f"in {hook}"
+    with pytest.raises(RuntimeError, match=rf"self.log\('x'\) was called {where}.*not supported"):
         trainer.fit(Logs(), DataLoader(data), DataLoader(data))

@@ -104,9 +104,9 @@ class MetricRouter:
         if store is None:
             where = f" in {self.refused_hook}" if self.refused_hook else " outside the steps and hooks of fit/validate/test"
             raise RuntimeError(
-                f"self.log({name!r}) was called{where}. As in Lightning, values are logged in the steps, the "
-                "batch and backward hooks, on_train_start, on_validation_start, on_test_start and the "
-                "on_*_epoch_start/end hooks; not in setup, on_fit_*, on_*_end, predict or checkpoint hooks"
+                f"self.log({name!r}) was called{where}: as in Lightning, logging is not supported in predict, "
+                "setup, teardown, on_fit_start/end, on_train/validation/test_end or checkpoint hooks. Log in "
+                "the steps, the batch and backward hooks, on_train/validation/test_start or on_*_epoch_start/end"
             )
         if on_step is None:
             on_step = self.defaults[0]

@@ -48,8 +48,9 @@ def reduce_fx_name(name: str, reduce_fx: Any) -> str:
             return found
     shown = getattr(reduce_fx, "__name__", reduce_fx)
     raise ValueError(
-        f"self.log({name!r}, reduce_fx={shown!r}) is not supported: use 'mean', 'sum', 'max' or 'min' "
-        "(or torch.mean/sum/max/min, or the built-in sum/max/min); for another reduction log a torchmetrics Metric"
+        f"self.log({name!r}): reduce_fx must be one of 'mean', 'sum', 'max', 'min' (any case, or 'avg'), "
+        f"torch.mean/sum/max/min or the built-in sum/max/min, got {shown!r}; for another reduction log a "
+        "torchmetrics Metric"
     )
 
 

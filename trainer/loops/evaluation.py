@@ -60,7 +60,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
         nums = [min(num, max_batches) for num in nums]
     set_num_batches(trainer, stage, nums)
     was_training = module.training
-    if trainer.stage == "fit" and overrides(module, "on_validation_model_zero_grad"):
+    if trainer.stage == "fit" and not trainer.sanity_checking and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
     store = MetricStore(strategy.reduce, epoch_agreement(trainer))

@@ -64,13 +64,15 @@ def fit_loop(trainer: Trainer) -> None:
 
     Validation loop: see :func:`~trainer.loops.evaluation.eval_loop`.
     """
-    p, hooks = trainer.progress, trainer.hooks
-    hooks("on_fit_start")
+    p, hooks, refusing = trainer.progress, trainer.hooks, trainer.metric_router.refusing
+    with refusing("on_fit_start"):  # self.log is refused by name where Lightning refuses it
+        hooks("on_fit_start")
     if validation_enabled(trainer) and trainer.num_sanity_val_steps != 0 and not trainer.fast_dev_run:
         sanity_check(trainer)
     assert trainer.module is not None
     if no_training_batches(trainer):
-        hooks("on_fit_end")
+        with refusing("on_fit_end"):
+            hooks("on_fit_end")
         return
     trainer.module.train()
     # A fresh run opens its first epoch's loader here, before on_train_start, as Lightning does: that
@@ -91,8 +93,10 @@ def fit_loop(trainer: Trainer) -> None:
             train_epoch(trainer, trainer.window, first_store, first_batches)
         first_store = first_batches = None
     _drop_open_window(trainer, trainer.window)
-    hooks("on_train_end")
-    hooks("on_fit_end")
+    with refusing("on_train_end"):
+        hooks("on_train_end")
+    with refusing("on_fit_end"):
+        hooks("on_fit_end")
 
 
 def no_training_batches(trainer: Trainer) -> bool:
