@@ -201,8 +201,8 @@ def ddp_whole(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 @pytest.mark.timeout(420)
 def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
-    # Each rank sees 5 batches per epoch (15 steps): validation after batches 4 and 5 of each epoch.
-    for n, point in enumerate(["STEP 2", "VAL 4", "STEP 7", "VAL 10", "STEP 13"]):
+    # Each rank sees 5 batches per epoch (15 steps): validation after batch 4 of each epoch (steps 4, 9, 14).
+    for n, point in enumerate(["STEP 2", "VAL 4", "STEP 7", "VAL 9", "STEP 13"]):
         kill_group_at(run, point, *DDP, "--delay", "0.1", *(["--resume"] if n else []))
     run_to_end(run, *DDP, "--resume")
     assert_same_weights(final_weights(run), ddp_whole)
