@@ -197,3 +197,29 @@ def test_log_is_refused_where_lightning_refuses_it(hook: str) -> None:
     where = "outside the steps" if hook == "setup" else f"in {hook}"
     with pytest.raises(RuntimeError, match=rf"self.log\('x'\) was called {where}.*not supported"):
         trainer.fit(Logs(), DataLoader(data), DataLoader(data))
+
+
+# ----------------------------------------------------------------------------- messages
+def test_max_epochs_unset_warns_as_lightning_and_means_1000() -> None:
+    with pytest.warns(UserWarning, match=r"`max_epochs` was not set. Setting it to 1000 epochs"):
+        trainer = Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    assert trainer.max_epochs == 1000
+
+
+def test_max_epochs_or_max_steps_set_does_not_warn() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer(max_steps=3, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+        Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+
+
+def test_lightnings_info_lines_for_one_and_one_point_zero(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    quiet_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1.0, val_check_interval=1)
+    assert caplog.messages == [
+        "`Trainer(limit_train_batches=1)` was configured so 1 batch per epoch will be used.",
+        "`Trainer(limit_val_batches=1.0)` was configured so 100% of the batches will be used.",
+        "`Trainer(val_check_interval=1)` was configured so validation will run after every batch.",
+    ]
