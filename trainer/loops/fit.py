@@ -1,8 +1,9 @@
 """The fit loop: epochs of training batches, validation when due, schedulers, stopping, preemption.
 
-Hooks named ``hook`` below call the module's method first, then every callback that overrides it.
-Where metrics are computed at an epoch's end, that happens between the two, so callbacks (checkpoint,
-early stopping, loggers) see what the module logged in its own epoch-end hook.
+Hooks named ``hook`` below call every callback that overrides it, then the module's method, with
+Lightning's exceptions, all declared in :mod:`trainer.hook_order`. At a training epoch's end the
+callbacks that monitor a metric (checkpointing, early stopping) run after the module and after the
+epoch's values are computed, so they see what the module logged in its own epoch-end hook.
 """
 
 from __future__ import annotations
@@ -34,13 +35,16 @@ def fit_loop(trainer: Trainer) -> None:
 
         on_fit_start
         on_sanity_check_start, validation loop on num_sanity_val_steps batches, on_sanity_check_end
+            (the random state is put back afterwards)
+        a fresh run's first epoch's loader iterator is created
         on_train_start
         for each epoch:
             every reload_dataloaders_every_n_epochs epochs: train/val loaders requested again
             on_train_epoch_start
+            (later epochs: the loader's iterator is created)
             for each batch:                                 (trainer/loops/step.py)
+                batch transfer hooks; batch = strategy.batch_to_device(batch)
                 on_train_batch_start(batch, i)              (module returning -1 ends the epoch)
-                batch = strategy.batch_to_device(batch)
                 for each micro-batch (one unless micro_batch_size):
                     with no_backward_sync(unless the window's last), forward_context():
                         out = training_step(batch, i)
@@ -55,10 +59,10 @@ def fit_loop(trainer: Trainer) -> None:
                 on_train_batch_end(out, batch, i)
                 step values to loggers every log_every_n_steps steps
                 preemption: after an optimizer step, save last.ckpt and stop if a signal came
-                validation loop when val_check_interval says so
-            validation loop at the epoch's end (if it did not just run)
-            module.on_train_epoch_end; epoch values computed and logged
-            epoch-interval schedulers; callbacks' on_train_epoch_end
+                validation loop after every val_check_interval-th batch (Lightning's rule)
+            validation loop at the epoch's end only for a loader without a length
+            other callbacks' on_train_epoch_end; module.on_train_epoch_end; epoch values computed and logged
+            epoch-interval schedulers; checkpointing and early stopping callbacks' on_train_epoch_end
         on_train_end
         on_fit_end
 
