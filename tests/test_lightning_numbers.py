@@ -47,7 +47,11 @@ def _loaders(n: int) -> tuple[DataLoader[Any], DataLoader[Any]]:
 SCHEDULES = [
     (10, {"val_check_interval": 1 / 3}, [(0, 2), (0, 5), (0, 8), (1, 2), (1, 5), (1, 8)]),
     (9, {"val_check_interval": 1 / 3}, [(0, 2), (0, 5), (0, 8), (1, 2), (1, 5), (1, 8)]),
-    (10, {"val_check_interval": 0.25}, [(0, 1), (0, 3), (0, 5), (0, 7), (0, 9), (1, 1), (1, 3), (1, 5), (1, 7), (1, 9)]),
+    (
+        10,
+        {"val_check_interval": 0.25},
+        [(0, 1), (0, 3), (0, 5), (0, 7), (0, 9), (1, 1), (1, 3), (1, 5), (1, 7), (1, 9)],
+    ),
     (10, {"val_check_interval": 4}, [(0, 3), (0, 7), (1, 3), (1, 7)]),
     (10, {"val_check_interval": 4, "check_val_every_n_epoch": None}, [(0, 3), (0, 7), (1, 1), (1, 5), (1, 9)]),
     (10, {"val_check_interval": 12, "check_val_every_n_epoch": None}, [(1, 1)]),

@@ -102,7 +102,9 @@ class MetricRouter:
         """Back end of ``TrainModule.log`` (arguments in its order; positional, as it runs every step)."""
         store = self.store
         if store is None:
-            where = f" in {self.refused_hook}" if self.refused_hook else " outside the steps and hooks of fit/validate/test"
+            where = (
+                f" in {self.refused_hook}" if self.refused_hook else " outside the steps and hooks of fit/validate/test"
+            )
             raise RuntimeError(
                 f"self.log({name!r}) was called{where}: as in Lightning, logging is not supported in predict, "
                 "setup, teardown, on_fit_start/end, on_train/validation/test_end or checkpoint hooks. Log in "

@@ -8,7 +8,6 @@ the progress bar, logger and checkpoint a run gets unless the user gave their ow
 from __future__ import annotations
 
 import logging
-
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -87,14 +86,14 @@ def loop_options(
                 UserWarning,
                 stacklevel=3,
             )
-    for name, value in (
+    for option, given in (
         ("limit_train_batches", limit_train_batches),
         ("limit_val_batches", limit_val_batches),
         ("limit_test_batches", limit_test_batches),
         ("limit_predict_batches", limit_predict_batches),
         ("val_check_interval", val_check_interval),
     ):
-        _say_what_one_means(name, value)
+        _say_what_one_means(option, given)
     check_limit("overfit_batches", overfit_batches)
     if max_epochs is not None and max_epochs < -1:
         raise ValueError(f"max_epochs must be >= -1 or None, got {max_epochs}")
@@ -262,7 +261,10 @@ def check_module(module: Any) -> None:
 
 _ONE_MEANS = {
     "limit_train_batches": ("1 batch per epoch will be used.", "100% of the batches per epoch will be used."),
-    "val_check_interval": ("validation will run after every batch.", "validation will run at the end of the training epoch."),
+    "val_check_interval": (
+        "validation will run after every batch.",
+        "validation will run at the end of the training epoch.",
+    ),
 }
 
 
