@@ -227,3 +227,20 @@ def test_lightnings_info_lines_for_one_and_one_point_zero(caplog: pytest.LogCapt
         "`Trainer(limit_val_batches=1.0)` was configured so 100% of the batches will be used.",
         "`Trainer(val_check_interval=1)` was configured so validation will run after every batch.",
     ]
+
+
+def test_callbacks_log_through_the_module_where_lightning_allows_it() -> None:
+    """Lightning's ``Callback`` has no ``log``; ``pl_module.log`` from its hooks works as from the module's."""
+
+    class Logs(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+            pl_module.log("from_train_start", 2.0)
+
+        def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+            pl_module.log("from_epoch_end", 3.0)
+
+    trainer = quiet_trainer(max_epochs=1, callbacks=[Logs()])
+    trainer.fit(Recorder(), *_loaders(2))
+    assert not hasattr(Callback, "log")
+    assert float(trainer.callback_metrics["from_train_start"]) == 2.0
+    assert float(trainer.callback_metrics["from_epoch_end"]) == 3.0
