@@ -387,9 +387,8 @@ class Trainer(TrainerAttributes):
         run_trial(self, callback, steps, reload_dataloaders)
 
     def _to_loggers(self, metrics: dict[str, torch.Tensor], step: int, with_epoch: bool = True) -> None:
-        if with_epoch and "epoch" not in metrics:  # Lightning adds the epoch to every row but evaluation steps'
-            metrics = {**metrics, "epoch": torch.tensor(self.current_epoch)}
-        self.hooks.callbacks_only("on_log_metrics", metrics, step)
+        epoch = {"epoch": torch.tensor(self.current_epoch)} if with_epoch else {}  # Lightning's rows carry it
+        self.hooks.callbacks_only("on_log_metrics", {**epoch, **metrics}, step)
 
     def _is_sanity_checking(self) -> bool:
         return self.sanity_checking
