@@ -56,8 +56,10 @@ class EarlyStopping(Callback):
         stopping_threshold: stop once the value is better than this (the goal is reached).
         divergence_threshold: stop once the value is worse than this (no point going on).
         check_on_train_epoch_end: ``False`` checks after every validation pass (also mid-epoch,
-            with ``val_check_interval``); ``True`` or ``None`` at each training epoch's end, on epochs
-            whose value was updated (with per-epoch validation both are the same moment).
+            with ``val_check_interval``); ``True`` at each training epoch's end, on epochs whose
+            value was updated. ``None`` (Lightning's rule): at the epoch's end when validation runs
+            once every epoch (``val_check_interval=1.0``, ``check_val_every_n_epoch=1``), else after
+            every validation pass.
         log_rank_zero_only: print on rank 0 only; otherwise every rank prints, prefixed ``[rank: N]``.
         stream: where to print (default: standard output); giving one turns printing on.
 
@@ -102,6 +104,8 @@ class EarlyStopping(Callback):
         self.stream = stream
         self.strict = strict
         self.check_on_train_epoch_end = check_on_train_epoch_end
+        #: Whether to check after every validation pass rather than at epoch ends (resolved in setup).
+        self._after_validation = check_on_train_epoch_end is False
         self.log_rank_zero_only = log_rank_zero_only
         self.wait_count = 0
         self.best_score = math.inf if mode == "min" else -math.inf
@@ -156,15 +160,22 @@ class EarlyStopping(Callback):
         return False, ""
 
     @override
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        once_an_epoch = trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
+        self._after_validation = self.check_on_train_epoch_end is False or (
+            self.check_on_train_epoch_end is None and not once_an_epoch
+        )
+
+    @override
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.sanity_checking and trainer.stage == "fit":
             self._monitor.validated = True
-            if self.check_on_train_epoch_end is False:
+            if self._after_validation:
                 self._check(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self.check_on_train_epoch_end is not False:
+        if not self._after_validation:
             self._check(trainer)
 
     def _check(self, trainer: Trainer) -> None:

@@ -240,10 +240,12 @@ class TensorBoardLogger(Logger):
             return
         numbers = {key: float(value) for key, value in metrics.items()}  # one device sync per value, here only
         if self._in_validation:
-            self._val_metrics.update(self._with_prefix(numbers))
+            self._val_metrics.update(self._with_prefix({k: v for k, v in numbers.items() if k != "epoch"}))
         if step != self._epoch_written_at:
             numbers["epoch"] = trainer.current_epoch
             self._epoch_written_at = step
+        else:  # one epoch point per step (the trainer's rows carry it; the first one is written)
+            numbers.pop("epoch", None)
         self.log_metrics(numbers, step)
 
     @override

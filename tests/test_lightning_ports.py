@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.ports import digits_port, gan_port
+from tests.helpers import REPO_ROOT
+from tests.ports import digits_port, gan_port, numbers_ports
+
+LIGHTNING_WEIGHTS = REPO_ROOT / "tests" / "data" / "lightning" / "ports_numbers.pt"
 
 
 def _image_tags(log_dir: str) -> set[str]:
@@ -103,3 +106,18 @@ def test_gan_example_under_ddp(tmp_path: Path) -> None:
     assert result["current_epoch"] == 2
     assert {"train/generated_images", "validation/generated_images"} <= _image_tags(result["log_dir"])
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(numbers_ports.PROGRAMS))
+def test_programs_end_with_lightnings_weights_bit_for_bit(name: str) -> None:
+    """Same seed, same program, same final weights as Lightning 2.6.6 on the CPU: random draws (shuffling,
+    augmentation, dropout, validation's draws), hook order and validation schedule are Lightning's.
+
+    The weights were recorded by ``tests/data/lightning/record_ports.py`` (re-run it against Lightning
+    after changing a program)."""
+    torch.set_num_threads(1)
+    recorded = torch.load(LIGHTNING_WEIGHTS, weights_only=True)[name]
+    ours = numbers_ports.PROGRAMS[name]()
+    assert ours.keys() == recorded.keys()
+    for key, value in recorded.items():
+        assert torch.equal(ours[key], value), f"{name}: {key} differs from Lightning's"

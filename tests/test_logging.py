@@ -66,7 +66,9 @@ def test_step_and_epoch_suffixes_and_weighted_mean(make_trainer: Any) -> None:
     trainer = make_trainer(max_epochs=1, log_every_n_steps=1, callbacks=[recorder])
     trainer.fit(M(), make_loader(10, 4))
     x0 = make_dataset(10).tensors[0][:, 0]
-    assert [sorted(m) for _, m in recorder.records] == [["x0_step"]] * 3 + [["x0_epoch"]]
+    assert [sorted(m) for _, m in recorder.records] == [["epoch", "x0_step"]] * 3 + [
+        ["epoch", "x0_epoch"]
+    ]  # Lightning adds epoch
     assert recorder.records[2][1]["x0_step"] == pytest.approx(float(x0[8:].mean()))
     # The plain mean of the three batch means would differ: the last batch has only 2 samples.
     assert float(trainer.callback_metrics["x0_epoch"]) == pytest.approx(float(x0.mean()), abs=1e-6)
@@ -178,11 +180,11 @@ def test_loggers_receive_step_values_every_n_steps(make_trainer: Any) -> None:
     recorder = LogRecorder()
     trainer = make_trainer(max_epochs=1, log_every_n_steps=2, callbacks=[recorder])
     trainer.fit(M(), make_loader(10, 2), make_loader(4, 2))  # 5 steps
-    assert recorder.keys_at() == [
-        (1, {"loss_step", "idx"}),
-        (3, {"loss_step", "idx"}),
-        (4, {"val_loss"}),
-        (4, {"loss_epoch"}),
+    assert recorder.keys_at() == [  # every row carries the epoch, as Lightning's do
+        (1, {"loss_step", "idx", "epoch"}),
+        (3, {"loss_step", "idx", "epoch"}),
+        (4, {"val_loss", "epoch"}),
+        (4, {"loss_epoch", "epoch"}),
     ]
     assert [m["idx"] for _, m in recorder.records[:2]] == [1.0, 3.0]
     assert set(trainer.logged_metrics) == {"loss_step", "idx", "val_loss", "loss_epoch"}

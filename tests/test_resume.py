@@ -84,9 +84,11 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
 def test_kill_9_at_five_points_then_resume_is_exact(
     tmp_path: Path, workers: str, uninterrupted: dict[str, dict[str, torch.Tensor]]
 ) -> None:
-    # Mid-epoch, right after a mid-epoch validation, right after the end-of-epoch validation, and
-    # later mid-epoch points; each at least two steps after the previous one (a kill may land a step late).
-    kill_points = ["STEP 3", "VAL 8", "VAL 10", "STEP 15", "VAL 18", "STEP 24"]
+    # Mid-epoch, right after a mid-epoch validation, at the epoch's last batch, right after the first
+    # validation of an epoch, and later points; each at least two steps after the previous one (a
+    # kill may land a step late). Validation draws random numbers, which the run goes on from (as
+    # Lightning's), and every kill lands before or after one: the resumed run must draw the same.
+    kill_points = ["STEP 3", "VAL 8", "STEP 10", "VAL 14", "VAL 18", "STEP 24"]
     for n, point in enumerate(kill_points):
         args = ["--workers", workers, "--delay", "0.1"] + (["--resume"] if n else [])
         proc = run_until(tmp_path, point, *args)
@@ -199,8 +201,8 @@ def ddp_whole(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 @pytest.mark.timeout(420)
 def test_ddp_kill_9_at_five_points_then_resume_is_exact(tmp_path: Path, ddp_whole: dict[str, torch.Tensor]) -> None:
     run = tmp_path / "run"
-    # Each rank sees 5 batches per epoch (15 steps): validation after batches 4 and 5 of each epoch.
-    for n, point in enumerate(["STEP 2", "VAL 4", "STEP 7", "VAL 10", "STEP 13"]):
+    # Each rank sees 5 batches per epoch (15 steps): validation after batch 4 of each epoch (steps 4, 9, 14).
+    for n, point in enumerate(["STEP 2", "VAL 4", "STEP 7", "VAL 9", "STEP 13"]):
         kill_group_at(run, point, *DDP, "--delay", "0.1", *(["--resume"] if n else []))
     run_to_end(run, *DDP, "--resume")
     assert_same_weights(final_weights(run), ddp_whole)

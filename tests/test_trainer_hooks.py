@@ -1,4 +1,5 @@
-"""Hooks fire in the order documented in ``trainer/loops/fit.py`` and ``trainer/loops/evaluation.py`` (``fit_loop``, ``eval_loop``)."""
+"""Hooks fire in the order documented in ``trainer/loops`` (``fit_loop`` and ``eval_loop``), callbacks and
+module in the order :mod:`trainer.hook_order` declares (Lightning's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
+from trainer.hook_order import dispatch
 from trainer.module_hooks import ModelHooks
 
 # The notification hooks (the base class's do-nothing ones; TrainModule takes them from ModelHooks).
@@ -55,8 +57,9 @@ for _name in HOOKS:
 
 
 def both(*hooks: str) -> list[str]:
-    """Each hook on the module, then on the callback (the documented dispatch order)."""
-    return [call for hook in hooks for call in (hook, f"cb.{hook}")]
+    """Each hook on the module and on the (non-monitoring) callback, in :func:`~trainer.hook_order.dispatch`'s order."""
+    sides = {"module": "{}", "callbacks": "cb.{}", "others": "cb.{}", "monitors": None}
+    return [side.format(hook) for hook in hooks for name in dispatch(hook) if (side := sides[name]) is not None]
 
 
 def eval_sequence(prefix: str, batches: int, logged: bool) -> list[str]:
@@ -64,7 +67,7 @@ def eval_sequence(prefix: str, batches: int, logged: bool) -> list[str]:
     seq = both(f"on_{prefix}_start", f"on_{prefix}_epoch_start")
     for _ in range(batches):
         seq += [*both(f"on_{prefix}_batch_start"), step, *both(f"on_{prefix}_batch_end")]
-    seq += [f"on_{prefix}_epoch_end"] + (["cb.on_log_metrics"] if logged else []) + [f"cb.on_{prefix}_epoch_end"]
+    seq += both(f"on_{prefix}_epoch_end") + (["cb.on_log_metrics"] if logged else [])
     return seq + both(f"on_{prefix}_end")
 
 
@@ -102,7 +105,7 @@ def test_accumulation_calls_step_hooks_once_per_window(make_trainer: Any) -> Non
     calls: list[str] = []
     trainer = make_trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[HookCallback(calls)])
     trainer.fit(HookModule(calls), make_loader(6, 2))  # 3 batches: windows [0, 1] and [2]
-    start = calls.index("on_train_epoch_start") + 2
+    start = calls.index("on_train_epoch_start") + 1
     expected = train_batch_sequence(steps=False) + train_batch_sequence(steps=True) * 2
     assert calls[start : start + len(expected)] == expected
     assert trainer.global_step == 2
@@ -213,7 +216,7 @@ def test_loss_equal_to_minus_one_does_not_end_the_epoch() -> None:
     assert trainer.global_step == 4
 
 
-def test_hooks_dispatch_module_then_callbacks_in_order() -> None:
+def test_hooks_dispatch_callbacks_in_order_then_module() -> None:
     calls: list[str] = []
 
     class Recorder(Callback):
@@ -237,4 +240,4 @@ def test_hooks_dispatch_module_then_callbacks_in_order() -> None:
     )
     trainer.fit(module, train_dataloaders=make_batches(5))
     assert trainer.global_step == 2  # the module's -1 ended the epoch at batch 2
-    assert calls == ["instance", "module", "a", "b"] * 2
+    assert calls == ["instance", "a", "b", "module"] * 2  # on_after_backward, then on_before_zero_grad

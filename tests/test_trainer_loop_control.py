@@ -56,7 +56,7 @@ def fit(make_trainer: Any, train_batches: int = 10, val_batches: int = 3, **kwar
         pytest.param(0.5, [5, 10], id="half"),
         pytest.param(0.25, [2, 4, 6, 8, 10], id="quarter-plus-epoch-end"),
         pytest.param(1.0, [10], id="one"),
-        pytest.param(4, [4, 8, 10], id="every-4-batches-plus-epoch-end"),
+        pytest.param(4, [4, 8], id="every-4-batches-no-extra-run-at-the-epoch-end"),  # Lightning's rule
         pytest.param(5, [5, 10], id="every-5-batches"),
     ],
 )

@@ -160,9 +160,12 @@ class TrainerAttributes:
         return self.metric_router.logged_metrics
 
     @property
-    def progress_bar_metrics(self) -> dict[str, torch.Tensor]:
-        """Latest values logged with ``prog_bar=True``."""
-        return self.metric_router.progress_bar_metrics
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """Latest values logged with ``prog_bar=True``, as Python numbers (Lightning's: the bar shows them)."""
+        return {
+            key: value.item() if isinstance(value, torch.Tensor) else value
+            for key, value in self.metric_router.progress_bar_metrics.items()
+        }
 
     @property
     def preempted(self) -> bool:

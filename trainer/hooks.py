@@ -1,7 +1,8 @@
 """Hook dispatch: who is called, in which order, for every moment of a run.
 
-A hook named ``on_x`` runs the module's method first, then every callback whose class overrides it,
-in the order the callbacks were given. Which callbacks override which hook is worked out once when
+A hook named ``on_x`` runs every callback whose class overrides it, in the order the callbacks were
+given, then the module's method: Lightning's order, with its exceptions, declared once in
+:mod:`trainer.hook_order`. Which callbacks override which hook is worked out once when
 the trainer is built (:func:`callbacks.base.overridden_hooks`), and the callables of a run are resolved
 on first use, so a hook that neither the module nor any callback overrides costs one dict lookup, and
 the loops can ask :meth:`HookDispatch.overridden` once per epoch and skip it altogether.
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback, check_hooks, overridden_hooks
+from trainer.hook_order import MODULE_FIRST
 from trainer.profilers.base import Profiler, is_active, profiled
 
 if TYPE_CHECKING:
@@ -54,15 +56,19 @@ class HookDispatch:
         self._profiler = profiler if is_active(profiler) else None
 
     def __call__(self, hook: str, *args: Any) -> Any:
-        """Call the module's ``hook`` and then every callback overriding it; return the module's result."""
+        """Call every callback overriding ``hook``, then the module's (:mod:`trainer.hook_order`); return the module's result."""
         try:
             module_fn, callback_fns = self._resolved[hook]
         except KeyError:
             module_fn, callback_fns = self._resolved[hook] = self._resolve(hook)
-        out = module_fn(*args) if module_fn is not None else None
+        if hook in MODULE_FIRST:
+            out = module_fn(*args) if module_fn is not None else None
+            for fn in callback_fns:
+                fn(*args)
+            return out
         for fn in callback_fns:
             fn(*args)
-        return out
+        return module_fn(*args) if module_fn is not None else None
 
     def module(self, hook: str, *args: Any) -> Any:
         """Call only the module's ``hook`` (for epoch ends, where metrics are computed in between)."""
@@ -72,14 +78,21 @@ class HookDispatch:
                 return getattr(self._module, hook)(*args)
         return getattr(self._module, hook)(*args)
 
-    def callbacks_only(self, hook: str, *args: Any) -> None:
-        """Call only the callbacks overriding ``hook`` (hooks the module does not have, e.g. ``on_log_metrics``)."""
+    def callbacks_only(self, hook: str, *args: Any, monitors: bool | None = None) -> None:
+        """Call only the callbacks overriding ``hook`` (hooks the module does not have, e.g. ``on_log_metrics``).
+
+        ``monitors``: True for only the callbacks that monitor a metric (checkpointing, early
+        stopping), False for only the others, None for all (see :mod:`trainer.hook_order`).
+        """
+        callbacks = self._by_hook[hook]
+        if monitors is not None:
+            callbacks = [cb for cb in callbacks if _monitors(cb) is monitors]
         if self._profiler is not None:
-            for cb in self._by_hook[hook]:
+            for cb in callbacks:
                 with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
                     getattr(cb, hook)(self._owner, self._module, *args)
             return
-        for cb in self._by_hook[hook]:
+        for cb in callbacks:
             getattr(cb, hook)(self._owner, self._module, *args)
 
     def overridden(self, hook: str) -> bool:
@@ -152,3 +165,11 @@ def is_overridden(method_name: str, instance: object | None = None, parent: type
         return True
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     return code is None or code is not getattr(getattr(parent_fn, "__func__", parent_fn), "__code__", None)
+
+
+def _monitors(cb: Callback) -> bool:
+    """Whether ``cb`` is one of the callbacks Lightning calls after the module in ``on_train_epoch_end``."""
+    from callbacks.base import Checkpoint
+    from callbacks.early_stopping import EarlyStopping
+
+    return isinstance(cb, (Checkpoint, EarlyStopping))

@@ -28,9 +28,6 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound="TrainModule")
 
-#: ``reduce_fx`` callables ``self.log`` accepts, by the name the metric store uses.
-_REDUCE_CALLABLES: dict[Any, str] = {torch.mean: "mean", torch.max: "max", torch.min: "min", torch.sum: "sum"}
-
 __all__ = ["DataModule", "TrainModule"]
 
 
@@ -221,7 +218,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         ``logger=False`` keeps the value out of the loggers (it stays in ``callback_metrics``);
         ``rank_zero_only=True`` records it on rank 0 only (other ranks' ``callback_metrics`` lack it,
         so do not monitor it from callbacks that must agree across ranks). ``reduce_fx`` may be
-        ``torch.mean``/``max``/``min``/``sum``. ``metric_attribute`` is accepted and not needed
+        any name or function Lightning takes (``"mean"``, ``"avg"``, ``torch.max``, the built-in ``max``...). ``metric_attribute`` is accepted and not needed
         (a logged ``Metric`` is kept by reference). ``enable_graph=True`` and ``sync_dist_group``
         are refused.
         """
@@ -369,16 +366,10 @@ def _check_loggable(name: str, value: Any) -> None:
 
 
 def _reduce_name(name: str, reduce_fx: Any) -> str:
-    """``reduce_fx`` as the metric store names it: a string, or torch.mean/max/min/sum."""
-    if isinstance(reduce_fx, str):
-        return reduce_fx
-    found = _REDUCE_CALLABLES.get(reduce_fx)
-    if found is None:
-        raise ValueError(
-            f"self.log({name!r}, reduce_fx={getattr(reduce_fx, '__name__', reduce_fx)!r}) is not supported: "
-            "use 'mean', 'sum', 'max', 'min' or torch.mean/torch.sum/torch.max/torch.min"
-        )
-    return found
+    """``reduce_fx`` as the metric store names it (see :func:`trainer.metrics.store.reduce_fx_name`)."""
+    from trainer.metrics.store import reduce_fx_name
+
+    return reduce_fx_name(name, reduce_fx)
 
 
 def _gather_with_grads(x: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ the progress bar, logger and checkpoint a run gets unless the user gave their ow
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import torch
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
+
+log = logging.getLogger("trainer")
 
 __all__ = ["LoopOptions", "check_module", "default_callbacks", "loop_options", "resolve_classes"]
 
@@ -83,6 +86,21 @@ def loop_options(
             raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
     if max_epochs is None and max_steps == -1 and max_time is None:
         max_epochs = 1000  # Lightning's rule; -1 means "no limit" explicitly
+        if not fast_dev_run:
+            warnings.warn(
+                "`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, "
+                "set `max_epochs=-1`.",
+                UserWarning,
+                stacklevel=3,
+            )
+    for option, given in (
+        ("limit_train_batches", limit_train_batches),
+        ("limit_val_batches", limit_val_batches),
+        ("limit_test_batches", limit_test_batches),
+        ("limit_predict_batches", limit_predict_batches),
+        ("val_check_interval", val_check_interval),
+    ):
+        _say_what_one_means(option, given)
     check_limit("overfit_batches", overfit_batches)
     if max_epochs is not None and max_epochs < -1:
         raise ValueError(f"max_epochs must be >= -1 or None, got {max_epochs}")
@@ -246,3 +264,23 @@ def check_module(module: Any) -> None:
             f"{type(module).__name__} does not define training_step(self, batch, batch_idx); "
             "the trainer has nothing to train"
         )
+
+
+_ONE_MEANS = {
+    "limit_train_batches": ("1 batch per epoch will be used.", "100% of the batches per epoch will be used."),
+    "val_check_interval": (
+        "validation will run after every batch.",
+        "validation will run at the end of the training epoch.",
+    ),
+}
+
+
+def _say_what_one_means(name: str, value: Any) -> None:
+    """Lightning's info line for a ``1`` (a batch count) or ``1.0`` (a fraction) passed explicitly."""
+    if value is None or isinstance(value, bool) or value != 1:
+        return
+    as_int, as_float = _ONE_MEANS.get(name, ("1 batch will be used.", "100% of the batches will be used."))
+    if isinstance(value, int):
+        log.info(f"`Trainer({name}=1)` was configured so {as_int}")
+    else:
+        log.info(f"`Trainer({name}=1.0)` was configured so {as_float}")

@@ -24,6 +24,10 @@ class Progress:
         nonfinite_in_a_row: such steps since the last good one.
         batches_before_epoch: training batches of the finished epochs (for validation every n batches
             across epochs, ``check_val_every_n_epoch=None``).
+        validated_at: ``batches_before_epoch + batch_in_epoch`` when the latest validation inside the
+            training loop started (-1: none yet). A resume from a checkpoint saved after a batch at
+            which validation was due, but before it ran (``on_train_batch_end``, a preemption save),
+            runs that validation first, so it draws its random numbers as the uninterrupted run did.
     """
 
     epoch: int = 0
@@ -35,6 +39,7 @@ class Progress:
     nonfinite_skipped: int = 0
     nonfinite_in_a_row: int = 0
     batches_before_epoch: int = 0
+    validated_at: int = -1
 
     def state_dict(self) -> dict[str, Any]:
         """The counters as a plain dict."""

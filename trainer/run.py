@@ -93,8 +93,8 @@ def run_stage(
         _prepare_data(t, module, datamodule)
         if datamodule is not None:
             datamodule.setup(stage)
+        state.hooks.callbacks_only("setup", stage)  # data module, callbacks, module (trainer/hook_order.py)
         module.setup(stage)
-        state.hooks.callbacks_only("setup", stage)
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank
         t.profiler.setup(stage, local_rank=t.strategy.local_rank, log_dir=t.log_dir)
@@ -143,11 +143,11 @@ def run_stage(
     finally:
         state.running_stage = None
         t.preemption.restore()
-        state.hooks.callbacks_only("teardown", stage)
-        t.checkpointing.close()
-        module.teardown(stage)
         if datamodule is not None:
             datamodule.teardown(stage)
+        state.hooks.callbacks_only("teardown", stage)  # data module, callbacks, module (trainer/hook_order.py)
+        t.checkpointing.close()
+        module.teardown(stage)
         t.strategy.teardown()
         t.profiler.describe()  # rank 0 prints the report and writes it to the log directory
         t.profiler.teardown(stage)
@@ -174,7 +174,7 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
         "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
         "metrics": [
             {k: v.detach().to(cpu) for k, v in metrics.items()}
-            for metrics in (t.callback_metrics, t.logged_metrics, t.progress_bar_metrics)
+            for metrics in (t.callback_metrics, t.logged_metrics, t.metric_router.progress_bar_metrics)
         ],
     }
 

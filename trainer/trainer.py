@@ -358,8 +358,9 @@ class Trainer(TrainerAttributes):
 
         run_trial(self, callback, steps, reload_dataloaders)
 
-    def _to_loggers(self, metrics: dict[str, torch.Tensor], step: int) -> None:
-        self.hooks.callbacks_only("on_log_metrics", metrics, step)
+    def _to_loggers(self, metrics: dict[str, torch.Tensor], step: int, with_epoch: bool = True) -> None:
+        epoch = {"epoch": torch.tensor(self.current_epoch)} if with_epoch else {}  # Lightning's rows carry it
+        self.hooks.callbacks_only("on_log_metrics", {**epoch, **metrics}, step)
 
     def _is_sanity_checking(self) -> bool:
         return self.run_state.sanity_checking

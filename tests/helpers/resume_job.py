@@ -1,7 +1,9 @@
 """A small training job for the resume tests, run as a subprocess that the tests kill.
 
 It uses every source of randomness an exact resume must reproduce: a shuffled sampler, dropout,
-an augmentation drawing from torch's RNG in ``__getitem__``, and validation in the middle of epochs.
+an augmentation drawing from torch's RNG in ``__getitem__`` (validation data too), draws in
+``validation_step``, and validation in the middle of epochs (every 4 of 10 batches, as Lightning:
+none extra at an epoch's end).
 Each optimizer step saves ``last.ckpt``; the job prints ``STEP n`` after each step and ``VAL n``
 after each validation, so a test can kill it at a chosen point.
 
@@ -55,6 +57,7 @@ class Net(TrainModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         self.log("val/loss", nn.functional.cross_entropy(self.net(x), y))
+        self.log("val/draw", torch.rand(()))  # validation consumes random numbers, as MC dropout would
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=0.01)

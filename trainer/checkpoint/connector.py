@@ -131,8 +131,8 @@ class CheckpointConnector:
             state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
             if t.datamodule is not None:
                 state["datamodule"] = t.datamodule.state_dict()
+        t.hooks.callbacks_only("on_save_checkpoint", state)  # callbacks first (trainer/hook_order.py)
         t.module.on_save_checkpoint(state)
-        t.hooks.callbacks_only("on_save_checkpoint", state)
         return state
 
     def training_state(self, sharded: bool = False) -> dict[str, Any]:

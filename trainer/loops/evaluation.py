@@ -41,17 +41,23 @@ def eval_loop(
 
     Hook order (``X`` is ``validation`` or ``test``)::
 
+        on_X_model_eval
         on_X_start, on_X_epoch_start
-        for each batch: on_X_batch_start(batch, i); X_step(batch, i) under forward_context;
-                        on_X_batch_end(out, batch, i)
-        module.on_X_epoch_end; epoch values computed and logged; callbacks' on_X_epoch_end
+        for each batch: batch transfer hooks; on_X_batch_start(batch, i);
+                        X_step(batch, i) under forward_context; on_X_batch_end(out, batch, i)
+        on_X_epoch_end; epoch values computed and logged
         on_X_end
+        on_X_model_train
+
+    Each hook runs the callbacks' first, then the module's (:mod:`trainer.hook_order`).
 
     Several loaders run one after another; ``X_step`` and the batch hooks then get ``dataloader_idx``
     as their last argument, and logged names end in ``/dataloader_idx_N``.
 
-    Returns the epoch-level values (tensors). Python's, NumPy's and torch's random states are the
-    same after the loop as before it.
+    Returns the epoch-level values (tensors). Random numbers drawn here (a shuffled loader's order,
+    dropout left on, ``torch.rand`` in a step) are drawn from the global generators, and the run goes
+    on from where they leave them, as in Lightning; only the sanity check puts them back
+    (:func:`sanity_check`).
     """
     prefix = "validation" if stage == "validate" else "test"
     module, strategy, hooks, router = state.module, trainer.strategy, state.hooks, trainer.metric_router
@@ -68,41 +74,54 @@ def eval_loop(
         for loader in loaders:
             set_sampler_epoch(loader, state.progress.epoch)
     modes = module_modes(module)
-    if state.fn == "fit" and overrides(module, "on_validation_model_zero_grad"):
+    if state.fn == "fit" and not state.sanity_checking and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
     store = MetricStore(strategy.reduce, epoch_agreement(trainer))
-    # Evaluation leaves the random state as it found it (creating a DataLoader iterator draws from it),
-    # so a run resumed from a checkpoint taken before a validation continues exactly.
-    rng_before = rng_state()
-    several = len(loaders) > 1
+    if state.fn != "fit":  # a validate/test call counts its steps' x-axis from 0 (fit: over all runs)
+        router.eval_steps.clear()
     outer_stage, state.running_stage = state.running_stage, "sanity_check" if state.sanity_checking else stage
     try:
-        with router.logging(store, EPOCH_DEFAULTS), _no_grad(trainer), strategy.evaluation_context():
-            hooks(f"on_{prefix}_start")
-            hooks(f"on_{prefix}_epoch_start")
-            for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums)):
-                # Lightning's rule: with several loaders, steps and batch hooks get ``dataloader_idx``
-                # and logged names the ``/dataloader_idx_N`` suffix.
-                router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
-                eval_batch = make_eval_batch(
-                    trainer, state, f"{prefix}_step", prefix, dataloader_idx if several else None
-                )
-                batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
-                for batch_idx, batch, _ in batches:
-                    eval_batch(batch, batch_idx)
-            router.dataloader_suffix = ""
-            hooks.module(f"on_{prefix}_epoch_end")
-            values = router.publish_epoch(store, max(state.progress.global_step - 1, 0))
-            hooks.callbacks_only(f"on_{prefix}_epoch_end")
-            hooks(f"on_{prefix}_end")
+        with _no_grad(trainer), strategy.evaluation_context():
+            with router.logging(store, EPOCH_DEFAULTS):
+                values = _run_epoch(trainer, state, prefix, loaders, nums, store)
+            with router.refusing(f"on_{prefix}_end"):
+                hooks(f"on_{prefix}_end")
     finally:
         state.running_stage = outer_stage
         router.dataloader_suffix = ""
         store.reset()
         model_mode(module, f"on_{prefix}_model_train", modes)
-        set_rng_state(rng_before)
     return values
+
+
+def _run_epoch(
+    trainer: Trainer, state: RunState, prefix: str, loaders: list[Any], nums: list[float], store: MetricStore
+) -> dict[str, torch.Tensor]:
+    """The part of :func:`eval_loop` where ``self.log`` is allowed: from ``on_X_start`` to the epoch's values."""
+    hooks, router = state.hooks, trainer.metric_router
+    several = len(loaders) > 1
+    hooks(f"on_{prefix}_start")
+    hooks(f"on_{prefix}_epoch_start")
+    for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums)):
+        # Lightning's rule: with several loaders, steps and batch hooks get ``dataloader_idx``
+        # and logged names the ``/dataloader_idx_N`` suffix.
+        router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
+        eval_batch = make_eval_batch(trainer, state, f"{prefix}_step", prefix, dataloader_idx if several else None)
+        batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
+        pending = store.pending_step
+        for batch_idx, batch, _ in batches:
+            eval_batch(batch, batch_idx)
+            if pending:  # values logged with on_step=True go to the loggers now, as in Lightning
+                router.emit_eval_step(dict(pending), prefix, dataloader_idx)
+                pending.clear()
+    router.dataloader_suffix = ""
+    # Callbacks, then the module (trainer/hook_order.py); the callbacks see the epoch's values
+    # of the steps, as in Lightning, which computes them when read.
+    if hooks.overridden(f"on_{prefix}_epoch_end"):
+        router.remember(store.epoch_values(), store)
+        hooks(f"on_{prefix}_epoch_end")
+    return router.publish_epoch(store, max(state.progress.global_step - 1, 0))
 
 
 def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[list[Any]]:
@@ -165,9 +184,15 @@ def validation_enabled(state: RunState) -> bool:
 
 
 def sanity_check(trainer: Trainer, state: RunState) -> None:
-    """Run a few validation batches before training to surface bugs early; their values are dropped."""
+    """Run a few validation batches before training to surface bugs early; their values are dropped.
+
+    As Lightning's, the sanity check leaves no trace in the random state either: Python's, NumPy's
+    and torch's generators are put back afterwards, so adding or removing it changes no number of
+    the training that follows.
+    """
     router = trainer.metric_router
     snapshot = router.snapshot()
+    rng_before = rng_state()
     state.sanity_checking = True
     outer_stage, state.running_stage = state.running_stage, "sanity_check"
     try:
@@ -179,6 +204,7 @@ def sanity_check(trainer: Trainer, state: RunState) -> None:
         state.sanity_checking = False
         state.running_stage = outer_stage
         router.restore(snapshot)
+        set_rng_state(rng_before)
 
 
 def _no_grad(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:

@@ -1,15 +1,17 @@
 """The fit loop: epochs of training batches, validation when due, schedulers, stopping, preemption.
 
-Hooks named ``hook`` below call the module's method first, then every callback that overrides it.
-Where metrics are computed at an epoch's end, that happens between the two, so callbacks (checkpoint,
-early stopping, loggers) see what the module logged in its own epoch-end hook.
+Hooks named ``hook`` below call every callback that overrides it, then the module's method, with
+Lightning's exceptions, all declared in :mod:`trainer.hook_order`. At a training epoch's end the
+callbacks that monitor a metric (checkpointing, early stopping) run after the module and after the
+epoch's values are computed, so they see what the module logged in its own epoch-end hook.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from strategies.sampling import EmptyShardError
 from trainer.common.errors import PossibleUserWarning, Preempted
@@ -37,13 +39,16 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
 
         on_fit_start
         on_sanity_check_start, validation loop on num_sanity_val_steps batches, on_sanity_check_end
+            (the random state is put back afterwards)
+        a fresh run's first epoch's loader iterator is created
         on_train_start
         for each epoch:
             every reload_dataloaders_every_n_epochs epochs: train/val loaders requested again
             on_train_epoch_start
+            (later epochs: the loader's iterator is created)
             for each batch:                                 (trainer/loops/step.py)
+                batch transfer hooks; batch = strategy.batch_to_device(batch)
                 on_train_batch_start(batch, i)              (module returning -1 ends the epoch)
-                batch = strategy.batch_to_device(batch)
                 for each micro-batch (one unless micro_batch_size):
                     with no_backward_sync(unless the window's last), forward_context():
                         out = training_step(batch, i)
@@ -58,25 +63,35 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
                 on_train_batch_end(out, batch, i)
                 step values to loggers every log_every_n_steps steps
                 preemption: after an optimizer step, save last.ckpt and stop if a signal came
-                validation loop when val_check_interval says so
-            validation loop at the epoch's end (if it did not just run)
-            module.on_train_epoch_end; epoch values computed and logged
-            epoch-interval schedulers; callbacks' on_train_epoch_end
+                validation loop after every val_check_interval-th batch (Lightning's rule)
+            validation loop at the epoch's end only for a loader without a length
+            other callbacks' on_train_epoch_end; module.on_train_epoch_end; epoch values computed and logged
+            epoch-interval schedulers; checkpointing and early stopping callbacks' on_train_epoch_end
         on_train_end
         on_fit_end
 
     Validation loop: see :func:`~trainer.loops.evaluation.eval_loop`.
     """
-    p, hooks = state.progress, state.hooks
-    hooks("on_fit_start")
+    p, hooks, refusing = state.progress, state.hooks, trainer.metric_router.refusing
+    with refusing("on_fit_start"):  # self.log is refused by name where Lightning refuses it
+        hooks("on_fit_start")
     if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
         sanity_check(trainer, state)
     assert state.module is not None
     if no_training_batches(trainer, state):
-        hooks("on_fit_end")
+        with refusing("on_fit_end"):
+            hooks("on_fit_end")
         return
     _warn_if_in_eval_mode(state.module)  # the user's modes stay as they are, as in Lightning 2.6
-    hooks("on_train_start")
+    # A fresh run opens its first epoch's loader here, before on_train_start, as Lightning does: that
+    # draws the loader's worker seed from the global generator, before what the hooks draw. Later
+    # epochs (and a resumed run's first) open theirs after on_train_epoch_start.
+    first_batches = _open_first_epoch(state) if p.epoch == 0 and p.batch_in_epoch == 0 else None
+    # Values logged in on_train_start count towards the first epoch's (Lightning's rule).
+    store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
+    with trainer.metric_router.logging(store, EPOCH_DEFAULTS):
+        hooks("on_train_start")
+    first_store: MetricStore | None = store
     while not should_stop_training(state):
         if p.epoch_finished:
             p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
@@ -84,7 +99,7 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
                 break
         with trainer.profiler.profile("run_training_epoch"):  # once an epoch: free when nothing profiles
             try:
-                train_epoch(trainer, state)
+                train_epoch(trainer, state, first_store, first_batches)
             except EmptyShardError as err:  # one rank's stream gave nothing: said as an empty training set
                 if trainer.is_global_zero:
                     warnings.warn(
@@ -94,9 +109,12 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
                         stacklevel=2,
                     )
                 break
+        first_store = first_batches = None
     _drop_open_window(state)
-    hooks("on_train_end")
-    hooks("on_fit_end")
+    with refusing("on_train_end"):
+        hooks("on_train_end")
+    with refusing("on_fit_end"):
+        hooks("on_fit_end")
 
 
 def _warn_if_in_eval_mode(module: torch.nn.Module) -> None:
@@ -146,8 +164,25 @@ def no_training_batches(trainer: Trainer, state: RunState) -> bool:
     return True
 
 
-def train_epoch(trainer: Trainer, state: RunState) -> None:
-    """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order."""
+def _open_first_epoch(state: RunState) -> Iterator[tuple[int, Any, bool]]:
+    """The batches of a fresh run's first epoch, its loader's iterator created now."""
+    loader = state.loaders["fit"]
+    assert loader is not None
+    set_sampler_epoch(loader, 0)
+    return iterate(loader, num_batches(loader, state.loop.limits["fit"]))
+
+
+def train_epoch(
+    trainer: Trainer,
+    state: RunState,
+    store: MetricStore | None = None,
+    batches: Iterator[tuple[int, Any, bool]] | None = None,
+) -> None:
+    """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order.
+
+    ``store``: where the epoch's values go, holding what ``on_train_start`` logged (default: a new one).
+    ``batches``: the epoch's batches, when its loader was opened already (default: opened here).
+    """
     p, hooks = state.progress, state.hooks
     router, preemption = trainer.metric_router, trainer.preemption
     reload_every = trainer.reload_dataloaders_every_n_epochs
@@ -160,7 +195,8 @@ def train_epoch(trainer: Trainer, state: RunState) -> None:
     num = num_batches(loader, state.loop.limits["fit"])
     state.num_training_batches = num
     set_sampler_epoch(loader, p.epoch)
-    store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
+    if store is None:
+        store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
     val_every = _val_every(state, num)
     # check_val_every_n_epoch=None: every val_check_interval batches, counted across epochs.
     across = state.loop.check_val_every_n_epoch is None
@@ -168,6 +204,12 @@ def train_epoch(trainer: Trainer, state: RunState) -> None:
     validate_this_epoch = validation_enabled(state) and (
         across or (p.epoch + 1) % state.loop.check_val_every_n_epoch == 0  # type: ignore[operator]
     )
+    if validate_this_epoch and val_every and not across and val_every > num:
+        raise ValueError(
+            f"Trainer(val_check_interval={state.loop.val_check_interval}) must be at most the number of training "
+            f"batches per epoch ({int(num)}). Set limit_val_batches=0 to switch validation off, or "
+            "check_val_every_n_epoch=None to count the interval across epochs."
+        )
     last_val_at = -1
     router.start_train_epoch(store, state.module)  # after a mid-epoch resume: the epoch's sums so far
     with router.logging(store, EPOCH_DEFAULTS):
@@ -175,8 +217,25 @@ def train_epoch(trainer: Trainer, state: RunState) -> None:
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
     train_batch = make_train_batch(trainer, state, last_batch_share(loader, num))
     log_every = state.loop.log_every_n_steps
+
+    def validation_due(batch_idx: int) -> bool:
+        """Lightning's rule: after every ``val_every``-th batch (no extra run at the epoch's end)."""
+        return validate_this_epoch and bool(val_every) and (batch_offset + batch_idx + 1) % val_every == 0  # type: ignore[operator]
+
+    def validate() -> None:
+        nonlocal last_val_at
+        p.validated_at = p.batches_before_epoch + p.batch_in_epoch
+        eval_loop(trainer, state, "validate")
+        last_val_at = p.batch_in_epoch
+
+    if p.batch_in_epoch and validation_due(p.batch_in_epoch - 1):
+        if p.validated_at != p.batches_before_epoch + p.batch_in_epoch:
+            validate()  # resumed from a save made before a due validation ran: run it now
+        else:
+            last_val_at = p.batch_in_epoch
     with router.logging(store, STEP_DEFAULTS):
-        batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
+        if batches is None:
+            batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
         # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
         for batch_idx, batch, is_last in profiled_iter(trainer.profiler, "train_dataloader_next", batches):
             steps_before = p.global_step
@@ -197,17 +256,22 @@ def train_epoch(trainer: Trainer, state: RunState) -> None:
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            if validate_this_epoch and val_every and (batch_offset + batch_idx + 1) % val_every == 0:
-                eval_loop(trainer, state, "validate")
-                last_val_at = p.batch_in_epoch
+            if validation_due(batch_idx):
+                validate()
             if should_stop_training(state):
                 _drop_open_window(state)
                 break
-    end_validation = validate_this_epoch and not across and not _may_stop(state)
+    # Without a length the epoch's end is the one moment to validate (Lightning's rule for such loaders).
+    end_validation = validate_this_epoch and not val_every and not _may_stop(state)
     if end_validation and last_val_at != p.batch_in_epoch and p.batch_in_epoch:
-        eval_loop(trainer, state, "validate")
-        last_val_at = p.batch_in_epoch
+        validate()
     with router.logging(store, EPOCH_DEFAULTS):
+        # trainer/hook_order.py: callbacks that monitor nothing, the module, then the monitoring ones
+        # (checkpointing, early stopping), which so see what the module logs here. The first ones see
+        # the epoch's values of the steps, as in Lightning, which computes them when read.
+        if hooks.overridden("on_train_epoch_end"):
+            router.remember(store.epoch_values(), store)
+            hooks.callbacks_only("on_train_epoch_end", monitors=False)
         hooks.module("on_train_epoch_end")
         router.publish_epoch(store, max(p.global_step - 1, 0))
         # A validation metric may legitimately be missing in an epoch without validation
@@ -220,7 +284,7 @@ def train_epoch(trainer: Trainer, state: RunState) -> None:
         # epoch as ``current_epoch``, as in Lightning, which counts it done only after these hooks.
         state.in_train_epoch_end = True
         try:
-            hooks.callbacks_only("on_train_epoch_end")
+            hooks.callbacks_only("on_train_epoch_end", monitors=True)
         finally:
             state.in_train_epoch_end = False
     store.reset()

@@ -30,13 +30,14 @@ class MetricRouter:
     """Where logged values go, and the latest of them.
 
     Args:
-        emit_to_loggers: calls the loggers' ``on_log_metrics(metrics, step)`` (the hook dispatch).
+        emit_to_loggers: calls the loggers' ``on_log_metrics(metrics, step)`` (the hook dispatch);
+            its third argument says whether the row gets the ``epoch`` (all but evaluation steps' rows).
         sanity_checking: tells whether the sanity check is running (its values reach no logger).
     """
 
     def __init__(
         self,
-        emit_to_loggers: Callable[[dict[str, torch.Tensor], int], None],
+        emit_to_loggers: Callable[[dict[str, torch.Tensor], int, bool], None],
         sanity_checking: Callable[[], bool],
     ) -> None:
         self._emit_to_loggers = emit_to_loggers
@@ -54,6 +55,10 @@ class MetricRouter:
         #: ``"/dataloader_idx_N"`` while evaluating loader N of several (Lightning's key suffix), else "".
         self.dataloader_suffix = ""
         self.store: MetricStore | None = None
+        #: Evaluation steps whose values went to the loggers, by (stage, loader): their x-axis.
+        self.eval_steps: dict[tuple[str, int], int] = {}
+        #: The hook running inside :meth:`refusing` (named in the error of a ``self.log`` there).
+        self.refused_hook = ""
         self.defaults: tuple[bool, bool] = STEP_DEFAULTS
         self._batch_size_cache: tuple[Any, int] = (None, 1)
         #: Keys logged with ``logger=False``: in ``callback_metrics``, never handed to the loggers.
@@ -73,6 +78,16 @@ class MetricRouter:
         finally:
             self.store, self.defaults = previous
 
+    @contextlib.contextmanager
+    def refusing(self, hook: str) -> Iterator[None]:
+        """Inside the block ``self.log`` is refused, naming ``hook`` (Lightning refuses it in ``on_*_end``)."""
+        previous = self.store, self.refused_hook
+        self.store, self.refused_hook = None, hook
+        try:
+            yield
+        finally:
+            self.store, self.refused_hook = previous
+
     def log(
         self,
         name: str,
@@ -87,9 +102,13 @@ class MetricRouter:
         """Back end of ``TrainModule.log`` (arguments in its order; positional, as it runs every step)."""
         store = self.store
         if store is None:
+            where = (
+                f" in {self.refused_hook}" if self.refused_hook else " outside the steps and hooks of fit/validate/test"
+            )
             raise RuntimeError(
-                f"self.log({name!r}) was called outside the steps and hooks of fit/validate/test "
-                "(logging is not supported in predict or in setup hooks)"
+                f"self.log({name!r}) was called{where}: as in Lightning, logging is not supported in predict, "
+                "setup, teardown, on_fit_start/end, on_train/validation/test_end or checkpoint hooks. Log in "
+                "the steps, the batch and backward hooks, on_train/validation/test_start or on_*_epoch_start/end"
             )
         if on_step is None:
             on_step = self.defaults[0]
@@ -131,8 +150,11 @@ class MetricRouter:
         if key in prog_bar:
             self.progress_bar_metrics[key] = value
 
-    def emit(self, metrics: dict[str, torch.Tensor], step: int) -> None:
-        """Hand ``metrics`` to the loggers at x = ``step`` (nothing during the sanity check)."""
+    def emit(self, metrics: dict[str, torch.Tensor], step: int, with_epoch: bool = True) -> None:
+        """Hand ``metrics`` to the loggers at x = ``step`` (nothing during the sanity check).
+
+        ``with_epoch``: the row also carries ``epoch`` (Lightning's rows do, but an evaluation step's).
+        """
         if self.no_logger_keys:
             metrics = {k: v for k, v in metrics.items() if k not in self.no_logger_keys}
         if not metrics:
@@ -140,7 +162,19 @@ class MetricRouter:
         self.logged_metrics.update(metrics)
         if self._sanity_checking():
             return
-        self._emit_to_loggers(metrics, step)
+        self._emit_to_loggers(metrics, step, with_epoch)
+
+    def emit_eval_step(self, metrics: dict[str, torch.Tensor], prefix: str, dataloader_idx: int) -> None:
+        """Hand an evaluation step's ``on_step`` values to the loggers, at x = the count of such steps.
+
+        Lightning's x-axis for them: evaluation batches seen so far, per stage and loader (over the
+        whole ``fit`` for validation).
+        """
+        key = (prefix, dataloader_idx)
+        step = self.eval_steps.get(key, 0)
+        if not self._sanity_checking():
+            self.eval_steps[key] = step + 1
+        self.emit(metrics, step, with_epoch=False)
 
     def publish_epoch(self, store: MetricStore, step: int) -> dict[str, torch.Tensor]:
         """Compute ``store``'s epoch values, make them visible and hand them to the loggers; return them."""

@@ -19,6 +19,39 @@ from trainer.common.tree import is_metric
 __all__ = ["MetricStore"]
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
+#: The functions Lightning takes as ``reduce_fx``, by the name the store uses.
+_REDUCE_FUNCTIONS: dict[Any, str] = {
+    torch.mean: "mean",
+    torch.sum: "sum",
+    sum: "sum",
+    torch.max: "max",
+    max: "max",
+    torch.min: "min",
+    min: "min",
+}
+
+
+def reduce_fx_name(name: str, reduce_fx: Any) -> str:
+    """A ``reduce_fx`` Lightning accepts as the store names it: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"``.
+
+    As Lightning: those names in any case and ``"avg"``, or ``torch.mean``/``torch.sum``/``torch.max``/
+    ``torch.min`` and the built-in ``sum``/``max``/``min``; anything else is refused.
+    """
+    if isinstance(reduce_fx, str):
+        key = reduce_fx.lower()
+        key = "mean" if key == "avg" else key
+        if key in _REDUCE_FX:
+            return key
+    else:
+        found = _REDUCE_FUNCTIONS.get(reduce_fx)
+        if found is not None:
+            return found
+    shown = getattr(reduce_fx, "__name__", reduce_fx)
+    raise ValueError(
+        f"self.log({name!r}): reduce_fx must be one of 'mean', 'sum', 'max', 'min' (any case, or 'avg'), "
+        f"torch.mean/sum/max/min or the built-in sum/max/min, got {shown!r}; for another reduction log a "
+        "torchmetrics Metric"
+    )
 
 
 @dataclass
@@ -111,7 +144,7 @@ class MetricStore:
     ) -> str | None:
         """Record ``value``; return the step-level key it produced (in :attr:`pending_step`), if any."""
         if reduce_fx not in _REDUCE_FX:
-            raise ValueError(f"self.log({name!r}): reduce_fx must be one of {_REDUCE_FX}, got {reduce_fx!r}")
+            reduce_fx = reduce_fx_name(name, reduce_fx)
         entry = self.entries.get(name)
         if entry is None:
             entry = _Entry(name, on_step, on_epoch, prog_bar, sync_dist, reduce_fx)

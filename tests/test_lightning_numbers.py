@@ -1,0 +1,246 @@
+"""Same numbers as Lightning 2.6: random state, validation schedule and logging behave as Lightning's.
+
+The expected schedules and messages were read off pytorch-lightning 2.6.6 running the same options;
+random draws are compared with a loop written out by hand, which draws them in Lightning's order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import Callback
+from tests.helpers.trainers import quiet_trainer
+from trainer import Trainer, TrainModule, seed_everything
+
+
+class Recorder(TrainModule):
+    """Notes ``(epoch, batch index)`` at the start of every validation run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(2, 1)
+        self.validations: list[tuple[int, int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.batch_idx = batch_idx
+        return self.l(batch[0]).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0 and not self.trainer.sanity_checking:
+            self.validations.append((self.current_epoch, self.batch_idx))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loaders(n: int) -> tuple[DataLoader[Any], DataLoader[Any]]:
+    return DataLoader(TensorDataset(torch.ones(n, 2))), DataLoader(TensorDataset(torch.ones(2, 2)))
+
+
+# (training batches, Trainer options, (epoch, batch_idx) of every validation): Lightning 2.6.6's.
+SCHEDULES = [
+    (10, {"val_check_interval": 1 / 3}, [(0, 2), (0, 5), (0, 8), (1, 2), (1, 5), (1, 8)]),
+    (9, {"val_check_interval": 1 / 3}, [(0, 2), (0, 5), (0, 8), (1, 2), (1, 5), (1, 8)]),
+    (
+        10,
+        {"val_check_interval": 0.25},
+        [(0, 1), (0, 3), (0, 5), (0, 7), (0, 9), (1, 1), (1, 3), (1, 5), (1, 7), (1, 9)],
+    ),
+    (10, {"val_check_interval": 4}, [(0, 3), (0, 7), (1, 3), (1, 7)]),
+    (10, {"val_check_interval": 4, "check_val_every_n_epoch": None}, [(0, 3), (0, 7), (1, 1), (1, 5), (1, 9)]),
+    (10, {"val_check_interval": 12, "check_val_every_n_epoch": None}, [(1, 1)]),
+    (4, {"check_val_every_n_epoch": 2}, [(1, 3)]),
+]
+
+
+@pytest.mark.parametrize(("n", "options", "expected"), SCHEDULES)
+def test_validation_runs_when_lightning_runs_it(n: int, options: dict[str, Any], expected: list[Any]) -> None:
+    module = Recorder()
+    quiet_trainer(max_epochs=2, **options).fit(module, *_loaders(n))
+    assert module.validations == expected
+
+
+def test_an_int_interval_longer_than_the_epoch_is_refused_as_lightning_refuses_it() -> None:
+    with pytest.raises(ValueError, match=r"val_check_interval=12\) must be at most .* \(10\).*check_val_every_n_epoch"):
+        quiet_trainer(max_epochs=1, val_check_interval=12).fit(Recorder(), *_loaders(10))
+    # no validation at all: nothing to refuse (Lightning's rule too)
+    quiet_trainer(max_epochs=1, val_check_interval=12, limit_val_batches=0).fit(Recorder(), *_loaders(10))
+
+
+# ----------------------------------------------------------------------------- random state
+class Noisy(TrainModule):
+    """Validation draws from the global generator (as dropout left on, or augmentation, would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return (self.l(x + torch.randn_like(x)) ** 2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("noise", torch.rand(()))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _hand_written(epochs: int, batches: int, val_every: int, val_batches: int) -> nn.Linear:
+    """The same run by hand: validation's draws are not put back (only the sanity check's are)."""
+    seed_everything(3)
+    module = Noisy()
+    data = torch.arange(batches * 4, dtype=torch.float32).reshape(batches, 1, 4) / 10
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    state = torch.get_rng_state()
+    torch.empty((), dtype=torch.int64).random_()  # the sanity check, then the random state put back
+    for _ in range(val_batches):
+        torch.rand(())
+    torch.set_rng_state(state)
+    for _ in range(epochs):
+        torch.empty((), dtype=torch.int64).random_()  # the loader's iterator draws its workers' seed
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())  # RandomSampler its own
+        order = torch.randperm(batches, generator=torch.Generator().manual_seed(seed)).tolist()
+        for i, j in enumerate(order):
+            x = data[j]
+            (module.l(x + torch.randn_like(x)) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if (i + 1) % val_every == 0:
+                torch.empty((), dtype=torch.int64).random_()  # the validation loader's iterator seed
+                for _ in range(val_batches):
+                    torch.rand(())
+    return module.l
+
+
+def test_validation_draws_from_the_run_and_only_the_sanity_check_is_isolated() -> None:
+    seed_everything(3)
+    module = Noisy()
+    data = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4) / 10
+    train = DataLoader(TensorDataset(data), batch_size=1, shuffle=True)
+    val = DataLoader(TensorDataset(torch.zeros(2, 4)), batch_size=1)
+    quiet_trainer(max_epochs=3, val_check_interval=3, num_sanity_val_steps=2).fit(module, train, val)
+    expected = _hand_written(epochs=3, batches=6, val_every=3, val_batches=2)
+    assert torch.equal(module.l.weight, expected.weight)
+    assert torch.equal(module.l.bias, expected.bias)
+
+
+# ----------------------------------------------------------------------------- logging
+class Logs(TrainModule):
+    def __init__(self, reduce_fx: Any = "mean") -> None:
+        super().__init__()
+        self.l = nn.Linear(1, 1)
+        self.reduce_fx = reduce_fx
+
+    def on_train_start(self) -> None:
+        self.log("started", 5.0)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        self.log("v", x.sum(), on_step=False, on_epoch=True, reduce_fx=self.reduce_fx, prog_bar=True)
+        return self.l(x).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_step", batch[0].sum(), on_step=True, on_epoch=False)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def _fit_logs(reduce_fx: Any) -> Trainer:
+    trainer = quiet_trainer(max_epochs=1)
+    data = TensorDataset(torch.tensor([[1.0], [4.0], [2.0]]))
+    trainer.fit(Logs(reduce_fx), DataLoader(data), DataLoader(data))
+    return trainer
+
+
+@pytest.mark.parametrize(
+    ("reduce_fx", "expected"),
+    [(max, 4.0), (min, 1.0), (sum, 7.0), ("MAX", 4.0), ("avg", 7 / 3), ("Mean", 7 / 3), (torch.min, 1.0)],
+)
+def test_reduce_fx_takes_what_lightning_takes(reduce_fx: Any, expected: float) -> None:
+    trainer = _fit_logs(reduce_fx)
+    assert math.isclose(float(trainer.callback_metrics["v"]), expected, rel_tol=1e-6)
+
+
+def test_reduce_fx_refuses_others_naming_them() -> None:
+    with pytest.raises(ValueError, match=r"reduce_fx must be one of 'mean', 'sum', 'max', 'min'.*got 'median'"):
+        _fit_logs("median")
+
+
+def test_log_in_on_train_start_counts_for_the_first_epoch() -> None:
+    assert float(_fit_logs("mean").callback_metrics["started"]) == 5.0
+
+
+def test_progress_bar_metrics_are_floats() -> None:
+    metrics = _fit_logs("mean").progress_bar_metrics
+    assert metrics and all(type(v) is float for v in metrics.values())
+
+
+def test_validation_step_values_reach_logged_metrics() -> None:
+    assert "val_step" in _fit_logs("mean").logged_metrics
+
+
+@pytest.mark.parametrize("hook", ["on_validation_end", "on_train_end", "on_fit_start", "setup"])
+def test_log_is_refused_where_lightning_refuses_it(hook: str) -> None:
+    class LogsThere(Callback):
+        pass
+
+    def log_there(self: Any, trainer: Trainer, module: TrainModule, *args: Any) -> None:
+        module.log("x", 1.0)
+
+    setattr(LogsThere, hook, log_there)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[LogsThere()])
+    data = TensorDataset(torch.tensor([[1.0]]))
+    where = "outside the steps" if hook == "setup" else f"in {hook}"
+    with pytest.raises(RuntimeError, match=rf"self.log\('x'\) was called {where}.*not supported"):
+        trainer.fit(Logs(), DataLoader(data), DataLoader(data))
+
+
+# ----------------------------------------------------------------------------- messages
+def test_max_epochs_unset_warns_as_lightning_and_means_1000() -> None:
+    with pytest.warns(UserWarning, match=r"`max_epochs` was not set. Setting it to 1000 epochs"):
+        trainer = Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    assert trainer.max_epochs == 1000
+
+
+def test_max_epochs_or_max_steps_set_does_not_warn() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer(max_steps=3, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+        Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+
+
+def test_lightnings_info_lines_for_one_and_one_point_zero(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    quiet_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1.0, val_check_interval=1)
+    assert caplog.messages == [
+        "`Trainer(limit_train_batches=1)` was configured so 1 batch per epoch will be used.",
+        "`Trainer(limit_val_batches=1.0)` was configured so 100% of the batches will be used.",
+        "`Trainer(val_check_interval=1)` was configured so validation will run after every batch.",
+    ]
+
+
+def test_callbacks_log_through_the_module_where_lightning_allows_it() -> None:
+    """Lightning's ``Callback`` has no ``log``; ``pl_module.log`` from its hooks works as from the module's."""
+
+    class Logs(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+            pl_module.log("from_train_start", 2.0)
+
+        def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+            pl_module.log("from_epoch_end", 3.0)
+
+    trainer = quiet_trainer(max_epochs=1, callbacks=[Logs()])
+    trainer.fit(Recorder(), *_loaders(2))
+    assert not hasattr(Callback, "log")
+    assert float(trainer.callback_metrics["from_train_start"]) == 2.0
+    assert float(trainer.callback_metrics["from_epoch_end"]) == 3.0
