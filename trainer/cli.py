@@ -53,24 +53,31 @@ def run_task(cfg: Any) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from trainer import Trainer, seed_everything
+    from trainer.cli_advice import command_line_keys, one_process_note, recorded_config, refuse_unused_optim
 
     check_config(cfg)
+    explicit = command_line_keys()
+    refuse_unused_optim(cfg, explicit)
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
     ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    choice = HydraConfig.get().runtime.choices.get("strategy") if HydraConfig.initialized() else None
+    note = one_process_note(cfg, group_position()[1], str(choice or "ddp"))
+    if note is not None:
+        print(note)
     seed_everything(int(cfg.seed))
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
     strategy = instantiate(cfg.strategy)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
-    callbacks = build_callbacks(cfg, trainer_kwargs)
+    callbacks = build_callbacks(cfg, trainer_kwargs, explicit)
     try:
         trainer = Trainer(
             **{str(k): v for k, v in trainer_kwargs.items()},
             strategy=strategy,
             callbacks=callbacks,
             default_root_dir=run_dir,
-            config=cfg,
+            config=recorded_config(cfg),
         )
     except (TypeError, ValueError) as err:
         # Every argument comes from the config's trainer node (or objects built from their groups).
@@ -235,23 +242,26 @@ def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
     return overrides
 
 
-def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
+def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any], explicit: dict[str, str] | None = None) -> list[Any]:
     """Instantiate every entry of the ``callbacks`` and ``logger`` groups.
 
     Where the config has those groups they are the whole set: ``trainer_kwargs`` is changed so the
     Trainer adds no default progress bar, checkpoint or TensorBoard logger of its own (otherwise
     ``~callbacks.progress_bar`` would bring one back). The trainer flags still work as switches:
     ``trainer.enable_progress_bar=false``, ``trainer.enable_checkpointing=false`` and
-    ``trainer.logger=false`` drop the matching entries.
+    ``trainer.logger=false`` drop the matching entries. A ``monitor`` in ``explicit`` (the command
+    line's keys) is held to: never logged, it ends the run (:func:`~trainer.cli_advice.hold_explicit_monitors`).
     """
     from hydra.utils import instantiate
 
     import callbacks as cbs
+    from trainer.cli_advice import hold_explicit_monitors
 
     built: list[Any] = []
     for group in ("callbacks", "logger"):
         node = cfg.get(group)
         if node:
+            hold_explicit_monitors(node, group, explicit or {})
             for name, entry in node.items():
                 if entry is None:
                     continue
@@ -351,8 +361,10 @@ def run_job(cfg: Any) -> float | None:
     Returns the value of ``optimized_metric`` (None when it is null), for Hydra's sweepers to optimise.
     """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from trainer.cli_errors import remove_if_untouched, untouched
+    from trainer.cli_trace import ReportedMistake
     from trainer.run_dirs import locked_run_dir
 
     hydra_cfg = HydraConfig.get()
@@ -363,9 +375,12 @@ def run_job(cfg: Any) -> float | None:
         # Rank 0 of a torchrun/srun job holds the folder's lock for the group; the others share it.
         with contextlib.nullcontext() if world > 1 and rank != 0 else locked_run_dir(run_dir):
             return optimized_value(cfg, run_task(cfg))
-    except BaseException:
+    except BaseException as err:
         if fresh:
             remove_if_untouched(run_dir, stop_at=Path(hydra_cfg.runtime.cwd))
+        if isinstance(err, Exception) and hydra_cfg.mode == RunMode.RUN:
+            # Past Hydra untouched, which would print a line of its own first; reported() shows it.
+            raise ReportedMistake(err) from err
         raise
 
 

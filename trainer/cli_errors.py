@@ -80,12 +80,21 @@ def reported() -> Iterator[None]:
     """
     wanted_traceback = os.environ.get(FULL_ERROR) == "1"
     os.environ[FULL_ERROR] = "1"
+    from trainer.cli_trace import ReportedMistake, user_traceback
+
     try:
         yield
-    except Exception as err:
+    except (Exception, ReportedMistake) as caught:
+        err = caught.error if isinstance(caught, ReportedMistake) else caught
         message = None if wanted_traceback else describe(err)
         if message is None:
-            raise
+            shown = None if wanted_traceback else user_traceback(err, FULL_ERROR)
+            if shown is None:
+                if isinstance(caught, ReportedMistake):
+                    raise err from err.__cause__
+                raise
+            print(shown, file=sys.stderr)
+            sys.exit(1)
         lines = message.strip().splitlines()
         if len(lines) > MAX_LINES:
             lines = [*lines[: MAX_LINES - 1], "..."]

@@ -1,0 +1,126 @@
+"""What the ``geartrain`` command checks and says about the choices a user made, before it builds anything.
+
+Three kinds of choices are read against what the user typed on the command line:
+
+- the ``optim`` group reaches only a model whose config hands it on (``optimizer: ${optim.optimizer}``,
+  as the digits model's does). For a model that builds its own optimizer in ``configure_optimizers``
+  an ``optim`` override would do nothing: it is refused, naming what to set instead, and the group
+  is left out of the config the run records (TensorBoard's HPARAMS, the checkpoint), so no run
+  claims an optimizer it did not use;
+- a ``monitor`` the user set on a callback is held to: a name that is never logged ends the run
+  naming the logged keys (the packaged defaults stay lenient: they monitor the digits job's names,
+  which an own project may not log);
+- a parallel strategy left at ``devices=auto`` on a machine without GPUs runs one process: said in
+  one line, with the override that starts more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.errors import ConfigError
+
+__all__ = ["explicit_keys", "hold_explicit_monitors", "optim_is_used", "recorded_config", "refuse_unused_optim"]
+
+#: The strategies that start (or join) one process per device.
+PARALLEL = ("DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "build_strategy")
+
+
+def explicit_keys(overrides: Sequence[str]) -> dict[str, str]:
+    """``{key: value}`` of the command line's overrides (``+``/``++``/``~`` prefixes dropped)."""
+    keys: dict[str, str] = {}
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        keys[key] = value
+    return keys
+
+
+def command_line_keys() -> dict[str, str]:
+    """:func:`explicit_keys` of this Hydra job's overrides; empty outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    return explicit_keys(list(HydraConfig.get().overrides.task))
+
+
+def optim_is_used(cfg: Any) -> bool:
+    """Whether the model's config hands the ``optim`` group on (an ``${optim...}`` interpolation in it)."""
+    from omegaconf import OmegaConf
+
+    model = cfg.get("model")
+    if model is None or cfg.get("optim") is None:
+        return False
+    raw = OmegaConf.to_container(model, resolve=False)
+    return "${optim" in repr(raw)
+
+
+def refuse_unused_optim(cfg: Any, explicit: dict[str, str]) -> None:
+    """Refuse an ``optim`` override that the model would ignore (it builds its own optimizer)."""
+    if optim_is_used(cfg):
+        return
+    given = sorted(k for k in explicit if k == "optim" or k.startswith("optim."))
+    if not given:
+        return
+    target = cfg.model.get("_target_", "the model") if cfg.get("model") is not None else "the model"
+    shown = " ".join(f"{k}={explicit[k]}" for k in given)
+    raise ConfigError(
+        f"{shown}: does nothing here: {target} builds its own optimizer (configure_optimizers) and its config "
+        "takes nothing from the optim group.\n"
+        "Set the value on your model instead (e.g. model.lr=0.01 for an __init__ argument lr), or give its "
+        "__init__ `optimizer`/`scheduler` arguments and its config `optimizer: ${optim.optimizer}` "
+        "(docs/configuration.md#the-optim-group)"
+    )
+
+
+def recorded_config(cfg: Any) -> Any:
+    """The config the run records: without the ``optim`` group when the model does not use it."""
+    if optim_is_used(cfg) or cfg.get("optim") is None:
+        return cfg
+    from omegaconf import DictConfig, OmegaConf, open_dict
+
+    copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    assert isinstance(copy, DictConfig)
+    with open_dict(copy):
+        copy.pop("optim")
+    return copy
+
+
+def hold_explicit_monitors(node: Any, group: str, explicit: dict[str, str]) -> None:
+    """Make each callback whose ``monitor`` the user set raise when that metric is never logged.
+
+    ``ModelCheckpoint`` gets ``missing_monitor="raise"``, ``EarlyStopping`` ``strict=True``, as in
+    Python (and in Lightning); unless the user set those too.
+    """
+    from omegaconf import DictConfig, open_dict
+
+    for name, entry in node.items():
+        if not isinstance(entry, DictConfig) or f"{group}.{name}.monitor" not in explicit:
+            continue
+        with open_dict(entry):
+            if "missing_monitor" in entry and f"{group}.{name}.missing_monitor" not in explicit:
+                entry.missing_monitor = "raise"
+            if "strict" in entry and f"{group}.{name}.strict" not in explicit:
+                entry.strict = True
+
+
+def one_process_note(cfg: Any, world_size: int, name: str) -> str | None:
+    """The line to print when a parallel strategy at ``devices=auto`` finds no GPU and runs one process."""
+    strategy = cfg.get("strategy")
+    if strategy is None or world_size > 1:
+        return None
+    target = str(strategy.get("_target_", ""))
+    if not target.endswith(PARALLEL):
+        return None
+    devices = [cfg.get("trainer", {}).get("devices", "auto"), strategy.get("devices", "auto")]
+    if any(d not in ("auto", None) for d in devices):
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"strategy={name}: no GPU here, so devices=auto is one process; "
+        f"for N processes on this CPU add trainer.devices=N (e.g. trainer.devices=2)"
+    )
