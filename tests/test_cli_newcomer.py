@@ -20,7 +20,7 @@ import torch
 from tests.helpers import REPO_ROOT
 from trainer import Trainer
 
-NET = '''
+NET = """
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -63,9 +63,16 @@ class Line(TrainModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"])
-'''
+"""
 
-OWN = ["--config-dir", "my_conf", "model=line", "data=ramp", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
+OWN = [
+    "--config-dir",
+    "my_conf",
+    "model=line",
+    "data=ramp",
+    "trainer.max_epochs=2",
+    "trainer.enable_progress_bar=false",
+]
 CASES = {
     "optim_ignored": [*OWN, "optim.lr=5.0"],
     "monitor_typo": [*OWN, "callbacks.model_checkpoint.monitor=val/mse"],
@@ -178,5 +185,7 @@ def test_an_error_in_own_code_shows_own_frames(outcomes: dict[str, tuple[int, st
 
 
 def test_a_one_device_strategy_given_two_devices_names_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"runs on one device; got devices=2: leave devices out, or use strategy='ddp'"):
+    with pytest.raises(
+        ValueError, match=r"runs on one device; got devices=2: leave devices out, or use strategy='ddp'"
+    ):
         Trainer(strategy="single", devices=2)
