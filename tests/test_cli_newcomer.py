@@ -189,3 +189,44 @@ def test_a_one_device_strategy_given_two_devices_names_the_fix() -> None:
         ValueError, match=r"runs on one device; got devices=2: leave devices out, or use strategy='ddp'"
     ):
         Trainer(strategy="single", devices=2)
+
+
+def _own_project(folder: Path) -> Path:
+    (folder / "my_project").mkdir()
+    (folder / "my_project" / "net.py").write_text(textwrap.dedent(NET))
+    for group, text in {"model/line": "_target_: my_project.net.Line\n", "data/ramp": RAMP}.items():
+        (folder / "my_conf" / group).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "my_conf" / f"{group}.yaml").write_text(text)
+    return folder
+
+
+def test_help_lists_the_users_own_groups_and_the_own_model_form(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_geartrain
+
+    result = run_geartrain("--help", "--config-dir", "my_conf", cwd=_own_project(tmp_path), timeout=90)
+    assert result.returncode == 0, result.stderr[-2000:]
+    groups = {line.split(":")[0]: line for line in result.stdout.splitlines() if ": " in line}
+    assert "line" in groups["model"] and "digits" in groups["model"], groups.get("model")
+    assert "ramp" in groups["data"], groups.get("data")
+    assert not any(name.startswith("schema/") for name in groups), sorted(groups)
+    assert "'~model' +model._target_=my_project.Net" in result.stdout
+    assert "README" not in result.stdout  # an installed user may have none
+
+
+def test_version_is_geartrains(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    from tests.helpers.cli import run_geartrain
+
+    result = run_geartrain("--version", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"geartrain {version('geartrain')}", result
+
+
+def test_config_dir_may_come_after_the_overrides(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_geartrain
+
+    result = run_geartrain(
+        "model=line", "--config-dir", "my_conf", "data=ramp", "--cfg", "job", cwd=_own_project(tmp_path), timeout=90
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "_target_: my_project.net.Line" in result.stdout and "_target_: my_project.net.Ramp" in result.stdout

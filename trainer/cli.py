@@ -335,6 +335,11 @@ def _main() -> None:
     from trainer.cli_errors import remove_empty, reported
     from trainer.common.errors import Interrupted
 
+    if "--version" in sys.argv[1:]:
+        print(f"geartrain {geartrain_version()}")
+        return
+    sys.argv[1:] = options_first(sys.argv[1:])
+
     try:
         with reported():
             from trainer.run_dirs import unique_run_dir_overrides
@@ -346,13 +351,72 @@ def _main() -> None:
             try:
                 # config_dir() also registers the schemas: once, as each registration builds the structured configs.
                 app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
-                app()
+                with help_without_schemas(sys.argv[1:]):
+                    app()
             finally:
                 for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
                     remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
     except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)
+
+
+#: Hydra's options that take a value (``--config-dir DIR``); ``--info`` takes one of its words, if one follows.
+_VALUED = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
+_VALUED |= {"--experimental-rerun"}
+_INFO_WORDS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def options_first(args: list[str]) -> list[str]:
+    """The command line with Hydra's options before the overrides, so they may be given in any order.
+
+    Hydra's parser takes the overrides as one run of positional words: ``a=1 --config-dir d b=2``
+    would leave ``b=2`` unrecognised (and so would the run-directory override geartrain appends).
+
+    >>> options_first(["model=net", "--config-dir", "my_conf", "-m", "lr=1,2"])
+    ['--config-dir', 'my_conf', '-m', 'model=net', 'lr=1,2']
+    """
+    options: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-"):  # an override never does (they start with a key, +, ++ or ~)
+            options.append(arg)
+            takes = arg in _VALUED or (arg in ("--info", "-i") and i + 1 < len(args) and args[i + 1] in _INFO_WORDS)
+            if takes and i + 1 < len(args):
+                options.append(args[i + 1])
+                i += 1
+        else:
+            overrides.append(arg)
+        i += 1
+    return options + overrides
+
+
+def geartrain_version() -> str:
+    """The installed distribution's version (``pyproject.toml``'s, in a checkout run from its folder)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("geartrain")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+@contextlib.contextmanager
+def help_without_schemas(args: list[str]) -> Any:
+    """``--help``: Hydra's page without the ``schema/*`` groups (the YAML files' typed bases, not choices)."""
+    if not any(a in ("--help", "-h") for a in args):
+        yield
+        return
+    import io
+
+    page = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(page):
+            yield
+    finally:  # Hydra may end the help with sys.exit(0)
+        print("\n".join(line for line in page.getvalue().splitlines() if not line.startswith("schema/")))
 
 
 def run_job(cfg: Any) -> float | None:
