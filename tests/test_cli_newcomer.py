@@ -230,3 +230,15 @@ def test_config_dir_may_come_after_the_overrides(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "_target_: my_project.net.Line" in result.stdout and "_target_: my_project.net.Ramp" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["callbacks", "strategies"])
+def test_a_users_file_named_like_a_geartrain_package_is_named(tmp_path: Path, name: str) -> None:
+    (tmp_path / f"{name}.py").write_text("value = 1\n")
+    (tmp_path / "train.py").write_text("from trainer import Trainer\n")
+    result = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"{tmp_path / name}.py hides geartrain's package '{name}': rename it (e.g. my_{name}.py)" in last, last
