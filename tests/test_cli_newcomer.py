@@ -242,3 +242,38 @@ def test_a_users_file_named_like_a_geartrain_package_is_named(tmp_path: Path, na
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert f"{tmp_path / name}.py hides geartrain's package '{name}': rename it (e.g. my_{name}.py)" in last, last
+
+
+@pytest.mark.slow
+def test_resuming_with_ckpt_path_last_continues_the_run_and_its_curve(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    from tests.helpers.cli import run_dirs, run_geartrain
+
+    project = _own_project(tmp_path)
+    first = run_geartrain(
+        *OWN[:-2], "task=fit", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", cwd=project
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    # The packaged monitor (val/acc) is not logged by this model: said once, in geartrain's words.
+    warned = [line for line in first.stderr.splitlines() if "val/acc" in line]
+    assert warned and warned[0].startswith("geartrain: warning: ModelCheckpoint(monitor='val/acc')"), first.stderr
+    assert "_monitor.py" not in first.stderr
+    second = run_geartrain(
+        *OWN[:-2],
+        "task=fit",
+        "trainer.max_epochs=2",
+        "ckpt_path=last",
+        "trainer.enable_progress_bar=false",
+        cwd=project,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    (run,) = run_dirs(project)
+    assert f"the run continues in {run.relative_to(project)}" in second.stdout, second.stdout[-2000:]
+    assert not (run / "cli.log").exists()  # Hydra's log file, empty
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    runs = EventMultiplexer().AddRunsFromDirectory(str(project / "outputs"))
+    runs.Reload()
+    assert list(runs.Runs()) == [str((run / "tensorboard").relative_to(project / "outputs"))]
+    steps = [event.step for event in runs.Scalars(next(iter(runs.Runs())), "val/loss")]
+    assert steps == sorted(steps) and len(steps) == 2 and steps[0] < steps[1], steps

@@ -339,15 +339,21 @@ def _main() -> None:
         print(f"geartrain {geartrain_version()}")
         return
     sys.argv[1:] = options_first(sys.argv[1:])
+    from trainer.cli_trace import short_warnings
+
+    short_warnings()
 
     try:
         with reported():
+            from trainer.cli_advice import resume_dir_overrides
             from trainer.run_dirs import unique_run_dir_overrides
 
             shared = shared_run_dir_overrides()
+            # A resumed fit continues in the run's own folder, so its TensorBoard curve is one line.
+            resumed = [] if shared else resume_dir_overrides(sys.argv[1:], Path.cwd())
             # Joined processes get the group's folder (or the user's hydra.run.dir, which claims nothing).
-            claimed = [] if shared else unique_run_dir_overrides(sys.argv[1:])
-            sys.argv.extend(shared or claimed)
+            claimed = [] if shared or resumed else unique_run_dir_overrides(sys.argv[1:])
+            sys.argv.extend(shared or resumed or claimed)
             try:
                 # config_dir() also registers the schemas: once, as each registration builds the structured configs.
                 app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
@@ -356,6 +362,10 @@ def _main() -> None:
             finally:
                 for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
                     remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
+                for override in claimed + resumed:  # Hydra's log file, when nothing was logged to it
+                    log = Path(override.partition("=")[2]) / "cli.log"
+                    if log.is_file() and log.stat().st_size == 0:
+                        log.unlink()
     except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)

@@ -11,17 +11,26 @@ Three kinds of choices are read against what the user typed on the command line:
   naming the logged keys (the packaged defaults stay lenient: they monitor the digits job's names,
   which an own project may not log);
 - a parallel strategy left at ``devices=auto`` on a machine without GPUs runs one process: said in
-  one line, with the override that starts more.
+  one line, with the override that starts more;
+- ``ckpt_path=last`` that continues training an earlier run continues it in that run's directory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from trainer.errors import ConfigError
 
-__all__ = ["explicit_keys", "hold_explicit_monitors", "optim_is_used", "recorded_config", "refuse_unused_optim"]
+__all__ = [
+    "explicit_keys",
+    "hold_explicit_monitors",
+    "optim_is_used",
+    "recorded_config",
+    "refuse_unused_optim",
+    "resume_dir_overrides",
+]
 
 #: The strategies that start (or join) one process per device.
 PARALLEL = ("DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "build_strategy")
@@ -124,3 +133,38 @@ def one_process_note(cfg: Any, world_size: int, name: str) -> str | None:
         f"strategy={name}: no GPU here, so devices=auto is one process; "
         f"for N processes on this CPU add trainer.devices=N (e.g. trainer.devices=2)"
     )
+
+
+def resume_dir_overrides(args: Sequence[str], base: Path) -> list[str]:
+    """``hydra.run.dir=<the run resumed>`` when ``ckpt_path=last`` continues training an earlier run.
+
+    A resumed fit continues the run in its own directory: the checkpoints next to the earlier ones,
+    and TensorBoard's curves in the same ``tensorboard/`` folder, so the run shows as one curve from
+    step 0 to its end rather than as two runs. The run is the one ``ckpt_path=last`` would resume
+    (:func:`trainer.run_dirs.resolve_last_checkpoint`: the newest ``last.ckpt`` of a run with the same
+    experiment, model and data). Returns ``[]`` (a fresh folder, as usual) for a sweep, a task that
+    does not train, a folder the user chose, or when there is nothing to resume.
+    """
+    keys = explicit_keys([a for a in args if not a.startswith("-")])
+    if keys.get("ckpt_path") != "last" or keys.get("task", "fit_test") not in ("fit", "fit_test"):
+        return []
+    if any(a in ("-m", "--multirun") for a in args) or "hydra.run.dir" in keys:
+        return []
+    if any(a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args):
+        return []
+    import contextlib
+    import io
+
+    from trainer.run_dirs import resolve_last_checkpoint
+
+    overrides = [a for a in args if not a.startswith("-")]
+    nowhere = base / "outputs" / ".geartrain-no-run"  # has no last.ckpt of its own
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: said below, once
+            found = Path(resolve_last_checkpoint(base, nowhere, overrides, sweep=False))
+    except ConfigError:
+        return []  # nothing to resume: the run itself says so
+    run_dir = found.parent.parent
+    shown = run_dir.relative_to(base) if run_dir.is_relative_to(base) else run_dir
+    print(f"ckpt_path=last: resuming {found}; the run continues in {shown} (its checkpoints and TensorBoard curves)")
+    return [f"hydra.run.dir={run_dir.as_posix()}"]

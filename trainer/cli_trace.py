@@ -95,3 +95,24 @@ def _frames_in_text(text: str, libraries: list[Path]) -> list[str]:
         if _is_users(match["file"], libraries):
             frames.append("".join("  " + line[indent:] + "\n" for line in block))
     return frames
+
+
+def short_warnings() -> None:
+    """Show geartrain's own warnings as ``geartrain: warning: <message>``, without our file path and source line.
+
+    A warning raised inside geartrain speaks to the user about their run; the path of the file that
+    raised it and its source line are ours, not theirs. Other libraries' warnings keep Python's form.
+    """
+    import warnings
+
+    libraries = _library_folders()[:3]
+    plain = warnings.formatwarning
+
+    def format_warning(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
+        if _is_users(filename, libraries):
+            return plain(message, category, filename, lineno, line)
+        return f"geartrain: warning: {message}\n"
+
+    warnings.formatwarning = format_warning
