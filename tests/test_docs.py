@@ -205,3 +205,67 @@ def test_block_runs(block: Block, folders: dict[Any, Path], tmp_path_factory: py
         assert text in output, f"{block.name}: the output lacks {text!r}:\n{output[-3000:]}"
     for text in block.expect_not:
         assert text not in output, f"{block.name}: the output holds {text!r}:\n{output[-3000:]}"
+
+
+def test_the_readme_leads_in_at_most_250_lines() -> None:
+    lines = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move the detail to docs/"
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[0].startswith("## Why geartrain"), headings
+
+
+#: The README's sentence after its script: each strategy it names, written as it says.
+SWITCHES = {
+    "fsdp": 'strategy="fsdp", devices=2',
+    "dp": 'strategy="dp", devices=2',
+    "single": 'strategy="single"',
+    "amp": 'strategy="amp"',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_the_readme_script_trains_with_every_strategy_its_sentence_names(tmp_path: Path) -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    (script,) = [
+        b for b in blocks(REPO_ROOT / "README.md") if b.lang == "python" and 'strategy="ddp", devices=2' in b.code
+    ]
+    for name in SWITCHES:
+        assert f'"{name}"' in readme[readme.index("in place of") - 200 : readme.index("in place of") + 300], name
+    running = {}
+    for name, written in SWITCHES.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "train.py").write_text(script.code.replace('strategy="ddp", devices=2', written))
+        running[name] = subprocess.Popen(
+            [sys.executable, "train.py"],
+            cwd=folder,
+            env=environment(outside=True),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    for name, proc in running.items():
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+        assert proc.returncode == 0 and "val/loss 0." in output, f"strategy {name}:\n{output[-3000:]}"
+
+
+def test_make_test_ends_with_a_line_a_newcomer_can_read(tmp_path: Path) -> None:
+    """The suite's conftest adds one line before pytest's count: passed, skipped with reasons, time."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_sessionstart, pytest_terminal_summary\n")
+    (tmp_path / "test_small.py").write_text(
+        "import pytest\n\ndef test_one():\n    pass\n\ndef test_two():\n    pytest.skip('needs a GPU')\n"
+    )
+    env = {**environment(), "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-ra", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert re.fullmatch(r"geartrain tests: 1 passed, 1 skipped \(needs a GPU\), in 0 min \d+ s", lines[-2]), lines[-6:]
+    assert re.search(r"1 passed, 1 skipped in", lines[-1]), lines[-1]  # pytest's own, last, for CI
