@@ -95,7 +95,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         parts.append(f"{counts['failed'] + counts['error']} FAILED (listed above)")
     if counts["skipped"]:
         why = "; ".join(f"{n} x {r}" if n > 1 else r for r, n in reasons.most_common(3))
-        more = f"; {len(reasons) - 3} other reasons above" if len(reasons) > 3 else ""
+        more = f"; {len(reasons) - 3} other reason{'s' if len(reasons) > 4 else ''} above" if len(reasons) > 3 else ""
         parts.append(f"{counts['skipped']} skipped ({why}{more})")
     parts.append(f"in {int(elapsed // 60)} min {int(elapsed % 60)} s")
     verdict = "geartrain tests: " + ", ".join(parts)
