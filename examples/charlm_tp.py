@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from examples.charlm import GPT, CharLM, decode, encode
+from .charlm import GPT, CharLM, decode, encode
 
 __all__ = ["CharLMTP", "parallelize_gpt"]
 

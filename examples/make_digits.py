@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from examples.digits import DIGITS_PATH
+from .digits import DIGITS_PATH
 
 __all__ = ["make_digits"]
 

@@ -312,7 +312,7 @@ def _run_payload(payload: str) -> bytes | None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     # The work is done: from here the worker only hands its result over and exits 0. Its interpreter's
-    # finalization could abort it (see trainer.cli.app.leave_group_process: a gloo thread still releasing a
+    # finalization could abort it (see trainer.cli.command.leave_group_process: a gloo thread still releasing a
     # collective's tensors), which the agent would report as a failed run; the first exit handler ends
     # the process before that.
     atexit.register(_exit_done)

@@ -80,7 +80,7 @@ def record_errors() -> None:
     :class:`~strategies.launch.WorkerFailedError`); in rank 0 it is printed as usual. Then the exit
     handlers run and the process ends without the interpreter's finalization: with the group's peers
     gone, gloo's threads can keep a finalizing interpreter from ever ending (see
-    ``trainer.cli.app.leave_group_process``).
+    ``trainer.cli.command.leave_group_process``).
     """
     if getattr(sys.excepthook, "_geartrain", False):
         return

@@ -205,7 +205,10 @@ def resolve_strategy(
     if "devices" in params:
         kwargs["devices"] = devices
     elif devices not in ("auto", 1, "1"):
-        raise ValueError(f"strategy={name!r} runs on one device; got devices={devices!r}")
+        raise ValueError(
+            f"strategy={name!r} runs on one device; got devices={devices!r}: leave devices out, "
+            f"or use strategy='ddp' for one process per device"
+        )
     if "num_nodes" in params:
         kwargs["num_nodes"] = num_nodes
     elif num_nodes != 1:

@@ -54,3 +54,50 @@ def _restore_global_state() -> Iterator[None]:
 
 # Scripts that made the files under tests/data (run with pytorch-lightning, not a dependency): not collected.
 collect_ignore_glob = ["data/*"]
+
+
+_STARTED = 0.0
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note when the run started, for the closing line's time."""
+    import time
+
+    global _STARTED
+    _STARTED = time.monotonic()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> Iterator[None]:
+    """One closing line a newcomer can read: what passed, failed and was skipped (and why, grouped), and the time.
+
+    Written after pytest's own sections (failures, ``-ra``'s list); pytest's one-line count stays the last
+    line (CI reads it), right after this one.
+    """
+    yield
+    import time
+    from collections import Counter
+
+    stats = terminalreporter.stats
+    counts = {kind: len(stats.get(kind, [])) for kind in ("passed", "failed", "error", "skipped", "xfailed")}
+    if not any(counts.values()):
+        return
+    reasons: Counter[str] = Counter()
+    for report in stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        # A docs block's reason starts with its page and line: group by what follows.
+        reasons[reason.split(": ", 1)[1] if reason.count(": ") and ".md:" in reason.split(": ", 1)[0] else reason] += 1
+    elapsed = time.monotonic() - _STARTED
+    parts = [f"{counts['passed']} passed"]
+    if counts["failed"] or counts["error"]:
+        parts.append(f"{counts['failed'] + counts['error']} FAILED (listed above)")
+    if counts["skipped"]:
+        why = "; ".join(f"{n} x {r}" if n > 1 else r for r, n in reasons.most_common(3))
+        more = f"; {len(reasons) - 3} other reason{'s' if len(reasons) > 4 else ''} above" if len(reasons) > 3 else ""
+        parts.append(f"{counts['skipped']} skipped ({why}{more})")
+    parts.append(f"in {int(elapsed // 60)} min {int(elapsed % 60)} s")
+    verdict = "geartrain tests: " + ", ".join(parts)
+    terminalreporter.write_sep("=", "summary", bold=True)
+    terminalreporter.write_line(verdict)

@@ -73,7 +73,7 @@ def test_data_reads_a_utf8_corpus_and_splits_train_from_validation(tmp_path: Pat
 def test_experiments_compose(name: str, target: str) -> None:
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose("config", overrides=[_experiment_override(name)])
-    assert cfg.model._target_ == "examples.charlm.CharLM"
+    assert cfg.model._target_ == "trainer.examples.charlm.CharLM"
     assert cfg.data.block_size == cfg.model.block_size
     assert type(instantiate(cfg.strategy)).__name__ == target
 

@@ -9,6 +9,11 @@ repository root gives). Python blocks run as a script with this interpreter; she
 - ``<!-- skip-test: REASON -->``: not run (a GPU, a cluster, a server, a long run); the test is
   reported as skipped with REASON, so ``pytest -ra`` lists each one.
 - ``<!-- file: PATH -->``: the block is written to PATH in the page's folder instead of run.
+- ``<!-- expect: TEXT -->`` (any number): the block's output (stdout and stderr) must hold TEXT;
+  ``<!-- expect-not: TEXT -->``: it must not. A block is checked for what matters, not only its exit code.
+- ``<!-- folder: NAME -->``: the block runs in (or writes to) a folder NAME of its own, outside any
+  checkout: no links to the repository, no ``PYTHONPATH``; what a newcomer's own project folder has
+  is the installed ``geartrain`` (the venv) and what earlier blocks wrote there.
 
 Other languages (``text``, ``yaml``, output listings) are shown, not run.
 """
@@ -22,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +37,7 @@ PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("**/*.md"))]
 RUN = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
 TIMEOUT_S = 240
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
-MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip-test|file):\s*(?P<value>.*?)\s*-->\s*$")
+MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip-test|file|expect|expect-not|folder):\s*(?P<value>.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class Block:
     code: str
     skip: str | None = None
     file: str | None = None
+    expect: tuple[str, ...] = ()
+    expect_not: tuple[str, ...] = ()
+    folder: str | None = None
 
     @property
     def name(self) -> str:
@@ -61,12 +70,25 @@ def blocks(page: Path) -> list[Block]:
         indent, lang = len(opening["indent"]), opening["lang"].lower()
         end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
         code = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
-        marks = {}
+        marks: dict[str, list[str]] = {}
         k = i - 1
         while k >= 0 and (mark := MARK.match(lines[k])):
-            marks[mark["kind"]] = mark["value"]
+            marks.setdefault(mark["kind"], []).insert(0, mark["value"])
             k -= 1
-        found.append(Block(page, i + 1, lang, code, marks.get("skip-test"), marks.get("file")))
+        one = {kind: values[-1] for kind, values in marks.items()}
+        found.append(
+            Block(
+                page,
+                i + 1,
+                lang,
+                code,
+                one.get("skip-test"),
+                one.get("file"),
+                tuple(marks.get("expect", [])),
+                tuple(marks.get("expect-not", [])),
+                one.get("folder"),
+            )
+        )
         i = end + 1
     return found
 
@@ -75,7 +97,7 @@ ALL = [b for page in PAGES for b in blocks(page) if b.lang in RUN or b.file is n
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Path]:
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Path]:
     """One working folder per page, made on first use."""
     return {}
 
@@ -86,12 +108,18 @@ def top_level_entries() -> set[str]:
     return {line.split("/", 1)[0] for line in out.splitlines()}
 
 
-def folder_for(block: Block, folders: dict[Path, Path], factory: pytest.TempPathFactory) -> Path:
+def folder_for(block: Block, folders: dict[Any, Path], factory: pytest.TempPathFactory) -> Path:
     """The page's folder: a stand-in for the repository root whose entries link to this checkout's.
 
     Commands that name repository paths (``tests/...``, ``conf/...``, ``.venv/bin/activate``) work
     as from the root, while what the blocks write (``outputs/``, ``my_project/``) stays in the folder.
+    A block marked ``folder: NAME`` gets an empty folder of that name instead, one per page.
     """
+    if block.folder is not None:
+        key = (block.page, block.folder)
+        if key not in folders:
+            folders[key] = factory.mktemp(block.folder)
+        return folders[key]
     if block.page not in folders:
         folder = factory.mktemp(block.page.stem.lower())
         for name in top_level_entries():
@@ -101,12 +129,15 @@ def folder_for(block: Block, folders: dict[Path, Path], factory: pytest.TempPath
     return folders[block.page]
 
 
-def environment() -> dict[str, str]:
+def environment(outside: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYDRA_FULL_ERROR"))}
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    if outside:  # only what the installed geartrain gives
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
     env["COLUMNS"] = "120"
     return env
@@ -139,7 +170,7 @@ def test_every_skip_says_why() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 30)
 @pytest.mark.parametrize("block", ALL, ids=[b.name for b in ALL])
-def test_block_runs(block: Block, folders: dict[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_block_runs(block: Block, folders: dict[Any, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
     if block.skip is not None:
         pytest.skip(f"{block.name}: {block.skip}")
     cwd = folder_for(block, folders, tmp_path_factory)
@@ -158,8 +189,83 @@ def test_block_runs(block: Block, folders: dict[Path, Path], tmp_path_factory: p
     else:
         command = [shutil.which("bash") or "/bin/bash", "-euo", "pipefail", "-c", block.code]
     result = subprocess.run(
-        command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+        command,
+        cwd=cwd,
+        env=environment(outside=block.folder is not None),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
     )
     assert result.returncode == 0, (
         f"{block.name} failed:\n{block.code}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     )
+    output = result.stdout + result.stderr
+    for text in block.expect:
+        assert text in output, f"{block.name}: the output lacks {text!r}:\n{output[-3000:]}"
+    for text in block.expect_not:
+        assert text not in output, f"{block.name}: the output holds {text!r}:\n{output[-3000:]}"
+
+
+def test_the_readme_leads_in_at_most_250_lines() -> None:
+    lines = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move the detail to docs/"
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[0].startswith("## Why geartrain"), headings
+
+
+#: The README's sentence after its script: each strategy it names, written as it says.
+SWITCHES = {
+    "fsdp": 'strategy="fsdp", devices=2',
+    "dp": 'strategy="dp", devices=2',
+    "single": 'strategy="single"',
+    "amp": 'strategy="amp"',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_the_readme_script_trains_with_every_strategy_its_sentence_names(tmp_path: Path) -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    (script,) = [
+        b for b in blocks(REPO_ROOT / "README.md") if b.lang == "python" and 'strategy="ddp", devices=2' in b.code
+    ]
+    for name in SWITCHES:
+        assert f'"{name}"' in readme[readme.index("in place of") - 200 : readme.index("in place of") + 300], name
+    running = {}
+    for name, written in SWITCHES.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "train.py").write_text(script.code.replace('strategy="ddp", devices=2', written))
+        running[name] = subprocess.Popen(
+            [sys.executable, "train.py"],
+            cwd=folder,
+            env=environment(outside=True),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    for name, proc in running.items():
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+        assert proc.returncode == 0 and "val/loss 0." in output, f"strategy {name}:\n{output[-3000:]}"
+
+
+def test_make_test_ends_with_a_line_a_newcomer_can_read(tmp_path: Path) -> None:
+    """The suite's conftest adds one line before pytest's count: passed, skipped with reasons, time."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_sessionstart, pytest_terminal_summary\n")
+    (tmp_path / "test_small.py").write_text(
+        "import pytest\n\ndef test_one():\n    pass\n\ndef test_two():\n    pytest.skip('needs a GPU')\n"
+    )
+    env = {**environment(), "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-ra", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert re.fullmatch(r"geartrain tests: 1 passed, 1 skipped \(needs a GPU\), in 0 min \d+ s", lines[-2]), lines[-6:]
+    assert re.search(r"1 passed, 1 skipped in", lines[-1]), lines[-1]  # pytest's own, last, for CI

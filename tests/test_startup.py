@@ -123,7 +123,7 @@ sys.stdout.write("buffered, no newline")
 
 _FREEZE_SCRIPT = """
 import gc, sys
-from trainer.cli.app import freeze_startup_objects
+from trainer.cli.command import freeze_startup_objects
 
 freeze_startup_objects()
 sys.stderr.write(f"frozen={gc.get_freeze_count()}")

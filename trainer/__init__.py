@@ -28,8 +28,16 @@ _LAZY = {
 }
 
 
+_CHECKED: list[bool] = []
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        if not _CHECKED:
+            from trainer.shadowing import check_sibling_packages
+
+            check_sibling_packages()  # a user's callbacks.py would otherwise fail deep inside the import
+            _CHECKED.append(True)
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # later look-ups find it without calling this again
         return value

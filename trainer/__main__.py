@@ -1,6 +1,6 @@
 """``python -m trainer`` is the ``geartrain`` command."""
 
-from trainer.cli.app import main
+from trainer.cli.command import main
 
 if __name__ == "__main__":
     main()

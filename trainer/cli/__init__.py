@@ -14,6 +14,6 @@
 
 from __future__ import annotations
 
-from trainer.cli.app import main
+from trainer.cli.command import main
 
 __all__ = ["main"]

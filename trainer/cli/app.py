@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
@@ -16,10 +15,12 @@ __all__ = [
     "build_callbacks",
     "can_test",
     "check_config",
-    "freeze_startup_objects",
-    "main",
+    "config_dir",
+    "group_position",
     "resolve_ckpt_path",
+    "run_job",
     "run_task",
+    "shared_run_dir_overrides",
 ]
 
 TASKS = ("fit", "validate", "test", "predict", "fit_test", "lr_find", "scale_batch_size")
@@ -54,27 +55,34 @@ def run_task(cfg: Any) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from trainer import Trainer, seed_everything
+    from trainer.cli.advice import command_line_keys, one_process_note, recorded_config, refuse_unused_optim
 
     check_config(cfg)
+    explicit = command_line_keys()
+    refuse_unused_optim(cfg, explicit)
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
     from strategies.relaunch import started_by_rerun
 
     # A rank that rank 0 started gets rank 0's choice in fit (resolving "last" again could differ).
     ckpt = cfg.get("ckpt_path") if started_by_rerun() else resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    choice = HydraConfig.get().runtime.choices.get("strategy") if HydraConfig.initialized() else None
+    note = one_process_note(cfg, group_position()[1], str(choice or "ddp"))
+    if note is not None:
+        print(note)
     seed_everything(int(cfg.seed))
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
     strategy = instantiate(cfg.strategy)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
-    callbacks = build_callbacks(cfg, trainer_kwargs)
+    callbacks = build_callbacks(cfg, trainer_kwargs, explicit)
     try:
         trainer = Trainer(
             **{str(k): v for k, v in trainer_kwargs.items()},
             strategy=strategy,
             callbacks=callbacks,
             default_root_dir=run_dir,
-            config=cfg,
+            config=recorded_config(cfg),
         )
     except (TypeError, ValueError) as err:
         # Every argument comes from the config's trainer node (or objects built from their groups).
@@ -244,23 +252,26 @@ def shared_run_dir_overrides(env: dict[str, str] | None = None) -> list[str]:
     return overrides
 
 
-def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
+def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any], explicit: dict[str, str] | None = None) -> list[Any]:
     """Instantiate every entry of the ``callbacks`` and ``logger`` groups.
 
     Where the config has those groups they are the whole set: ``trainer_kwargs`` is changed so the
     Trainer adds no default progress bar, checkpoint or TensorBoard logger of its own (otherwise
     ``~callbacks.progress_bar`` would bring one back). The trainer flags still work as switches:
     ``trainer.enable_progress_bar=false``, ``trainer.enable_checkpointing=false`` and
-    ``trainer.logger=false`` drop the matching entries.
+    ``trainer.logger=false`` drop the matching entries. A ``monitor`` in ``explicit`` (the command
+    line's keys) is held to: never logged, it ends the run (:func:`~trainer.cli.advice.hold_explicit_monitors`).
     """
     from hydra.utils import instantiate
 
     import callbacks as cbs
+    from trainer.cli.advice import hold_explicit_monitors
 
     built: list[Any] = []
     for group in ("callbacks", "logger"):
         node = cfg.get(group)
         if node:
+            hold_explicit_monitors(node, group, explicit or {})
             for name, entry in node.items():
                 if entry is None:
                     continue
@@ -281,88 +292,6 @@ def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
     return built
 
 
-def main() -> None:
-    """Entry point of ``geartrain`` and ``python -m trainer``.
-
-    A process of a group of several (torchrun, srun) ends with :func:`leave_group_process`."""
-    try:
-        _main()
-    except SystemExit as exc:
-        leave_group_process(exc.code)
-        raise
-    leave_group_process(0)
-
-
-def leave_group_process(code: Any) -> None:
-    """End a process that belongs to a process group of several, skipping the interpreter's finalization.
-
-    A gloo process group keeps worker threads, and a thread that releases a finished collective's
-    tensors takes the GIL to drop their Python objects. When the main thread is already finalizing the
-    interpreter, CPython ends a thread that asks for the GIL with ``pthread_exit``; unwinding through
-    the C++ destructor that asked calls ``std::terminate``, and the process aborts (SIGABRT, "terminate
-    called without an active exception") after its work is done. Here the ``atexit`` handlers run
-    (files and logs are flushed and closed, and the GIL is still there for the threads to take),
-    then the process exits with its status at once, without the finalization. Anything else
-    (one process, an exception on its way out) returns and exits as usual.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    import atexit
-
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:  # sys.exit("message") prints the message and exits with 1
-        print(code, file=sys.stderr)
-        status = 1
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left
-            stream.flush()
-    os._exit(status)
-
-
-def _main() -> None:
-    freeze_startup_objects()
-    import hydra
-
-    # The user's own code (``model._target_=my_project.Net``) is importable from where they run.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    from trainer.cli.errors import remove_empty, reported
-    from trainer.common.errors import Interrupted
-
-    try:
-        with reported():
-            from trainer.cli.run_dir_guard import guarded_run_dir
-            from trainer.cli.run_dirs import held_folder, unique_run_dir_overrides
-
-            shared = shared_run_dir_overrides()
-            # Joined processes get the group's folder (or the user's hydra.run.dir, which claims nothing).
-            claimed = [] if shared else unique_run_dir_overrides(sys.argv[1:])
-            sys.argv.extend(shared or claimed)
-            # The folder's lock is taken before Hydra writes into it (rank 0 of a group holds it for all).
-            rank, world = group_position()
-            folder = held_folder(sys.argv[1:]) if world <= 1 or rank == 0 else None
-            held = guarded_run_dir(folder, claimed=bool(claimed)) if folder else contextlib.nullcontext()
-            try:
-                with held:
-                    # config_dir() also registers the schemas: once, as each registration builds the structured configs.
-                    app = hydra.main(version_base=None, config_path=str(config_dir()), config_name="config")(run_job)
-                    app()
-            finally:
-                for override in claimed:  # a folder no job used (an error before the job, --cfg, ...): gone again
-                    remove_empty(Path(override.partition("=")[2]), stop_at=Path.cwd())
-    except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
-        print(f"geartrain: interrupted: {err}", file=sys.stderr)
-        sys.exit(128 + err.signal)
-    except KeyboardInterrupt:  # Ctrl-C outside training, or a second one during it: nothing more was saved
-        print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
-        sys.exit(130)
-
-
 def run_job(cfg: Any) -> float | None:
     """The Hydra task: :func:`run_task`; a run that fails before writing anything leaves no run directory.
 
@@ -371,36 +300,22 @@ def run_job(cfg: Any) -> float | None:
     null), for Hydra's sweepers to optimise.
     """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from trainer.cli.run_dir_guard import job_held
     from trainer.cli.sweep_summary import optimising_sweep
+    from trainer.cli.trace import ReportedMistake
 
     rank, world = group_position()
-    with job_held(Path(HydraConfig.get().runtime.output_dir), shared=world > 1 and rank != 0):
-        value = optimized_value(cfg, run_task(cfg))
+    try:
+        with job_held(Path(HydraConfig.get().runtime.output_dir), shared=world > 1 and rank != 0):
+            value = optimized_value(cfg, run_task(cfg))
+    except Exception as err:
+        if HydraConfig.get().mode == RunMode.RUN:
+            # Past Hydra untouched, which would print a line of its own first; reported() shows it.
+            raise ReportedMistake(err) from err
+        raise
     if value is not None and math.isnan(value) and optimising_sweep():
         # Hydra's Optuna sweeper cannot take a NaN (it fails telling the study); a raised trial it records as failed.
         raise FloatingPointError(f"{cfg.optimized_metric} ended as nan")
     return value
-
-
-def freeze_startup_objects() -> None:
-    """Take the objects alive now (torch's and geartrain's, made while importing) out of the cycle collector's sight.
-
-    They live as long as the process, yet every full collection walks them again: while
-    ``torch._dynamo`` (which every optimizer imports) and Hydra import, and once more when the
-    interpreter exits. ``gc.freeze()`` moves them to the permanent generation; about 0.4 s of CPU
-    less for a one-step job on a 2-core machine, a fifth of its whole process. Everything made later
-    (the user's module, data, loggers, files) is collected as usual, and the exit stays the normal
-    one: threads joined, ``atexit`` hooks run, files flushed and closed. The one difference: the
-    modules imported before (torch, geartrain) are left to the operating system at exit instead of
-    being collected, as Python allows. Called first thing in :func:`main`, before the user's code is
-    imported, so nothing of the user's is among them (``tests/test_startup.py``).
-    """
-    import gc
-
-    # The package imports its names lazily: import the Trainer (torch, the loops, the callbacks' base)
-    # now, so that what every run imports anyway is made before the freeze and is among the frozen.
-    import trainer.trainer  # noqa: F401
-
-    gc.freeze()

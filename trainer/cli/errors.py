@@ -79,12 +79,21 @@ def reported() -> Iterator[None]:
     """
     wanted_traceback = os.environ.get(FULL_ERROR) == "1"
     os.environ[FULL_ERROR] = "1"
+    from trainer.cli.trace import ReportedMistake, user_traceback
+
     try:
         yield
-    except Exception as err:
+    except (Exception, ReportedMistake) as caught:
+        err = caught.error if isinstance(caught, ReportedMistake) else caught
         message = None if wanted_traceback else describe(err)
         if message is None:
-            raise
+            shown = None if wanted_traceback else user_traceback(err, FULL_ERROR)
+            if shown is None:
+                if isinstance(caught, ReportedMistake):
+                    raise err from err.__cause__
+                raise
+            print(shown, file=sys.stderr)
+            sys.exit(1)
         from strategies.rank_process import hand_over
 
         if hand_over(err):  # a rank that rank 0 started: rank 0 says it, once
