@@ -128,7 +128,7 @@ def test_save_checkpoint_at_a_window_end_and_weights_only_inside_one_are_allowed
     module, kwargs = make()
     quiet_trainer(tmp_path, [Save()], **OPTIONS).fit(module, **kwargs)
     assert load_checkpoint(tmp_path / "full.ckpt")["progress"]["batch_in_epoch"] % K == 0
-    assert "optimizers" not in load_checkpoint(tmp_path / "weights.ckpt")
+    assert "optimizer_states" not in load_checkpoint(tmp_path / "weights.ckpt")
 
 
 def test_the_last_saved_step_is_restored(tmp_path: Path) -> None:

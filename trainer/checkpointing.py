@@ -8,11 +8,13 @@ room decides the content (DESIGN.md, "Checkpoints"), restores a run from it, res
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import resume_checks
 from trainer.checkpoint import FORMAT_NAME, FORMAT_VERSION, AsyncCheckpointWriter, load_checkpoint, write_checkpoint
+from trainer.checkpoint_layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
@@ -62,8 +64,14 @@ class CheckpointConnector:
         """The path of ``last.ckpt`` in ``directory`` (default: :meth:`directory`)."""
         return Path(directory if directory is not None else self.directory()) / LAST_CHECKPOINT
 
-    def resolve(self, ckpt_path: str | os.PathLike[str]) -> Path:
-        """A path as given, or the file ``"last"``/``"best"`` stands for in this run."""
+    def resolve(self, ckpt_path: str | os.PathLike[str], stage: str | None = None) -> Path | None:
+        """A path as given, or the file ``"last"``/``"best"`` stands for in this run.
+
+        ``"last"`` before any checkpoint exists is None: as in Lightning, no checkpoint is loaded and
+        training starts from scratch, so a job script can pass ``ckpt_path="last"`` on every start
+        (set and forget, for preemptible jobs). With ``stage`` (the running ``fit``, ``validate``,
+        ...) that is said in a warning, in Lightning's words. ``"best"`` before any is an error.
+        """
         if str(ckpt_path) not in ("last", "best"):
             return Path(ckpt_path)
         cb = self._trainer.checkpoint_callback
@@ -72,6 +80,15 @@ class CheckpointConnector:
         if not found and str(ckpt_path) == "last" and cb is not None:
             candidate = self.last_path()  # a file, or a sharded directory (complete_path: see there)
             found = str(candidate) if complete_path(candidate).exists() else None
+        if not found and str(ckpt_path) == "last":
+            if stage is not None and self._trainer.is_global_zero:
+                fresh = " Training starts from scratch." if stage == "fit" else ""
+                warnings.warn(
+                    f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                    f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
+                    stacklevel=2,
+                )
+            return None
         if not found:
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         return Path(found)
@@ -101,19 +118,29 @@ class CheckpointConnector:
             model = t.strategy.sharded_model_state_dict()
         else:
             model = t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
+        progress = t.progress.state_dict()
+        # Lightning's keys (trainer.checkpoint_layout) beside geartrain's: Lightning reads this file too.
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
+            "epoch": t.current_epoch,
+            "global_step": t.global_step,
+            "pytorch-lightning_version": LIGHTNING_LAYOUT_VERSION,
             "state_dict": model,
-            "progress": t.progress.state_dict(),
-            "hparams": hparams,
+            "loops": lightning_loops(progress, bool(getattr(t.module, "automatic_optimization", True))),
+            "progress": progress,
+            "hyper_parameters": hparams,
             "hparams_unsaved": unsaved,  # recorded as descriptions: load_from_checkpoint asks for them
             "config": to_plain(t.config),
         }
         if t.datamodule is not None:
-            state["datamodule_hparams"], state["datamodule_hparams_unsaved"] = plain_hparams(t.datamodule.hparams)
+            state["datamodule_hyper_parameters"], state["datamodule_hparams_unsaved"] = plain_hparams(
+                t.datamodule.hparams
+            )
         if not weights_only:
-            state.update(self.training_state(sharded))
+            training = self.training_state(sharded)
+            state["loops"].update(training.pop("loops", {}))  # the sampler's order beside Lightning's loops
+            state.update(training)
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
             mid_epoch = t.stage == "fit" and not t.progress.epoch_finished
             state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
@@ -135,7 +162,7 @@ class CheckpointConnector:
         t = self._trainer
         optimizer_state = t.strategy.sharded_optimizer_state_dict if sharded else t.strategy.optimizer_state_dict
         state: dict[str, Any] = {
-            "optimizers": [optimizer_state(opt) for opt in t.optimizers],
+            "optimizer_states": [optimizer_state(opt) for opt in t.optimizers],
             "lr_schedulers": [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs],
             # The kinds, so that resuming with another optimizer or scheduler is refused by name.
             "optimizer_types": resume_checks.types_of(t.optimizers),
@@ -225,9 +252,8 @@ class CheckpointConnector:
     # ----------------------------------------------------------------- restore
     def restart_path(self) -> Path | None:
         """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
-        try:
-            path = self.resolve("last")
-        except CheckpointError:
+        path = self.resolve("last")
+        if path is None:
             return None
         if self._trainer.is_global_zero:
             print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
@@ -243,6 +269,8 @@ class CheckpointConnector:
         t = self._trainer
         self.wait()
         path = self.resolve(ckpt_path)
+        if path is None:
+            raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         state = _read_any(path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
@@ -261,7 +289,7 @@ class CheckpointConnector:
             self._load_weights(path, state["state_dict"])
         if not full:
             return
-        for opt, opt_state in zip(t.optimizers, state["optimizers"] if sharded is None else ()):
+        for opt, opt_state in zip(t.optimizers, state["optimizer_states"] if sharded is None else ()):
             t.strategy.load_optimizer_state_dict(opt, opt_state)
         planned = [resume_checks.schedule_length(cfg.scheduler) for cfg in t.lr_scheduler_configs]
         for cfg, sched_state in zip(t.lr_scheduler_configs, state["lr_schedulers"]):

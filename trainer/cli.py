@@ -56,7 +56,7 @@ def run_task(cfg: Any) -> dict[str, float]:
 
     check_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
-    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir, fresh_if_no_last=cfg.task in ("fit", "fit_test"))
     seed_everything(int(cfg.seed))
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
@@ -147,7 +147,7 @@ def check_config(cfg: Any) -> None:
                 raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
 
 
-def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path, fresh_if_no_last: bool = False) -> str | None:
     """``"last"`` means this run's ``checkpoints/last.ckpt``, else the newest ``last.ckpt`` of an earlier run like it.
 
     Earlier runs are searched under ``outputs/`` and ``multirun/`` of the folder ``geartrain`` was
@@ -155,6 +155,10 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     :func:`trainer.run_dirs.resolve_last_checkpoint`; the choice is printed, so a resume never
     silently picks the wrong file. Any other value must name a file (or a sharded checkpoint's
     folder) that exists.
+
+    With ``fresh_if_no_last`` (training), ``"last"`` when there is none yet warns and gives None:
+    training starts from scratch, as Lightning's ``fit(ckpt_path="last")`` does, so a preemptible
+    job's script can pass ``ckpt_path=last`` on its first start too. Evaluating needs a checkpoint.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -176,7 +180,21 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     overrides = list(hydra_cfg.overrides.task) if hydra_cfg is not None else []
     sweep = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
-    return resolve_last_checkpoint(base, run_dir, overrides, sweep)
+    try:
+        return resolve_last_checkpoint(base, run_dir, overrides, sweep)
+    except ConfigError as err:
+        if not fresh_if_no_last:
+            raise
+        if group_position()[0] == 0:
+            import warnings
+
+            reason = str(err).removeprefix("ckpt_path=last: ")
+            warnings.warn(
+                f"ckpt_path=last is set, but there is no last checkpoint available: training starts from scratch "
+                f"({reason})",
+                stacklevel=2,
+            )
+        return None
 
 
 def group_position(env: dict[str, str] | None = None) -> tuple[int, int]:
