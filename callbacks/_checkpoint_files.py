@@ -40,7 +40,7 @@ def check_lightning_options(
         raise ValueError(f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one")
 
 
-def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True) -> str:
+def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True, equals: str = "=") -> str:
     """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``nan`` where missing).
 
     A field becomes ``name=value`` (``insert_names``) or ``value``; characters other than letters,
@@ -58,12 +58,13 @@ def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = T
         if isinstance(value, torch.Tensor):
             value = value.item()
         text = "nan" if value is None else format(value, spec[1:])
-        return f"{name}={text}" if insert_names else text
+        return f"{name}{equals}{text}" if insert_names else text
 
-    return _UNSAFE.sub("_", _FIELD.sub(fill, template))
+    unsafe = _UNSAFE if equals == "=" else re.compile(rf"[^A-Za-z0-9._=+\-{re.escape(equals)}]")
+    return unsafe.sub("_", _FIELD.sub(fill, template))
 
 
-def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1) -> str:
+def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1, join: str = "-") -> str:
     """``path`` if not ``taken``, else the first free ``<stem>-v<N><suffix>`` (Lightning's version counter).
 
     >>> free_path("a/epoch=1.ckpt", lambda p: p in {"a/epoch=1.ckpt", "a/epoch=1-v1.ckpt"})
@@ -72,7 +73,7 @@ def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1) -
     stem, suffix = os.path.splitext(path)
     candidate, version = path, first_version
     while taken(candidate):
-        candidate = f"{stem}-v{version}{suffix}"
+        candidate = f"{stem}{join}v{version}{suffix}"
         version += 1
     return candidate
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import warnings
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +31,24 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = ["ModelCheckpoint"]
+
+#: Monitors that need no logging, as in Lightning: the epoch and the global step of the save.
+_BUILT_IN = ("epoch", "step")
+
+
+def default_dirpath(trainer: Trainer) -> tuple[str, str | None]:
+    """Lightning's default folder: ``<save_dir>/<name>/<version>/checkpoints`` of the first logger
+    (``version_N`` for a number), else ``<default_root_dir>/checkpoints``; and the folder of the
+    logger's versions (``<save_dir>/<name>``, None without a logger)."""
+    loggers = list(getattr(trainer, "loggers", None) or [])
+    if not loggers:
+        return str(trainer.checkpointing.default_directory()), None
+    logger = loggers[0]
+    save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
+    version = logger.version
+    version = version if isinstance(version, str) else f"version_{version}"
+    versions = os.path.join(save_dir, str(logger.name))
+    return os.path.join(versions, version, "checkpoints"), versions
 
 
 class ModelCheckpoint(SaveSchedule):
@@ -94,6 +114,7 @@ class ModelCheckpoint(SaveSchedule):
 
     CHECKPOINT_JOIN_CHAR = "-"
     CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
     FILE_EXTENSION = ".ckpt"
     STARTING_VERSION = 1
 
@@ -131,7 +152,8 @@ class ModelCheckpoint(SaveSchedule):
         check_lightning_options(save_last, every_n_train_steps, every_n_epochs, train_time_interval)
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
-        self.dirpath = Path(dirpath) if dirpath is not None else None
+        # As Lightning: ``~`` expanded, links resolved, kept as a str.
+        self.dirpath: str | None = os.path.realpath(os.path.expanduser(dirpath)) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
         self.verbose = verbose
@@ -157,11 +179,16 @@ class ModelCheckpoint(SaveSchedule):
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
+        #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
+        self.kth_best_model_path = ""
+        self.kth_value: float = math.inf if mode == "min" else -math.inf
+        #: The monitored value of the newest ranked save (NaN read as the worst: +inf for min, -inf for max).
+        self.current_score: float | None = None
         self.missing_monitor = missing_monitor
         kept = "only last.ckpt is kept" if save_last else "no checkpoint is kept (save_last=False)"
         self._monitor = (
             Monitor(self, monitor, on_missing=missing_monitor, consequence=f"no best checkpoint: {kept}")
-            if monitor is not None
+            if monitor is not None and monitor not in _BUILT_IN
             else None
         )
         self._last_saved_step = -1
@@ -169,19 +196,41 @@ class ModelCheckpoint(SaveSchedule):
         self._restored_elapsed = None
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
+        #: The logger's folder of versions, when ``dirpath`` defaulted to one of them.
+        self._versions_dir: str | None = None
 
     @property
     @override
     def state_key(self) -> str:
-        return (
-            f"ModelCheckpoint[monitor={self.monitor},mode={self.mode},filename={self.filename},"
-            f"every_n_train_steps={self.every_n_train_steps},every_n_epochs={self.every_n_epochs}]"
-        )
+        """Lightning's key: the class name and the options that tell two ``ModelCheckpoint`` apart."""
+        options = {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "every_n_train_steps": self.every_n_train_steps,
+            "every_n_epochs": self.every_n_epochs,
+            "train_time_interval": self.train_time_interval,
+        }
+        return f"{type(self).__qualname__}{options!r}"
 
     @override
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath = trainer.checkpointing.default_directory()
+            self.dirpath, self._versions_dir = default_dirpath(trainer)
+
+    def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
+        """The last files ``ckpt_path="last"`` may mean (Lightning's method): in ``dirpath``, and, when
+        that is the logger's default folder, in its other versions' folders too.
+
+        Lightning looks in the new run's ``version_N`` only, where nothing was saved yet, so a default
+        ``Trainer`` never finds the previous run's ``last.ckpt``; geartrain resumes the newest of them.
+        """
+        if not self.dirpath:
+            return set()
+        pattern = re.compile(rf"^{re.escape(self.CHECKPOINT_NAME_LAST)}(-v?\d+)?{re.escape(self.FILE_EXTENSION)}$")
+        folders = [Path(self.dirpath)]
+        if self._versions_dir is not None and os.path.isdir(self._versions_dir):
+            folders += [p / "checkpoints" for p in Path(self._versions_dir).iterdir() if p.is_dir()]
+        return {str(p) for f in folders if f.is_dir() for p in f.iterdir() if pattern.match(p.name)}
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -207,12 +256,14 @@ class ModelCheckpoint(SaveSchedule):
                 and self.dirpath is not None
             ):
                 if trainer.checkpointing.in_accumulation_window:
+                    # Saved as Lightning saves it, but resuming at the window's first batch: the window's
+                    # gradients are not in a checkpoint, so the resume trains the window again.
+                    start = trainer.checkpointing.rewind_open_window()
                     if trainer.is_global_zero:
                         print(
                             f"ModelCheckpoint: {type(exception).__name__} raised inside an accumulation window; "
-                            f"not saved (it would lose the window's gradients). Newest: {self.last_model_path or '-'}"
+                            f"its gradients are dropped and the checkpoint resumes at its first batch ({start})"
                         )
-                    return
                 self._save(trainer, rank=False, exception_file=True)
                 self._confirm(trainer)
                 if trainer.is_global_zero:
@@ -226,13 +277,13 @@ class ModelCheckpoint(SaveSchedule):
 
         With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
         """
-        return fill_template(self.filename, metrics, self.auto_insert_metric_name) + self.FILE_EXTENSION
+        return self._fill(self.filename, metrics) + self.FILE_EXTENSION
 
     def format_checkpoint_name(
         self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None, prefix: str = ""
     ) -> str:
         """Lightning's name for :meth:`format_filename`, as a path in ``dirpath`` (``-v<ver>`` appended if given)."""
-        name = fill_template(filename or self.filename, metrics, self.auto_insert_metric_name)
+        name = self._fill(filename or self.filename, metrics)
         name = f"{prefix}{self.CHECKPOINT_JOIN_CHAR}{name}" if prefix else name
         name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
         return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
@@ -241,11 +292,52 @@ class ModelCheckpoint(SaveSchedule):
         """Scores as ``min`` ranks them; NaN counts as the worst possible."""
         return rank_key(score, self.mode)
 
-    def _free_path(self, path: str) -> str:
-        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already."""
+    def _free_path(self, path: str, reuse: Sequence[str] = ()) -> str:
+        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already.
+
+        ``reuse``: the files this save evicts; met on the way, such a name is taken (Lightning's counter).
+        """
         if not self.enable_version_counter:
             return path
-        return free_path(path, lambda p: p in self.best_k_models or os.path.exists(p), self.STARTING_VERSION)
+
+        def taken(p: str) -> bool:
+            return p not in reuse and (p in self.best_k_models or os.path.exists(p))
+
+        return free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR)
+
+    def _read_monitor(self, trainer: Trainer) -> Any:
+        """The monitored value: ``epoch`` and ``step`` are the trainer's unless logged, as in Lightning."""
+        if self._monitor is not None:
+            return self._monitor.read(trainer)
+        logged = trainer.callback_metrics.get(str(self.monitor))
+        if logged is not None:
+            return int(logged)
+        return trainer.current_epoch if self.monitor == "epoch" else trainer.global_step
+
+    def _last_path(self, trainer: Trainer) -> str:
+        """Where ``save_last`` writes: ``CHECKPOINT_NAME_LAST`` (a template too) + ``FILE_EXTENSION`` in ``dirpath``.
+
+        ``last.ckpt`` by default, the file ``ckpt_path="last"`` resumes from. Unlike Lightning's, the
+        name is never versioned: each save replaces the previous last file (atomically).
+        """
+        if self.CHECKPOINT_NAME_LAST == "last" and self.FILE_EXTENSION == ".ckpt":
+            return str(trainer.checkpointing.last_path(self.dirpath))
+        metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
+        name = self._fill(self.CHECKPOINT_NAME_LAST, metrics)
+        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+
+    def _fill(self, template: str, metrics: dict[str, Any]) -> str:
+        return fill_template(template, metrics, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+
+    def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
+        """Write ``best_k_models`` (path: score) as YAML, by default to ``<dirpath>/best_k_models.yaml``."""
+        import yaml
+
+        if filepath is None:
+            assert self.dirpath, "to_yaml() needs a filepath before the dirpath is known (setup)"
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        with open(filepath, "w") as f:
+            yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, f)
 
     def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
         """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
@@ -258,12 +350,14 @@ class ModelCheckpoint(SaveSchedule):
         self._last_saved_step = trainer.global_step
         score: float | None = None
         ranked = rank and self.save_top_k != 0
-        if ranked and self._monitor is not None:
-            value = self._monitor.read(trainer)
+        if ranked and self.monitor is not None:
+            value = self._read_monitor(trainer)
             if value is None:  # not logged yet, or not updated since the last ranked save
                 ranked = False
             else:
                 score = float(value)
+                if math.isnan(score):  # as Lightning: a NaN ranks as the worst score there can be
+                    score = math.inf if self.mode == "min" else -math.inf
         keep, evict = False, list[str]()
         previous = self.state_dict()
         path = ""
@@ -273,11 +367,16 @@ class ModelCheckpoint(SaveSchedule):
                 "epoch": trainer.current_epoch,
                 "step": trainer.global_step,
             }
-            path = self._free_path(str(self.dirpath / self.format_filename(metrics)))
+            path = str(Path(self.dirpath) / self.format_filename(metrics))
         if ranked:
-            keep, evict = plan_top_k(self.best_k_models, self.save_top_k, path, score, self.mode)
+            # Planned as a new file (no kept name), then named: as in Lightning, the version counter
+            # may give it the name of a file it evicts, never that of a file it keeps.
+            keep, evict = plan_top_k(self.best_k_models, self.save_top_k, "", score, self.mode)
+            path = self._free_path(path, reuse=evict)
             if self.verbose and trainer.is_global_zero:
                 self._say(trainer, score, path if keep else None)
+        elif path:
+            path = self._free_path(path)
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
         if keep:
             for old in evict:
@@ -287,15 +386,24 @@ class ModelCheckpoint(SaveSchedule):
             if score is None:
                 self.best_model_path = path
             else:
+                self.current_score = score
                 best = min(self.best_k_models, key=lambda p: self._rank_key(self.best_k_models[p]))
                 self.best_model_path = best
                 self.best_model_score = self.best_k_models[best]
+                if self.save_top_k == -1 or len(self.best_k_models) == self.save_top_k:
+                    kth = max(self.best_k_models, key=lambda p: self._rank_key(self.best_k_models[p]))
+                    self.kth_best_model_path, self.kth_value = kth, self.best_k_models[kth]
+        previous_last = self.last_model_path
         if self.save_last:
-            self.last_model_path = str(trainer.checkpointing.last_path(self.dirpath))
+            self.last_model_path = self._last_path(trainer)
         # Same state in last.ckpt: a link to (or copy of) the top-k file, not a second serialisation.
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []
         replaces = [old for old in evict if old not in (path, self.last_model_path)]
+        # A last name that changes (CHECKPOINT_NAME_LAST with a field) leaves one last file, as Lightning.
+        moved = self.save_last and previous_last and previous_last != self.last_model_path
+        if moved and previous_last not in self.best_k_models and previous_last != path:
+            replaces.append(previous_last)
         # "link": a symbolic link to the file just written, below; with async_save the writer thread
         # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
         link = self.save_last == "link" and (keep or exception_file) and not self.async_save
@@ -309,7 +417,9 @@ class ModelCheckpoint(SaveSchedule):
                 if link and trainer.is_global_zero:
                     symlink(path, self.last_model_path)
             elif self.save_last:
-                trainer.save_checkpoint(self.last_model_path, self.save_weights_only, async_=self.async_save)
+                trainer.save_checkpoint(
+                    self.last_model_path, self.save_weights_only, async_=self.async_save, replaces=replaces
+                )
         except BaseException:
             self.load_state_dict(previous)
             raise
@@ -351,12 +461,17 @@ class ModelCheckpoint(SaveSchedule):
     # ----------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
+        # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's.
         return {
-            "best_k_models": dict(self.best_k_models),
-            "best_model_path": self.best_model_path,
+            "monitor": self.monitor,
             "best_model_score": self.best_model_score,
-            "last_model_path": self.last_model_path,
+            "best_model_path": self.best_model_path,
+            "current_score": self.current_score,
             "dirpath": str(self.dirpath),
+            "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": self.kth_value,
+            "last_model_path": self.last_model_path,
             **self.schedule_state(),
         }
 
@@ -366,4 +481,7 @@ class ModelCheckpoint(SaveSchedule):
         self.best_model_path = state.get("best_model_path", "")
         self.best_model_score = state.get("best_model_score")
         self.last_model_path = state.get("last_model_path", "")
+        self.current_score = state.get("current_score", self.current_score)
+        self.kth_best_model_path = state.get("kth_best_model_path", self.kth_best_model_path)
+        self.kth_value = state.get("kth_value", self.kth_value)
         self.load_schedule_state(state)

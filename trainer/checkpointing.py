@@ -80,6 +80,14 @@ class CheckpointConnector:
         if not found and str(ckpt_path) == "last" and cb is not None:
             candidate = self.last_path()  # a file, or a sharded directory (complete_path: see there)
             found = str(candidate) if complete_path(candidate).exists() else None
+        find = getattr(cb, "_find_last_checkpoints", None)
+        if not found and str(ckpt_path) == "last" and find is not None:
+            # The newest last file of the checkpoint folder, or of the logger's earlier versions.
+            files = [Path(p) for p in find(self._trainer) if complete_path(Path(p)).exists()]
+            if files:
+                found = str(max(files, key=lambda p: complete_path(p).stat().st_mtime))
+                if self._trainer.is_global_zero:
+                    print(f'ckpt_path="last": using {found}')
         if not found and str(ckpt_path) == "last":
             if stage is not None and self._trainer.is_global_zero:
                 fresh = " Training starts from scratch." if stage == "fit" else ""
@@ -105,6 +113,22 @@ class CheckpointConnector:
         """
         window = self._trainer.window
         return window.has_loss or window.nonfinite
+
+    def rewind_open_window(self) -> int:
+        """Drop the gradients of an unfinished accumulation window and rewind to the window's first batch.
+
+        For a save after an exception raised inside the window (its ``training_step``, the optimizer
+        step, clipping, ``zero_grad``): the checkpoint then resumes by training the whole window again
+        from the same weights, instead of losing its gradients. Windows start at multiples of
+        ``accumulate_grad_batches`` in an epoch. Returns the batch the window started at.
+        """
+        t = self._trainer
+        for optimizer in t.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        t.window.has_loss = t.window.nonfinite = False
+        k = max(int(t.accumulate_grad_batches), 1)
+        t.progress.batch_in_epoch = (t.progress.batch_in_epoch // k) * k
+        return t.progress.batch_in_epoch
 
     def state(self, weights_only: bool = False, sharded: bool = False) -> dict[str, Any]:
         """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints").

@@ -64,6 +64,9 @@ def run_task(cfg: Any) -> dict[str, float]:
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
     callbacks = build_callbacks(cfg, trainer_kwargs)
+    for cb in callbacks:  # the command's checkpoints live in its run directory, whatever the logger's folder
+        if getattr(cb, "dirpath", "") is None and hasattr(cb, "CHECKPOINT_NAME_LAST"):
+            cb.dirpath = str(run_dir / "checkpoints")
     try:
         trainer = Trainer(
             **{str(k): v for k, v in trainer_kwargs.items()},

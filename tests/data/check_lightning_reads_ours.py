@@ -14,7 +14,8 @@ there) into the Lightning twin of that script's module, and checks that
    momentum and the scheduler's learning rate restored, and trains on to geartrain's own weights
    after 4 epochs, bit for bit;
 3. ``Trainer.fit(ckpt_path=<after 6 steps>)`` resumes in the middle of epoch 1 at step 6;
-4. a tool reading ``ckpt["epoch"]``, ``ckpt["global_step"]``, ``ckpt["hyper_parameters"]`` finds them.
+4. Lightning's ``ModelCheckpoint`` finds its state under its own ``state_key``;
+5. a tool reading ``ckpt["epoch"]``, ``ckpt["global_step"]``, ``ckpt["hyper_parameters"]`` finds them.
 
 Prints one line per check and exits with status 1 if any fails.
 """
@@ -70,7 +71,8 @@ class Restored(pl.Callback):
 
 def trainer(root: str, **kwargs: Any) -> pl.Trainer:
     options = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    return pl.Trainer(default_root_dir=root, accelerator="cpu", devices=1, **options, **kwargs)
+    options.update(kwargs)
+    return pl.Trainer(default_root_dir=root, accelerator="cpu", devices=1, **options)
 
 
 def newest(pattern: str) -> Path:
@@ -125,8 +127,17 @@ def main() -> int:
         raw6 = torch.load(step6, weights_only=True)
         restored = Restored()
         model = Regression()
-        t = trainer(tmp, max_epochs=2, callbacks=[restored])
+        # A ModelCheckpoint like the one that wrote the file finds its state by Lightning's state_key.
+        saver = pl.callbacks.ModelCheckpoint(dirpath=tmp, every_n_train_steps=6, save_top_k=-1)
+        t = trainer(tmp, max_epochs=2, callbacks=[restored, saver], enable_checkpointing=True)
         t.fit(model, DataLoader(data(), batch_size=4, shuffle=False), ckpt_path=step6)
+        (saved_state,) = raw6["callbacks"].values()
+        check("mid-epoch file: ModelCheckpoint state found by state_key", saver.state_key in raw6["callbacks"])
+        check(
+            "mid-epoch file: ModelCheckpoint restored best_model_path",
+            saver.best_model_path == saved_state["best_model_path"],
+            saver.best_model_path,
+        )
         check("mid-epoch file: ckpt['epoch'], ['global_step']", (raw6["epoch"], raw6["global_step"]) == (1, 6))
         check(
             "mid-epoch file: resumes in epoch 1 at step 6",
