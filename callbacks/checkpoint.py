@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 import warnings
 from collections.abc import Sequence
@@ -16,8 +15,10 @@ from typing_extensions import override
 
 from callbacks._checkpoint_files import (
     check_lightning_options,
+    default_dirpath,
     fill_template,
     free_path,
+    last_files,
     plan_top_k,
     rank_key,
     save_message,
@@ -34,21 +35,6 @@ __all__ = ["ModelCheckpoint"]
 
 #: Monitors that need no logging, as in Lightning: the epoch and the global step of the save.
 _BUILT_IN = ("epoch", "step")
-
-
-def default_dirpath(trainer: Trainer) -> tuple[str, str | None]:
-    """Lightning's default folder: ``<save_dir>/<name>/<version>/checkpoints`` of the first logger
-    (``version_N`` for a number), else ``<default_root_dir>/checkpoints``; and the folder of the
-    logger's versions (``<save_dir>/<name>``, None without a logger)."""
-    loggers = list(getattr(trainer, "loggers", None) or [])
-    if not loggers:
-        return str(trainer.checkpointing.default_directory()), None
-    logger = loggers[0]
-    save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
-    version = logger.version
-    version = version if isinstance(version, str) else f"version_{version}"
-    versions = os.path.join(save_dir, str(logger.name))
-    return os.path.join(versions, version, "checkpoints"), versions
 
 
 class ModelCheckpoint(SaveSchedule):
@@ -226,11 +212,7 @@ class ModelCheckpoint(SaveSchedule):
         """
         if not self.dirpath:
             return set()
-        pattern = re.compile(rf"^{re.escape(self.CHECKPOINT_NAME_LAST)}(-v?\d+)?{re.escape(self.FILE_EXTENSION)}$")
-        folders = [Path(self.dirpath)]
-        if self._versions_dir is not None and os.path.isdir(self._versions_dir):
-            folders += [p / "checkpoints" for p in Path(self._versions_dir).iterdir() if p.is_dir()]
-        return {str(p) for f in folders if f.is_dir() for p in f.iterdir() if pattern.match(p.name)}
+        return last_files(self.dirpath, self._versions_dir, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
