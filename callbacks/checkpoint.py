@@ -6,7 +6,6 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,14 +15,11 @@ from typing_extensions import override
 from callbacks._checkpoint_files import (
     check_lightning_options,
     default_dirpath,
-    fill_template,
-    free_path,
-    last_files,
     plan_top_k,
-    rank_key,
     save_message,
     symlink,
 )
+from callbacks._checkpoint_names import CheckpointNaming
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 
@@ -37,7 +33,7 @@ __all__ = ["ModelCheckpoint"]
 _BUILT_IN = ("epoch", "step")
 
 
-class ModelCheckpoint(SaveSchedule):
+class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     """Save checkpoints during training; remember the best by a monitored metric.
 
     Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
@@ -97,12 +93,6 @@ class ModelCheckpoint(SaveSchedule):
     """
 
     runs_in_fast_dev_run = False
-
-    CHECKPOINT_JOIN_CHAR = "-"
-    CHECKPOINT_EQUALS_CHAR = "="
-    CHECKPOINT_NAME_LAST = "last"
-    FILE_EXTENSION = ".ckpt"
-    STARTING_VERSION = 1
 
     def __init__(
         self,
@@ -203,17 +193,6 @@ class ModelCheckpoint(SaveSchedule):
         if self.dirpath is None:
             self.dirpath, self._versions_dir = default_dirpath(trainer)
 
-    def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
-        """The last files ``ckpt_path="last"`` may mean (Lightning's method): in ``dirpath``, and, when
-        that is the logger's default folder, in its other versions' folders too.
-
-        Lightning looks in the new run's ``version_N`` only, where nothing was saved yet, so a default
-        ``Trainer`` never finds the previous run's ``last.ckpt``; geartrain resumes the newest of them.
-        """
-        if not self.dirpath:
-            return set()
-        return last_files(self.dirpath, self._versions_dir, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
-
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
         # The final state is always recoverable as last.ckpt, whatever the saving schedule; also
@@ -254,73 +233,6 @@ class ModelCheckpoint(SaveSchedule):
             warnings.warn(f"ModelCheckpoint: the checkpoint write in flight failed too: {err}", stacklevel=2)
 
     # ----------------------------------------------------------------- saving
-    def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
-
-        With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
-        """
-        return self._fill(self.filename, metrics) + self.FILE_EXTENSION
-
-    def format_checkpoint_name(
-        self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None, prefix: str = ""
-    ) -> str:
-        """Lightning's name for :meth:`format_filename`, as a path in ``dirpath`` (``-v<ver>`` appended if given)."""
-        name = self._fill(filename or self.filename, metrics)
-        name = f"{prefix}{self.CHECKPOINT_JOIN_CHAR}{name}" if prefix else name
-        name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
-        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
-
-    def _rank_key(self, score: float) -> float:
-        """Scores as ``min`` ranks them; NaN counts as the worst possible."""
-        return rank_key(score, self.mode)
-
-    def _free_path(self, path: str, reuse: Sequence[str] = ()) -> str:
-        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already.
-
-        ``reuse``: the files this save evicts; met on the way, such a name is taken (Lightning's counter).
-        """
-        if not self.enable_version_counter:
-            return path
-
-        def taken(p: str) -> bool:
-            return p not in reuse and (p in self.best_k_models or os.path.exists(p))
-
-        return free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR)
-
-    def _read_monitor(self, trainer: Trainer) -> Any:
-        """The monitored value: ``epoch`` and ``step`` are the trainer's unless logged, as in Lightning."""
-        if self._monitor is not None:
-            return self._monitor.read(trainer)
-        logged = trainer.callback_metrics.get(str(self.monitor))
-        if logged is not None:
-            return int(logged)
-        return trainer.current_epoch if self.monitor == "epoch" else trainer.global_step
-
-    def _last_path(self, trainer: Trainer) -> str:
-        """Where ``save_last`` writes: ``CHECKPOINT_NAME_LAST`` (a template too) + ``FILE_EXTENSION`` in ``dirpath``.
-
-        ``last.ckpt`` by default, the file ``ckpt_path="last"`` resumes from. Unlike Lightning's, the
-        name is never versioned: each save replaces the previous last file (atomically).
-        """
-        if self.CHECKPOINT_NAME_LAST == "last" and self.FILE_EXTENSION == ".ckpt":
-            return str(trainer.checkpointing.last_path(self.dirpath))
-        metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
-        name = self._fill(self.CHECKPOINT_NAME_LAST, metrics)
-        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
-
-    def _fill(self, template: str, metrics: dict[str, Any]) -> str:
-        return fill_template(template, metrics, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
-
-    def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
-        """Write ``best_k_models`` (path: score) as YAML, by default to ``<dirpath>/best_k_models.yaml``."""
-        import yaml
-
-        if filepath is None:
-            assert self.dirpath, "to_yaml() needs a filepath before the dirpath is known (setup)"
-            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
-        with open(filepath, "w") as f:
-            yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, f)
-
     def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
         """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
         assert self.dirpath is not None

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.cli_errors import checkpoints_in_run_dir, warn_no_last_checkpoint
 from trainer.cli_tuning import TUNER_TASKS, log_trial_hparams, optimized_value, run_tuner_task
 from trainer.errors import ConfigError
 
@@ -64,9 +65,7 @@ def run_task(cfg: Any) -> dict[str, float]:
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
     callbacks = build_callbacks(cfg, trainer_kwargs)
-    for cb in callbacks:  # the command's checkpoints live in its run directory, whatever the logger's folder
-        if getattr(cb, "dirpath", "") is None and hasattr(cb, "CHECKPOINT_NAME_LAST"):
-            cb.dirpath = str(run_dir / "checkpoints")
+    checkpoints_in_run_dir(callbacks, run_dir)
     try:
         trainer = Trainer(
             **{str(k): v for k, v in trainer_kwargs.items()},
@@ -157,11 +156,7 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path, fresh_if_no_last: bo
     started in, among runs of the same experiment (in a sweep: the same job), see
     :func:`trainer.run_dirs.resolve_last_checkpoint`; the choice is printed, so a resume never
     silently picks the wrong file. Any other value must name a file (or a sharded checkpoint's
-    folder) that exists.
-
-    With ``fresh_if_no_last`` (training), ``"last"`` when there is none yet warns and gives None:
-    training starts from scratch, as Lightning's ``fit(ckpt_path="last")`` does, so a preemptible
-    job's script can pass ``ckpt_path=last`` on its first start too. Evaluating needs a checkpoint.
+    folder) that exists. ``fresh_if_no_last`` (training): ``"last"`` with none yet warns, gives None.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -188,15 +183,7 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path, fresh_if_no_last: bo
     except ConfigError as err:
         if not fresh_if_no_last:
             raise
-        if group_position()[0] == 0:
-            import warnings
-
-            reason = str(err).removeprefix("ckpt_path=last: ")
-            warnings.warn(
-                f"ckpt_path=last is set, but there is no last checkpoint available: training starts from scratch "
-                f"({reason})",
-                stacklevel=2,
-            )
+        warn_no_last_checkpoint(err, group_position()[0] == 0)
         return None
 
 
