@@ -6,16 +6,22 @@ import math
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.common.fs_safety import check_replaceable, remove_checkpoint
 
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
 __all__ = [
     "check_lightning_options",
+    "default_dirpath",
     "fill_template",
     "free_path",
+    "last_files",
     "plan_top_k",
     "rank_key",
     "save_message",
@@ -42,7 +48,7 @@ def check_lightning_options(
         raise ValueError(f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one")
 
 
-def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True) -> str:
+def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True, equals: str = "=") -> str:
     """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``nan`` where missing).
 
     A field becomes ``name=value`` (``insert_names``) or ``value``; characters other than letters,
@@ -60,12 +66,13 @@ def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = T
         if isinstance(value, torch.Tensor):
             value = value.item()
         text = "nan" if value is None else format(value, spec[1:])
-        return f"{name}={text}" if insert_names else text
+        return f"{name}{equals}{text}" if insert_names else text
 
-    return _UNSAFE.sub("_", _FIELD.sub(fill, template))
+    unsafe = _UNSAFE if equals == "=" else re.compile(rf"[^A-Za-z0-9._=+\-{re.escape(equals)}]")
+    return unsafe.sub("_", _FIELD.sub(fill, template))
 
 
-def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1) -> str:
+def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1, join: str = "-") -> str:
     """``path`` if not ``taken``, else the first free ``<stem>-v<N><suffix>`` (Lightning's version counter).
 
     >>> free_path("a/epoch=1.ckpt", lambda p: p in {"a/epoch=1.ckpt", "a/epoch=1-v1.ckpt"})
@@ -74,7 +81,7 @@ def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1) -
     stem, suffix = os.path.splitext(path)
     candidate, version = path, first_version
     while taken(candidate):
-        candidate = f"{stem}-v{version}{suffix}"
+        candidate = f"{stem}{join}v{version}{suffix}"
         version += 1
     return candidate
 
@@ -142,3 +149,28 @@ def plan_top_k(
     if rank_key(score, mode) < rank_key(others[worst], mode):
         return True, [worst]
     return False, []
+
+
+def default_dirpath(trainer: Trainer) -> tuple[str, str | None]:
+    """Lightning's default folder: ``<save_dir>/<name>/<version>/checkpoints`` of the first logger
+    (``version_N`` for a number), else ``<default_root_dir>/checkpoints``; and the folder of the
+    logger's versions (``<save_dir>/<name>``, None without a logger)."""
+    loggers = list(getattr(trainer, "loggers", None) or [])
+    if not loggers:
+        return str(trainer.checkpointing.default_directory()), None
+    logger = loggers[0]
+    save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
+    version = logger.version
+    version = version if isinstance(version, str) else f"version_{version}"
+    versions = os.path.join(save_dir, str(logger.name))
+    return os.path.join(versions, version, "checkpoints"), versions
+
+
+def last_files(dirpath: str, versions_dir: str | None, name: str, extension: str) -> set[str]:
+    """The last files (``<name>.ckpt``, ``<name>-v1.ckpt``, ...) in ``dirpath``, and in the
+    ``checkpoints`` folder of every version under ``versions_dir`` (a logger's ``<save_dir>/<name>``)."""
+    pattern = re.compile(rf"^{re.escape(name)}(-v?\d+)?{re.escape(extension)}$")
+    folders = [Path(dirpath)]
+    if versions_dir is not None and os.path.isdir(versions_dir):
+        folders += [p / "checkpoints" for p in Path(versions_dir).iterdir() if p.is_dir()]
+    return {str(p) for f in folders if f.is_dir() for p in f.iterdir() if pattern.match(p.name)}

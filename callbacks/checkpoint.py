@@ -14,13 +14,12 @@ from typing_extensions import override
 
 from callbacks._checkpoint_files import (
     check_lightning_options,
-    fill_template,
-    free_path,
+    default_dirpath,
     plan_top_k,
-    rank_key,
     save_message,
     symlink,
 )
+from callbacks._checkpoint_names import CheckpointNaming
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.fs_safety import remove_checkpoint
@@ -31,8 +30,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelCheckpoint"]
 
+#: Monitors that need no logging, as in Lightning: the epoch and the global step of the save.
+_BUILT_IN = ("epoch", "step")
 
-class ModelCheckpoint(SaveSchedule):
+
+class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     """Save checkpoints during training; remember the best by a monitored metric.
 
     Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
@@ -93,11 +95,6 @@ class ModelCheckpoint(SaveSchedule):
 
     runs_in_fast_dev_run = False
 
-    CHECKPOINT_JOIN_CHAR = "-"
-    CHECKPOINT_EQUALS_CHAR = "="
-    FILE_EXTENSION = ".ckpt"
-    STARTING_VERSION = 1
-
     def __init__(
         self,
         dirpath: str | os.PathLike[str] | None = None,
@@ -132,7 +129,8 @@ class ModelCheckpoint(SaveSchedule):
         check_lightning_options(save_last, every_n_train_steps, every_n_epochs, train_time_interval)
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
-        self.dirpath = Path(dirpath) if dirpath is not None else None
+        # As Lightning: ``~`` expanded, links resolved, kept as a str.
+        self.dirpath: str | None = os.path.realpath(os.path.expanduser(dirpath)) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
         self.verbose = verbose
@@ -159,11 +157,16 @@ class ModelCheckpoint(SaveSchedule):
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
+        #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
+        self.kth_best_model_path = ""
+        self.kth_value: float = math.inf if mode == "min" else -math.inf
+        #: The monitored value of the newest ranked save (NaN read as the worst: +inf for min, -inf for max).
+        self.current_score: float | None = None
         self.missing_monitor = missing_monitor
         kept = "only last.ckpt is kept" if save_last else "no checkpoint is kept (save_last=False)"
         self._monitor = (
             Monitor(self, monitor, on_missing=missing_monitor, consequence=f"no best checkpoint: {kept}")
-            if monitor is not None
+            if monitor is not None and monitor not in _BUILT_IN
             else None
         )
         self._last_saved_step = -1
@@ -171,19 +174,26 @@ class ModelCheckpoint(SaveSchedule):
         self._restored_elapsed = None
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
+        #: The logger's folder of versions, when ``dirpath`` defaulted to one of them.
+        self._versions_dir: str | None = None
 
     @property
     @override
     def state_key(self) -> str:
-        return (
-            f"ModelCheckpoint[monitor={self.monitor},mode={self.mode},filename={self.filename},"
-            f"every_n_train_steps={self.every_n_train_steps},every_n_epochs={self.every_n_epochs}]"
-        )
+        """Lightning's key: the class name and the options that tell two ``ModelCheckpoint`` apart."""
+        options = {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "every_n_train_steps": self.every_n_train_steps,
+            "every_n_epochs": self.every_n_epochs,
+            "train_time_interval": self.train_time_interval,
+        }
+        return f"{type(self).__qualname__}{options!r}"
 
     @override
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath = trainer.checkpointing.default_directory()
+            self.dirpath, self._versions_dir = default_dirpath(trainer)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -209,12 +219,14 @@ class ModelCheckpoint(SaveSchedule):
                 and self.dirpath is not None
             ):
                 if trainer.checkpointing.in_accumulation_window:
+                    # Saved as Lightning saves it, but resuming at the window's first batch: the window's
+                    # gradients are not in a checkpoint, so the resume trains the window again.
+                    start = trainer.checkpointing.rewind_open_window()
                     if trainer.is_global_zero:
                         print(
                             f"ModelCheckpoint: {type(exception).__name__} raised inside an accumulation window; "
-                            f"not saved (it would lose the window's gradients). Newest: {self.last_model_path or '-'}"
+                            f"its gradients are dropped and the checkpoint resumes at its first batch ({start})"
                         )
-                    return
                 self._save(trainer, rank=False, exception_file=True)
                 self._confirm(trainer)
                 if trainer.is_global_zero:
@@ -223,32 +235,6 @@ class ModelCheckpoint(SaveSchedule):
             warnings.warn(f"ModelCheckpoint: the checkpoint write in flight failed too: {err}", stacklevel=2)
 
     # ----------------------------------------------------------------- saving
-    def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
-
-        With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
-        """
-        return fill_template(self.filename, metrics, self.auto_insert_metric_name) + self.FILE_EXTENSION
-
-    def format_checkpoint_name(
-        self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None, prefix: str = ""
-    ) -> str:
-        """Lightning's name for :meth:`format_filename`, as a path in ``dirpath`` (``-v<ver>`` appended if given)."""
-        name = fill_template(filename or self.filename, metrics, self.auto_insert_metric_name)
-        name = f"{prefix}{self.CHECKPOINT_JOIN_CHAR}{name}" if prefix else name
-        name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
-        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
-
-    def _rank_key(self, score: float) -> float:
-        """Scores as ``min`` ranks them; NaN counts as the worst possible."""
-        return rank_key(score, self.mode)
-
-    def _free_path(self, path: str) -> str:
-        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already."""
-        if not self.enable_version_counter:
-            return path
-        return free_path(path, lambda p: p in self.best_k_models or os.path.exists(p), self.STARTING_VERSION)
-
     def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
         """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
         assert self.dirpath is not None
@@ -260,12 +246,14 @@ class ModelCheckpoint(SaveSchedule):
         self._last_saved_step = trainer.global_step
         score: float | None = None
         ranked = rank and self.save_top_k != 0
-        if ranked and self._monitor is not None:
-            value = self._monitor.read(trainer)
+        if ranked and self.monitor is not None:
+            value = self._read_monitor(trainer)
             if value is None:  # not logged yet, or not updated since the last ranked save
                 ranked = False
             else:
                 score = float(value)
+                if math.isnan(score):  # as Lightning: a NaN ranks as the worst score there can be
+                    score = math.inf if self.mode == "min" else -math.inf
         keep, evict = False, list[str]()
         previous = self.state_dict()
         path = ""
@@ -282,11 +270,16 @@ class ModelCheckpoint(SaveSchedule):
                 "epoch": trainer.current_epoch,
                 "step": trainer.global_step,
             }
-            path = self._free_path(str(self.dirpath / self.format_filename(metrics)))
+            path = str(Path(self.dirpath) / self.format_filename(metrics))
         if ranked:
-            keep, evict = plan_top_k(self.best_k_models, self.save_top_k, path, score, self.mode)
+            # Planned as a new file (no kept name), then named: as in Lightning, the version counter
+            # may give it the name of a file it evicts, never that of a file it keeps.
+            keep, evict = plan_top_k(self.best_k_models, self.save_top_k, "", score, self.mode)
+            path = self._free_path(path, reuse=evict)
             if self.verbose and trainer.is_global_zero:
                 self._say(trainer, score, path if keep else None)
+        elif path:
+            path = self._free_path(path)
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
         if keep:
             for old in evict:
@@ -296,15 +289,24 @@ class ModelCheckpoint(SaveSchedule):
             if score is None:
                 self.best_model_path = path
             else:
+                self.current_score = score
                 best = min(self.best_k_models, key=lambda p: self._rank_key(self.best_k_models[p]))
                 self.best_model_path = best
                 self.best_model_score = self.best_k_models[best]
+                if self.save_top_k == -1 or len(self.best_k_models) == self.save_top_k:
+                    kth = max(self.best_k_models, key=lambda p: self._rank_key(self.best_k_models[p]))
+                    self.kth_best_model_path, self.kth_value = kth, self.best_k_models[kth]
+        previous_last = self.last_model_path
         if self.save_last:
-            self.last_model_path = str(trainer.checkpointing.last_path(self.dirpath))
+            self.last_model_path = self._last_path(trainer)
         # Same state in last.ckpt: a link to (or copy of) the top-k file, not a second serialisation.
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []
         replaces = [old for old in evict if old not in (path, self.last_model_path)]
+        # A last name that changes (CHECKPOINT_NAME_LAST with a field) leaves one last file, as Lightning.
+        moved = self.save_last and previous_last and previous_last != self.last_model_path
+        if moved and previous_last not in self.best_k_models and previous_last != path:
+            replaces.append(previous_last)
         # "link": a symbolic link to the file just written, below; with async_save the writer thread
         # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
         link_only = own_name and not (keep or exception_file)
@@ -331,7 +333,9 @@ class ModelCheckpoint(SaveSchedule):
                 if link:
                     self._link_only_path = path if link_only else ""
             elif self.save_last:
-                trainer.save_checkpoint(self.last_model_path, self.save_weights_only, async_=self.async_save)
+                trainer.save_checkpoint(
+                    self.last_model_path, self.save_weights_only, async_=self.async_save, replaces=replaces
+                )
         except BaseException:
             self.load_state_dict(previous)
             raise
@@ -373,12 +377,17 @@ class ModelCheckpoint(SaveSchedule):
     # ----------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
+        # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's.
         return {
-            "best_k_models": dict(self.best_k_models),
-            "best_model_path": self.best_model_path,
+            "monitor": self.monitor,
             "best_model_score": self.best_model_score,
-            "last_model_path": self.last_model_path,
+            "best_model_path": self.best_model_path,
+            "current_score": self.current_score,
             "dirpath": str(self.dirpath),
+            "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": self.kth_value,
+            "last_model_path": self.last_model_path,
             **self.schedule_state(),
         }
 
@@ -388,4 +397,7 @@ class ModelCheckpoint(SaveSchedule):
         self.best_model_path = state.get("best_model_path", "")
         self.best_model_score = state.get("best_model_score")
         self.last_model_path = state.get("last_model_path", "")
+        self.current_score = state.get("current_score", self.current_score)
+        self.kth_best_model_path = state.get("kth_best_model_path", self.kth_best_model_path)
+        self.kth_value = state.get("kth_value", self.kth_value)
         self.load_schedule_state(state)

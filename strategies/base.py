@@ -292,7 +292,7 @@ class Strategy:
         """Write checkpoint ``state`` as a directory at ``path``, each rank its own shards; a collective.
 
         ``state`` is the trainer's checkpoint dict with ``"state_dict"`` from
-        :meth:`sharded_model_state_dict` and ``"optimizers"`` from :meth:`sharded_optimizer_state_dict`.
+        :meth:`sharded_model_state_dict` and ``"optimizer_states"`` from :meth:`sharded_optimizer_state_dict`.
         See :func:`strategies.sharded_checkpoint.save_sharded` (atomic, ``async_``, ``also_at``, ``replaces``).
         """
         from strategies.sharded_checkpoint import save_sharded

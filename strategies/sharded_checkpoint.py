@@ -74,7 +74,8 @@ __all__ = [
 ]
 
 #: The keys of a checkpoint dict whose tensors DCP writes; the rest goes into :data:`TRAINER_STATE`.
-_SHARDED_KEYS = ("state_dict", "optimizers")
+#: Optimizer states are ``optimizer_states`` in a checkpoint dict and ``optimizers`` among DCP's tensors.
+_SHARDED_KEYS = ("state_dict", "optimizer_states", "optimizers")
 
 
 def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
@@ -187,7 +188,7 @@ def save_sharded(
 ) -> PendingSave:
     """Write checkpoint ``state`` as a sharded directory at ``path``; a collective of every rank.
 
-    ``state["state_dict"]`` and ``state["optimizers"]`` (this rank's shards, see
+    ``state["state_dict"]`` and ``state["optimizer_states"]`` (this rank's shards, see
     :func:`sharded_model_state`) go through ``dcp.save``; the rest of ``state`` becomes
     :data:`TRAINER_STATE`, written by rank 0. The directory is written into ``.<name>.partial``
     and renamed into place once complete; then copies are placed at ``also_at`` (hard links) and
@@ -219,7 +220,8 @@ def save_sharded(
             ) from err
     _barrier()
     tensors = {"state_dict": dict(state.get("state_dict", {}))}
-    tensors["optimizers"] = {str(i): opt for i, opt in enumerate(state.get("optimizers", [])) if opt}
+    optimizers = state.get("optimizer_states", state.get("optimizers", []))
+    tensors["optimizers"] = {str(i): opt for i, opt in enumerate(optimizers) if opt}
     writer = dcp.FileSystemWriter(tmp, sync_files=True)
     old = [Path(p) for p in replaces]
 

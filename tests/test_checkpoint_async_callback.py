@@ -92,7 +92,7 @@ def test_async_saves_give_the_same_files_and_tensors_as_synchronous_ones(tmp_pat
     assert _names(tmp_path / "sync") == _names(tmp_path / "async") == {"epoch=3.ckpt", "epoch=5.ckpt", "last.ckpt"}
     for name in _names(tmp_path / "sync"):
         sync, asynchronous = load_checkpoint(tmp_path / "sync" / name), load_checkpoint(tmp_path / "async" / name)
-        for key in ("state_dict", "optimizers", "lr_schedulers", "progress", "rng", "loops"):
+        for key in ("state_dict", "optimizer_states", "lr_schedulers", "progress", "rng", "loops"):
             _assert_equal(sync[key], asynchronous[key], f"{name}:{key}")
         (sync_state,) = sync["callbacks"].values()
         (async_state,) = asynchronous["callbacks"].values()

@@ -45,14 +45,23 @@ def test_default_checkpoint_is_a_safe_complete_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["epoch=1-step=6.ckpt", "last.ckpt"]
 
     ckpt = torch.load(folder / "last.ckpt", weights_only=True)  # no pickled code inside
-    expected = {"format", "version", "state_dict", "optimizers", "lr_schedulers", "progress", "rng", "hparams"}
+    expected = {
+        "format",
+        "version",
+        "state_dict",
+        "optimizer_states",
+        "lr_schedulers",
+        "progress",
+        "rng",
+        "hyper_parameters",
+    }
     assert expected <= set(ckpt)
-    assert (ckpt["format"], ckpt["version"]) == ("geartrain", 1)
-    assert ckpt["hparams"] == {"width": 8}
+    assert (ckpt["format"], ckpt["version"]) == ("geartrain", 2)
+    assert ckpt["hyper_parameters"] == {"width": 8}
     assert ckpt["progress"]["epoch"] == 1 and ckpt["progress"]["global_step"] == 6
     assert ckpt["progress"]["epoch_finished"] is True
     assert ckpt["lr_schedulers"][0]["last_epoch"] == 2
-    assert "momentum_buffer" in ckpt["optimizers"][0]["state"][0]
+    assert "momentum_buffer" in ckpt["optimizer_states"][0]["state"][0]
     assert ckpt["user"] == {"note": "hello", "epoch": 1}
     for name, value in ckpt["state_dict"].items():
         assert torch.equal(value, trainer.module.state_dict()[name])
@@ -125,14 +134,28 @@ def test_weights_only_checkpoint_cannot_resume(tmp_path: Path) -> None:
     trainer = quiet_trainer(tmp_path, max_epochs=1)
     trainer.fit(Regressor(), make_loader(4, 2))
     trainer.save_checkpoint(tmp_path / "w.ckpt", weights_only=True)
-    assert "optimizers" not in torch.load(tmp_path / "w.ckpt", weights_only=True)
+    assert "optimizer_states" not in torch.load(tmp_path / "w.ckpt", weights_only=True)
     with pytest.raises(CheckpointError, match="holds weights only; it cannot resume training"):
         quiet_trainer(tmp_path, max_epochs=2).fit(Regressor(), make_loader(4, 2), ckpt_path=tmp_path / "w.ckpt")
 
 
-def test_last_before_any_save_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="ckpt_path='last': no such checkpoint has been saved yet"):
-        checkpointing_trainer(tmp_path, max_epochs=1).fit(Regressor(), make_loader(4, 2), ckpt_path="last")
+def test_last_before_any_save_warns_and_trains_from_scratch(tmp_path: Path) -> None:
+    """As Lightning: a job script may pass ckpt_path="last" from its first start on (set and forget)."""
+    reference = Regressor()
+    quiet_trainer(tmp_path / "ref", max_epochs=1).fit(reference, make_loader(4, 2))
+    module = Regressor()
+    trainer = checkpointing_trainer(tmp_path, max_epochs=1)
+    with pytest.warns(
+        UserWarning, match=r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint available'
+    ):
+        trainer.fit(module, make_loader(4, 2), ckpt_path="last")
+    assert trainer.ckpt_path is None and trainer.global_step == 2 and trainer.current_epoch == 1
+    assert_same_weights(reference.net, module.net)  # trained from its own initial weights, as without ckpt_path
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()  # the next start resumes from it
+    with pytest.warns(UserWarning, match="no last checkpoint available. No checkpoint will be loaded"):
+        quiet_trainer(tmp_path / "eval").validate(Regressor(), make_loader(4, 2), ckpt_path="last")
+    with pytest.raises(CheckpointError, match="ckpt_path='best': no such checkpoint has been saved yet"):
+        checkpointing_trainer(tmp_path / "b").validate(Regressor(), make_loader(4, 2), ckpt_path="best")
 
 
 class Custom:

@@ -101,7 +101,7 @@ def test_user_project_with_its_own_config_dir(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(tmp_path)
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["hparams"] == {"lr": 0.2}
+    assert ckpt["hyper_parameters"] == {"lr": 0.2}
     assert ckpt["progress"]["global_step"] == 12
     assert "user/loss" in final_metrics(result.stdout)
 
@@ -154,3 +154,16 @@ def test_slurm_tasks_share_a_run_directory_named_after_the_job(monkeypatch: pyte
     assert rank3[0] == rank0[0] and "hydra.output_subdir=null" in rank3
     assert shared_run_dir_overrides({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == []
     assert shared_run_dir_overrides({}) == []
+
+
+def test_ckpt_path_last_on_the_first_start_trains_from_scratch(tmp_path: Path) -> None:
+    """A preemptible job's script passes ckpt_path=last on every start: the first one trains afresh, then resumes."""
+    quick = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=none")
+    first = run_geartrain("task=fit", "ckpt_path=last", *quick, *QUICK[1:], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "ckpt_path=last is set, but there is no last checkpoint available: training starts from scratch" in (
+        first.stderr
+    )
+    second = run_geartrain("task=fit", "ckpt_path=last", *quick, "trainer.max_epochs=2", *QUICK[1:], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "ckpt_path=last: using" in second.stdout and "no last checkpoint" not in second.stderr

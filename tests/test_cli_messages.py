@@ -42,7 +42,8 @@ MISTAKES = {
     "unknown_strategy": Mistake(("strategy=foo",), ("strategy=foo", "single", "ddp")),
     "unknown_task": Mistake(("task=fitt",), ("task=fitt", "fit_test")),
     "missing_checkpoint": Mistake(("ckpt_path=missing.ckpt",), ("missing.ckpt", "ckpt_path=last")),
-    "no_run_to_resume": Mistake(("ckpt_path=last",), ("ckpt_path=last", "outputs", "Train first")),
+    # Training starts from scratch instead (as Lightning's fit); evaluating needs a checkpoint.
+    "no_run_to_resume": Mistake(("task=test", "ckpt_path=last"), ("ckpt_path=last", "outputs", "Train first")),
     "unreadable_checkpoint": Mistake(("ckpt_path=garbage.ckpt",), ("garbage.ckpt", "not a readable")),
     "resume_with_another_optimizer": Mistake(
         ("optim=sgd", "ckpt_path=adamw.ckpt"), ("adamw.ckpt", "optimizer AdamW", "configures SGD", "weights.pt")
@@ -68,7 +69,7 @@ MISTAKES = {
     ),
 }
 #: The same mistake with HYDRA_FULL_ERROR=1: the traceback is back.
-FULL = Mistake(("ckpt_path=last",), ("Traceback", "ckpt_path=last"), env=(("HYDRA_FULL_ERROR", "1"),))
+FULL = Mistake(("task=test", "ckpt_path=last"), ("Traceback", "ckpt_path=last"), env=(("HYDRA_FULL_ERROR", "1"),))
 
 
 def write_checkpoints(folder: Path) -> None:

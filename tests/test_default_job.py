@@ -97,7 +97,7 @@ def test_default_job_reaches_accuracy_and_leaves_its_artifacts(jobs: Any) -> Non
     from examples.digits import DigitsClassifier, DigitsData
 
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    model = DigitsClassifier(**ckpt["hparams"])
+    model = DigitsClassifier(**ckpt["hyper_parameters"])
     model.load_state_dict(ckpt["state_dict"])
     model.eval()
     data = DigitsData()

@@ -126,7 +126,7 @@ def test_load_from_checkpoint_rebuilds_the_module(tmp_path: Path) -> None:
     trainer.fit(net, ones(4))
     trainer.save_checkpoint(tmp_path / "net.ckpt")
     ckpt = torch.load(tmp_path / "net.ckpt", weights_only=True)  # nothing pickled
-    assert ckpt["hparams"] == {"width": 6, "lr": 0.2, "tag": "z", "depth": 2}
+    assert ckpt["hyper_parameters"] == {"width": 6, "lr": 0.2, "tag": "z", "depth": 2}
     loaded = Net.load_from_checkpoint(tmp_path / "net.ckpt", lr=0.3)
     assert dict(loaded.hparams) == {"width": 6, "lr": 0.3, "tag": "z", "depth": 2}
     assert torch.equal(loaded.layer.weight, net.layer.weight)
@@ -138,7 +138,7 @@ def test_load_from_checkpoint_asks_for_a_module_argument(tmp_path: Path) -> None
     trainer.fit(net, ones(4))
     trainer.save_checkpoint(tmp_path / "w.ckpt")
     ckpt = torch.load(tmp_path / "w.ckpt", weights_only=True)
-    assert sorted(ckpt["hparams_unsaved"]) == ["encoder", "fn"] and isinstance(ckpt["hparams"]["encoder"], str)
+    assert sorted(ckpt["hparams_unsaved"]) == ["encoder", "fn"] and isinstance(ckpt["hyper_parameters"]["encoder"], str)
     with pytest.raises(TypeError, match=r"encoder, fn could not be saved.*load_from_checkpoint\(path, encoder=..."):
         WithLayer.load_from_checkpoint(tmp_path / "w.ckpt")
     loaded = WithLayer.load_from_checkpoint(tmp_path / "w.ckpt", encoder=nn.Linear(4, 2), fn=None)

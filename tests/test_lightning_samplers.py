@@ -76,7 +76,7 @@ def test_caller_trainer_works_after_a_ddp_fit_that_started_its_processes(tmp_pat
     weights = torch.load(tmp_path / "weights.pt", weights_only=True)
     assert all(torch.equal(ckpt["state_dict"][k], weights[k]) for k in weights)
     assert ckpt["progress"]["global_step"] == 4 and len(ckpt["rng"]) == 2  # every rank's RNG
-    assert ckpt["optimizers"][0]["state"]  # momentum buffers from the processes that trained
+    assert ckpt["optimizer_states"][0]["state"]  # momentum buffers from the processes that trained
     # The file resumes in one process, and test(ckpt_path=...) there evaluated those weights.
     from tests.helpers.after_ddp_script import Net
 

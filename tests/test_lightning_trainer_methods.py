@@ -153,8 +153,8 @@ def test_save_checkpoint_takes_lightning_parameters(make_trainer: Any, tmp_path:
     trainer.fit(Regressor(), make_loader(4, 2))
     trainer.save_checkpoint(filepath=tmp_path / "w.ckpt", weights_only=True, storage_options=None)
     trainer.save_checkpoint(tmp_path / "full.ckpt", None)
-    assert "optimizers" not in torch.load(tmp_path / "w.ckpt", weights_only=True)
-    assert "optimizers" in torch.load(tmp_path / "full.ckpt", weights_only=True)
+    assert "optimizer_states" not in torch.load(tmp_path / "w.ckpt", weights_only=True)
+    assert "optimizer_states" in torch.load(tmp_path / "full.ckpt", weights_only=True)
     with pytest.raises(ValueError, match="storage_options"):
         trainer.save_checkpoint(tmp_path / "x.ckpt", storage_options={"bucket": "b"})
 

@@ -48,7 +48,7 @@ def test_a_raising_fit_saves_a_full_checkpoint_that_resumes(tmp_path: Path) -> N
     with pytest.raises(Crash):
         quiet_trainer(tmp_path, callbacks=[callback], max_steps=6).fit(module)
     state = torch.load(callback.ckpt_path, weights_only=True)
-    assert state["progress"]["global_step"] == 3 and state["optimizers"]
+    assert state["progress"]["global_step"] == 3 and state["optimizer_states"]
     assert all(torch.equal(state["state_dict"][k], v) for k, v in module.state_dict().items())
     # Resuming from it equals a run that never raised.
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import Callback, ModelCheckpoint
 from tests.helpers.stop_resume import assert_same_state, attempts
 from tests.helpers.trainers import quiet_trainer
-from trainer import Trainer, TrainModule
+from trainer import Trainer, TrainModule, seed_everything
 from trainer.checkpoint.files import load_checkpoint
 
 K = 3  # accumulate_grad_batches; 6 batches an epoch: 2 optimizer steps
@@ -128,7 +128,7 @@ def test_save_checkpoint_at_a_window_end_and_weights_only_inside_one_are_allowed
     module, kwargs = make()
     quiet_trainer(tmp_path, [Save()], **OPTIONS).fit(module, **kwargs)
     assert load_checkpoint(tmp_path / "full.ckpt")["progress"]["batch_in_epoch"] % K == 0
-    assert "optimizers" not in load_checkpoint(tmp_path / "weights.ckpt")
+    assert "optimizer_states" not in load_checkpoint(tmp_path / "weights.ckpt")
 
 
 def test_the_last_saved_step_is_restored(tmp_path: Path) -> None:
@@ -138,18 +138,40 @@ def test_the_last_saved_step_is_restored(tmp_path: Path) -> None:
     assert cb_state["last_saved_step"] == 4
 
 
-def test_save_on_exception_inside_a_window_saves_nothing_and_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("where", ["training_step", "optimizer_step"])
+def test_save_on_exception_inside_a_window_resumes_the_window_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], whole: Any, where: str
 ) -> None:
-    class FailsAtBatch4(Reg):
+    """As Lightning, an exception is saved, also one raised in the optimizer step; the file resumes exactly.
+
+    The window's gradients are not in a checkpoint: the save drops them and rewinds to the window's
+    first batch, so the resume trains the whole window again from the same weights.
+    """
+
+    class FailsOnce(Reg):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if batch_idx == 4:  # the second window has one backward done
+            if where == "training_step" and batch_idx == 4:  # the second window has one backward done
                 raise ValueError("boom")
             return super().training_step(batch, batch_idx)
 
+        def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+            if where == "optimizer_step" and batch_idx == 5:  # the second window's backward is all done
+                optimizer_closure()
+                raise ValueError("boom")
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_on_exception=True)  # saves at epochs' ends
-    _, kwargs = make()
+    seed_everything(7)  # as attempts() does for the uninterrupted run
+    failing, kwargs = make()
+    failing.__class__ = FailsOnce  # the same object make() built: no other random numbers drawn
     with pytest.raises(ValueError, match="boom"):
-        quiet_trainer(tmp_path, [ckpt], enable_checkpointing=True, **OPTIONS).fit(FailsAtBatch4(), **kwargs)
-    assert "inside an accumulation window; not saved" in capsys.readouterr().out
-    assert not list(tmp_path.glob("*.ckpt"))  # the exception came before the first epoch's end
+        quiet_trainer(tmp_path, [ckpt], enable_checkpointing=True, **OPTIONS).fit(failing, **kwargs)
+    assert "inside an accumulation window; its gradients are dropped" in capsys.readouterr().out
+    saved = load_checkpoint(tmp_path / "epoch=0-step=1.ckpt")
+    assert (saved["progress"]["global_step"], saved["progress"]["batch_in_epoch"]) == (1, K)
+
+    seed_everything(7)
+    resumed, kwargs = make()
+    trainer = quiet_trainer(tmp_path / "resumed", **OPTIONS)
+    trainer.fit(resumed, **kwargs, ckpt_path=tmp_path / "epoch=0-step=1.ckpt")
+    assert_same_state((resumed, trainer), whole)

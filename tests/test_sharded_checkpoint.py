@@ -78,7 +78,7 @@ def test_resume_from_last_directory_equals_uninterrupted_run(tmp_path: Path, str
     assert last.is_dir() and (last / TRAINER_STATE).is_file() and (last / ".metadata").is_file()
     # The trainer state is a small file read with weights_only; the tensors are in the shards only.
     trainer_state = torch.load(last / TRAINER_STATE, weights_only=True)
-    assert "state_dict" not in trainer_state and "optimizers" not in trainer_state
+    assert "state_dict" not in trainer_state and "optimizer_states" not in trainer_state
     assert trainer_state["progress"]["global_step"] == 20 and len(trainer_state["rng"]) == 1
     resumed, _ = fit(tmp_path, 3, ckpt_path="last")  # "last" finds last.ckpt/
     assert_equal_weights(resumed, straight)
@@ -121,9 +121,9 @@ def test_convert_to_file_and_back_keeps_every_value(tmp_path: Path, straight: jo
     full = load_checkpoint(file)  # geartrain's file, weights_only
     assert all(torch.equal(full["state_dict"][k], v) for k, v in module.state_dict().items())
     expected = trainer.optimizers[0].state_dict()
-    assert full["optimizers"][0]["param_groups"] == expected["param_groups"]
+    assert full["optimizer_states"][0]["param_groups"] == expected["param_groups"]
     for index, buffers in expected["state"].items():
-        assert torch.equal(full["optimizers"][0]["state"][index]["momentum_buffer"], buffers["momentum_buffer"])
+        assert torch.equal(full["optimizer_states"][0]["state"][index]["momentum_buffer"], buffers["momentum_buffer"])
     # ... and back: the directory made from the file loads the same weights and optimizer state.
     again = tmp_path / "again.ckpt"
     assert convert(["to-dir", str(file), str(again)]) == 0

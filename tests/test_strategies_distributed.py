@@ -63,7 +63,7 @@ def test_fsdp_two_ranks_match_one_process_and_checkpoint_is_full(
     plain.load_state_dict(ckpt["state_dict"])
     # Optimizer state saved in optimizer.state_dict()'s layout, so a single-device run can resume it.
     optimizer = plain.configure_optimizers()
-    optimizer.load_state_dict(ckpt["optimizers"][0])
+    optimizer.load_state_dict(ckpt["optimizer_states"][0])
     assert len(optimizer.state) == len(list(plain.parameters()))
     # Evaluation under FSDP (full weights gathered once, unpadded shards) equals one process.
     trainer = quiet_trainer(tmp_path, strategy="single", num_sanity_val_steps=2, enable_checkpointing=True)

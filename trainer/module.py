@@ -61,7 +61,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
     #: Lightning Fabric's object when run by Fabric (always None: geartrain has no Fabric).
     fabric: Any = None
     #: The checkpoint keys of the hyperparameters (geartrain's file format; Lightning's are ``hyper_parameters``...).
-    CHECKPOINT_HYPER_PARAMS_KEY = "hparams"
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
     CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 

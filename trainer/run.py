@@ -112,8 +112,9 @@ def run_stage(
                 _configure_optimizers(t, module)
         if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             ckpt_path = t.checkpointing.restart_path()
-        if ckpt_path is not None:
-            state.ckpt_path = str(t.checkpointing.resolve(ckpt_path))
+        resolved = t.checkpointing.resolve(ckpt_path, stage) if ckpt_path is not None else None
+        if resolved is not None:  # None: "last" before any checkpoint exists (warned: starts from scratch)
+            state.ckpt_path = str(resolved)
             t.checkpointing.restore(state.ckpt_path, full=(stage == "fit"))
         if stage == "fit":
             t.preemption.install(t.strategy)
@@ -203,7 +204,7 @@ def _adopt_optimizers(trainer: Trainer, module: TrainModule, state: dict[str, An
     holding rank 0's end state (the processes that trained them are gone)."""
     optimizers, schedulers = parse_optimizers(module.configure_optimizers(), module.automatic_optimization)
     try:
-        for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
+        for opt, opt_state in zip(optimizers, state["optimizer_states"], strict=True):
             opt.load_state_dict(opt_state)
         for cfg, sched_state in zip(schedulers, state["lr_schedulers"], strict=True):
             cfg.scheduler.load_state_dict(sched_state)

@@ -8,6 +8,7 @@ room decides the content (DESIGN.md, "Checkpoints"), restores a run from it, res
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from trainer.checkpoint.files import (
     load_checkpoint,
     write_checkpoint,
 )
+from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
 from trainer.checkpoint.sharded import PendingSave, complete_path, param_names, read_directory
 from trainer.common.errors import CheckpointError
@@ -69,8 +71,14 @@ class CheckpointConnector:
         """The path of ``last.ckpt`` in ``directory`` (default: :meth:`directory`)."""
         return Path(directory if directory is not None else self.directory()) / LAST_CHECKPOINT
 
-    def resolve(self, ckpt_path: str | os.PathLike[str]) -> Path:
-        """A path as given, or the file ``"last"``/``"best"`` stands for in this run."""
+    def resolve(self, ckpt_path: str | os.PathLike[str], stage: str | None = None) -> Path | None:
+        """A path as given, or the file ``"last"``/``"best"`` stands for in this run.
+
+        ``"last"`` before any checkpoint exists is None: as in Lightning, no checkpoint is loaded and
+        training starts from scratch, so a job script can pass ``ckpt_path="last"`` on every start
+        (set and forget, for preemptible jobs). With ``stage`` (the running ``fit``, ``validate``,
+        ...) that is said in a warning, in Lightning's words. ``"best"`` before any is an error.
+        """
         if str(ckpt_path) not in ("last", "best"):
             return Path(ckpt_path)
         cb = self._trainer.checkpoint_callback
@@ -84,6 +92,23 @@ class CheckpointConnector:
                 if self._trainer.is_global_zero:
                     print(f"ckpt_path='last': {notice}")
             found = str(newest) if newest is not None else None
+        find = getattr(cb, "_find_last_checkpoints", None)
+        if not found and str(ckpt_path) == "last" and find is not None:
+            # The newest last file of the logger's earlier versions (Lightning's default folders).
+            files = [Path(p) for p in find(self._trainer) if complete_path(Path(p)).exists()]
+            if files:
+                found = str(max(files, key=lambda p: complete_path(p).stat().st_mtime))
+                if self._trainer.is_global_zero:
+                    print(f'ckpt_path="last": using {found}')
+        if not found and str(ckpt_path) == "last":
+            if stage is not None and self._trainer.is_global_zero:
+                fresh = " Training starts from scratch." if stage == "fit" else ""
+                warnings.warn(
+                    f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                    f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
+                    stacklevel=2,
+                )
+            return None
         if not found:
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         return Path(found)
@@ -101,6 +126,22 @@ class CheckpointConnector:
         window = self._trainer.window
         return window.has_loss or window.nonfinite
 
+    def rewind_open_window(self) -> int:
+        """Drop the gradients of an unfinished accumulation window and rewind to the window's first batch.
+
+        For a save after an exception raised inside the window (its ``training_step``, the optimizer
+        step, clipping, ``zero_grad``): the checkpoint then resumes by training the whole window again
+        from the same weights, instead of losing its gradients. Windows start at multiples of
+        ``accumulate_grad_batches`` in an epoch. Returns the batch the window started at.
+        """
+        t = self._trainer
+        for optimizer in t.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        t.window.has_loss = t.window.nonfinite = False
+        k = max(int(t.accumulate_grad_batches), 1)
+        t.progress.batch_in_epoch = (t.progress.batch_in_epoch // k) * k
+        return t.progress.batch_in_epoch
+
     def state(self, weights_only: bool = False, sharded: bool = False) -> dict[str, Any]:
         """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints").
 
@@ -113,19 +154,29 @@ class CheckpointConnector:
             model = t.strategy.sharded_model_state_dict()
         else:
             model = t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
+        progress = t.progress.state_dict()
+        # Lightning's keys (trainer.checkpoint.layout) beside geartrain's: Lightning reads this file too.
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
+            "epoch": t.current_epoch,
+            "global_step": t.global_step,
+            "pytorch-lightning_version": LIGHTNING_LAYOUT_VERSION,
             "state_dict": model,
-            "progress": t.progress.state_dict(),
-            "hparams": hparams,
+            "loops": lightning_loops(progress, bool(getattr(t.module, "automatic_optimization", True))),
+            "progress": progress,
+            "hyper_parameters": hparams,
             "hparams_unsaved": unsaved,  # recorded as descriptions: load_from_checkpoint asks for them
             "config": to_plain(t.config),
         }
         if t.datamodule is not None:
-            state["datamodule_hparams"], state["datamodule_hparams_unsaved"] = plain_hparams(t.datamodule.hparams)
+            state["datamodule_hyper_parameters"], state["datamodule_hparams_unsaved"] = plain_hparams(
+                t.datamodule.hparams
+            )
         if not weights_only:
-            state.update(self.training_state(sharded))
+            training = self.training_state(sharded)
+            state["loops"].update(training.pop("loops", {}))  # the sampler's order beside Lightning's loops
+            state.update(training)
             state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
             mid_epoch = t.stage == "fit" and not t.progress.epoch_finished
             state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
@@ -147,7 +198,7 @@ class CheckpointConnector:
         t = self._trainer
         optimizer_state = t.strategy.sharded_optimizer_state_dict if sharded else t.strategy.optimizer_state_dict
         state: dict[str, Any] = {
-            "optimizers": [optimizer_state(opt) for opt in t.optimizers],
+            "optimizer_states": [optimizer_state(opt) for opt in t.optimizers],
             "lr_schedulers": [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs],
             # The kinds, so that resuming with another optimizer or scheduler is refused by name.
             "optimizer_types": resume_checks.types_of(t.optimizers),
@@ -237,9 +288,8 @@ class CheckpointConnector:
     # ----------------------------------------------------------------- restore
     def restart_path(self) -> Path | None:
         """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
-        try:
-            path = self.resolve("last")
-        except CheckpointError:
+        path = self.resolve("last")
+        if path is None:
             return None
         if self._trainer.is_global_zero:
             print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
@@ -255,6 +305,8 @@ class CheckpointConnector:
         t = self._trainer
         self.wait()
         path = self.resolve(ckpt_path)
+        if path is None:
+            raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         state = _read_any(path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
@@ -273,7 +325,7 @@ class CheckpointConnector:
             self._load_weights(path, state["state_dict"])
         if not full:
             return
-        for opt, opt_state in zip(t.optimizers, state["optimizers"] if sharded is None else ()):
+        for opt, opt_state in zip(t.optimizers, state["optimizer_states"] if sharded is None else ()):
             t.strategy.load_optimizer_state_dict(opt, opt_state)
         planned = [resume_checks.schedule_length(cfg.scheduler) for cfg in t.lr_scheduler_configs]
         for cfg, sched_state in zip(t.lr_scheduler_configs, state["lr_schedulers"]):

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint.layout import upgrade
 from trainer.checkpoint.safety import check_checkpoint_file, unreadable, write_failure
 from trainer.common.errors import CheckpointError
 from trainer.common.fs_safety import check_replaceable
@@ -52,7 +53,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "geartrain"
-FORMAT_VERSION = 1
+#: 2: Lightning's keys (``optimizer_states``, ``hyper_parameters``, ``epoch``, ...; see
+#: :mod:`trainer.checkpoint.layout`); version 1 files are read by renaming their entries.
+FORMAT_VERSION = 2
 
 
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -369,7 +372,7 @@ def load_checkpoint(
             "To load plain weights use module.load_state_dict(torch.load(path))."
         )
     check_version(path, state.get("version"))
-    return state
+    return upgrade(state)
 
 
 def check_version(path: Path, version: Any) -> None:

@@ -19,6 +19,7 @@ from typing import IO, Any, TypeVar
 import torch
 
 from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION
+from trainer.checkpoint.layout import upgrade
 from trainer.checkpoint.safety import check_checkpoint_file, first_reason, unreadable
 from trainer.common.errors import CheckpointError
 
@@ -72,11 +73,26 @@ def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
     loops = state.get("loops") or {}
     fit_loop = loops.get("fit_loop") or {}
     epochs_done = _progress(fit_loop.get("epoch_progress"), "completed")
+    epochs_started = _progress(fit_loop.get("epoch_progress"), "started")
+    epochs_processed = _progress(fit_loop.get("epoch_progress"), "processed")
     batches = _progress(fit_loop.get("epoch_loop.batch_progress"), "completed")
     batch_meta = fit_loop.get("epoch_loop.batch_progress") or {}
     global_step = int(state.get("global_step", 0))
     if epochs_done is None:
         progress = {"epoch": int(state.get("epoch", 0)), "global_step": global_step, "epoch_finished": True}
+    elif epochs_started is not None and epochs_processed is not None:
+        # Lightning counts an epoch processed once its batches and validation are done, completed only
+        # after its epoch-end hooks: a ModelCheckpoint save in on_train_epoch_end has processed = e + 1,
+        # completed = e, and Lightning resumes it at epoch e + 1.
+        if epochs_processed >= epochs_started:
+            progress = {
+                "epoch": max(epochs_processed - 1, 0),
+                "global_step": global_step,
+                "batch_in_epoch": batches or 0,
+                "epoch_finished": epochs_processed > 0,
+            }
+        else:
+            progress = {"epoch": epochs_processed, "global_step": global_step, "batch_in_epoch": batches or 0}
     elif batches and not batch_meta.get("is_last_batch", True):
         progress = {"epoch": epochs_done, "global_step": global_step, "batch_in_epoch": batches}
     else:
@@ -91,8 +107,10 @@ def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
         "version": FORMAT_VERSION,
         "state_dict": dict(state["state_dict"]),
         "progress": progress,
-        "hparams": dict(state.get("hyper_parameters") or {}),
-        "optimizers": list(state.get("optimizer_states", [])),
+        "epoch": int(state.get("epoch", 0)),
+        "global_step": global_step,
+        "hyper_parameters": dict(state.get("hyper_parameters") or {}),
+        "optimizer_states": list(state.get("optimizer_states", [])),
         "lr_schedulers": list(state.get("lr_schedulers", [])),
         "from_lightning": True,
     }
@@ -119,11 +137,13 @@ def load_from_checkpoint(
         )
     state = read_checkpoint(checkpoint_path, map_location if map_location is not None else "cpu")
     lightning = is_lightning_checkpoint(state)
+    if not lightning:
+        upgrade(state)
     if weights:
-        hparams = dict(state.get("hyper_parameters" if lightning else "hparams") or {})
+        hparams = dict(state.get("hyper_parameters") or {})
         unsaved = [] if lightning else list(state.get("hparams_unsaved", []))
     else:
-        hparams = dict(state.get("datamodule_hyper_parameters" if lightning else "datamodule_hparams") or {})
+        hparams = dict(state.get("datamodule_hyper_parameters") or {})
         unsaved = [] if lightning else list(state.get("datamodule_hparams_unsaved", []))
     if hparams_file is not None:
         hparams.update(_read_hparams_file(hparams_file))

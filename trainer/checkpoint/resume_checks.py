@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: What a full resume reads besides the weights.
-REQUIRED = ("optimizers", "lr_schedulers", "progress")
+REQUIRED = ("optimizer_states", "lr_schedulers", "progress")
 #: Param-group flags that torch adds to optimizers over its versions; they say nothing of the kind.
 _GENERIC_GROUP_KEYS = {"params", "foreach", "maximize", "capturable", "differentiable", "fused", "initial_lr"}
 _GENERIC_SCHEDULER_KEYS = {"base_lrs", "last_epoch", "verbose", "optimizer"}
@@ -113,7 +113,7 @@ def check_shapes(path: Path, state: Mapping[str, Any]) -> None:
 
 def check_resumable(path: Path, state: Mapping[str, Any], trainer: Trainer) -> None:
     """Raise :class:`CheckpointError` unless ``state`` holds what resuming needs, of the kinds configured."""
-    if "optimizers" not in state:
+    if "optimizer_states" not in state:
         raise CheckpointError(
             f"{path} holds weights only; it cannot resume training (to train from it, {weights_only_hint(path)})"
         )
@@ -124,7 +124,7 @@ def check_resumable(path: Path, state: Mapping[str, Any], trainer: Trainer) -> N
             f"{', '.join(sorted(map(str, state)))}); it was not written whole by Trainer.save_checkpoint"
         )
     check_shapes(path, state)
-    _check_kinds(path, "optimizer", state["optimizers"], state.get("optimizer_types"), trainer.optimizers)
+    _check_kinds(path, "optimizer", state["optimizer_states"], state.get("optimizer_types"), trainer.optimizers)
     schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
     _check_kinds(path, "scheduler", state["lr_schedulers"], state.get("lr_scheduler_types"), schedulers)
 

@@ -33,6 +33,7 @@ from strategies.sharded_checkpoint import (
     save_sharded,
 )
 from trainer.checkpoint.files import FORMAT_NAME, check_version, load_checkpoint, save_checkpoint
+from trainer.checkpoint.layout import upgrade
 from trainer.checkpoint.safety import check_checkpoint_file
 from trainer.common.errors import CheckpointError
 
@@ -50,7 +51,7 @@ __all__ = [
 def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A sharded checkpoint's trainer state, format-checked; ``"sharded_directory"`` names the tensors' place.
 
-    ``"optimizers"`` holds one empty placeholder per saved optimizer (their tensors stay in the
+    ``"optimizer_states"`` holds one empty placeholder per saved optimizer (their tensors stay in the
     shards), so the resume checks count them as they count a file's.
     """
     path = Path(path)
@@ -60,8 +61,9 @@ def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
     if state.get("format") != FORMAT_NAME:
         raise CheckpointError(f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} in its trainer state)")
     check_version(path, state.get("version"))
+    upgrade(state)
     if "optimizer_types" in state:
-        state["optimizers"] = [{} for _ in state["optimizer_types"]]
+        state["optimizer_states"] = [{} for _ in state["optimizer_types"]]
     state["sharded_directory"] = path
     return state
 
@@ -101,7 +103,7 @@ def directory_to_file(directory: str | os.PathLike[str], file: str | os.PathLike
     state["state_dict"] = dict(tensors.get("state_dict", {}))
     if "optimizer_types" in state:
         saved = tensors.get("optimizers", {})
-        state["optimizers"] = [_by_index(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
+        state["optimizer_states"] = [_by_index(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
         state["optimizer_param_names"] = [_names(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
     return save_checkpoint(state, file)
 
@@ -129,7 +131,7 @@ def file_to_directory(file: str | os.PathLike[str], directory: str | os.PathLike
     and refuses to guess the optimizer's names.
     """
     state = load_checkpoint(file)
-    optimizers = state.get("optimizers")
+    optimizers = state.get("optimizer_states")
     if optimizers:
         names = state.get("optimizer_param_names")
         if not names or len(names) != len(optimizers):
@@ -137,7 +139,7 @@ def file_to_directory(file: str | os.PathLike[str], directory: str | os.PathLike
                 f"{file} does not record its optimizers' parameter names, which a sharded checkpoint keys their "
                 "state by; resave it with this geartrain (Trainer.save_checkpoint), or load it as a file"
             )
-        state["optimizers"] = [_by_name(opt, n) for opt, n in zip(optimizers, names)]
+        state["optimizer_states"] = [_by_name(opt, n) for opt, n in zip(optimizers, names)]
     save_sharded(directory, state).wait()
     return Path(directory)
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.cli.errors import checkpoints_in_run_dir, warn_no_last_checkpoint
 from trainer.cli.tuning import TUNER_TASKS, log_trial_hparams, optimized_value, run_tuner_task
 from trainer.errors import ConfigError
 
@@ -64,7 +65,11 @@ def run_task(cfg: Any) -> dict[str, float]:
     from strategies.relaunch import started_by_rerun
 
     # A rank that rank 0 started gets rank 0's choice in fit (resolving "last" again could differ).
-    ckpt = cfg.get("ckpt_path") if started_by_rerun() else resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    fresh_if_no_last = cfg.task in ("fit", "fit_test")
+    if started_by_rerun():
+        ckpt = cfg.get("ckpt_path")
+    else:
+        ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir, fresh_if_no_last=fresh_if_no_last)
     choice = HydraConfig.get().runtime.choices.get("strategy") if HydraConfig.initialized() else None
     note = one_process_note(cfg, group_position()[1], str(choice or "ddp"))
     if note is not None:
@@ -76,6 +81,7 @@ def run_task(cfg: Any) -> dict[str, float]:
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer_kwargs, dict)
     callbacks = build_callbacks(cfg, trainer_kwargs, explicit)
+    checkpoints_in_run_dir(callbacks, run_dir)
     try:
         trainer = Trainer(
             **{str(k): v for k, v in trainer_kwargs.items()},
@@ -164,14 +170,14 @@ def check_config(cfg: Any) -> None:
                 raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
 
 
-def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path, fresh_if_no_last: bool = False) -> str | None:
     """``"last"`` means this run's ``checkpoints/last.ckpt``, else the newest ``last.ckpt`` of an earlier run like it.
 
     Earlier runs are searched under ``outputs/`` and ``multirun/`` of the folder ``geartrain`` was
     started in, among runs of the same experiment (in a sweep: the same job), see
     :func:`trainer.cli.run_dirs.resolve_last_checkpoint`; the choice is printed, so a resume never
     silently picks the wrong file. Any other value must name a file (or a sharded checkpoint's
-    folder) that exists.
+    folder) that exists. ``fresh_if_no_last`` (training): ``"last"`` with none yet warns, gives None.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -193,7 +199,13 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     overrides = list(hydra_cfg.overrides.task) if hydra_cfg is not None else []
     sweep = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
-    return resolve_last_checkpoint(base, run_dir, overrides, sweep)
+    try:
+        return resolve_last_checkpoint(base, run_dir, overrides, sweep)
+    except ConfigError as err:
+        if not fresh_if_no_last:
+            raise
+        warn_no_last_checkpoint(err, group_position()[0] == 0)
+        return None
 
 
 def group_position(env: dict[str, str] | None = None) -> tuple[int, int]:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,23 @@ def _instantiation(err: Exception) -> str:
         body.append("(your own classes are imported from the folder geartrain runs in)")
     head = f"could not build {full_key}" if full_key else "could not build an object of the config"
     return f"{head}: " + "\n".join(body)
+
+
+def warn_no_last_checkpoint(err: Exception, rank_zero: bool) -> None:
+    """``ckpt_path=last`` with nothing to resume yet, when training: said (rank 0), and training starts afresh.
+
+    As Lightning's ``fit(ckpt_path="last")``: a preemptible job's script may pass it from its first start.
+    """
+    if rank_zero:
+        reason = str(err).removeprefix("ckpt_path=last: ")
+        warnings.warn(
+            f"ckpt_path=last is set, but there is no last checkpoint available: training starts from scratch ({reason})",
+            stacklevel=3,
+        )
+
+
+def checkpoints_in_run_dir(callbacks: list[Any], run_dir: Path) -> None:
+    """The command's checkpoints live in ``<run dir>/checkpoints``, whatever the logger's folder (``dirpath: null``)."""
+    for cb in callbacks:
+        if getattr(cb, "dirpath", "") is None and hasattr(cb, "CHECKPOINT_NAME_LAST"):
+            cb.dirpath = str(run_dir / "checkpoints")
