@@ -41,7 +41,8 @@ PRELOAD = ["torch", "torch.distributed", "torchmetrics", "trainer", "strategies"
 #: Variables the elastic launcher sets for each rank; every other variable comes from the caller.
 _LAUNCHER_KEYS = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-     "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}
+     "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+     "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 )  # fmt: skip
 
 
