@@ -145,6 +145,54 @@ def hand_fit(batches: Batches, epochs: int, root: Path | None = None) -> float:
     return clock() - start
 
 
+# ----------------------------------------------------------------- a tracker
+def geartrain_fit_mlflow(batches: Batches, epochs: int, store: str) -> float:
+    """Seconds in ``Trainer.fit`` with an ``MLFlowLogger`` writing to the local MLflow store ``store``."""
+    from callbacks import MLFlowLogger
+
+    model = fresh_model()
+    trainer = Trainer(
+        max_epochs=epochs,
+        log_every_n_steps=50,
+        callbacks=[MLFlowLogger(experiment_name="bench", tracking_uri=store)],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    start = clock()
+    trainer.fit(model, train_dataloaders=batches)
+    return clock() - start
+
+
+def hand_fit_mlflow(batches: Batches, epochs: int, store: str) -> float:
+    """The same training by hand, with one MLflow run and the same values every 50 steps (loss, epoch)."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    model = fresh_model()
+    start = clock()
+    client = MlflowClient(store)
+    found = client.get_experiment_by_name("bench")
+    experiment = found.experiment_id if found is not None else client.create_experiment("bench")
+    run_id = client.create_run(experiment).info.run_id
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model.train()
+    step = 0
+    for epoch in range(epochs):
+        for x, y in batches:
+            loss = nn.functional.cross_entropy(model.net(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % 50 == 0:
+                stamp = int(time.time() * 1000)
+                values = [Metric("train/loss", loss.item(), stamp, step - 1), Metric("epoch", epoch, stamp, step - 1)]
+                client.log_batch(run_id, metrics=values)
+    client.set_terminated(run_id, "FINISHED")
+    return clock() - start
+
+
 # ----------------------------------------------------------------- evaluation
 def geartrain_validate(batches: Batches) -> float:
     """Seconds spent in ``Trainer.validate`` (batch-size-weighted mean loss over the batches)."""
@@ -172,7 +220,7 @@ def hand_validate(batches: Batches) -> float:
 
 
 def run(quick: bool = False, pairs: int = 7) -> list[Result]:
-    """The three overhead rows: training without callbacks, with the defaults, evaluation."""
+    """The overhead rows: training without callbacks, with the defaults, with an MLflow logger; evaluation."""
     torch.set_num_threads(1)
     steps, epochs = (200, 2) if quick else (2000, 4)
     warmup = 0 if quick else 1
@@ -221,6 +269,25 @@ def run(quick: bool = False, pairs: int = 7) -> list[Result]:
                 warmup,
             )
         )
+        import importlib.util
+
+        if importlib.util.find_spec("mlflow") is not None:
+            import mlflow  # noqa: F401  (its import is not a step's cost)
+
+            # A local file store: no server between the two sides. Newer MLflow asks for this opt-in.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            store = f"file:{root / 'mlruns'}"
+            results.append(
+                ratio_result(
+                    "step overhead, MLflow logger",
+                    lambda: geartrain_fit_mlflow(batches, epochs, store),
+                    lambda: hand_fit_mlflow(batches, epochs, store),
+                    pairs,
+                    1.10,
+                    "train/loss and epoch to a local MLflow file store every 50 steps, one run each, on both sides",
+                    warmup,
+                )
+            )
     results.append(
         ratio_result(
             "evaluation loop",

@@ -1,10 +1,10 @@
-"""Callbacks: checkpointing, logging (TensorBoard, CSV), progress, early stopping, ...
+"""Callbacks: checkpointing, logging (TensorBoard, CSV, MLflow, W&B), progress, early stopping, ...
 
 Every callback and logger name of Lightning 2 is importable from here (``lightning.pytorch.callbacks.X``
 and ``lightning.pytorch.loggers.X`` -> ``callbacks.X``). Those geartrain does not have yet are
 classes whose construction raises ``NotImplementedError`` naming what to use instead.
 
-Classes are imported on first use, so ``import callbacks`` does not import TensorBoard or rich.
+Classes are imported on first use, so ``import callbacks`` does not import TensorBoard, rich, mlflow or wandb.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from callbacks.lambda_callback import LambdaCallback
     from callbacks.lr_finder import LearningRateFinder
     from callbacks.lr_monitor import LearningRateMonitor
+    from callbacks.mlflow_logger import MLFlowLogger
     from callbacks.model_summary import ModelSummary, RichModelSummary
     from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from callbacks.prediction_writer import BasePredictionWriter, join_predictions
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
     from callbacks.timer import Timer
+    from callbacks.wandb_logger import WandbLogger
     from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 _LAZY = {
@@ -45,6 +47,7 @@ _LAZY = {
     "GradientMonitor": "callbacks.grad_monitor",
     "LambdaCallback": "callbacks.lambda_callback",
     "LearningRateMonitor": "callbacks.lr_monitor",
+    "MLFlowLogger": "callbacks.mlflow_logger",
     "Logger": "callbacks._logger",
     "ModelCheckpoint": "callbacks.checkpoint",
     "ModelSummary": "callbacks.model_summary",
@@ -56,6 +59,7 @@ _LAZY = {
     "TensorBoardLogger": "callbacks.tensorboard",
     "ThroughputMonitor": "callbacks.throughput",
     "Timer": "callbacks.timer",
+    "WandbLogger": "callbacks.wandb_logger",
     "WeightAveraging": "callbacks.weight_averaging",
     "EMAWeightAveraging": "callbacks.weight_averaging",
     "StochasticWeightAveraging": "callbacks.stochastic_weight_avg",
@@ -76,6 +80,7 @@ __all__ = [
     "CSVLogger",
     "Callback",
     "Checkpoint",
+    "CometLogger",
     "DeviceStatsMonitor",
     "EMAWeightAveraging",
     "EarlyStopping",
@@ -84,10 +89,13 @@ __all__ = [
     "LambdaCallback",
     "LearningRateFinder",
     "LearningRateMonitor",
+    "LitLogger",
     "Logger",
+    "MLFlowLogger",
     "ModelCheckpoint",
     "ModelPruning",
     "ModelSummary",
+    "NeptuneLogger",
     "OnExceptionCheckpoint",
     "ProgressBar",
     "RichModelSummary",
@@ -98,6 +106,7 @@ __all__ = [
     "TensorBoardLogger",
     "ThroughputMonitor",
     "Timer",
+    "WandbLogger",
     "WeightAveraging",
     "join_predictions",
 ]

@@ -17,6 +17,11 @@ UNSUPPORTED: dict[str, str] = {
     "ModelPruning": "torch.nn.utils.prune in on_train_epoch_end of a Callback of your own",
     "SpikeDetection": "Trainer's non-finite loss policy, or a check of the loss in on_train_batch_end",
 }
+_OTHER_TRACKERS = (
+    "callbacks.MLFlowLogger, callbacks.WandbLogger, callbacks.TensorBoardLogger, callbacks.CSVLogger, "
+    "or a subclass of callbacks.Logger writing to your tracker"
+)
+UNSUPPORTED.update(dict.fromkeys(("CometLogger", "NeptuneLogger", "LitLogger"), _OTHER_TRACKERS))
 
 
 def unsupported_class(name: str) -> type[Callback]:

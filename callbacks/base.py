@@ -20,7 +20,7 @@ __all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "Checkpoint", "check_hooks", "o
 
 
 class Callback:
-    """Base class for callbacks. Order of the hooks: see ``trainer/loops.py``."""
+    """Base class for callbacks. Order of the hooks: the docstrings of ``trainer/loops/fit.py`` and ``evaluation.py``."""
 
     #: False for callbacks that write files or logs; ``fast_dev_run`` leaves those out.
     runs_in_fast_dev_run: bool = True

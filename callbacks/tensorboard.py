@@ -121,6 +121,16 @@ class TensorBoardLogger(Logger):
         """The underlying ``SummaryWriter`` (``None`` before the first write and on ranks other than 0)."""
         return self._writer
 
+    @override
+    def __getstate__(self) -> dict[str, Any]:
+        # The writer holds threads and locks; a copy sent to a worker (ddp_spawn) opens its own event
+        # file in the same folder, which TensorBoard reads as one run.
+        if self._writer is not None:
+            self._writer.flush()
+        state = super().__getstate__()
+        state["_writer"] = None
+        return state
+
     def close(self) -> None:
         """Flush and close the event file (a later write opens a new one)."""
         if self._writer is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -36,8 +36,15 @@ class Strategy:
         device: the device to train on; ``None`` picks the best available (CUDA, MPS, CPU).
     """
 
-    #: Name used in the registry and in ``Trainer(strategy=...)``.
+    #: The name ``Trainer(strategy=...)`` and ``geartrain strategy=...`` build this class under. The
+    #: registry finds a class in the module of ``strategies`` named by the name's first words
+    #: (``"ddp"`` and ``"ddp_spawn"`` in ``strategies/ddp.py``): a strategy is one file named after it.
     name = "base"
+    #: Other names for this class (Lightning's), each with the constructor arguments it implies.
+    aliases: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: True on a class that other strategies build on and that is not built by name itself (this one,
+    #: ``ParallelStrategy``); read from the class's own namespace, so subclasses are registered.
+    base_only: ClassVar[bool] = True
     #: Whether evaluation may run under ``torch.inference_mode()`` (``Trainer(inference_mode=True)``).
     supports_inference_mode = True
     #: How checkpoints are written: ``"full"``, one file gathered on rank 0 (the portable form), or

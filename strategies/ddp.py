@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -52,6 +52,21 @@ class DDPStrategy(ParallelStrategy):
     """
 
     name = "ddp"
+    aliases: ClassVar[dict[str, dict[str, Any]]] = {
+        "ddp_spawn": {"start_method": "spawn"},
+        "ddp_fork": {"start_method": "fork"},
+        "ddp_notebook": {"start_method": "fork"},
+        **{
+            f"{base}_find_unused_parameters_{flag}": {**implied, "find_unused_parameters": flag == "true"}
+            for base, implied in (
+                ("ddp", {}),
+                ("ddp_spawn", {"start_method": "spawn"}),
+                ("ddp_fork", {"start_method": "fork"}),
+                ("ddp_notebook", {"start_method": "fork"}),
+            )
+            for flag in ("true", "false")
+        },
+    }
 
     def __init__(
         self,

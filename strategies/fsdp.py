@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -63,6 +63,7 @@ class FSDPStrategy(ParallelStrategy):
     """
 
     name = "fsdp"
+    aliases: ClassVar[dict[str, dict[str, Any]]] = {"fsdp_cpu_offload": {"cpu_offload": True}}
     # FSDP gathers and frees parameters around evaluation forwards; under inference_mode the gathered
     # tensors would be inference tensors it cannot reshard, so evaluation runs under no_grad.
     supports_inference_mode = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -108,6 +108,7 @@ class ParallelStrategy(Strategy):
     """
 
     name = "parallel"
+    base_only: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -3,74 +3,105 @@
 Ours are ``single``, ``dp``, ``ddp``, ``amp``, ``fsdp``, ``model_parallel``. Lightning's names that mean one of ours are
 aliases: ``ddp_spawn`` (DDP, workers spawned), ``ddp_fork`` and ``ddp_notebook`` (DDP, workers forked,
 so a module class defined in ``__main__`` of a notebook or ``python -`` trains),
-``ddp_find_unused_parameters_true``, ``single_device`` and ``fsdp_cpu_offload``. Lightning's other names (DeepSpeed, XLA,
-FSDP with CPU offload, ...) are refused with a message naming what we have.
+``ddp_find_unused_parameters_true``, ``single_device`` and ``fsdp_cpu_offload`` (FSDP2 with parameters kept on the
+CPU). Lightning's other names (DeepSpeed, XLA, HPU, ...) are refused with a message naming what we have.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import pkgutil
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from strategies.base import Strategy
 
-__all__ = ["ALIASES", "STRATEGIES", "build_strategy", "resolve_accelerator", "resolve_strategy"]
-
-#: name -> "module:Class", imported only when used so ``import strategies`` stays cheap.
-STRATEGIES: dict[str, str] = {
-    "single": "strategies.single:SingleDeviceStrategy",
-    "dp": "strategies.dp:DataParallelStrategy",
-    "ddp": "strategies.ddp:DDPStrategy",
-    "amp": "strategies.amp:AMPStrategy",
-    "fsdp": "strategies.fsdp:FSDPStrategy",
-    "model_parallel": "strategies.model_parallel:ModelParallelStrategy",
-}
-
-#: Lightning's strategy names that are one of ours with some arguments: name -> (ours, kwargs).
-ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "ddp_spawn": ("ddp", {"start_method": "spawn"}),
-    "ddp_fork": ("ddp", {"start_method": "fork"}),
-    "ddp_notebook": ("ddp", {"start_method": "fork"}),
-    "ddp_find_unused_parameters_true": ("ddp", {"find_unused_parameters": True}),
-    "ddp_find_unused_parameters_false": ("ddp", {"find_unused_parameters": False}),
-    "ddp_spawn_find_unused_parameters_true": ("ddp", {"start_method": "spawn", "find_unused_parameters": True}),
-    "ddp_spawn_find_unused_parameters_false": ("ddp", {"start_method": "spawn", "find_unused_parameters": False}),
-    "ddp_fork_find_unused_parameters_true": ("ddp", {"start_method": "fork", "find_unused_parameters": True}),
-    "ddp_fork_find_unused_parameters_false": ("ddp", {"start_method": "fork", "find_unused_parameters": False}),
-    "ddp_notebook_find_unused_parameters_true": ("ddp", {"start_method": "fork", "find_unused_parameters": True}),
-    "ddp_notebook_find_unused_parameters_false": ("ddp", {"start_method": "fork", "find_unused_parameters": False}),
-    "single_device": ("single", {}),
-    "fsdp_cpu_offload": ("fsdp", {"cpu_offload": True}),
-}
+__all__ = [
+    "build_strategy",
+    "find_strategy",
+    "own_aliases",
+    "resolve_accelerator",
+    "resolve_strategy",
+    "strategy_classes",
+]
 
 #: ``Trainer(accelerator=...)`` values we run on.
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
 
+def find_strategy(name: str) -> tuple[type[Strategy], dict[str, Any]] | None:
+    """The class registered under ``name`` and the arguments the name implies, or None.
+
+    Each strategy registers its own names (:attr:`Strategy.name`, :attr:`Strategy.aliases`) in the
+    module named after it: ``"ddp_spawn"`` is looked up in ``strategies.ddp_spawn``, then
+    ``strategies.ddp``. Only that module is imported, so naming a strategy costs no other's imports.
+    """
+    parts = name.split("_")
+    for end in range(len(parts), 0, -1):
+        module_name = f"{__package__}.{'_'.join(parts[:end])}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        for cls in _classes_in(importlib.import_module(module_name)):
+            if cls.name == name:
+                return cls, {}
+            aliases = own_aliases(cls)
+            if name in aliases:
+                return cls, dict(aliases[name])
+    return None
+
+
+def strategy_classes() -> dict[str, type[Strategy]]:
+    """Every strategy class by its :attr:`~Strategy.name`, from every module of ``strategies`` (all imported)."""
+    package = importlib.import_module(__package__ or "strategies")
+    found: dict[str, type[Strategy]] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        for cls in _classes_in(importlib.import_module(f"{package.__name__}.{info.name}")):
+            found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+def own_aliases(cls: type[Strategy]) -> dict[str, dict[str, Any]]:
+    """The names a class registers besides its own (not its base class's: ``amp`` is not ``single_device``)."""
+    aliases: dict[str, dict[str, Any]] = vars(cls).get("aliases", {})
+    return aliases
+
+
+def _classes_in(module: ModuleType) -> list[type[Strategy]]:
+    """The strategy classes a module defines (not those it imports), each with a name of its own."""
+    return [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, Strategy)
+        and obj.__module__ == module.__name__
+        and "name" in vars(obj)
+        and not vars(obj).get("base_only", False)
+    ]
+
+
 def _valid_names() -> str:
-    lightning = (
-        "ddp_spawn, ddp_fork, ddp_notebook, ddp_find_unused_parameters_true/false, single_device, fsdp_cpu_offload"
-    )
-    return f"valid names: {', '.join(['auto', *STRATEGIES])}; Lightning's names: {lightning}"
+    classes = strategy_classes()
+    aliases = ", ".join(alias for cls in classes.values() for alias in own_aliases(cls))
+    return f"valid names: {', '.join(['auto', *classes])}; Lightning's names: {aliases}"
 
 
 def strategy_class(name: str) -> type[Strategy]:
     """The class registered under ``name``; an unknown name lists the valid ones."""
-    if name not in STRATEGIES:
+    found = find_strategy(name)
+    if found is None:
         lightning_only = ("deepspeed", "xla", "fsdp_", "single_xla", "hpu", "ipu", "tpu", "bagua", "colossal")
         if name.startswith(lightning_only):
             raise ValueError(
                 f"strategy={name!r} is a Lightning strategy geartrain does not support (DeepSpeed, XLA/TPU, HPU "
-                f"and FSDP variants such as CPU offload are not implemented); {_valid_names()}. "
+                f"and FSDP variants other than fsdp_cpu_offload are not implemented); {_valid_names()}. "
                 "For sharded training use strategy='fsdp' (FSDP2)."
             )
         raise ValueError(f"Unknown strategy {name!r}; {_valid_names()}")
-    module_name, cls_name = STRATEGIES[name].split(":")
-    cls: type[Strategy] = getattr(importlib.import_module(module_name), cls_name)
-    return cls
+    return found[0]
 
 
 def build_strategy(name: str, **kwargs: Any) -> Strategy:
@@ -82,9 +113,10 @@ def build_strategy(name: str, **kwargs: Any) -> Strategy:
     >>> build_strategy("ddp_fork", device="cpu").start_method
     'fork'
     """
-    base, extra = ALIASES.get(name, (name, {}))
+    cls = strategy_class(name)
+    _, extra = find_strategy(name) or (cls, {})
     given = {key: value for key, value in kwargs.items() if value is not None}
-    strategy = strategy_class(base)(**{**extra, **given})
+    strategy = cls(**{**extra, **given})
     strategy.name = name
     return strategy
 
@@ -155,13 +187,12 @@ def resolve_strategy(
             f"strategy must be a name or a Strategy instance, got {type(strategy).__name__}; {_valid_names()}"
         )
     name = strategy.lower()
-    extra: dict[str, Any] = {}
-    if name in ALIASES:
-        name, extra = ALIASES[name][0], dict(ALIASES[name][1])
     if name == "auto":
         many = (isinstance(devices, int) and devices > 1) or num_nodes > 1
         name = "ddp" if many else "single"
     cls = strategy_class(name)
+    _, implied = find_strategy(name) or (cls, {})
+    extra: dict[str, Any] = dict(implied)
     params = inspect.signature(cls.__init__).parameters
     kwargs: dict[str, Any] = dict(extra)
     if precision is not None:
@@ -180,6 +211,5 @@ def resolve_strategy(
     elif num_nodes != 1:
         raise ValueError(f"strategy={name!r} runs on one node; got num_nodes={num_nodes}")
     built = cls(**kwargs)
-    if strategy.lower() in ALIASES:
-        built.name = strategy.lower()
+    built.name = name
     return built

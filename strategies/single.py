@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from strategies.base import Strategy
 
 __all__ = ["SingleDeviceStrategy"]
@@ -15,3 +17,4 @@ class SingleDeviceStrategy(Strategy):
     """
 
     name = "single"
+    aliases: ClassVar[dict[str, dict[str, Any]]] = {"single_device": {}}

@@ -45,6 +45,7 @@ def test_quick_run_of_in_process_benchmarks(capsys: pytest.CaptureFixture[str]) 
         "step overhead, no callbacks",
         "step overhead, no callbacks, self.log every step",
         "step overhead, default callbacks",
+        "step overhead, MLflow logger",
         "evaluation loop",
         "checkpoint stall (async save)",
     ]

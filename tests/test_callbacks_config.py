@@ -58,9 +58,15 @@ def test_one_override_turns_a_callback_off_or_tunes_it() -> None:
         (["logger=csv"], ["CSVLogger"]),
         (["logger=[tensorboard,csv]"], ["TensorBoardLogger", "CSVLogger"]),
         (["trainer.logger=false"], []),
+        (["logger=tensorboard"], ["TensorBoardLogger"]),
+        (["logger=mlflow"], ["MLFlowLogger"]),
+        (["logger=wandb"], ["WandbLogger"]),
+        (["logger=[tensorboard,mlflow]"], ["TensorBoardLogger", "MLFlowLogger"]),
+        (["logger=[csv,wandb,mlflow]"], ["CSVLogger", "WandbLogger", "MLFlowLogger"]),
     ],
 )
-def test_logger_group(overrides: list[str], loggers: list[str]) -> None:
+def test_logger_group(overrides: list[str], loggers: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # built, never contacted
     _, built, kwargs = _build(*overrides)
     assert [k for k in _kinds(built) if k.endswith("Logger")] == loggers
     assert kwargs["logger"] is False

@@ -81,7 +81,7 @@ def test_experiments_compose(name: str) -> None:
 
 def test_digits_ddp_experiment_means_two_ddp_processes() -> None:
     cfg = make("experiment=digits_ddp")
-    assert cfg.strategy._target_.endswith("DDPStrategy")
+    assert type(instantiate(cfg.strategy)).__name__ == "DDPStrategy"
     assert cfg.trainer.devices == 2
 
 
@@ -120,7 +120,7 @@ def test_trainer_group_covers_every_trainer_option() -> None:
     cfg = make()
     accepted = set(inspect.signature(Trainer).parameters) - {"strategy", "callbacks", "default_root_dir", "config"}
     assert set(cfg.trainer) <= accepted
-    assert accepted == set(cfg.trainer), "add new Trainer options to TrainerConfig"
+    assert accepted == set(cfg.trainer), "the trainer group's schema is derived from Trainer.__init__ (trainer_schema)"
 
 
 def test_help_lists_every_group(tmp_path: Path) -> None:

@@ -200,6 +200,41 @@ LIGHTNING_LOGGERS: dict[str, dict[str, Any]] = {
     },
 }
 
+#: Lightning's loggers of experiment trackers (their packages: geartrain's extras mlflow and wandb).
+LIGHTNING_TRACKERS: dict[str, dict[str, Any]] = {
+    "MLFlowLogger": {
+        "experiment_name": "lightning_logs",
+        "run_name": None,
+        "tracking_uri": OBJECT,  # Lightning: the MLFLOW_TRACKING_URI of import time; geartrain: of build time
+        "tags": None,
+        "save_dir": "./mlruns",
+        "log_model": False,
+        "prefix": "",
+        "artifact_location": None,
+        "run_id": None,
+        "synchronous": None,
+    },
+    "WandbLogger": {
+        "name": None,
+        "save_dir": ".",
+        "version": None,
+        "offline": False,
+        "dir": None,
+        "id": None,
+        "anonymous": None,
+        "project": None,
+        "log_model": False,
+        "experiment": None,
+        "prefix": "",
+        "checkpoint_name": None,
+        "add_file_policy": "mutable",
+        "**kwargs": VARARGS,
+    },
+}
+
+#: Lightning's loggers of other trackers: refused by name when built.
+REFUSED_LOGGERS = ("CometLogger", "NeptuneLogger", "LitLogger")
+
 LIGHTNING_HOOKS: dict[str, tuple[str, ...]] = {
     "setup": ("trainer", "pl_module", "stage"),
     "teardown": ("trainer", "pl_module", "stage"),
@@ -286,6 +321,31 @@ def test_every_lightning_logger_is_importable_and_takes_lightnings_arguments(nam
                  "version"):  # fmt: skip
         assert hasattr(logger, attr), f"{name}.{attr}"
     assert logger.is_logger
+
+
+@pytest.mark.parametrize("name", sorted(LIGHTNING_TRACKERS))
+def test_every_lightning_tracker_logger_takes_lightnings_arguments(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("mlflow" if name == "MLFlowLogger" else "wandb")  # in the dev extra
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # built, never contacted
+    cls = getattr(callbacks, name)
+    assert name in callbacks.__all__
+    _check_superset(name, cls, LIGHTNING_TRACKERS[name])
+    for attr in ("LOGGER_JOIN_CHAR", "after_save_checkpoint", "experiment", "finalize", "group_separator",
+                 "log_dir", "log_graph", "log_hyperparams", "log_metrics", "name", "root_dir", "save", "save_dir",
+                 "version"):  # fmt: skip
+        assert hasattr(cls, attr), f"{name}.{attr}"  # on the class: reading `experiment` starts a run
+    logger = cls()
+    assert logger.is_logger and logger.log_dir is None  # Lightning's: the files live in the tracker
+
+
+@pytest.mark.parametrize("name", REFUSED_LOGGERS)
+def test_other_trackers_loggers_are_refused_by_name_with_the_alternatives(name: str) -> None:
+    cls = getattr(callbacks, name)
+    assert name in callbacks.__all__
+    with pytest.raises(
+        NotImplementedError, match=rf"callbacks\.{name} is not supported yet: callbacks\.MLFlowLogger, "
+    ):
+        cls(save_dir=".")
 
 
 @pytest.mark.parametrize("hook", sorted(LIGHTNING_HOOKS))

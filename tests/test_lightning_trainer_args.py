@@ -192,7 +192,7 @@ def test_lightning_strategy_names_build_ours(name: str, start_method: str, find_
 
 @pytest.mark.parametrize("name", ["deepspeed", "deepspeed_stage_2", "xla", "single_xla"])
 def test_lightning_strategies_we_lack_are_refused_naming_ours(name: str) -> None:
-    with pytest.raises(ValueError, match=f"strategy='{name}' is a Lightning strategy.*valid names: auto, single"):
+    with pytest.raises(ValueError, match=f"strategy='{name}' is a Lightning strategy.*valid names: auto, amp, ddp"):
         Trainer(strategy=name)
 
 

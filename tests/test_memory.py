@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback, DeviceStatsMonitor
-from strategies.registry import STRATEGIES, resolve_strategy
+from strategies.registry import resolve_strategy, strategy_classes
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
 from trainer.checkpoint.files import CheckpointError, load_module_state, save_checkpoint
@@ -290,7 +290,7 @@ def _constructible(name: str) -> bool:
 
 # model_parallel trains only a module whose configure_model applies a plan; its checkpoints move
 # between meshes and to one process in tests/test_model_parallel.py.
-PORTABLE = [name for name in STRATEGIES if _constructible(name) and name != "model_parallel"]
+PORTABLE = [name for name in strategy_classes() if _constructible(name) and name != "model_parallel"]
 
 
 def test_cross_strategy_matrix_covers_the_basic_strategies() -> None:
@@ -340,10 +340,10 @@ def test_weights_only_geartrain_checkpoint_is_not_taken_for_plain_weights(tmp_pa
 def test_hydra_trainer_config_carries_the_memory_options() -> None:
     from omegaconf import OmegaConf
 
-    from trainer.cli.config import TrainerConfig
+    from trainer.cli.config import trainer_schema
 
     cfg = OmegaConf.merge(
-        OmegaConf.structured(TrainerConfig),
+        OmegaConf.structured(trainer_schema()),
         OmegaConf.from_dotlist([f"activation_checkpointing=[{__name__}.Block]", "micro_batch_size=auto"]),
     )
     kwargs = OmegaConf.to_container(cfg, resolve=True)

@@ -130,7 +130,7 @@ def test_without_a_profiler_the_step_binds_the_very_seams_it_bound_before(tmp_pa
     module = Regressor()
     trainer.fit(module, make_loader(8, 4))
     optimizer = trainer.optimizers[0]
-    step = make_automatic_step(trainer, trainer.window)
+    step = make_automatic_step(trainer, trainer.run_state)
     seams = _closure(step)
     seams.update(_closure(seams["run_pieces"]))  # forward_backward
     seams.update(_closure(seams["finish_window"]))
@@ -139,7 +139,7 @@ def test_without_a_profiler_the_step_binds_the_very_seams_it_bound_before(tmp_pa
     assert seams["optimizer_step"] == optimizer.step
     assert seams["clip"] is None and seams["user_optimizer_step"] is None
     assert seams["before_backward"] is None  # hooks nobody overrides stay unbound
-    batch_seams = _closure(make_train_batch(trainer, trainer.window))
+    batch_seams = _closure(make_train_batch(trainer, trainer.run_state))
     assert batch_seams["to_device"].func.__name__ == "move_to_device"  # the plain move, unwrapped
     # Hook dispatch resolves to the module's and callbacks' own methods.
     timer = cbs.Timer()
@@ -153,7 +153,7 @@ def test_with_a_profiler_the_same_seams_are_wrapped_in_their_actions(tmp_path: P
     trainer = quiet_trainer(tmp_path, max_epochs=1, profiler="simple")
     module = Regressor()
     trainer.fit(module, make_loader(8, 4))
-    seams = _closure(make_automatic_step(trainer, trainer.window))
+    seams = _closure(make_automatic_step(trainer, trainer.run_state))
     seams.update(_closure(seams["run_pieces"]))
     assert seams["training_step"] != module.training_step
     assert seams["training_step"].__wrapped__ == module.training_step

@@ -47,7 +47,7 @@ def test_every_name_builds_its_strategy(name: str, cls: type) -> None:
 def test_auto_with_several_devices_is_ddp_and_unknown_names_list_the_valid_ones() -> None:
     strategy = resolve_strategy("auto", devices=2)
     assert isinstance(strategy, DDPStrategy) and strategy.world_size == 2
-    with pytest.raises(ValueError, match="valid names: auto, single, dp, ddp, amp, fsdp"):
+    with pytest.raises(ValueError, match="valid names: auto, amp, ddp, dp, fsdp, model_parallel, single"):
         resolve_strategy("horovod")
 
 
@@ -176,3 +176,46 @@ def test_data_parallel_replica_logs_are_averaged_and_logged_once(monkeypatch: py
     name, value, options = trainer.calls[0]
     assert name == "train/loss" and options["sync_dist"] is True and options["on_epoch"] is True
     assert value == pytest.approx((4 * losses[0] + 2 * losses[1]) / 6)  # weighted by each replica's share
+
+
+def test_a_strategy_is_one_file_named_after_it_with_one_yaml_per_name() -> None:
+    """Every strategy registers its names in its own module; each yaml of conf/strategy is one of them."""
+    from strategies.registry import find_strategy, own_aliases, strategy_classes
+    from tests.helpers import REPO_ROOT
+
+    classes = strategy_classes()
+    for name, cls in classes.items():
+        assert cls.__module__ == f"strategies.{name}", f"{cls.__name__} should live in strategies/{name}.py"
+        for alias, implied in own_aliases(cls).items():
+            assert find_strategy(alias) == (cls, implied)
+    yamls = {p.stem for p in (REPO_ROOT / "conf" / "strategy").glob("*.yaml")}
+    names = {n for cls in classes.values() for n in (cls.name, *own_aliases(cls))}
+    assert set(classes) <= yamls, f"add conf/strategy/<name>.yaml for {sorted(set(classes) - yamls)}"
+    assert yamls <= names, f"conf/strategy/ has yamls for names no strategy registers: {sorted(yamls - names)}"
+    table = (REPO_ROOT / "docs" / "strategies.md").read_text()
+    undocumented = [name for name in classes if f"| `{name}` |" not in table]
+    assert undocumented == [], f"add a row to docs/strategies.md's table for {undocumented}"
+
+
+def test_the_schema_of_a_strategy_is_derived_from_its_constructor() -> None:
+    """strategy.<argument>=... takes exactly the constructor's arguments, with its defaults."""
+    import dataclasses
+    import inspect
+    from datetime import timedelta
+
+    from strategies.registry import own_aliases, strategy_classes
+    from trainer.cli.config import strategy_schema
+
+    for name, cls in strategy_classes().items():
+        schema = {f.name: f.default for f in dataclasses.fields(strategy_schema(cls, name))}
+        assert schema.pop("_target_") == "strategies.registry.build_strategy" and schema.pop("name") == name
+        parameters = inspect.signature(cls).parameters
+        assert list(schema) == list(parameters)
+        for arg, param in parameters.items():
+            expected = param.default.total_seconds() if isinstance(param.default, timedelta) else param.default
+            if isinstance(expected, (bool, int, float, str, type(None))):
+                assert schema[arg] == expected, f"{name}.{arg}"
+        implied = next(iter(own_aliases(cls).items()), None)
+        if implied is not None:  # a name's implied arguments are left to the name
+            alias_schema = {f.name: f.default for f in dataclasses.fields(strategy_schema(cls, *implied))}
+            assert all(alias_schema[key] is None for key in implied[1])

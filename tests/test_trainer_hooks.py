@@ -1,4 +1,4 @@
-"""Hooks fire in the order documented in ``trainer/loops.py`` (``fit_loop`` and ``eval_loop``)."""
+"""Hooks fire in the order documented in ``trainer/loops/fit.py`` and ``trainer/loops/evaluation.py`` (``fit_loop``, ``eval_loop``)."""
 
 from __future__ import annotations
 

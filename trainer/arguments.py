@@ -61,8 +61,10 @@ TRAINER_ARGS = """
         max_steps: stop after this many optimizer steps; ``-1`` for no limit.
         min_steps: ``should_stop`` waits until this many optimizer steps were taken.
         max_time: stop after this much training time: ``"DD:HH:MM:SS"``, a dict or a ``timedelta``.
-        limit_train_batches: only this many (int) or this fraction (float) of the training batches
-            (``limit_val_batches``, ``limit_test_batches``, ``limit_predict_batches`` likewise).
+        limit_train_batches: only this many (int) or this fraction (float) of the training batches.
+        limit_val_batches: likewise, of each validation loader's batches.
+        limit_test_batches: likewise, of each test loader's batches.
+        limit_predict_batches: likewise, of each predict loader's batches.
         overfit_batches: train and validate on only the first batches (int or fraction), unshuffled.
         val_check_interval: validate every this many training batches (int) or fraction of an epoch.
         check_val_every_n_epoch: validate in every n-th epoch; ``None`` with an int

@@ -19,15 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.run_state import Reads
 from trainer.state import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
     from strategies.base import Strategy
+    from trainer.hooks import HookDispatch
+    from trainer.loops.step import ManualOptimizer, Window
     from trainer.metrics.routing import MetricRouter
     from trainer.module import DataModule, TrainModule
+    from trainer.optim import SchedulerConfig
     from trainer.preemption import Preemption
     from trainer.progress import Progress
+    from trainer.run_state import RunState
 
 __all__ = ["TrainerAttributes"]
 
@@ -38,73 +43,105 @@ class TrainerAttributes:
     if TYPE_CHECKING:
         callbacks: list[Callback]
         strategy: Strategy
-        module: TrainModule | None
-        datamodule: DataModule | None
-        loaders: dict[str, Any]
-        progress: Progress
+        run_state: RunState
         preemption: Preemption
         metric_router: MetricRouter
         default_root_dir: Path
-        sanity_checking: bool
-        max_epochs: int | None
-        max_steps: int
         accumulate_grad_batches: int
-        limits: dict[str, int | float | None]
 
-    #: The loop running now (``"train"``, ``"validate"``, ...), set by the entry point and the loops.
-    running_stage: str | None = None
-    #: The entry point running or last run, and its status (see :class:`TrainerState`).
-    last_fn: str | None = None
-    status: TrainerStatus = TrainerStatus.INITIALIZING
-    #: The checkpoint the last entry point loaded (resolved from ``"last"``/``"best"``), else None.
-    ckpt_path: str | None = None
-    #: True while the fit loop trains the last batch of an epoch.
-    is_last_batch: bool = False
-    #: True while callbacks' ``on_train_epoch_end`` runs (``current_epoch`` still names that epoch).
-    in_train_epoch_end: bool = False
-    #: The dataloaders passed to the entry point in progress (before preparing), by stage.
-    given_loaders: dict[str, Any] = {}
-    num_test_batches: float | list[float] = 0
-    num_predict_batches: float | list[float] = 0
-    num_sanity_val_batches: float | list[float] = 0
+    # ----------------------------------------------------------------- the run state, read
+    # Each reads a field of ``run_state`` (or of the loop options in force); see trainer/run_state.py.
+    max_epochs: Reads[int | None] = Reads(
+        "loop", "max_epochs", doc="Training stops after this many epochs (-1: no limit)."
+    )
+    max_steps: Reads[int] = Reads(
+        "loop", "max_steps", doc="Training stops after this many optimizer steps (-1: no limit)."
+    )
+    min_epochs: Reads[int] = Reads("loop", "min_epochs", doc="``should_stop`` waits until this many epochs are done.")
+    min_steps: Reads[int] = Reads("loop", "min_steps", doc="``should_stop`` waits until this many steps are done.")
+    val_check_interval: Reads[int | float | None] = Reads(
+        "loop", "val_check_interval", doc="When validation runs in an epoch."
+    )
+    check_val_every_n_epoch: Reads[int | None] = Reads(
+        "loop", "check_val_every_n_epoch", doc="Validate every n epochs."
+    )
+    #: ``limit_*_batches`` by stage (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``).
+    limits: Reads[dict[str, int | float | None]] = Reads("loop", "limits", doc="``limit_*_batches`` by stage.")
+    num_sanity_val_steps: Reads[int] = Reads(
+        "loop", "num_sanity_val_steps", doc="Validation batches of the sanity check."
+    )
+    log_every_n_steps: Reads[int] = Reads("loop", "log_every_n_steps", doc="Step values reach the loggers this often.")
+    fast_dev_run: Reads[int] = Reads("loop", "fast_dev_run", doc="Batches of the quick check run (0: off).")
+    overfit_batches: Reads[int | float] = Reads(
+        "loop", "overfit_batches", doc="Train and validate on this many batches."
+    )
+    hooks: Reads[HookDispatch] = Reads(
+        "hooks", doc="Calls the module's and the callbacks' hooks: ``trainer.hooks('on_fit_start')``."
+    )
+    progress: Reads[Progress] = Reads("progress", doc="Every counter of the run, saved and restored whole.")
+    window: Reads[Window] = Reads("window", doc="The accumulation window in progress.")
+    module: Reads[TrainModule | None] = Reads("module", doc="The module of the entry point running or last run.")
+    datamodule: Reads[DataModule | None] = Reads("datamodule", doc="The data module of the entry point, if any.")
+    optimizers: Reads[list[torch.optim.Optimizer]] = Reads("optimizers", settable=True, doc="The optimizers, prepared.")
+    lr_scheduler_configs: Reads[list[SchedulerConfig]] = Reads(
+        "lr_scheduler_configs", settable=True, doc="The schedulers with their interval, frequency and monitor."
+    )
+    optimizer_handles: Reads[list[ManualOptimizer]] = Reads(
+        "optimizer_handles", doc="What ``self.optimizers()`` returns under manual optimisation."
+    )
+    loaders: Reads[dict[str, Any]] = Reads("loaders", doc="The dataloaders by stage, prepared for the strategy.")
+    given_loaders: Reads[dict[str, Any]] = Reads("given_loaders", doc="The dataloaders passed to the entry point.")
+    stage: Reads[str | None] = Reads("fn", doc="The entry point running (``'fit'``, ``'validate'``, ...), else None.")
+    last_fn: Reads[str | None] = Reads("last_fn", doc="The entry point running or last run.")
+    status: Reads[TrainerStatus] = Reads("status", doc="Whether the run is going, finished or was interrupted.")
+    running_stage: Reads[str | None] = Reads("running_stage", doc="The loop running now (``'train'``, ...).")
+    sanity_checking: Reads[bool] = Reads("sanity_checking", doc="True during the sanity check.")
+    in_train_epoch_end: Reads[bool] = Reads("in_train_epoch_end", doc="True while callbacks' on_train_epoch_end runs.")
+    is_last_batch: Reads[bool] = Reads("is_last_batch", doc="True while the last batch of an epoch trains.")
+    ckpt_path: Reads[str | None] = Reads("ckpt_path", doc="The checkpoint the last entry point loaded, else None.")
+    num_training_batches: Reads[float] = Reads("num_training_batches", doc="Training batches per epoch.")
+    num_val_batches: Reads[float | list[float]] = Reads("num_val_batches", doc="Validation batches, per loader.")
+    num_test_batches: Reads[float | list[float]] = Reads("num_test_batches", doc="Test batches, per loader.")
+    num_predict_batches: Reads[float | list[float]] = Reads("num_predict_batches", doc="Predict batches, per loader.")
+    num_sanity_val_batches: Reads[float | list[float]] = Reads("num_sanity_val_batches", doc="Sanity-check batches.")
 
     # ----------------------------------------------------------------- state
     @property
     def state(self) -> TrainerState:
         """Lightning's ``TrainerState``: entry point, loop and status."""
-        fn = TrainerFn(self.last_fn) if self.last_fn is not None else None
-        stage = RunningStage(self.running_stage) if self.running_stage is not None else None
-        return TrainerState(status=self.status, fn=fn, stage=stage)
+        fn = TrainerFn(self.run_state.last_fn) if self.run_state.last_fn is not None else None
+        stage = RunningStage(self.run_state.running_stage) if self.run_state.running_stage is not None else None
+        return TrainerState(status=self.run_state.status, fn=fn, stage=stage)
 
     @property
     def training(self) -> bool:
         """The training loop is running (not its validation)."""
-        return self.running_stage == "train"
+        return self.run_state.running_stage == "train"
 
     @property
     def validating(self) -> bool:
         """A validation loop is running (in ``fit`` or ``validate``; not the sanity check)."""
-        return self.running_stage == "validate"
+        return self.run_state.running_stage == "validate"
 
     @property
     def testing(self) -> bool:
         """The test loop is running."""
-        return self.running_stage == "test"
+        return self.run_state.running_stage == "test"
 
     @property
     def predicting(self) -> bool:
         """The predict loop is running."""
-        return self.running_stage == "predict"
+        return self.run_state.running_stage == "predict"
 
     @property
     def evaluating(self) -> bool:
         """Validation, test or the sanity check is running."""
-        return self.running_stage in ("validate", "test", "sanity_check")
+        return self.run_state.running_stage in ("validate", "test", "sanity_check")
 
     @property
     def interrupted(self) -> bool:
         """The last run ended with an exception or a preemption signal."""
-        return self.status == TrainerStatus.INTERRUPTED
+        return self.run_state.status == TrainerStatus.INTERRUPTED
 
     @property
     def received_sigterm(self) -> bool:
@@ -173,12 +210,12 @@ class TrainerAttributes:
     @property
     def model(self) -> TrainModule | None:
         """The user's module (Lightning's ``trainer.model``; the strategy's wrapper stays internal)."""
-        return self.module
+        return self.run_state.module
 
     @property
     def lightning_module(self) -> TrainModule | None:
         """The user's module."""
-        return self.module
+        return self.run_state.module
 
     @property
     def loggers(self) -> list[Callback]:
@@ -258,7 +295,7 @@ class TrainerAttributes:
     @property
     def train_dataloader(self) -> Any:
         """The training loader(s) of the last ``fit``, prepared for the strategy (a list/dict for several)."""
-        loader = self.loaders.get("fit")
+        loader = self.run_state.loaders.get("fit")
         combined = getattr(loader, "loaders", None)
         if combined is not None and getattr(loader, "keys", None) is not None:
             return dict(zip(loader.keys, combined))  # type: ignore[union-attr]
@@ -267,28 +304,28 @@ class TrainerAttributes:
     @property
     def val_dataloaders(self) -> Any:
         """The validation loader (a list when several), prepared for the strategy."""
-        return _one_or_list(self.loaders.get("validate"))
+        return _one_or_list(self.run_state.loaders.get("validate"))
 
     @property
     def test_dataloaders(self) -> Any:
         """The test loader (a list when several)."""
-        return _one_or_list(self.loaders.get("test"))
+        return _one_or_list(self.run_state.loaders.get("test"))
 
     @property
     def predict_dataloaders(self) -> Any:
         """The predict loader (a list when several)."""
-        return _one_or_list(self.loaders.get("predict"))
+        return _one_or_list(self.run_state.loaders.get("predict"))
 
     @property
     def enable_validation(self) -> bool:
         """Whether ``fit`` validates: validation data, a ``validation_step`` and a limit above 0."""
-        if self.module is None or not hasattr(self.module, "validation_step"):
+        if self.run_state.module is None or not hasattr(self.run_state.module, "validation_step"):
             return False
-        if self.limits["validate"] in (0, 0.0):
+        if self.run_state.loop.limits["validate"] in (0, 0.0):
             return False
-        if "validate" in self.loaders:
-            return self.loaders["validate"] is not None
-        return any(_defines(source, "val_dataloader") for source in (self.datamodule, self.module))
+        if "validate" in self.run_state.loaders:
+            return self.run_state.loaders["validate"] is not None
+        return any(_defines(source, "val_dataloader") for source in (self.run_state.datamodule, self.run_state.module))
 
     @property
     def estimated_stepping_batches(self) -> float:
@@ -297,24 +334,28 @@ class TrainerAttributes:
         Usable in ``configure_optimizers`` (e.g. for ``OneCycleLR``): the training loader is prepared
         then, if it was not yet. ``inf`` when neither a length nor ``max_steps`` bounds it.
         """
-        if self.max_epochs in (None, -1):
-            return math.inf if self.max_steps == -1 else self.max_steps
+        if self.run_state.loop.max_epochs in (None, -1):
+            return math.inf if self.run_state.loop.max_steps == -1 else self.run_state.loop.max_steps
         loader = self._fit_loader()
         from trainer.loops.iteration import num_batches
 
-        total = num_batches(loader, self.limits["fit"]) if loader is not None else math.inf
+        total = num_batches(loader, self.run_state.loop.limits["fit"]) if loader is not None else math.inf
         if math.isinf(total):
-            return math.inf if self.max_steps == -1 else self.max_steps
-        steps = math.ceil(total / self.accumulate_grad_batches) * max(int(self.max_epochs), 1)
-        return min(steps, self.max_steps) if self.max_steps != -1 else steps
+            return math.inf if self.run_state.loop.max_steps == -1 else self.run_state.loop.max_steps
+        steps = math.ceil(total / self.accumulate_grad_batches) * max(int(self.run_state.loop.max_epochs), 1)
+        return min(steps, self.run_state.loop.max_steps) if self.run_state.loop.max_steps != -1 else steps
 
     def _fit_loader(self) -> Iterable[Any] | None:
         """The prepared training loader; resolved now (and kept for the fit) inside ``fit`` if not yet."""
-        if "fit" not in self.loaders and self.last_fn == "fit" and self.status == TrainerStatus.RUNNING:
+        if (
+            "fit" not in self.run_state.loaders
+            and self.run_state.last_fn == "fit"
+            and self.run_state.status == TrainerStatus.RUNNING
+        ):
             from trainer.data.loaders import resolve_loaders
 
-            self.loaders["fit"] = resolve_loaders(self, "fit", self.given_loaders.get("fit"))  # type: ignore[arg-type]
-        loader = self.loaders.get("fit")
+            self.run_state.loaders["fit"] = resolve_loaders(self, "fit", self.run_state.given_loaders.get("fit"))  # type: ignore[arg-type]
+        loader = self.run_state.loaders.get("fit")
         return loader if loader is not None else None
 
     # ----------------------------------------------------------------- helpers

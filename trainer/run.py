@@ -35,20 +35,21 @@ __all__ = ["adopt", "final_state", "launch", "reload_loaders", "run_stage"]
 
 def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any:
     """Run ``stage`` in every process the strategy uses; return rank 0's output."""
-    trainer.last_fn, trainer.status = stage, TrainerStatus.RUNNING
+    state = trainer.run_state
+    state.last_fn, state.status = stage, TrainerStatus.RUNNING
     if stage == "fit":
         trainer.checkpointing.adopted = None  # a new fit: the state adopted from an earlier one is stale
     try:
         output, final = trainer.strategy.launch(run_stage, trainer, stage, module, *rest)
     except Interrupted as err:  # a signal stopped the processes the strategy started before they saved
-        trainer.status = TrainerStatus.INTERRUPTED
+        state.status = TrainerStatus.INTERRUPTED
         raise Interrupted(f"{err} ({trainer.preemption.newest_checkpoint(trainer)})", err.signal) from None
     except BaseException:
-        trainer.status = TrainerStatus.INTERRUPTED
+        state.status = TrainerStatus.INTERRUPTED
         raise
     if final["pid"] != os.getpid():
         adopt(trainer, module, final)
-    trainer.status = TrainerStatus.INTERRUPTED if trainer.preempted else TrainerStatus.FINISHED
+    state.status = TrainerStatus.INTERRUPTED if trainer.preempted else TrainerStatus.FINISHED
     return output
 
 
@@ -67,15 +68,19 @@ def run_stage(
     Returns ``(output, end state)``; :func:`launch` uses the end state when this ran elsewhere.
     Validation and test output one dict of values per loader, predict one list of outputs per loader.
     """
-    t = trainer
-    t.stage, t.module, t.datamodule = stage, module, datamodule
-    t.last_fn, t.status, t.running_stage = stage, TrainerStatus.RUNNING, "train" if stage == "fit" else stage
+    t, state = trainer, trainer.run_state
+    state.fn, state.module, state.datamodule = stage, module, datamodule
+    state.last_fn, state.status, state.running_stage = (
+        stage,
+        TrainerStatus.RUNNING,
+        "train" if stage == "fit" else stage,
+    )
     # Prepared when first needed (``estimated_stepping_batches`` in configure_optimizers may ask first).
     for key in ("fit", "validate") if stage == "fit" else (stage,):
-        t.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
-    t.given_loaders, t.ckpt_path = {stage: loader}, None
+        state.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
+    state.given_loaders, state.ckpt_path = {stage: loader}, None
     _attach_module_callbacks(t, module)
-    t.hooks.bind(module)
+    state.hooks.bind(module)
     module._trainer = t
     if datamodule is not None:
         datamodule.trainer = t
@@ -85,7 +90,7 @@ def run_stage(
         if datamodule is not None:
             datamodule.setup(stage)
         module.setup(stage)
-        t.hooks.callbacks_only("setup", stage)
+        state.hooks.callbacks_only("setup", stage)
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank
         t.profiler.setup(stage, local_rank=t.strategy.local_rank, log_dir=t.log_dir)
@@ -103,37 +108,37 @@ def run_stage(
         if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             ckpt_path = t.checkpointing.restart_path()
         if ckpt_path is not None:
-            t.ckpt_path = str(t.checkpointing.resolve(ckpt_path))
-            t.checkpointing.restore(t.ckpt_path, full=(stage == "fit"))
+            state.ckpt_path = str(t.checkpointing.resolve(ckpt_path))
+            t.checkpointing.restore(state.ckpt_path, full=(stage == "fit"))
         if stage == "fit":
             t.preemption.install(t.strategy)
-            t.given_loaders = {"fit": loader, "validate": val_loader}
+            state.given_loaders = {"fit": loader, "validate": val_loader}
             reload_loaders(t, first=True)
             with arguments.anomaly_context(t.detect_anomaly):
-                loops.fit_loop(t)
-            t.status = TrainerStatus.FINISHED
+                loops.fit_loop(t, state)
+            state.status = TrainerStatus.FINISHED
             return None, final_state(t, stage)
-        loaders = t.loaders[stage] = resolve_loaders(t, stage, loader)
+        loaders = state.loaders[stage] = resolve_loaders(t, stage, loader)
         assert isinstance(loaders, list)
         if stage == "predict":
-            return loops.predict_loop(t, keep_predictions), final_state(t, stage)
-        metrics = {k: float(v) for k, v in loops.eval_loop(t, stage).items()}
+            return loops.predict_loop(t, state, keep_predictions), final_state(t, stage)
+        metrics = {k: float(v) for k, v in loops.eval_loop(t, state, stage).items()}
         return results_per_loader(metrics, len(loaders)), final_state(t, stage)
     except Preempted:
         t.preemption.preempted = True
-        t.status = TrainerStatus.INTERRUPTED
+        state.status = TrainerStatus.INTERRUPTED
         return None, final_state(t, "fit")
     except BaseException as exc:
-        t.status = TrainerStatus.INTERRUPTED
-        t.hooks.callbacks_only("on_exception", exc)
+        state.status = TrainerStatus.INTERRUPTED
+        state.hooks.callbacks_only("on_exception", exc)
         module.on_exception(exc)
         if datamodule is not None:
             datamodule.on_exception(exc)
         raise
     finally:
-        t.running_stage = None
+        state.running_stage = None
         t.preemption.restore()
-        t.hooks.callbacks_only("teardown", stage)
+        state.hooks.callbacks_only("teardown", stage)
         t.checkpointing.close()
         module.teardown(stage)
         if datamodule is not None:
@@ -141,12 +146,12 @@ def run_stage(
         t.strategy.teardown()
         t.profiler.describe()  # rank 0 prints the report and writes it to the log directory
         t.profiler.teardown(stage)
-        t.stage = None
+        state.fn = None
 
 
 def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
     """What :func:`adopt` needs, taken in every process before the strategy tears down."""
-    t, cpu = trainer, torch.device("cpu")
+    t, state, cpu = trainer, trainer.run_state, torch.device("cpu")
     launched = os.environ.get(STARTED_BY_LAUNCHER) == "1"
     return {
         "pid": os.getpid(),
@@ -160,7 +165,7 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
             if stage == "fit" and launched
             else None
         ),
-        "progress": t.progress.state_dict(),
+        "progress": state.progress.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
         "metrics": [
             {k: v.detach().to(cpu) for k, v in metrics.items()}
@@ -171,15 +176,16 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
 
 def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     """Copy rank 0's end state, returned from another process, into ``trainer`` and ``module``."""
+    state = trainer.run_state
     if final["state_dict"] is not None:
         load_module_state(module, final["state_dict"])
-    trainer.module = module
+    state.module = module
     module._trainer = trainer  # configure_optimizers (below) may read self.trainer, as in the workers
     if final["training_state"] is not None:
         trainer.checkpointing.adopted = final["training_state"]
         _adopt_optimizers(trainer, module, final["training_state"])
     trainer.preemption.preempted = final["preempted"]
-    trainer.progress.load_state_dict(final["progress"])
+    state.progress.load_state_dict(final["progress"])
     for cb in trainer.callbacks:
         if cb.state_key in final["callbacks"]:
             cb.load_state_dict(final["callbacks"][cb.state_key])
@@ -199,7 +205,7 @@ def _adopt_optimizers(trainer: Trainer, module: TrainModule, state: dict[str, An
     except (ValueError, KeyError) as err:
         warnings.warn(f"trainer.optimizers after fit: rank 0's optimizer state did not load here ({err})", stacklevel=3)
         return
-    trainer.optimizers, trainer.lr_scheduler_configs = optimizers, schedulers
+    trainer.run_state.optimizers, trainer.run_state.lr_scheduler_configs = optimizers, schedulers
 
 
 def reload_loaders(trainer: Trainer, first: bool = False) -> None:
@@ -209,10 +215,11 @@ def reload_loaders(trainer: Trainer, first: bool = False) -> None:
     ``train_dataloader()``/``val_dataloader()`` are called again. At fit start a training loader
     already resolved (an attribute such as ``estimated_stepping_batches`` read it) is kept.
     """
-    given = trainer.given_loaders
-    if not (first and "fit" in trainer.loaders):
-        trainer.loaders["fit"] = resolve_loaders(trainer, "fit", given.get("fit"))
-    trainer.loaders["validate"] = resolve_loaders(trainer, "validate", given.get("validate"), required=False)
+    state = trainer.run_state
+    given = state.given_loaders
+    if not (first and "fit" in state.loaders):
+        state.loaders["fit"] = resolve_loaders(trainer, "fit", given.get("fit"))
+    state.loaders["validate"] = resolve_loaders(trainer, "validate", given.get("validate"), required=False)
 
 
 def _attach_module_callbacks(trainer: Trainer, module: TrainModule) -> None:
@@ -230,7 +237,7 @@ def _attach_module_callbacks(trainer: Trainer, module: TrainModule) -> None:
     callbacks = [cb for cb in trainer.callbacks if type(cb) not in replaced] + added
     callbacks.sort(key=lambda cb: isinstance(cb, ModelCheckpoint))  # stable: checkpointing last
     trainer.callbacks[:] = callbacks
-    trainer.hooks = HookDispatch(trainer.callbacks, trainer)
+    trainer.run_state.hooks = HookDispatch(trainer.callbacks, trainer)
 
 
 def _prepare_data(trainer: Trainer, module: TrainModule, datamodule: DataModule | None) -> None:
@@ -264,7 +271,8 @@ def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
             f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimisation "
             "steps one. Set `automatic_optimization = False` and step them in training_step."
         )
-    trainer.optimizers = trainer.strategy.setup_optimizers(optimizers)
-    trainer.lr_scheduler_configs = schedulers
-    trainer.window.has_loss = trainer.window.nonfinite = False
-    trainer.optimizer_handles = [ManualOptimizer(trainer, opt, trainer.window) for opt in trainer.optimizers]
+    state = trainer.run_state
+    state.optimizers = trainer.strategy.setup_optimizers(optimizers)
+    state.lr_scheduler_configs = schedulers
+    state.window.has_loss = state.window.nonfinite = False
+    state.optimizer_handles = [ManualOptimizer(trainer, opt, state.window) for opt in state.optimizers]

@@ -9,7 +9,6 @@ hook order). The loops reach the trainer through the attributes documented here.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -28,14 +27,12 @@ from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.data.loaders import split_datamodule
 from trainer.data.microbatch import MicroBatcher
 from trainer.hooks import HookDispatch
-from trainer.loops.step import ManualOptimizer, Window
 from trainer.metrics.results import results_table
 from trainer.metrics.routing import MetricRouter
 from trainer.module import DataModule, TrainModule
-from trainer.optim import SchedulerConfig
 from trainer.preemption import Preemption
 from trainer.profilers import Profiler, resolve_profiler
-from trainer.progress import Progress
+from trainer.run_state import RunState
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -157,14 +154,6 @@ class Trainer(TrainerAttributes):
             accelerator=resolve_accelerator(accelerator),
         )
         arguments.check_sync_batchnorm(sync_batchnorm, self.strategy)
-        # Options, as the loops read them.
-        self.max_epochs, self.max_steps = loop.max_epochs, loop.max_steps
-        self.val_check_interval, self.check_val_every_n_epoch = loop.val_check_interval, loop.check_val_every_n_epoch
-        #: ``limit_*_batches`` by stage (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``).
-        self.limits = loop.limits
-        self.num_sanity_val_steps, self.log_every_n_steps = loop.num_sanity_val_steps, loop.log_every_n_steps
-        self.fast_dev_run = loop.fast_dev_run
-        self.min_epochs, self.min_steps, self.overfit_batches = loop.min_epochs, loop.min_steps, loop.overfit_batches
         self.barebones, self.detect_anomaly, self.sync_batchnorm = barebones, detect_anomaly, sync_batchnorm
         #: ``False``: multi-process strategies leave the dataloaders as given (no sharding sampler).
         self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
@@ -188,7 +177,7 @@ class Trainer(TrainerAttributes):
             progress_bar=switches.enable_progress_bar,
             checkpointing=switches.enable_checkpointing,
             logger=default_logger,
-            fast_dev_run=self.fast_dev_run,
+            fast_dev_run=loop.fast_dev_run,
             model_summary=switches.enable_model_summary,
             loggers=loggers,
             max_time=max_time,
@@ -196,8 +185,8 @@ class Trainer(TrainerAttributes):
         # The rooms (documented attributes the loops use).
         #: Times actions of the run (``Trainer(profiler=...)``); a PassThroughProfiler, never called, when None.
         self.profiler: Profiler = resolve_profiler(profiler)
-        #: Calls the module's and the callbacks' hooks: ``trainer.hooks("on_fit_start")``.
-        self.hooks = HookDispatch(self.callbacks, self)
+        #: Everything the run changes as it goes, handed to the loops (see :mod:`trainer.run_state`).
+        self.run_state = RunState(loop=loop, hooks=HookDispatch(self.callbacks, self))
         #: Where ``self.log`` values go: ``callback_metrics``, the progress bar, the loggers.
         self.metric_router = MetricRouter(self._to_loggers, self._is_sanity_checking)
         # TrainModule.log's back end, bound once: it runs every step.
@@ -206,23 +195,6 @@ class Trainer(TrainerAttributes):
         self.checkpointing = CheckpointConnector(self)
         #: SIGTERM/SIGUSR1 handling (``preemption_exit_code``, ``slurm_requeue``).
         self.preemption = Preemption(preemption_exit_code, slurm_requeue)
-        #: Every counter of the run, saved and restored whole.
-        self.progress = Progress()
-        #: The accumulation window in progress (the training step's state between batches).
-        self.window = Window()
-        self.module: TrainModule | None = None
-        self.datamodule: DataModule | None = None
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.lr_scheduler_configs: list[SchedulerConfig] = []
-        #: What ``self.optimizers()`` returns under manual optimisation (one per optimizer).
-        self.optimizer_handles: list[ManualOptimizer] = []
-        #: The dataloaders of the run in progress by stage (``"fit"``, ``"validate"``, ...), prepared
-        #: for the strategy (sharded, resumable).
-        self.loaders: dict[str, Iterable[Any] | None] = {}
-        self.stage: str | None = None
-        self.sanity_checking = False
-        self.num_training_batches: float = math.inf
-        self.num_val_batches: float | list[float] = 0
 
     # ----------------------------------------------------------------- public state
     @property
@@ -243,11 +215,11 @@ class Trainer(TrainerAttributes):
     @property
     def should_stop(self) -> bool:
         """Set to True (e.g. by early stopping) to end training after the current step."""
-        return self.progress.should_stop
+        return self.run_state.progress.should_stop
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
-        self.progress.should_stop = bool(value)
+        self.run_state.progress.should_stop = bool(value)
 
     # ----------------------------------------------------------------- entry points
     def fit(
@@ -390,7 +362,7 @@ class Trainer(TrainerAttributes):
         self.hooks.callbacks_only("on_log_metrics", metrics, step)
 
     def _is_sanity_checking(self) -> bool:
-        return self.sanity_checking
+        return self.run_state.sanity_checking
 
     def _module_for(self, module: TrainModule | None) -> TrainModule:
         module = module if module is not None else self.module

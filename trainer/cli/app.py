@@ -265,7 +265,7 @@ def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any]) -> list[Any]:
         ("logger", "logger", lambda cb: getattr(cb, "is_logger", False)),
     )
     for flag, group, matches in switches:
-        if not trainer_kwargs.get(flag, True):
+        if trainer_kwargs.get(flag) is False:  # None: the Trainer's default, which is on
             built = [cb for cb in built if not matches(cb)]
         if group in cfg:
             trainer_kwargs[flag] = False

@@ -8,177 +8,120 @@ fails while the config is composed, before anything runs, with a message naming 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional  # noqa: UP035
+import inspect
+from dataclasses import dataclass, field, make_dataclass
+from datetime import timedelta
+from typing import Any, Optional
 
-__all__ = ["OptimConfig", "SGDOptimConfig", "TrainerConfig", "register_configs"]
-
-
-# OmegaConf reads these annotations at run time: they must be typing forms it knows (Optional, Any),
-# not PEP 604 unions.
-@dataclass
-class TrainerConfig:
-    """Every ``Trainer`` option that a config can set (``strategy`` and ``callbacks`` come from their groups)."""
-
-    accelerator: str = "auto"
-    devices: Any = "auto"
-    num_nodes: int = 1
-    #: A name ("16-mixed") or Lightning's short spellings (16, "bf16", 64).
-    precision: Any = None
-    max_epochs: Optional[int] = None  # noqa: UP045
-    min_epochs: Optional[int] = None  # noqa: UP045
-    max_steps: int = -1
-    min_steps: Optional[int] = None  # noqa: UP045
-    #: "DD:HH:MM:SS" or a dict such as {hours: 5}.
-    max_time: Any = None
-    overfit_batches: Any = 0.0
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: Optional[float] = None  # noqa: UP045
-    gradient_clip_algorithm: str = "norm"
-    val_check_interval: Any = None
-    check_val_every_n_epoch: Optional[int] = 1  # noqa: UP045
-    limit_train_batches: Any = None
-    limit_val_batches: Any = None
-    limit_test_batches: Any = None
-    limit_predict_batches: Any = None
-    num_sanity_val_steps: int = 2
-    fast_dev_run: Any = False
-    log_every_n_steps: int = 50
-    #: true, false or "warn".
-    deterministic: Any = False
-    enable_progress_bar: bool = True
-    enable_checkpointing: bool = True
-    enable_model_summary: Optional[bool] = None  # noqa: UP045
-    logger: bool = True
-    benchmark: Optional[bool] = None  # noqa: UP045
-    inference_mode: bool = True
-    use_distributed_sampler: bool = True
-    detect_anomaly: bool = False
-    barebones: bool = False
-    sync_batchnorm: bool = False
-    reload_dataloaders_every_n_epochs: int = 0
-    #: Refused until they exist (the Trainer's message names the alternative).
-    profiler: Any = None
-    plugins: Any = None
-    enable_autolog_hparams: bool = True
-    model_registry: Optional[str] = None  # noqa: UP045
-    on_nonfinite: Optional[str] = None  # noqa: UP045
-    max_nonfinite_in_a_row: int = 3
-    preemption_exit_code: Optional[int] = 0  # noqa: UP045
-    slurm_requeue: bool = True
-    compile: bool = False
-    compile_kwargs: Optional[Dict[str, Any]] = None  # noqa: UP006, UP045
-    #: "auto", a positive int, or null (no micro-batching).
-    micro_batch_size: Any = None
-    #: Dotted class paths of blocks whose activations are recomputed in backward.
-    activation_checkpointing: Optional[List[str]] = None  # noqa: UP006, UP045
-
-    def __post_init__(self) -> None:
-        mbs = self.micro_batch_size
-        if mbs is not None and mbs != "auto" and not (isinstance(mbs, int) and not isinstance(mbs, bool) and mbs > 0):
-            raise ValueError(f"trainer.micro_batch_size must be 'auto', a positive int or null, got {mbs!r}")
-        if self.gradient_clip_algorithm not in ("norm", "value"):
-            raise ValueError(
-                f"trainer.gradient_clip_algorithm must be 'norm' or 'value', got {self.gradient_clip_algorithm!r}"
-            )
+__all__ = [
+    "NOT_IN_TRAINER_GROUP",
+    "OptimConfig",
+    "SGDOptimConfig",
+    "register_configs",
+    "strategy_schema",
+    "trainer_schema",
+]
 
 
-@dataclass
-class _OneDeviceStrategyConfig:
-    _target_: str = ""
-    precision: Optional[str] = None  # noqa: UP045
-    device: Optional[str] = None  # noqa: UP045
+#: ``Trainer`` arguments that come from elsewhere than the ``trainer`` group (their own groups, the run).
+NOT_IN_TRAINER_GROUP = ("strategy", "callbacks", "default_root_dir", "config")
 
 
-@dataclass
-class SingleStrategyConfig(_OneDeviceStrategyConfig):
-    """``strategy=single``: one process on one device."""
+def trainer_schema() -> type:
+    """The schema of the ``trainer`` group, derived from ``Trainer.__init__`` (its one declaration).
 
-    _target_: str = "strategies.SingleDeviceStrategy"
+    Every argument but :data:`NOT_IN_TRAINER_GROUP`, typed as :func:`strategy_schema` types a
+    strategy's and with the signature's default (``None`` keeps Lightning's "the default" meaning), so
+    a typo'd key (``trainer.max_epoch=3``) or a value of the wrong type fails while the config is
+    composed. The values themselves are checked by the ``Trainer``, before anything runs.
+    """
+    from trainer.trainer import Trainer
 
-
-@dataclass
-class AMPStrategyConfig(_OneDeviceStrategyConfig):
-    """``strategy=amp``: one device, mixed precision by default."""
-
-    _target_: str = "strategies.AMPStrategy"
-
-
-@dataclass
-class _ParallelStrategyConfig:
-    _target_: str = ""
-    devices: Any = "auto"
-    num_nodes: int = 1
-    precision: Optional[str] = None  # noqa: UP045
-    device: Optional[str] = None  # noqa: UP045
-    process_group_backend: Optional[str] = None  # noqa: UP045
-    timeout: float = 1800.0
-    max_restarts: int = 0
+    fields = _fields(Trainer, exclude=NOT_IN_TRAINER_GROUP)
+    return make_dataclass("TrainerConfig", fields, namespace={"__post_init__": _check_trainer_values})
 
 
-@dataclass
-class DDPStrategyConfig(_ParallelStrategyConfig):
-    """``strategy=ddp``: one process per device, gradients all-reduced in backward."""
+def _check_trainer_values(cfg: Any) -> None:
+    """The Trainer's own checks of the step's options, run as the config is checked (before anything is built)."""
+    from trainer import options
+    from trainer.data.microbatch import MicroBatcher
 
-    _target_: str = "strategies.DDPStrategy"
-    find_unused_parameters: bool = False
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
-    #: "spawn", or "fork" (ddp_fork / ddp_notebook: classes defined in __main__ work).
-    start_method: str = "spawn"
-    #: Seconds the processes started here get to save after SIGTERM/SIGINT/SIGHUP/SIGUSR1.
-    preemption_grace_period: float = 30.0
-
-
-@dataclass
-class DDPAliasConfig(_ParallelStrategyConfig):
-    """Lightning's DDP names (``strategy=ddp_fork``, ``ddp_spawn``, ...): ``null`` keeps the alias's choice."""
-
-    _target_: str = "strategies.registry.build_strategy"
-    name: str = "ddp"
-    find_unused_parameters: Optional[bool] = None  # noqa: UP045
-    static_graph: bool = False
-    gradient_as_bucket_view: bool = False
-    start_method: Optional[str] = None  # noqa: UP045
-    preemption_grace_period: Optional[float] = None  # noqa: UP045
+    try:
+        options.check_step_options(
+            cfg.accumulate_grad_batches,
+            cfg.gradient_clip_val,
+            cfg.gradient_clip_algorithm or "norm",
+            cfg.on_nonfinite,
+            cfg.max_nonfinite_in_a_row,
+        )
+        if cfg.micro_batch_size is not None:
+            MicroBatcher(cfg.micro_batch_size)
+    except ValueError as err:
+        raise ValueError(f"trainer.{err}") from None
 
 
-@dataclass
-class SingleAliasConfig(_OneDeviceStrategyConfig):
-    """``strategy=single_device``: Lightning's name for ``single``."""
+def strategy_schema(cls: type, name: str, implied: dict[str, Any] | None = None) -> type:
+    """The schema of ``strategy=<name>``, derived from the strategy class's constructor (its one declaration).
 
-    _target_: str = "strategies.registry.build_strategy"
-    name: str = "single_device"
-
-
-@dataclass
-class FSDPStrategyConfig(_ParallelStrategyConfig):
-    """``strategy=fsdp``: parameters, gradients and optimizer state sharded over the processes."""
-
-    _target_: str = "strategies.FSDPStrategy"
-    layer_classes: Optional[List[str]] = None  # noqa: UP006, UP045
-    reshard_after_forward: Any = True  # a bool, or a rank count to reshard to
-    cpu_offload: bool = False
-    state_dict_type: str = "sharded"
+    One field per constructor argument, typed as OmegaConf can check it (a union of a config type with
+    others, ``float | timedelta``, is the config type; anything else is ``Any``), with the signature's
+    default; arguments the name implies (``ddp_fork``: ``start_method="fork"``) default to ``null``, so
+    the name decides unless the config says otherwise. Built through
+    :func:`strategies.registry.build_strategy`, which leaves ``null`` arguments to the class.
+    """
+    fields: list[tuple[str, Any, Any]] = [
+        ("_target_", str, field(default="strategies.registry.build_strategy")),
+        ("name", str, field(default=name)),
+        *_fields(cls, implied=implied or {}),
+    ]
+    return make_dataclass(f"{cls.__name__}Config_{name}", fields)
 
 
-@dataclass
-class ModelParallelStrategyConfig(_ParallelStrategyConfig):
-    """``strategy=model_parallel``: a (data-parallel x tensor-parallel) mesh for the module's configure_model."""
+def _fields(
+    fn: Any, exclude: tuple[str, ...] = (), implied: dict[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
+    """One schema field per parameter of ``fn`` (a class: its constructor), with its default."""
+    fields: list[tuple[str, Any, Any]] = []
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.name in exclude:
+            continue
+        kind, default = _config_type(str(param.annotation)), _config_value(param.default)
+        if kind is not Any and default is not None and not isinstance(default, kind):
+            kind = Any  # ``int | Literal["auto"] = "auto"``: the value itself says the type is wider
+        if implied and param.name in implied:
+            default = None
+        fields.append((param.name, Optional[kind] if kind is not Any else Any, field(default=default)))  # noqa: UP045
+    return fields
 
-    _target_: str = "strategies.ModelParallelStrategy"
-    data_parallel_size: Any = "auto"
-    tensor_parallel_size: Any = "auto"
-    save_distributed_checkpoint: bool = True
+
+_CONFIG_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+_CONTAINERS = ("dict", "list", "tuple", "Mapping", "Sequence", "Iterable")
 
 
-@dataclass
-class DPStrategyConfig:
-    """``strategy=dp``: ``nn.DataParallel`` over the visible GPUs in one process."""
+def _config_type(annotation: str) -> Any:
+    """``"float | timedelta"`` -> float, ``"int | str"`` -> Any: the one config type in the union, if one."""
+    parts, depth, current = [], 0, ""
+    for char in annotation:
+        depth += (char in "[(" and 1) or ((char in "])" and -1) or 0)
+        if char == "|" and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    parts.append(current.strip())
+    if any(part.split("[")[0] in _CONTAINERS for part in parts):
+        return Any  # a config can hold a list or a dict too: ``max_time={hours: 5}``
+    simple = [_CONFIG_TYPES[part] for part in parts if part in _CONFIG_TYPES]
+    return simple[0] if len(simple) == 1 else Any
 
-    _target_: str = "strategies.DataParallelStrategy"
-    devices: Any = "auto"
-    precision: Optional[str] = None  # noqa: UP045
+
+def _config_value(default: Any) -> Any:
+    """A signature default as a config value: ``timedelta`` as seconds, objects as ``null`` (the class decides)."""
+    if isinstance(default, timedelta):
+        return default.total_seconds()
+    if default is inspect.Parameter.empty or not isinstance(default, (bool, int, float, str, type(None))):
+        return None
+    return default
 
 
 @dataclass
@@ -217,15 +160,12 @@ def register_configs() -> None:
     """Put the schemas into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
+    from strategies.registry import own_aliases, strategy_classes
+
     cs = ConfigStore.instance()
-    cs.store(group="schema/trainer", name="trainer", node=TrainerConfig)
-    cs.store(group="schema/strategy", name="single", node=SingleStrategyConfig)
-    cs.store(group="schema/strategy", name="amp", node=AMPStrategyConfig)
-    cs.store(group="schema/strategy", name="ddp", node=DDPStrategyConfig)
-    cs.store(group="schema/strategy", name="fsdp", node=FSDPStrategyConfig)
-    cs.store(group="schema/strategy", name="dp", node=DPStrategyConfig)
-    cs.store(group="schema/strategy", name="ddp_alias", node=DDPAliasConfig)
-    cs.store(group="schema/strategy", name="single_alias", node=SingleAliasConfig)
-    cs.store(group="schema/strategy", name="model_parallel", node=ModelParallelStrategyConfig)
+    cs.store(group="schema/trainer", name="trainer", node=trainer_schema())
+    for cls in strategy_classes().values():
+        for name, implied in {cls.name: {}, **own_aliases(cls)}.items():
+            cs.store(group="schema/strategy", name=name, node=strategy_schema(cls, name, implied))
     cs.store(group="schema/optim", name="adamw", node=OptimConfig)
     cs.store(group="schema/optim", name="sgd", node=SGDOptimConfig)

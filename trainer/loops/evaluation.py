@@ -18,6 +18,7 @@ from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
+    from trainer.run_state import RunState
     from trainer.trainer import Trainer
 
 __all__ = ["eval_loop", "predict_loop", "sanity_check", "set_num_batches", "validation_enabled"]
@@ -25,7 +26,9 @@ __all__ = ["eval_loop", "predict_loop", "sanity_check", "set_num_batches", "vali
 _NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
-def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) -> dict[str, torch.Tensor]:
+def eval_loop(
+    trainer: Trainer, state: RunState, stage: str, max_batches: float | None = None
+) -> dict[str, torch.Tensor]:
     """One pass over ``stage``'s data (``"validate"`` or ``"test"``) without gradients.
 
     Hook order (``X`` is ``validation`` or ``test``)::
@@ -43,18 +46,18 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     same after the loop as before it.
     """
     prefix = "validation" if stage == "validate" else "test"
-    module, strategy, hooks, router = trainer.module, trainer.strategy, trainer.hooks, trainer.metric_router
+    module, strategy, hooks, router = state.module, trainer.strategy, state.hooks, trainer.metric_router
     assert module is not None
     if not hasattr(module, f"{prefix}_step"):
         raise NotImplementedError(f"{type(module).__name__} does not define {prefix}_step(self, batch, batch_idx)")
-    loaders = trainer.loaders[stage]
+    loaders = state.loaders[stage]
     assert isinstance(loaders, list)
-    nums = [num_batches(loader, trainer.limits[stage]) for loader in loaders]
+    nums = [num_batches(loader, state.loop.limits[stage]) for loader in loaders]
     if max_batches is not None:
         nums = [min(num, max_batches) for num in nums]
-    set_num_batches(trainer, stage, nums)
+    set_num_batches(state, stage, nums)
     was_training = module.training
-    if trainer.stage == "fit" and overrides(module, "on_validation_model_zero_grad"):
+    if state.fn == "fit" and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
     store = MetricStore(strategy.reduce, epoch_agreement(trainer))
@@ -62,7 +65,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     # so a run resumed from a checkpoint taken before a validation continues exactly.
     rng_before = rng_state()
     several = len(loaders) > 1
-    outer_stage, trainer.running_stage = trainer.running_stage, "sanity_check" if trainer.sanity_checking else stage
+    outer_stage, state.running_stage = state.running_stage, "sanity_check" if state.sanity_checking else stage
     try:
         with router.logging(store, EPOCH_DEFAULTS), _no_grad(trainer), strategy.evaluation_context():
             hooks(f"on_{prefix}_start")
@@ -71,17 +74,19 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
                 # Lightning's rule: with several loaders, steps and batch hooks get ``dataloader_idx``
                 # and logged names the ``/dataloader_idx_N`` suffix.
                 router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
-                eval_batch = make_eval_batch(trainer, f"{prefix}_step", prefix, dataloader_idx if several else None)
+                eval_batch = make_eval_batch(
+                    trainer, state, f"{prefix}_step", prefix, dataloader_idx if several else None
+                )
                 batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
                 for batch_idx, batch, _ in batches:
                     eval_batch(batch, batch_idx)
             router.dataloader_suffix = ""
             hooks.module(f"on_{prefix}_epoch_end")
-            values = router.publish_epoch(store, max(trainer.progress.global_step - 1, 0))
+            values = router.publish_epoch(store, max(state.progress.global_step - 1, 0))
             hooks.callbacks_only(f"on_{prefix}_epoch_end")
             hooks(f"on_{prefix}_end")
     finally:
-        trainer.running_stage = outer_stage
+        state.running_stage = outer_stage
         router.dataloader_suffix = ""
         store.reset()
         model_mode(module, f"on_{prefix}_model_train", was_training)
@@ -89,7 +94,7 @@ def eval_loop(trainer: Trainer, stage: str, max_batches: float | None = None) ->
     return values
 
 
-def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
+def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[list[Any]]:
     """``predict_step`` over the predict data; returns the outputs in order, one list per loader.
 
     ``keep=False`` (``return_predictions=False``) keeps no output, so memory stays flat.
@@ -97,12 +102,12 @@ def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
     Hook order: on_predict_start, on_predict_epoch_start, per batch on_predict_batch_start /
     predict_step / on_predict_batch_end, on_predict_epoch_end, on_predict_end.
     """
-    module, strategy, hooks = trainer.module, trainer.strategy, trainer.hooks
+    module, strategy, hooks = state.module, trainer.strategy, state.hooks
     assert module is not None
-    loaders = trainer.loaders["predict"]
+    loaders = state.loaders["predict"]
     assert isinstance(loaders, list)
-    nums = [num_batches(loader, trainer.limits["predict"]) for loader in loaders]
-    set_num_batches(trainer, "predict", nums)
+    nums = [num_batches(loader, state.loop.limits["predict"]) for loader in loaders]
+    set_num_batches(state, "predict", nums)
     outputs: list[list[Any]] = []
     was_training = module.training
     model_mode(module, "on_predict_model_eval")
@@ -112,7 +117,7 @@ def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
             hooks("on_predict_epoch_start")
             for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums)):
                 predict_batch = make_eval_batch(
-                    trainer, "predict_step", "predict", dataloader_idx if len(loaders) > 1 else None
+                    trainer, state, "predict_step", "predict", dataloader_idx if len(loaders) > 1 else None
                 )
                 kept: list[Any] = []
                 batches = profiled_iter(trainer.profiler, "predict_dataloader_next", iterate(loader, num))
@@ -128,38 +133,38 @@ def predict_loop(trainer: Trainer, keep: bool = True) -> list[list[Any]]:
     return outputs
 
 
-def set_num_batches(trainer: Trainer, stage: str, nums: list[float]) -> None:
-    """``trainer.num_val_batches`` (or test's, predict's): a number for one loader, a list for several."""
+def set_num_batches(state: RunState, stage: str, nums: list[float]) -> None:
+    """``state.num_val_batches`` (or test's, predict's): a number for one loader, a list for several."""
     value: float | list[float] = nums[0] if len(nums) == 1 else nums
-    name = "num_sanity_val_batches" if trainer.sanity_checking else _NUM_BATCHES[stage]
-    setattr(trainer, name, value)
+    name = "num_sanity_val_batches" if state.sanity_checking else _NUM_BATCHES[stage]
+    setattr(state, name, value)
     if stage == "validate":
-        trainer.num_val_batches = value
+        state.num_val_batches = value
 
 
-def validation_enabled(trainer: Trainer) -> bool:
+def validation_enabled(state: RunState) -> bool:
     """Whether ``fit`` validates: validation data, a ``validation_step``, and a limit above 0."""
     return (
-        trainer.loaders.get("validate") is not None
-        and hasattr(trainer.module, "validation_step")
-        and trainer.limits["validate"] not in (0, 0.0)
+        state.loaders.get("validate") is not None
+        and hasattr(state.module, "validation_step")
+        and state.loop.limits["validate"] not in (0, 0.0)
     )
 
 
-def sanity_check(trainer: Trainer) -> None:
+def sanity_check(trainer: Trainer, state: RunState) -> None:
     """Run a few validation batches before training to surface bugs early; their values are dropped."""
     router = trainer.metric_router
     snapshot = router.snapshot()
-    trainer.sanity_checking = True
-    outer_stage, trainer.running_stage = trainer.running_stage, "sanity_check"
+    state.sanity_checking = True
+    outer_stage, state.running_stage = state.running_stage, "sanity_check"
     try:
-        trainer.hooks.callbacks_only("on_sanity_check_start")
-        steps = trainer.num_sanity_val_steps
-        eval_loop(trainer, "validate", max_batches=math.inf if steps < 0 else steps)
-        trainer.hooks.callbacks_only("on_sanity_check_end")
+        state.hooks.callbacks_only("on_sanity_check_start")
+        steps = state.loop.num_sanity_val_steps
+        eval_loop(trainer, state, "validate", max_batches=math.inf if steps < 0 else steps)
+        state.hooks.callbacks_only("on_sanity_check_end")
     finally:
-        trainer.sanity_checking = False
-        trainer.running_stage = outer_stage
+        state.sanity_checking = False
+        state.running_stage = outer_stage
         router.restore(snapshot)
 
 

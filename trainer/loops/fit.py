@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING
 from trainer.common.errors import Preempted
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
-from trainer.loops.step import Window, make_train_batch, step_schedulers
+from trainer.loops.step import make_train_batch, step_schedulers
 from trainer.metrics.routing import EPOCH_DEFAULTS, STEP_DEFAULTS
 from trainer.metrics.store import MetricStore
 from trainer.metrics.sync import epoch_agreement
 from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:
+    from trainer.run_state import RunState
     from trainer.trainer import Trainer
 
 __all__ = ["fit_loop", "should_stop_training", "train_epoch"]
 
 
-def fit_loop(trainer: Trainer) -> None:
+def fit_loop(trainer: Trainer, state: RunState) -> None:
     """Train until ``max_epochs``, ``max_steps`` or ``should_stop`` (obeyed once ``min_epochs``/``min_steps`` are met).
 
     Hook order::
@@ -63,37 +64,37 @@ def fit_loop(trainer: Trainer) -> None:
 
     Validation loop: see :func:`~trainer.loops.evaluation.eval_loop`.
     """
-    p, hooks = trainer.progress, trainer.hooks
+    p, hooks = state.progress, state.hooks
     hooks("on_fit_start")
-    if validation_enabled(trainer) and trainer.num_sanity_val_steps != 0 and not trainer.fast_dev_run:
-        sanity_check(trainer)
-    assert trainer.module is not None
-    if no_training_batches(trainer):
+    if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
+        sanity_check(trainer, state)
+    assert state.module is not None
+    if no_training_batches(trainer, state):
         hooks("on_fit_end")
         return
-    trainer.module.train()
+    state.module.train()
     hooks("on_train_start")
-    while not should_stop_training(trainer):
+    while not should_stop_training(state):
         if p.epoch_finished:
             p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
-            if should_stop_training(trainer):
+            if should_stop_training(state):
                 break
         with trainer.profiler.profile("run_training_epoch"):  # once an epoch: free when nothing profiles
-            train_epoch(trainer, trainer.window)
-    _drop_open_window(trainer, trainer.window)
+            train_epoch(trainer, state)
+    _drop_open_window(state)
     hooks("on_train_end")
     hooks("on_fit_end")
 
 
-def no_training_batches(trainer: Trainer) -> bool:
+def no_training_batches(trainer: Trainer, state: RunState) -> bool:
     """Whether the training loader has no batch on any rank; says so (once, as Lightning) when it has none.
 
     Training zero steps and ending as if it had trained hides an empty dataset or split; the
     ``geartrain`` command turns this into an error. ``limit_train_batches=0`` is a deliberate choice
     and is not reported.
     """
-    loader = trainer.loaders["fit"]
-    limit = trainer.limits["fit"]
+    loader = state.loaders["fit"]
+    limit = state.loop.limits["fit"]
     num = num_batches(loader, limit) if loader is not None else 0
     if trainer.world_size > 1:
         import torch
@@ -102,7 +103,7 @@ def no_training_batches(trainer: Trainer) -> bool:
         num = float(trainer.strategy.reduce(flag, op="sum").item())
     if num:
         return False
-    trainer.num_training_batches = 0
+    state.num_training_batches = 0
     if limit != 0:
         dataset = getattr(loader, "dataset", None)
         size = f"a dataset of {len(dataset)} samples" if hasattr(dataset, "__len__") else "its dataset"  # type: ignore[arg-type]
@@ -120,40 +121,41 @@ def no_training_batches(trainer: Trainer) -> bool:
     return True
 
 
-def train_epoch(trainer: Trainer, window: Window) -> None:
+def train_epoch(trainer: Trainer, state: RunState) -> None:
     """One epoch (or the rest of one, on resume); see :func:`fit_loop` for the hook order."""
-    p, hooks, router, preemption = trainer.progress, trainer.hooks, trainer.metric_router, trainer.preemption
+    p, hooks = state.progress, state.hooks
+    router, preemption = trainer.metric_router, trainer.preemption
     reload_every = trainer.reload_dataloaders_every_n_epochs
     if reload_every and p.epoch and p.epoch % reload_every == 0 and p.batch_in_epoch == 0:
         from trainer.run import reload_loaders  # run imports the loops: imported here, once per epoch
 
         reload_loaders(trainer)
-    loader = trainer.loaders["fit"]
+    loader = state.loaders["fit"]
     assert loader is not None
-    num = num_batches(loader, trainer.limits["fit"])
-    trainer.num_training_batches = num
+    num = num_batches(loader, state.loop.limits["fit"])
+    state.num_training_batches = num
     set_sampler_epoch(loader, p.epoch)
     store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
-    val_every = _val_every(trainer, num)
+    val_every = _val_every(state, num)
     # check_val_every_n_epoch=None: every val_check_interval batches, counted across epochs.
-    across = trainer.check_val_every_n_epoch is None
+    across = state.loop.check_val_every_n_epoch is None
     batch_offset = p.batches_before_epoch if across else 0
-    validate_this_epoch = validation_enabled(trainer) and (
-        across or (p.epoch + 1) % trainer.check_val_every_n_epoch == 0  # type: ignore[operator]
+    validate_this_epoch = validation_enabled(state) and (
+        across or (p.epoch + 1) % state.loop.check_val_every_n_epoch == 0  # type: ignore[operator]
     )
     last_val_at = -1
-    router.start_train_epoch(store, trainer.module)  # after a mid-epoch resume: the epoch's sums so far
+    router.start_train_epoch(store, state.module)  # after a mid-epoch resume: the epoch's sums so far
     with router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_epoch_start")
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
-    train_batch = make_train_batch(trainer, window, last_batch_share(loader, num))
-    log_every = trainer.log_every_n_steps
+    train_batch = make_train_batch(trainer, state, last_batch_share(loader, num))
+    log_every = state.loop.log_every_n_steps
     with router.logging(store, STEP_DEFAULTS):
         batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
         # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
         for batch_idx, batch, is_last in profiled_iter(trainer.profiler, "train_dataloader_next", batches):
             steps_before = p.global_step
-            trainer.is_last_batch = is_last
+            state.is_last_batch = is_last
             result = train_batch(batch, batch_idx, is_last)
             # An identity-and-type test: ``out == -1`` on a loss tensor would run a kernel and, on a GPU,
             # wait for it (a host-device sync every step).
@@ -171,14 +173,14 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
             if validate_this_epoch and val_every and (batch_offset + batch_idx + 1) % val_every == 0:
-                eval_loop(trainer, "validate")
+                eval_loop(trainer, state, "validate")
                 last_val_at = p.batch_in_epoch
-            if should_stop_training(trainer):
-                _drop_open_window(trainer, window)
+            if should_stop_training(state):
+                _drop_open_window(state)
                 break
-    end_validation = validate_this_epoch and not across and not _may_stop(trainer)
+    end_validation = validate_this_epoch and not across and not _may_stop(state)
     if end_validation and last_val_at != p.batch_in_epoch and p.batch_in_epoch:
-        eval_loop(trainer, "validate")
+        eval_loop(trainer, state, "validate")
         last_val_at = p.batch_in_epoch
     with router.logging(store, EPOCH_DEFAULTS):
         hooks.module("on_train_epoch_end")
@@ -186,60 +188,61 @@ def train_epoch(trainer: Trainer, window: Window) -> None:
         # A validation metric may legitimately be missing in an epoch without validation
         # (check_val_every_n_epoch > 1, an early stop); a missing name is an error only when
         # validation ran (or there is none).
-        step_schedulers(trainer, "epoch", metrics_due=last_val_at >= 0 or not validation_enabled(trainer))
+        step_schedulers(trainer, "epoch", metrics_due=last_val_at >= 0 or not validation_enabled(state))
         p.batches_before_epoch += p.batch_in_epoch
         p.epoch_finished = True
         # Finished (a checkpoint saved here resumes at the next epoch), but callbacks still see this
         # epoch as ``current_epoch``, as in Lightning, which counts it done only after these hooks.
-        trainer.in_train_epoch_end = True
+        state.in_train_epoch_end = True
         try:
             hooks.callbacks_only("on_train_epoch_end")
         finally:
-            trainer.in_train_epoch_end = False
+            state.in_train_epoch_end = False
     store.reset()
 
 
-def _drop_open_window(trainer: Trainer, window: Window) -> None:
+def _drop_open_window(state: RunState) -> None:
     """Training stopped inside an accumulation window: drop its gradients, which no step will apply.
 
     As in Lightning, a stop (early stopping, ``max_time``, a batch hook's -1 in the last epoch) does
     not wait for the window's end. Closing it here makes the state after the stop a checkpointable
     one (the saves of the epoch's and the fit's end hold exactly what a resume continues from).
     """
+    window = state.window
     if window.has_loss or window.nonfinite:
-        for optimizer in trainer.optimizers:
+        for optimizer in state.optimizers:
             optimizer.zero_grad(set_to_none=True)
         window.has_loss = window.nonfinite = False
 
 
-def should_stop_training(trainer: Trainer) -> bool:
+def should_stop_training(state: RunState) -> bool:
     """``should_stop`` (once ``min_epochs`` and ``min_steps`` are met), ``max_steps`` or ``max_epochs`` reached."""
-    p = trainer.progress
-    if p.should_stop and _may_stop(trainer):
+    p = state.progress
+    if p.should_stop and _may_stop(state):
         return True
-    if trainer.max_steps != -1 and p.global_step >= trainer.max_steps:
+    if state.loop.max_steps != -1 and p.global_step >= state.loop.max_steps:
         return True
-    max_epochs = trainer.max_epochs
+    max_epochs = state.loop.max_epochs
     if max_epochs is not None and max_epochs != -1:
         return p.epoch + (1 if p.epoch_finished else 0) >= max_epochs
     return False
 
 
-def _may_stop(trainer: Trainer) -> bool:
+def _may_stop(state: RunState) -> bool:
     """``should_stop`` is set and may be obeyed: ``min_epochs`` epochs and ``min_steps`` steps are done.
 
     As in Lightning, a stop requested earlier (early stopping, ``max_time``) waits until then.
     """
-    p = trainer.progress
+    p = state.progress
     if not p.should_stop:
         return False
     done_epochs = p.epoch + (1 if p.epoch_finished else 0)
-    return done_epochs >= trainer.min_epochs and p.global_step >= trainer.min_steps
+    return done_epochs >= state.loop.min_epochs and p.global_step >= state.loop.min_steps
 
 
-def _val_every(trainer: Trainer, num: float) -> int | None:
+def _val_every(state: RunState, num: float) -> int | None:
     """Training batches between validation runs within an epoch (None: only at the epoch's end)."""
-    interval = trainer.val_check_interval
+    interval = state.loop.val_check_interval
     if isinstance(interval, int):
         return interval
     if math.isinf(num):

@@ -87,7 +87,7 @@ class NonFinite:
             bad = t.strategy.reduce(bad, "max")
         if not bad.item():
             return True
-        p = t.progress
+        p = t.run_state.progress
         where = f"epoch {p.epoch}, global step {p.global_step}, batch {batch_idx}"
         if self.policy == "raise":
             raise FloatingPointError(
@@ -102,8 +102,8 @@ class NonFinite:
     def skip_step(self, window: Window) -> None:
         """Drop the optimizer step of a window that had a non-finite loss: no update, no scheduler move."""
         t = self._trainer
-        p = t.progress
-        for optimizer in t.optimizers:
+        p = t.run_state.progress
+        for optimizer in t.run_state.optimizers:
             optimizer.zero_grad(set_to_none=True)
         window.nonfinite = window.has_loss = False
         p.nonfinite_skipped += 1
@@ -139,16 +139,16 @@ class ManualOptimizer:
         """Run ``closure`` if given, then step; returns False if the step was skipped (fp16 overflow, NaN)."""
         if closure is not None:
             closure()
-        trainer = self._trainer
+        trainer, state = self._trainer, self._trainer.run_state
         if self._window.nonfinite:
             NonFinite(trainer).skip_step(self._window)
             return False
-        trainer.hooks("on_before_optimizer_step", self.optimizer)
+        state.hooks("on_before_optimizer_step", self.optimizer)
         stepped = trainer.strategy.optimizer_step(self.optimizer)
-        trainer.progress.global_step += 1
-        trainer.progress.nonfinite_in_a_row = 0
+        state.progress.global_step += 1
+        state.progress.nonfinite_in_a_row = 0
         if not stepped:
-            trainer.progress.skipped_steps += 1
+            state.progress.skipped_steps += 1
         return stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -162,8 +162,9 @@ class ManualOptimizer:
 
 def manual_backward(trainer: Trainer, loss: torch.Tensor) -> None:
     """``TrainModule.manual_backward``: the non-finite policy, then the strategy's backward."""
-    if trainer.on_nonfinite is not None and not NonFinite(trainer).check(loss, trainer.progress.batch_in_epoch):
-        trainer.window.nonfinite = True
+    state = trainer.run_state
+    if trainer.on_nonfinite is not None and not NonFinite(trainer).check(loss, state.progress.batch_in_epoch):
+        state.window.nonfinite = True
         return
     trainer.strategy.manual_backward(loss)
 
@@ -189,16 +190,17 @@ def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = No
     validation) would count a plateau epoch that never happened. ``metrics_due`` says whether a
     missing metric is an error now (True) or may still come from a later validation (False).
     """
-    if not trainer.lr_scheduler_configs:
+    state = trainer.run_state
+    if not state.lr_scheduler_configs:
         return  # the common case, checked first
-    count = steps_done if steps_done is not None else trainer.progress.epoch + 1
-    assert trainer.module is not None
-    if not trainer.module.automatic_optimization:
+    count = steps_done if steps_done is not None else state.progress.epoch + 1
+    assert state.module is not None
+    if not state.module.automatic_optimization:
         return  # under manual optimisation the user steps schedulers
     metrics = trainer.callback_metrics
     # The module's lr_scheduler_step(scheduler, metric) where overridden, else the scheduler's own step.
-    lr_scheduler_step = trainer.module.lr_scheduler_step
-    for cfg in trainer.lr_scheduler_configs:
+    lr_scheduler_step = state.module.lr_scheduler_step
+    for cfg in state.lr_scheduler_configs:
         if cfg.interval != interval or count % cfg.frequency:
             continue
         if cfg.monitor is None:

@@ -38,6 +38,7 @@ from trainer.module import TrainModule
 from trainer.profilers.base import profiled
 
 if TYPE_CHECKING:
+    from trainer.run_state import RunState
     from trainer.trainer import Trainer
 
 __all__ = [
@@ -56,7 +57,7 @@ TrainBatch = Callable[[Any, int, bool], Any]
 EvalBatch = Callable[[Any, int], Any]
 
 
-def make_train_batch(trainer: Trainer, window: Window, last_share: float | None = None) -> TrainBatch:
+def make_train_batch(trainer: Trainer, state: RunState, last_share: float | None = None) -> TrainBatch:
     """``train_batch(batch, batch_idx, is_last) -> output`` for this epoch (see the module docstring).
 
     Around the step, in both optimisation modes::
@@ -71,14 +72,14 @@ def make_train_batch(trainer: Trainer, window: Window, last_share: float | None 
     ``last_share``: the factor of the epoch's last batch's loss under DDP when that global batch was
     split unevenly (:func:`~trainer.loops.iteration.last_batch_share`); automatic optimisation only.
     """
-    strategy, progress, router, hooks = trainer.strategy, trainer.progress, trainer.metric_router, trainer.hooks
-    module = trainer.module
+    strategy, progress, router, hooks = trainer.strategy, state.progress, trainer.metric_router, state.hooks
+    module = state.module
     assert module is not None
     profiler = trainer.profiler  # seams are wrapped in its actions only when it profiles (else unchanged)
     to_device = profiled(profiler, "batch_to_device", _batch_to_device(strategy, trainer))
     batch_start, batch_end = hooks.bound("on_train_batch_start"), hooks.bound("on_train_batch_end")
     if module.automatic_optimization:
-        step = make_automatic_step(trainer, window, last_share)
+        step = make_automatic_step(trainer, state, last_share)
     else:
         training_step = profiled(profiler, "training_step", _step_call(strategy, "training_step"))
         forward_context = strategy.forward_context
@@ -100,7 +101,7 @@ def make_train_batch(trainer: Trainer, window: Window, last_share: float | None 
     return profiled(profiler, "run_training_batch", train_batch)
 
 
-def make_automatic_step(trainer: Trainer, window: Window, last_share: float | None = None) -> TrainBatch:
+def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | None = None) -> TrainBatch:
     """The automatic-optimisation step with its seams bound: ``step(batch, batch_idx, is_last)``.
 
     For every strategy, precision, accumulation (``k`` batches a step), clipping and micro-batching::
@@ -116,10 +117,10 @@ def make_automatic_step(trainer: Trainer, window: Window, last_share: float | No
             if strategy.optimizer_step(optimizer): step-interval schedulers advance
             on_before_zero_grad(optimizer); optimizer.zero_grad(set_to_none=True); global_step += 1
     """
-    strategy, progress, hooks = trainer.strategy, trainer.progress, trainer.hooks
+    strategy, progress, hooks, window = trainer.strategy, state.progress, state.hooks, state.window
     precision = strategy.precision
     k = trainer.accumulate_grad_batches
-    optimizer = trainer.optimizers[0]
+    optimizer = state.optimizers[0]
     clip_val, clip_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
     training_step = _step_call(strategy, "training_step")
     # Contexts that do nothing are not entered (a ``with`` costs as much as a small kernel launch).
@@ -132,7 +133,7 @@ def make_automatic_step(trainer: Trainer, window: Window, last_share: float | No
     # None counts as a step taken, or the strategy's, which returns False for a skipped step (fp16).
     optimizer_step = optimizer.step if plain_step else functools.partial(strategy.optimizer_step, optimizer)
     # The module's optimisation hooks, bound once; each keeps the plain path above when not overridden.
-    module = trainer.module
+    module = state.module
     assert module is not None
     clip: Callable[[torch.optim.Optimizer, float | None, str], Any] | None = (
         strategy.clip_gradients if clip_val is not None else None
@@ -153,7 +154,7 @@ def make_automatic_step(trainer: Trainer, window: Window, last_share: float | No
             )
         backward = module.backward
     nonfinite = NonFinite(trainer) if trainer.on_nonfinite is not None else None
-    schedulers = any(cfg.interval == "step" for cfg in trainer.lr_scheduler_configs)
+    schedulers = any(cfg.interval == "step" for cfg in state.lr_scheduler_configs)
     before_backward, after_backward, before_optimizer_step, before_zero_grad = (
         hooks.bound(name)
         for name in ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
@@ -281,7 +282,9 @@ def make_automatic_step(trainer: Trainer, window: Window, last_share: float | No
     return step_ending_uneven
 
 
-def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_idx: int | None = None) -> EvalBatch:
+def make_eval_batch(
+    trainer: Trainer, state: RunState, step_name: str, prefix: str, dataloader_idx: int | None = None
+) -> EvalBatch:
     """``eval_batch(batch, batch_idx) -> output`` for ``validation``/``test``/``predict`` (seams bound once).
 
     Hook order: the batch-transfer hooks (as in :func:`make_train_batch`); ``on_<prefix>_batch_start(batch, i)``;
@@ -289,14 +292,14 @@ def make_eval_batch(trainer: Trainer, step_name: str, prefix: str, dataloader_id
     ``dataloader_idx`` (one of several loaders) the step and both hooks get it as their last argument,
     as in Lightning.
     """
-    strategy, router, hooks = trainer.strategy, trainer.metric_router, trainer.hooks
+    strategy, router, hooks = trainer.strategy, trainer.metric_router, state.hooks
     to_device, step = _batch_to_device(strategy, trainer), _step_call(strategy, step_name)
     to_device = profiled(trainer.profiler, "batch_to_device", to_device)
     step = profiled(trainer.profiler, step_name, step)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
     forward_context = _forward_context(strategy)
     if dataloader_idx is not None:
-        check_takes_dataloader_idx(trainer.module, step_name)
+        check_takes_dataloader_idx(state.module, step_name)
         step, start, end = (with_last_arg(fn, dataloader_idx) for fn in (step, start, end))
 
     def eval_batch(batch: Any, batch_idx: int) -> Any:
@@ -364,7 +367,8 @@ def _user_data_hook(trainer: Trainer, name: str) -> Callable[..., Any] | None:
     """The data module's ``name`` if it overrides it, else the module's if it does, else None."""
     from trainer.module_hooks import DataHooks
 
-    for owner in (trainer.datamodule, trainer.module):
+    state = trainer.run_state
+    for owner in (state.datamodule, state.module):
         if owner is not None and not _keeps(owner, DataHooks, name):
             return getattr(owner, name)
     return None

@@ -11,14 +11,14 @@ so a ``fit`` after tuning gives what a fresh trainer gives.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from callbacks._attrs import set_attr
 from callbacks.batch_size_finder import BatchSizeFinder
 from callbacks.lr_finder import LearningRateFinder, LRFinderResult, log_lr_curve, lr_attr_name
-from trainer.common.rng import rng_state, set_rng_state
 from trainer.hooks import HookDispatch
+from trainer.tuner.trial import restore_run, save_run
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
@@ -117,38 +117,18 @@ class Tuner:
         """
         t = self._trainer
         finder._early_exit = True  # type: ignore[attr-defined]
-        saved = (
-            list(t.callbacks),
-            t.max_steps,
-            t.num_sanity_val_steps,
-            copy.deepcopy(t.progress.__dict__),
-            t.optimizers,
-            t.lr_scheduler_configs,
-            t.metric_router.snapshot(),
-            rng_state(),
-        )
+        callbacks, saved = list(t.callbacks), save_run(t)
         loggers = t.loggers
         t.callbacks[:] = [finder]
-        t.hooks = HookDispatch(t.callbacks, t)
-        t.max_steps, t.num_sanity_val_steps = t.global_step, 0  # the finder's trials are the only steps
+        state = t.run_state
+        state.hooks = HookDispatch(t.callbacks, t)
+        # The finder's trials are the only steps, and there is no sanity check.
+        state.loop = dataclasses.replace(state.loop, max_steps=t.global_step, num_sanity_val_steps=0)
         try:
             t.fit(model, train_dataloaders, val_dataloaders, datamodule)
         finally:
-            (
-                callbacks,
-                t.max_steps,
-                t.num_sanity_val_steps,
-                progress,
-                t.optimizers,
-                t.lr_scheduler_configs,
-                metrics,
-                rng,
-            ) = saved
             t.callbacks[:] = callbacks
-            t.hooks = HookDispatch(t.callbacks, t)
-            t.progress.__dict__.update(progress)
-            t.metric_router.restore(metrics)
-            set_rng_state(rng)
+            restore_run(t, saved)
         return loggers
 
 

@@ -10,7 +10,7 @@ are what they were, so the run (or a later ``fit``) goes on as if no trial had h
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.rng import rng_state, set_rng_state
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from callbacks.base import Callback
     from trainer.trainer import Trainer
 
-__all__ = ["run_trial"]
+__all__ = ["restore_run", "run_trial", "save_run"]
 
 
 def run_trial(trainer: Trainer, callback: Callback, steps: int, reload_dataloaders: bool = False) -> None:
@@ -38,27 +38,32 @@ def run_trial(trainer: Trainer, callback: Callback, steps: int, reload_dataloade
     module = trainer.module
     if module is None or trainer.stage != "fit":
         raise RuntimeError("Trainer.run_trial runs inside fit (from a callback's on_fit_start)")
-    saved = _save(trainer)
+    state = trainer.run_state
+    saved = save_run(trainer, weights=True)
     try:
         if reload_dataloaders:
             _reload(trainer)
-        trainer.hooks = HookDispatch([callback], trainer)
-        trainer.hooks.bind(module)
-        trainer.max_steps, trainer.max_epochs = trainer.global_step + steps, -1
-        trainer.limits = {**trainer.limits, "validate": 0}
-        trainer.progress.should_stop = False
+        state.hooks = HookDispatch([callback], trainer)
+        state.hooks.bind(module)
+        state.loop = dataclasses.replace(
+            state.loop,
+            max_steps=state.progress.global_step + steps,
+            max_epochs=-1,
+            limits={**state.loop.limits, "validate": 0},
+        )
+        state.window = Window()  # the run's own window (and its manual optimizers') stays as it is
+        state.progress.should_stop = False
         module.train()
-        window = Window()
-        while steps and not should_stop_training(trainer):
-            p = trainer.progress
+        while steps and not should_stop_training(state):
+            p = state.progress
             if p.epoch_finished:
                 p.epoch, p.batch_in_epoch, p.epoch_finished = p.epoch + 1, 0, False
             before = p.global_step
-            train_epoch(trainer, window)
+            train_epoch(trainer, state)
             if p.global_step == before and not p.should_stop:
                 break  # an empty loader (or a module ending every epoch at once): no step will come
     finally:
-        _restore(trainer, saved)
+        restore_run(trainer, saved)
         if reload_dataloaders:
             _reload(trainer)
 
@@ -70,38 +75,25 @@ def _reload(trainer: Trainer) -> None:
     reload_loaders(trainer)
 
 
-def _save(trainer: Trainer) -> dict[str, Any]:
-    module = trainer.module
-    assert module is not None
+def save_run(trainer: Trainer, weights: bool = False) -> dict[str, Any]:
+    """What a trial or the ``Tuner`` changes: the run state, the logged values, the random generators.
+
+    ``weights``: the module's weights too (a trial trains them; the ``Tuner``'s hosting fit does not).
+    """
     return {
-        "module": copy.deepcopy(module.state_dict()),
-        "optimizers": [copy.deepcopy(opt.state_dict()) for opt in trainer.optimizers],
-        "schedulers": list(trainer.lr_scheduler_configs),
-        "scheduler_states": [copy.deepcopy(cfg.scheduler.state_dict()) for cfg in trainer.lr_scheduler_configs],
-        "progress": copy.deepcopy(trainer.progress.__dict__),
+        "run": trainer.run_state.state_dict(weights=weights),
+        "window": trainer.run_state.window,
         "metrics": trainer.metric_router.snapshot(),
         "rng": rng_state(),
-        "options": (trainer.hooks, trainer.max_steps, trainer.max_epochs, trainer.limits),
-        "num_training_batches": trainer.num_training_batches,
         # A resumed run's epoch order is replayed by its own first epoch, not by the trial.
         "resume_epoch_rng": trainer.checkpointing.take_resume_epoch_rng(),
     }
 
 
-def _restore(trainer: Trainer, saved: dict[str, Any]) -> None:
-    module = trainer.module
-    assert module is not None
-    module.load_state_dict(saved["module"])
-    for opt, state in zip(trainer.optimizers, saved["optimizers"], strict=True):
-        opt.load_state_dict(state)
-        opt.zero_grad(set_to_none=True)
-    trainer.lr_scheduler_configs = saved["schedulers"]
-    for cfg, state in zip(trainer.lr_scheduler_configs, saved["scheduler_states"], strict=True):
-        cfg.scheduler.load_state_dict(state)
-    # In place: the loop that called the finder holds this object.
-    trainer.progress.__dict__.update(saved["progress"])
+def restore_run(trainer: Trainer, saved: dict[str, Any]) -> None:
+    """Put back what :func:`save_run` saved."""
+    trainer.run_state.load_state_dict(saved["run"])
+    trainer.run_state.window = saved["window"]
     trainer.metric_router.restore(saved["metrics"])
     set_rng_state(saved["rng"])
-    trainer.hooks, trainer.max_steps, trainer.max_epochs, trainer.limits = saved["options"]
-    trainer.num_training_batches = saved["num_training_batches"]
     trainer.checkpointing.resume_epoch_rng = saved["resume_epoch_rng"]

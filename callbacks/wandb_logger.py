@@ -1,0 +1,352 @@
+"""``WandbLogger``: a Weights & Biases run, online or offline (rank 0 only)."""
+
+from __future__ import annotations
+
+import json
+import os
+from argparse import Namespace
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from typing_extensions import override
+
+from callbacks._logger import NoOpExperiment
+from callbacks._tracker import CheckpointFile, TrackerLogger, import_tracker
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["WandbLogger", "history_rows"]
+
+#: The x-axis of every metric, as Lightning names it.
+STEP_KEY = "trainer/global_step"
+#: The name of the logger's own journal of rows, beside wandb's files.
+JOURNAL = "geartrain-rows"
+
+
+class WandbLogger(TrackerLogger):
+    """Log to `Weights & Biases <https://wandb.ai>`_: Lightning's ``WandbLogger``, as a callback.
+
+    Needs ``pip install 'geartrain[wandb]'``. Without an account or network, ``offline=True`` (or
+    ``WANDB_MODE=offline``) writes the run under ``<save_dir>/wandb`` for ``wandb sync`` later.
+
+    Every logging call is one row of the run's history with the metrics and ``trainer/global_step``,
+    the x-axis of every metric.
+
+    Args:
+        name: the run's display name (under the ``geartrain`` command: the run directory).
+        save_dir: folder of wandb's files (``<save_dir>/wandb``); made absolute when built. ``None``
+            (and no ``dir``): the trainer's ``default_root_dir``, the run directory under ``geartrain``.
+        version: the run's id: a run with that id is resumed (created if missing).
+        offline: write locally only (cannot be combined with ``log_model``).
+        dir: the same as ``save_dir`` (used when ``save_dir`` is ``None``).
+        id: the same as ``version``.
+        anonymous: ``True`` logs anonymously.
+        project: the project (``None``: ``WANDB_PROJECT``, else ``"lightning_logs"``).
+        log_model: upload checkpoints of :class:`~callbacks.ModelCheckpoint` as ``model`` artifacts
+            with aliases ``latest``/``best``: ``"all"`` after every save, ``True`` when fitting ends
+            successfully, ``False`` never.
+        experiment: a ``wandb.Run`` to log to instead of starting one.
+        prefix: written before every metric key as ``<prefix>-<key>``.
+        checkpoint_name: the artifact's name (default ``model-<run id>``).
+        add_file_policy: ``"mutable"`` copies a checkpoint before upload, ``"immutable"`` does not.
+        **kwargs: passed to ``wandb.init`` (``entity``, ``group``, ``tags``, ``config``, ``mode``...).
+
+    Under the ``geartrain`` command (``logger=wandb``) the run's config holds the resolved config,
+    and ``geartrain.run_dir``/``geartrain.checkpoint_dir`` say where its files are.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        save_dir: str | os.PathLike[str] | None = ".",
+        version: str | None = None,
+        offline: bool = False,
+        dir: str | os.PathLike[str] | None = None,
+        id: str | None = None,
+        anonymous: bool | None = None,
+        project: str | None = None,
+        log_model: Literal["all"] | bool = False,
+        experiment: Any = None,
+        prefix: str = "",
+        checkpoint_name: str | None = None,
+        add_file_policy: Literal["mutable", "immutable"] = "mutable",
+        **kwargs: Any,
+    ) -> None:
+        import_tracker("wandb", "wandb", "WandbLogger")
+        if offline and log_model:
+            raise ValueError(
+                f"WandbLogger(offline=True, log_model={log_model!r}): an offline run cannot upload "
+                "checkpoints; use offline=False, or log_model=False"
+            )
+        super().__init__(log_model, prefix)
+        folder = save_dir if save_dir is not None else dir
+        self._offline = offline
+        self._experiment = experiment
+        self._checkpoint_name = checkpoint_name
+        self.add_file_policy = add_file_policy
+        self._project = project or os.environ.get("WANDB_PROJECT", "lightning_logs")
+        self._wandb_dir = None if folder is None else os.path.abspath(os.fspath(folder))
+        self._run_name = name
+        self._run_id = version or id
+        self._given_run_id = self._run_id
+        #: Folders of earlier sessions of a resumed run (from the checkpoint), read for the steps written.
+        self._earlier_dirs: list[str] = []
+        #: The journal of rows logged with a step (see :meth:`_last_steps`), open while the run is.
+        self._journal: Any = None
+        self._wandb_init: dict[str, Any] = {
+            "name": name,
+            "project": self._project,
+            "dir": self._wandb_dir,
+            "anonymous": "allow" if anonymous else None,
+            **kwargs,
+        }
+
+    # ----------------------------------------------------------------- Lightning's properties
+    @property
+    def experiment(self) -> Any:
+        """The ``wandb.Run`` (started or resumed on first use); a do-nothing stand-in off rank 0."""
+        if not self._writes:
+            return NoOpExperiment()
+        if self._experiment is None:
+            self._experiment = self._open_run()
+        return self._experiment
+
+    @property
+    @override
+    def save_dir(self) -> str | None:  # type: ignore[override]
+        """The folder holding ``wandb/`` (absolute)."""
+        return self._wandb_dir
+
+    @property
+    @override
+    def name(self) -> str | None:  # type: ignore[override]
+        """The project (Lightning's meaning; the run's own name is ``experiment.name``)."""
+        return self._project
+
+    @property
+    @override
+    def version(self) -> str | None:  # type: ignore[override]
+        """The run's id (the given one until the run starts; starting it is not forced)."""
+        return self._experiment.id if self._experiment is not None else self._run_id
+
+    @property
+    @override
+    def root_dir(self) -> str | None:  # type: ignore[override]
+        """``None``, as Lightning's."""
+        return None
+
+    @property
+    @override
+    def log_dir(self) -> str | None:  # type: ignore[override]
+        """``None``, as Lightning's (``trainer.log_dir`` looks further); the files: ``<save_dir>/wandb``."""
+        return None
+
+    @override
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        super().setup(trainer, module, stage)
+        if self._wandb_dir is None:
+            self._wandb_dir = os.path.abspath(trainer.default_root_dir)
+            self._wandb_init["dir"] = self._wandb_dir
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        # Where this run's files are: a resume from another run directory looks there too.
+        state = super().state_dict()
+        return {**state, "dir": self._wandb_dir} if state else state
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self._resumed and state_dict.get("dir"):
+            self._earlier_dirs.append(str(state_dict["dir"]))
+
+    @override
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if self._experiment is not None:
+            state["_run_id"] = self._experiment.id  # the copy resumes the run by its id
+        state["_experiment"] = None
+        state["_journal"] = None
+        state["_checkpoint_callbacks"] = []
+        return state
+
+    # ----------------------------------------------------------------- the run
+    @override
+    def _is_open(self) -> bool:
+        return self._experiment is not None
+
+    @override
+    def _open_run(self) -> Any:
+        import wandb
+
+        init = dict(self._wandb_init)
+        if self._offline:
+            init["mode"] = "offline"
+        if self._run_id is not None:
+            init["id"], init["resume"] = self._run_id, "allow"
+        if init["name"] is None:
+            init["name"] = self._default_run_name()
+        if init["dir"] is not None:
+            os.makedirs(init["dir"], exist_ok=True)
+        run = wandb.init(**{k: v for k, v in init.items() if v is not None})
+        self._run_id = run.id
+        run.define_metric(STEP_KEY)
+        run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
+        return run
+
+    @override
+    def _write_metrics(self, metrics: dict[str, float], step: int | None) -> None:
+        if step is None:
+            self.experiment.log(metrics)
+            return
+        self.experiment.log({**metrics, STEP_KEY: step})
+        if self._journal is None:
+            path = Path(self._wandb_dir or ".", "wandb", f"{JOURNAL}-{self.experiment.id}.jsonl")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._journal = path.open("a")
+        # Reaches the operating system at once: a killed process loses none of it (a machine crash may).
+        self._journal.write(json.dumps([step, metrics]) + "\n")
+        self._journal.flush()
+
+    @override
+    def _last_steps(self) -> dict[str, int]:
+        """What earlier sessions of the run logged, made whole in the run.
+
+        wandb writes its local file every ``x_transaction_log_flush_interval`` seconds (15 by
+        default) from a helper process that dies with the training process: a crash (``kill -9``)
+        loses the rows it held, including rows of steps before the checkpoint, which the resumed
+        fit does not compute again. So the logger also appends each row to a journal of its own,
+        ``<save_dir>/wandb/geartrain-rows-<run id>.jsonl`` (one short line per logging call). At
+        resume, the rows of the journal that wandb's files lack are logged again, and the resumed
+        fit skips every ``(key, step)`` logged before.
+        """
+        run = self.experiment
+        roots = dict.fromkeys(d for d in (*self._earlier_dirs, self._wandb_dir) if d is not None)
+        current = Path(run.dir).parent.resolve()
+        folders = {f.resolve() for root in roots for f in Path(root, "wandb").glob(f"*run-*-{run.id}")} - {current}
+        last = _last_steps_in([folder / f"run-{run.id}.wandb" for folder in sorted(folders)])
+        journals = {Path(root, "wandb", f"{JOURNAL}-{run.id}.jsonl").resolve() for root in roots}
+        rows = [json.loads(line) for path in sorted(journals) if path.is_file() for line in _whole_lines(path)]
+        logged = dict(last)
+        for step, row in rows:
+            missing = {k: v for k, v in row.items() if step > last.get(k, -1)}
+            if missing:
+                self._write_metrics(missing, step)
+            for key in row:
+                logged[key] = max(logged.get(key, -1), step)
+        return logged
+
+    @override
+    def _upload_checkpoint(self, checkpoint: CheckpointFile, checkpoint_callback: Any) -> None:
+        import wandb
+
+        run = self.experiment
+        name = self._checkpoint_name or f"model-{run.id}"
+        artifact = wandb.Artifact(name=name, type="model", metadata=checkpoint.metadata(checkpoint_callback))
+        artifact.add_file(checkpoint.path, name="model.ckpt", policy=self.add_file_policy)
+        run.log_artifact(artifact, aliases=checkpoint.aliases)
+
+    @override
+    def _record_run_context(self, context: dict[str, str], config: dict[str, Any] | None) -> None:
+        if config is not None:
+            self.log_hyperparams(config)
+        if context:
+            self.experiment.config.update(context, allow_val_change=True)
+
+    # ----------------------------------------------------------------- Lightning's methods
+    @override
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
+        """Merge ``params`` into the run's config (nested as given; values that are not JSON become text)."""
+        tree = vars(params) if isinstance(params, Namespace) else dict(params)
+        plain = json.loads(json.dumps(tree, default=str))
+        self.hparams.update(plain)
+        if not self._writes:
+            return
+        self.experiment.config.update(plain, allow_val_change=True)
+        if metrics:
+            self.log_metrics(metrics, 0)
+
+    def watch(
+        self, model: torch.nn.Module, log: str | None = "gradients", log_freq: int = 100, log_graph: bool = True
+    ) -> None:
+        """``wandb.watch`` the model: gradient (and parameter) histograms every ``log_freq`` steps."""
+        self.experiment.watch(model, log=log, log_freq=log_freq, log_graph=log_graph)
+
+    @override
+    def finalize(self, status: str) -> None:
+        """Upload the checkpoints due (``log_model=True``) after a successful fit; the run stays open.
+
+        wandb finishes the run when the process exits; call ``logger.experiment.finish()`` to end it sooner.
+        """
+        if self._writes and status == "success" and self._experiment is not None:
+            self._upload_pending()
+
+
+def _whole_lines(path: Path) -> list[str]:
+    """The complete lines of ``path`` (a line cut short by a crash is left out)."""
+    text = path.read_text()
+    return text.splitlines()[: text.count("\n")]
+
+
+def _last_steps_in(files: list[Path]) -> dict[str, int]:
+    """Metric key -> the last ``trainer/global_step`` at which ``files`` hold it."""
+    last: dict[str, int] = {}
+    for path in files:
+        if not path.is_file():
+            continue
+        for row in history_rows(path):
+            step = row.get(STEP_KEY)
+            if isinstance(step, (int, float)):
+                for key in row:
+                    if not key.startswith("_") and key != STEP_KEY:
+                        last[key] = max(last.get(key, -1), int(step))
+    return last
+
+
+def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The history rows of a run's ``.wandb`` file, in order, each ``{key: value}``.
+
+    The file is wandb's transaction log: LevelDB's log format (32 KiB blocks of records framed by a
+    7-byte header: checksum, length, kind) after a 7-byte file header; each record is one of wandb's
+    own protobuf ``Record`` messages. wandb 0.2x and later write it from their Go core and ship no
+    Python reader, hence this one; a record cut short by a crash ends the scan.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    for data in _log_records(Path(path).read_bytes()):
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+
+
+_BLOCK, _HEADER = 32768, 7
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _log_records(raw: bytes) -> Iterator[bytes]:
+    if raw[:4] != b":W&B":
+        raise ValueError("not a wandb transaction log (no :W&B header)")
+    pos, parts = _HEADER, bytearray()
+    while pos + _HEADER <= len(raw):
+        room = _BLOCK - pos % _BLOCK
+        if room < _HEADER:  # a block's tail too short for a header is padding
+            pos += room
+            continue
+        length, kind = int.from_bytes(raw[pos + 4 : pos + 6], "little"), raw[pos + 6]
+        start, pos = pos + _HEADER, pos + _HEADER + length
+        if kind == 0 or pos > len(raw):  # padding, or a record the writer never finished
+            if kind == 0:
+                pos = start - _HEADER + room
+                continue
+            return
+        if kind in (_FULL, _FIRST):
+            parts = bytearray()
+        parts += raw[start:pos]
+        if kind in (_FULL, _LAST):
+            yield bytes(parts)

@@ -1,0 +1,157 @@
+"""WandbLogger in offline mode (no account, no network), its run files read back: history rows,
+config, resume after kill -9 into the same run, DDP with one writer."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from callbacks import Callback, WandbLogger
+from tests.helpers import tracker_job
+from tests.helpers.callback_tools import Scripted, loaders
+from tests.helpers.distributed import run_python, spawn
+from tests.helpers.trainers import quiet_trainer
+
+wandb = pytest.importorskip("wandb")  # in the dev extra: present wherever the tests run
+from callbacks.wandb_logger import STEP_KEY, history_rows  # noqa: E402
+
+pytestmark = pytest.mark.slow  # wandb starts a helper process per run; subprocess jobs
+
+
+@pytest.fixture(autouse=True)
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """wandb offline, silent, its own folders in tmp; no run left open for the next test."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home" / name.lower()))
+    yield
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
+class Recorder(Callback):
+    """What the trainer handed to the loggers: {key: [(step, value), ...]}."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[tuple[int, float]]] = {}
+
+    def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, torch.Tensor], step: int) -> None:
+        for key, value in metrics.items():
+            self.seen.setdefault(key, []).append((step, float(value)))
+
+
+def run_files(root: Path, run_id: str) -> list[Path]:
+    """The run's ``.wandb`` files under ``root/wandb``, oldest session first, each one's session over.
+
+    wandb's helper process writes the end of the file shortly after ``finish()`` returns: wait (a
+    bounded time) for its exit record, except in a session that was killed.
+    """
+    files = sorted(root.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
+    for path in files[-1:]:
+        deadline = time.monotonic() + 60
+        while not any(kind == "exit" for kind in record_kinds(path)):
+            assert time.monotonic() < deadline, f"{path} has no exit record"
+            time.sleep(0.2)
+    return files
+
+
+def record_kinds(path: Path) -> list[str]:
+    from wandb.proto import wandb_internal_pb2
+
+    from callbacks.wandb_logger import _log_records
+
+    kinds = []
+    for data in _log_records(path.read_bytes()):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kinds.append(str(record.WhichOneof("record_type")))
+    return kinds
+
+
+def series(files: list[Path]) -> dict[str, list[tuple[int, float]]]:
+    """{key: [(trainer/global_step, value), ...]} over every session's rows."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in files:
+        for row in history_rows(path):
+            for key, value in row.items():
+                if not key.startswith("_") and key != STEP_KEY:
+                    out.setdefault(key, []).append((row[STEP_KEY], value))
+    return {key: sorted(points) for key, points in out.items()}
+
+
+def test_offline_fit_writes_every_value_at_its_step_and_the_hyperparameters(tmp_path: Path) -> None:
+    logger = WandbLogger(name="first", save_dir=tmp_path, project="proj", prefix="p", tags=["a"])
+    assert logger.version is None and logger.name == "proj"  # nothing started yet
+    recorder = Recorder()
+    trainer = quiet_trainer(tmp_path, callbacks=[logger, recorder], max_epochs=2, log_every_n_steps=1)
+    trainer.fit(Scripted([0.3, 0.7]), *loaders())
+    run = logger.experiment
+    assert isinstance(run, wandb.Run)
+    assert (run.name, run.project, run.tags, logger.version) == ("first", "proj", ("a",), run.id)
+    assert (logger.save_dir, logger.log_dir) == (str(tmp_path), None)
+    assert dict(run.config) == {"lr": 0.1}
+    run.finish()
+    (path,) = run_files(tmp_path, run.id)
+    expected = {f"p-{key}": seen for key, seen in recorder.seen.items()}
+    got = series([path])
+    epochs = got.pop("p-epoch")
+    assert got == expected
+    assert [s for s, _ in epochs] == sorted({s for seen in recorder.seen.values() for s, _ in seen})
+
+
+def test_resume_after_kill_continues_the_same_run_without_repeating_or_losing_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = tracker_job.fit("wandb", tmp_path / "reference", str(tmp_path / "ref-files"), name="reference")
+    # The jobs start their own wandb helper (which dies with the killed job), not this process's.
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    job = [str(Path("tests/helpers/tracker_job.py")), "wandb", str(tmp_path / "job"), str(tmp_path / "files")]
+    killed = run_python([*job, "--kill-at", "8"], 600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = run_python([*job, "--resume"], 600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (run_id,) = {p.name.rsplit("-", 1)[1] for p in (tmp_path / "files" / "wandb").glob("offline-run-*")}
+    assert f"RUN {run_id}" in resumed.stdout
+    files = run_files(tmp_path / "files", run_id)
+    assert len(files) == 2  # one run, two sessions
+    assert series(files) == series(run_files(tmp_path / "ref-files", reference["run_id"]))
+
+
+def test_only_rank_zero_writes_under_ddp(tmp_path: Path) -> None:
+    results = spawn(tracker_job.ddp_fit, "wandb", str(tmp_path / "out"), str(tmp_path / "files"), world_size=2)
+    assert [r["experiment"] for r in results] == ["Run", "NoOpExperiment"]
+    (folder,) = (tmp_path / "files" / "wandb").glob("offline-run-*")
+    assert folder.name.endswith(results[0]["run_id"])
+    steps = [s for s, _ in series(run_files(tmp_path / "files", results[0]["run_id"]))["train/loss"]]
+    assert steps == list(range(results[0]["steps"]))
+
+
+def test_pickles_after_use_and_the_copy_writes_to_the_same_run(tmp_path: Path) -> None:
+    logger = WandbLogger(save_dir=tmp_path, project="pickle")
+    logger.log_metrics({"a": 1.0}, step=0)
+    run_id = logger.version
+    logger.experiment.finish()
+    copy = pickle.loads(pickle.dumps(logger))
+    assert copy.version == run_id
+    copy.log_metrics({"a": 2.0}, step=1)
+    copy.experiment.finish()
+    assert series(run_files(tmp_path, run_id)) == {"a": [(0, 1.0), (1, 2.0)]}
+
+
+def test_offline_with_log_model_is_refused_and_a_missing_package_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ValueError, match="offline run cannot upload checkpoints"):
+        WandbLogger(offline=True, log_model=True)
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'geartrain\[wandb\]'"):
+        WandbLogger()
