@@ -21,8 +21,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# pytest-xdist: one worker per core (TEST_WORKERS=0 runs in this process). A file's tests stay together
+# (--dist loadfile), so a module's shared process group or trained run is made once, by one worker.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

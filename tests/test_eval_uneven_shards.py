@@ -69,17 +69,28 @@ def job(root: str, n_val: int, ddp: bool) -> dict[str, Any]:
     return {"validate": validated, "fit": after_fit}
 
 
-def ddp_job(root: str, n_val: int) -> dict[str, Any]:
-    return job(root, n_val, ddp=True)
+N_VALS = (1, 3)  # one sample: rank 1 has no batch at all; three: rank 0 has two batches, rank 1 one
+
+
+def ddp_jobs(root: str) -> dict[int, dict[str, Any]]:
+    """:func:`job` under DDP for each of ``N_VALS``, one after the other in the same two ranks."""
+    return {n_val: job(f"{root}/{n_val}", n_val, ddp=True) for n_val in N_VALS}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[int, dict[str, Any]]]:
+    """One pair of gloo processes runs every validation-set size; its results, per rank."""
+    return spawn(ddp_jobs, str(tmp_path_factory.mktemp("ddp")), world_size=2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("n_val", [1, 3])
-def test_an_empty_or_uneven_validation_shard_completes_with_one_process_values(tmp_path: Path, n_val: int) -> None:
-    # One sample: rank 1 has no batch at all. Three: rank 0 has two batches, rank 1 one.
+@pytest.mark.parametrize("n_val", N_VALS)
+def test_an_empty_or_uneven_validation_shard_completes_with_one_process_values(
+    tmp_path: Path, n_val: int, two_ranks: list[dict[int, dict[str, Any]]]
+) -> None:
     one = job(str(tmp_path / "one"), n_val, ddp=False)
-    ranks = spawn(ddp_job, str(tmp_path / "ddp"), n_val, world_size=2)
+    ranks = [rank[n_val] for rank in two_ranks]
     keys = {"val/loss", "val/max", "val/abs_error"}
     for rank in ranks:
         assert rank["validate"].keys() == one["validate"].keys() == keys

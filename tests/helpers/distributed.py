@@ -4,6 +4,11 @@
 elastic launcher (as torchrun would: RANK, WORLD_SIZE, MASTER_ADDR/PORT and TORCHELASTIC_RUN_ID are
 set, so strategies join them) and returns one result per rank. ``fn`` must be importable by name
 (defined at module level in an importable module).
+
+The ranks are forked from a multiprocessing fork server that imported torch and this project once
+per test session (:data:`PRELOAD`), instead of each rank starting a new interpreter and importing
+torch again: process start-up is paid once, while every call still gets new processes and a new
+process group. Each rank takes the caller's environment of the moment, as a spawned one would.
 """
 
 from __future__ import annotations
@@ -30,28 +35,49 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: Modules the fork server imports before it forks any rank (the ranks' jobs import the rest).
+PRELOAD = ["torch", "torch.distributed", "torchmetrics", "trainer", "strategies", "callbacks", "tests.helpers.jobs"]
+
+#: Variables the elastic launcher sets for each rank; every other variable comes from the caller.
+_LAUNCHER_KEYS = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+     "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+     "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+)  # fmt: skip
+
+
 def spawn(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` ranks; return their results in rank order."""
+    import multiprocessing
+
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # Takes effect when the fork server starts, at the first call of the session; later calls reuse it.
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=world_size,
         run_id=f"test-{os.getpid()}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        # Port 0: the rendezvous store binds a free port itself (no race with other test workers).
+        rdzv_endpoint="127.0.0.1:0",
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method="forkserver",
     )
     with restored_environment():
-        results = elastic_launch(config, _rank_main)(pickle.dumps((fn, args)))
+        results = elastic_launch(config, _rank_main)(pickle.dumps((fn, args, dict(os.environ))))
     return [pickle.loads(results[rank]) for rank in range(world_size)]
 
 
 def _rank_main(payload: bytes) -> bytes:
-    fn, args = pickle.loads(payload)
+    fn, args, environ = pickle.loads(payload)
+    # A forked rank holds the fork server's environment, set when the session's first call started
+    # it: take the caller's instead, keeping what the launcher set for this rank.
+    ours = {k: v for k, v in os.environ.items() if k in _LAUNCHER_KEYS or k.startswith("TORCHELASTIC_")}
+    os.environ.clear()
+    os.environ.update({k: v for k, v in environ.items() if k not in _LAUNCHER_KEYS}, **ours)
     return pickle.dumps(fn(*args))
 
 
