@@ -194,8 +194,14 @@ def test_lightnings_loggers_resolve_under_the_tree(name: str) -> None:
 
 
 def test_a_logger_geartrain_lacks_is_refused_when_built() -> None:
-    with pytest.raises(NotImplementedError, match=r"WandbLogger is not supported yet.*subclass callbacks\.Logger"):
-        pl.loggers.WandbLogger(project="x")
+    with pytest.raises(NotImplementedError, match=r"CometLogger"):
+        pl.loggers.CometLogger(project="x")
+
+
+def test_the_trackers_geartrain_has_are_its_own_classes() -> None:
+    import callbacks
+
+    assert pl.loggers.WandbLogger is callbacks.WandbLogger and pl.loggers.MLFlowLogger is callbacks.MLFlowLogger
 
 
 def test_importing_the_tree_does_not_import_the_trainer() -> None:

@@ -93,7 +93,7 @@ def check_shapes(path: Path, state: Mapping[str, Any]) -> None:
             "edited; resume from another checkpoint"
         )
 
-    for key in ("optimizers", "lr_schedulers"):
+    for key in ("optimizer_states", "lr_schedulers"):
         entries = state.get(key, [])
         if not isinstance(entries, (list, tuple)) or not all(isinstance(e, Mapping) for e in entries):
             raise refuse(key, entries, "a list of state dicts")
@@ -107,8 +107,10 @@ def check_shapes(path: Path, state: Mapping[str, Any]) -> None:
         if f.type in (bool, "bool"):
             if not isinstance(value, bool):
                 raise refuse(f"progress.{f.name}", value, "True or False")
-        elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise refuse(f"progress.{f.name}", value, "a whole number from 0")
+        else:  # counters from 0; a counter whose default is -1 (validated_at: "none yet") from -1
+            low = min(0, f.default) if isinstance(f.default, int) else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise refuse(f"progress.{f.name}", value, f"a whole number from {low}")
 
 
 def check_resumable(path: Path, state: Mapping[str, Any], trainer: Trainer) -> None:
