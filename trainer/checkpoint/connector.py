@@ -17,12 +17,11 @@ from trainer.checkpoint.files import (
     FORMAT_NAME,
     FORMAT_VERSION,
     AsyncCheckpointWriter,
-    load_checkpoint,
     write_checkpoint,
 )
 from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
-from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
-from trainer.checkpoint.sharded import PendingSave, complete_path, param_names, read_directory
+from trainer.checkpoint.reader import read_any
+from trainer.checkpoint.sharded import PendingSave, complete_path, param_names
 from trainer.common.errors import CheckpointError
 from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
 from trainer.common.rng import rng_state, set_rng_state
@@ -307,7 +306,7 @@ class CheckpointConnector:
         path = self.resolve(ckpt_path)
         if path is None:
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
-        state = _read_any(path)
+        state = read_any(path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
         if state.get("plain_weights"):
@@ -359,25 +358,3 @@ class CheckpointConnector:
             self._trainer.strategy.load_model_state_dict(state_dict)
         except CheckpointError as err:
             raise CheckpointError(f"Cannot load the weights in {path}. {err}") from err
-
-
-def _read_any(path: Path) -> dict[str, Any]:
-    """A geartrain checkpoint, a plain state dict, or a Lightning 2.x checkpoint as geartrain's dict.
-
-    A sharded directory gives its trainer state, with ``"sharded_directory"`` naming where its tensors are.
-    """
-    path = complete_path(path)  # after a kill between a save's two renames, the checkpoint set aside
-    if path.is_dir():
-        return read_directory(path)
-    try:
-        state = load_checkpoint(path, plain_weights=True)
-    except CheckpointError:
-        raw = read_checkpoint(path)  # Lightning's files may hold its AttributeDict, allowed by name there
-        if is_lightning_checkpoint(raw):
-            return lightning_resume_state(raw)
-        raise
-    if state.get("plain_weights"):  # Lightning's files also hold a "state_dict": tell them apart
-        raw = read_checkpoint(path)
-        if is_lightning_checkpoint(raw):
-            return lightning_resume_state(raw)
-    return state

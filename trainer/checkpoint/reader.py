@@ -1,0 +1,48 @@
+"""The one reader: any checkpoint a run may be given, read once and recognised once.
+
+``Trainer.fit/validate/test/predict(ckpt_path=...)`` reads through :func:`read_any`: a sharded
+directory (its trainer state; the tensors stay in the shards), or a file loaded once with
+``weights_only=True`` and then recognised from what it holds, in this order: a geartrain checkpoint
+(its format version checked, older layouts upgraded), a Lightning 2.x checkpoint (turned into
+geartrain's dict), a plain PyTorch state dict (weights only). Anything else is refused naming what
+the file holds. The safety checks (what is at the path, why ``torch.load`` refused it) are
+:mod:`trainer.checkpoint.safety`'s, called from the loaders used here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION, check_version
+from trainer.checkpoint.layout import upgrade
+from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
+from trainer.checkpoint.sharded import complete_path, read_directory
+from trainer.common.errors import CheckpointError
+from trainer.common.state_dict import plain_state_dict
+
+__all__ = ["read_any"]
+
+
+def read_any(path: str | Path) -> dict[str, Any]:
+    """Read ``path`` once and return it as geartrain's checkpoint dict (see the module docstring).
+
+    A plain state dict comes back as ``{"state_dict": ..., "plain_weights": True}``; a sharded
+    directory's dict names its shards under ``"sharded_directory"``.
+    """
+    path = complete_path(Path(path))  # after a kill between a save's two renames, the checkpoint set aside
+    if path.is_dir():
+        return read_directory(path)
+    state = read_checkpoint(path)  # one torch.load (weights_only; Lightning's AttributeDict allowed by name)
+    if state.get("format") == FORMAT_NAME:
+        check_version(path, state.get("version"))
+        return upgrade(state)
+    if is_lightning_checkpoint(state):
+        return lightning_resume_state(state)
+    weights = plain_state_dict(state)
+    if weights is not None:
+        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
+    raise CheckpointError(
+        f"{path} is not a checkpoint geartrain reads (no format={FORMAT_NAME!r} entry, no Lightning keys and no "
+        f"state dict; found {sorted(state)[:10]}). To load plain weights use module.load_state_dict(torch.load(path))."
+    )
