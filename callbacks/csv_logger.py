@@ -154,4 +154,8 @@ class CSVLogger(Logger):
         self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
         if self._writes:
-            self.log_metrics({"epoch": trainer.current_epoch, **{k: float(v) for k, v in metrics.items()}}, step)
+            values = {k: float(v) for k, v in metrics.items() if k != "epoch"}
+            epoch = (
+                int(metrics["epoch"]) if "epoch" in metrics else trainer.current_epoch
+            )  # a whole number, as Lightning's
+            self.log_metrics({"epoch": epoch, **values}, step)

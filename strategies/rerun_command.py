@@ -28,7 +28,9 @@ def check_rerunnable(strategy: str) -> None:
     main_file = getattr(__main__, "__file__", None)
     spec = getattr(__main__, "__spec__", None)
     interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
-    if interactive or argv0 in ("", "-", "-c") or (main_file is None and spec is None):
+    # A test running (pytest sets PYTEST_CURRENT_TEST; its xdist workers are ``python -c``): said as pytest.
+    in_pytest = "pytest" in sys.modules and "PYTEST_CURRENT_TEST" in os.environ
+    if not in_pytest and (interactive or argv0 in ("", "-", "-c") or (main_file is None and spec is None)):
         where = "python -c" if argv0 == "-c" else "an interactive session or notebook" if argv0 != "-" else "python -"
         raise UserError(
             f"strategy={strategy!r} runs the script again for every other rank, and {where} has no script to "
@@ -36,7 +38,7 @@ def check_rerunnable(strategy: str) -> None:
             "strategy='ddp_notebook' (processes forked from this one)"
         )
     name = (spec.name if spec is not None else Path(argv0).name).split(".")[0]
-    if name in ("pytest", "py", "_pytest") or Path(argv0).name in ("pytest", "py.test"):
+    if in_pytest or name in ("pytest", "py", "_pytest") or Path(argv0).name in ("pytest", "py.test"):
         raise UserError(
             f"strategy={strategy!r} runs the script again for every other rank, and this process runs pytest "
             "(every rank would run the test session again). In tests use strategy='ddp_spawn' (the module, "

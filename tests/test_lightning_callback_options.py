@@ -149,7 +149,11 @@ def test_early_stopping_check_on_train_epoch_end_false_checks_after_each_validat
     after_validation = EarlyStopping("val/score", patience=1, check_on_train_epoch_end=False)
     trainer = _fit([after_validation], Scripted([1.0, 1.0, 1.0]), max_epochs=3, val_check_interval=2)
     assert after_validation.stopped_epoch == 0 and trainer.global_step == 4  # 2nd validation of epoch 0
-    at_epoch_end = EarlyStopping("val/score", patience=1)
+    # The default (None) is Lightning's rule: validation runs more than once an epoch, so it checks after each too.
+    default = EarlyStopping("val/score", patience=1)
+    trainer = _fit([default], Scripted([1.0, 1.0, 1.0]), max_epochs=3, val_check_interval=2)
+    assert default.stopped_epoch == 0 and trainer.global_step == 4
+    at_epoch_end = EarlyStopping("val/score", patience=1, check_on_train_epoch_end=True)
     trainer = _fit([at_epoch_end], Scripted([1.0, 1.0, 1.0]), max_epochs=3, val_check_interval=2)
     assert at_epoch_end.stopped_epoch == 1 and trainer.global_step == 8
 

@@ -120,7 +120,11 @@ def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: An
         ({"max_epochs": -2}, ValueError, "max_epochs must be >= -1 or None, got -2"),
         ({"max_steps": -3}, ValueError, "max_steps must be >= -1, got -3"),
         ({"fast_dev_run": -1}, ValueError, "fast_dev_run must be a bool or a positive int, got -1"),
-        ({"strategy": "nope"}, ValueError, "Unknown strategy 'nope'; valid names: auto, single, dp, ddp, amp, fsdp"),
+        (
+            {"strategy": "nope"},
+            ValueError,
+            "Unknown strategy 'nope'; valid names: auto, amp, ddp, dp, fsdp, model_parallel, single",
+        ),
         ({"strategy": 3}, TypeError, "strategy must be a name or a Strategy instance, got int"),
         ({"strategy": "single", "precision": "8"}, ValueError, "Unknown precision '8'; expected one of 32-true"),
         ({"strategy": "single", "devices": 2}, ValueError, "strategy='single' runs on one device; got devices=2"),

@@ -347,7 +347,8 @@ class Trainer(TrainerAttributes):
         (default: the index of the last optimizer step). They do not enter ``callback_metrics``.
         """
         values = {key: torch.as_tensor(value) for key, value in metrics.items()}
-        self.metric_router.emit(values, max(self.global_step - 1, 0) if step is None else step)
+        # As a Lightning callback's logger.log_metrics call: the row carries no ``epoch`` of its own.
+        self.metric_router.emit(values, max(self.global_step - 1, 0) if step is None else step, with_epoch=False)
 
     def run_trial(self, callback: Callback, steps: int, reload_dataloaders: bool = False) -> None:
         """Train ``steps`` steps with only ``callback`` listening, then restore the run exactly (finders use it).
