@@ -28,13 +28,13 @@ from trainer import DataModule, TrainModule
 
 
 class Ramp(DataModule):
-    def __init__(self, path=None):
+    def __init__(self, cache=None):
         super().__init__()
-        self.path = path
+        self.cache = cache
 
     def setup(self, stage):
-        if self.path is not None:
-            torch.load(self.path)
+        if self.cache is not None:  # the user's own code failing (data.path would be refused before it runs)
+            torch.load(self.cache)
         x = torch.linspace(-1, 1, 64).unsqueeze(1)
         self.train_set, self.val_set = TensorDataset(x, 3 * x), TensorDataset(x[::8], 3 * x[::8])
 
@@ -82,8 +82,8 @@ CASES = {
         "callbacks.model_checkpoint.mode=min",
         "strategy=ddp",
     ],
-    "error_in_own_code": [*OWN, "data.path=missing.pt"],
-    "error_in_own_code_ddp": [*OWN, "data.path=missing.pt", "strategy=ddp", "trainer.devices=2"],
+    "error_in_own_code": [*OWN, "data.cache=missing.pt"],
+    "error_in_own_code_ddp": [*OWN, "data.cache=missing.pt", "strategy=ddp", "trainer.devices=2"],
 }
 
 
@@ -121,7 +121,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tup
                 proc.wait()
 
 
-RAMP = "_target_: my_project.net.Ramp\npath: null\n"
+RAMP = "_target_: my_project.net.Ramp\ncache: null\n"
 
 
 @pytest.mark.slow
