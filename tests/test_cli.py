@@ -166,4 +166,4 @@ def test_ckpt_path_last_on_the_first_start_trains_from_scratch(tmp_path: Path) -
     )
     second = run_geartrain("task=fit", "ckpt_path=last", *quick, "trainer.max_epochs=2", *QUICK[1:], cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "ckpt_path=last: using" in second.stdout and "no last checkpoint" not in second.stderr
+    assert "ckpt_path=last: resuming" in second.stdout and "no last checkpoint" not in second.stderr

@@ -54,9 +54,10 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
                 state[new] = state.pop(old)
     progress = state.get("progress")
     if isinstance(progress, Mapping):
-        finished = bool(progress.get("epoch_finished", False))
-        state.setdefault("epoch", int(progress.get("epoch", 0)) + (1 if finished else 0))
-        state.setdefault("global_step", int(progress.get("global_step", 0)))
+        epoch, step = progress.get("epoch", 0), progress.get("global_step", 0)
+        if isinstance(epoch, int) and isinstance(step, int):  # values of a wrong type: the resume checks name them
+            state.setdefault("epoch", epoch + (1 if progress.get("epoch_finished") is True else 0))
+            state.setdefault("global_step", step)
     return state
 
 
