@@ -63,7 +63,9 @@ def test_batch_indices_are_the_samplers_and_the_epoch_gets_them_all(tmp_path: Pa
     assert sorted(x for batch in indices for x in batch) == list(range(21))  # type: ignore[union-attr]
     assert indices != sorted(indices)  # shuffled: the recorded order is the sampler's, not 0..20
     joined = join_predictions([tmp_path / "rank0.pt"])
-    assert torch.equal(joined, torch.cat(expected))  # type: ignore[arg-type]
+    # In the sampler's order again: a row out of place differs by far more than the last bits, which a
+    # linear layer may round differently in batches of other rows (the CPU's kernels choose by shape).
+    torch.testing.assert_close(joined, torch.cat(expected), rtol=1e-6, atol=1e-6)  # type: ignore[arg-type]
 
 
 def test_write_interval_is_checked() -> None:
@@ -83,4 +85,4 @@ def test_ddp_shards_join_into_one_process_predictions_in_order(tmp_path: Path) -
     assert [p.name for p in shards] == ["rank0.pt", "rank1.pt"]
     sizes = [sum(len(b) for b in torch.load(p, weights_only=True)["batch_indices"]) for p in shards]
     assert sizes == [11, 10]  # 21 samples: uneven shards, no padded duplicate
-    assert torch.equal(join_predictions(shards), expected)
+    torch.testing.assert_close(join_predictions(shards), expected, rtol=1e-6, atol=1e-6)  # order, see above
