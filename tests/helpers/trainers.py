@@ -48,4 +48,8 @@ def spawned(name: str) -> Any:
     """
     from strategies.registry import build_strategy
 
-    return build_strategy(name, start_method="spawn") if name != "single" else name
+    if name == "single":
+        return name
+    strategy = build_strategy(name)  # FSDP's and model_parallel's constructors take no start_method: set it
+    strategy.start_method = "spawn"  # type: ignore[attr-defined]
+    return strategy
