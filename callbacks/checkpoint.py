@@ -305,7 +305,10 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         replaces = [old for old in evict if old not in (path, self.last_model_path)]
         # A last name that changes (CHECKPOINT_NAME_LAST with a field) leaves one last file, as Lightning.
         moved = self.save_last and previous_last and previous_last != self.last_model_path
-        if moved and previous_last not in self.best_k_models and previous_last != path:
+        # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
+        # names the earlier run's file, which is that run's to keep.
+        ours = bool(previous_last) and Path(previous_last).parent == Path(self._last_path(trainer)).parent
+        if moved and ours and previous_last not in self.best_k_models and previous_last != path:
             replaces.append(previous_last)
         # "link": a symbolic link to the file just written, below; with async_save the writer thread
         # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.

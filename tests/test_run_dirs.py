@@ -171,6 +171,11 @@ def test_a_resumed_sweep_resumes_each_job_from_its_own_state(tmp_path: Path) -> 
         overrides = (Path(path).parents[1] / ".hydra" / "overrides.yaml").read_text()
         assert f"optim.lr={lr}" in overrides
         assert torch.load(path, weights_only=True)["progress"]["global_step"] == 2
-    for job in run_dirs(tmp_path, "multirun/*/*/*"):
-        if "max_epochs=2" in (job / ".hydra" / "overrides.yaml").read_text():
-            assert torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)["progress"]["global_step"] == 4
+    # Each job went on from its own state to step 4 (in the folder the resume chose for it).
+    for lr in ("0.001", "0.5"):
+        steps = [
+            torch.load(last, weights_only=True)["progress"]["global_step"]
+            for last in tmp_path.glob("multirun/*/*/*/checkpoints/last.ckpt")
+            if f"optim.lr={lr}" in (last.parents[1] / ".hydra" / "overrides.yaml").read_text()
+        ]
+        assert max(steps) == 4, (lr, steps)
