@@ -138,3 +138,20 @@ def test_help_lists_every_group(tmp_path: Path) -> None:
         assert group in listed, f"geartrain --help does not mention the {group} group"
         for option in options(group):
             assert option in listed[group], f"geartrain --help does not mention {group}={option}"
+
+
+@pytest.mark.parametrize("name", ["ddp_spawn", "fsdp"])
+def test_a_composed_config_unpickles_in_a_fresh_process(name: str) -> None:
+    """``ddp_spawn`` hands the run's config to its processes: the derived schema classes must be findable by name."""
+    import pickle
+    import subprocess
+    import sys
+
+    payload = pickle.dumps(make(f"strategy={name}", "trainer.max_epochs=3"))
+    code = (
+        "import pickle, sys; cfg = pickle.loads(sys.stdin.buffer.read()); "
+        "print(cfg.trainer.max_epochs, cfg.strategy.name, type(cfg.trainer._metadata.object_type).__name__)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, check=False)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert result.stdout.decode().split()[:2] == ["3", name]

@@ -38,7 +38,7 @@ def trainer_schema() -> type:
     from trainer.trainer import Trainer
 
     fields = _fields(Trainer, exclude=NOT_IN_TRAINER_GROUP)
-    return make_dataclass("TrainerConfig", fields, namespace={"__post_init__": _check_trainer_values})
+    return _named(make_dataclass("TrainerConfig", fields, namespace={"__post_init__": _check_trainer_values}))
 
 
 def _check_trainer_values(cfg: Any) -> None:
@@ -74,7 +74,32 @@ def strategy_schema(cls: type, name: str, implied: dict[str, Any] | None = None)
         ("name", str, field(default=name)),
         *_fields(cls, implied=implied or {}),
     ]
-    return make_dataclass(f"{cls.__name__}Config_{name}", fields)
+    return _named(make_dataclass(f"{cls.__name__}Config_{name}", fields))
+
+
+#: The derived schemas by class name: a config composed from one carries its class, and pickling that
+#: config (``ddp_spawn`` hands the run's config to its processes) looks the class up in this module.
+_DERIVED: dict[str, type] = {}
+
+
+def _named(schema: type) -> type:
+    """Make a derived schema findable as ``trainer.cli.config.<name>``, as pickle looks a class up."""
+    schema.__module__ = __name__
+    schema.__qualname__ = schema.__name__
+    _DERIVED[schema.__name__] = schema
+    return schema
+
+
+def __getattr__(name: str) -> type:
+    """A derived schema by name, derived first if this process has not yet (an unpickling process)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name not in _DERIVED:
+        _derive_all()
+    try:
+        return _DERIVED[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 def _fields(
@@ -156,16 +181,26 @@ class SGDOptimConfig(OptimConfig):
             raise ValueError(f"optim.momentum must be >= 0, got {self.momentum}")
 
 
+def _derive_all() -> tuple[type, dict[str, type]]:
+    """The trainer group's schema and each strategy name's, derived from their constructors."""
+    from strategies.registry import own_aliases, strategy_classes
+
+    strategies = {
+        name: strategy_schema(cls, name, implied)
+        for cls in strategy_classes().values()
+        for name, implied in {cls.name: {}, **own_aliases(cls)}.items()
+    }
+    return trainer_schema(), strategies
+
+
 def register_configs() -> None:
     """Put the schemas into Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    from strategies.registry import own_aliases, strategy_classes
-
     cs = ConfigStore.instance()
-    cs.store(group="schema/trainer", name="trainer", node=trainer_schema())
-    for cls in strategy_classes().values():
-        for name, implied in {cls.name: {}, **own_aliases(cls)}.items():
-            cs.store(group="schema/strategy", name=name, node=strategy_schema(cls, name, implied))
+    trainer, strategies = _derive_all()
+    cs.store(group="schema/trainer", name="trainer", node=trainer)
+    for name, schema in strategies.items():
+        cs.store(group="schema/strategy", name=name, node=schema)
     cs.store(group="schema/optim", name="adamw", node=OptimConfig)
     cs.store(group="schema/optim", name="sgd", node=SGDOptimConfig)
