@@ -210,6 +210,34 @@ def test_a_study_goes_on_past_failed_trials_and_says_why(tmp_path: Path) -> None
     assert "Best parameters" in output  # the study finished over the trials that trained
 
 
+ALWAYS_NAN = """
+from examples.digits import DigitsClassifier
+
+
+class AlwaysNan(DigitsClassifier):
+    def training_step(self, batch, batch_idx):
+        raise FloatingPointError("the loss is nan at step 0")
+"""
+
+
+def test_a_study_whose_every_trial_fails_ends_with_the_tally_not_a_traceback(tmp_path: Path) -> None:
+    """Optuna's sweeper asks for the best trial at the end; with none it raised through a chained traceback."""
+    from tests.helpers.cli import run_geartrain
+
+    (tmp_path / "always_nan.py").write_text(ALWAYS_NAN)
+    result = run_geartrain(
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", "model._target_=always_nan.AlwaysNan",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
+        cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output and "No trials are completed" not in output, output[-3000:]
+    assert "study: every trial failed (2), so it has no best parameters:" in output, output[-3000:]
+    assert output.count("FloatingPointError: the loss is nan at step 0") == 2, output[-3000:]
+
+
 def test_a_config_mistake_still_ends_the_study_at_the_first_trial(tmp_path: Path) -> None:
     from tests.helpers.cli import run_geartrain
 

@@ -44,11 +44,19 @@ class TrialSummary(Callback):
                 report(message)
                 raise SystemExit(1)
             self.failed.append(f"trial {number} ({params}): {_reason(err)}")
-            return
+            if self.trials == config.hydra.sweeper.get("n_trials") and len(self.failed) == self.trials:
+                # The sweeper would end with "No trials are completed yet" through a chained traceback.
+                self.on_multirun_end(config)
+                raise SystemExit(1)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         """One line for the study, then one per failed trial."""
         if not self.failed:
+            return
+        if len(self.failed) == self.trials:
+            print(f"study: every trial failed ({self.trials}), so it has no best parameters:", file=sys.stderr)
+            for line in self.failed:
+                print(f"  {line}", file=sys.stderr)
             return
         print(f"study: {len(self.failed)} of {self.trials} trials failed:", file=sys.stderr)
         for line in self.failed:
