@@ -56,6 +56,35 @@ def test_help_shows_groups_and_overrides(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("args", [("--help",), ("--cfg", "job"), ("task=fit", "trainer.max_epochs=1")])
+def test_a_reader_that_closes_the_pipe_ends_the_command_without_a_traceback(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """``geartrain --help | head -n 12`` (the README's): the reader may leave before the page is written."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import REPO_ROOT
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has left before anything is written: every write fails with EPIPE
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "trainer", *args], cwd=tmp_path, env=env, stdout=write, stderr=subprocess.PIPE,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    if args[0].startswith("-"):  # printing only: the reader took what it wanted
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:  # a job says why it stopped
+        assert result.returncode == 1 and "closed it" in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_user_project_with_its_own_config_dir(tmp_path: Path) -> None:
     pkg = tmp_path / "my_project"
     pkg.mkdir()

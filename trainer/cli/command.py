@@ -23,10 +23,30 @@ def main() -> None:
     A process of a group of several (torchrun, srun) ends with :func:`leave_group_process`."""
     try:
         _main()
+    except BrokenPipeError:
+        _reader_left()
     except SystemExit as exc:
         leave_group_process(exc.code)
         raise
     leave_group_process(0)
+
+
+#: Options that only print (the help page, the composed config): a reader that stops early got what it asked for.
+_PRINT_ONLY = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--version"}
+
+
+def _reader_left() -> None:
+    """Stdout was a pipe whose reader stopped reading (``geartrain --help | head``): end without a traceback.
+
+    Stdout is pointed at ``/dev/null`` so the interpreter's last flush cannot fail again. Printing
+    commands end with 0, as the reader took what it wanted; a job ends with 1 and says why on stderr.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if any(arg in _PRINT_ONLY for arg in sys.argv[1:]):
+        sys.exit(0)
+    print("geartrain: stopped: the program reading its output through a pipe closed it", file=sys.stderr)
+    sys.exit(1)
 
 
 def leave_group_process(code: Any) -> None:
