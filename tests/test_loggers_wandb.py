@@ -142,6 +142,9 @@ def test_pickles_after_use_and_the_copy_writes_to_the_same_run(tmp_path: Path) -
     logger.experiment.finish()
     copy = pickle.loads(pickle.dumps(logger))
     assert copy.version == run_id
+    # wandb names an offline session's folder by the second it starts in: a second session of the run in
+    # the same second shares the first one's folder and file (wandb's), so this one starts in the next.
+    time.sleep(1.05 - time.time() % 1)
     copy.log_metrics({"a": 2.0}, step=1)
     copy.experiment.finish()
     assert series(run_files(tmp_path, run_id)) == {"a": [(0, 1.0), (1, 2.0)]}
