@@ -117,6 +117,26 @@ class TrackerLogger(Logger):
     def _record_run_context(self, context: dict[str, str], config: dict[str, Any] | None) -> None:
         """Record where the run's files are (``context``) and the resolved config of the ``geartrain`` command."""
 
+    # ----------------------------------------------------------------- Lightning's properties
+    @property
+    @override
+    def root_dir(self) -> str | None:  # type: ignore[override]
+        """``None``, as Lightning's: the files live in the tracker."""
+        return None
+
+    @property
+    @override
+    def log_dir(self) -> str | None:  # type: ignore[override]
+        """``None``, as Lightning's: the files live in the tracker (``trainer.log_dir`` looks further)."""
+        return None
+
+    @override
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for another process (``ddp_spawn``): without the checkpoint callbacks it would upload for."""
+        state = self.__dict__.copy()
+        state["_checkpoint_callbacks"] = []
+        return state
+
     # ----------------------------------------------------------------- Lightning's logger methods
     @override
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:

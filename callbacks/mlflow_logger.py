@@ -128,24 +128,11 @@ class MLFlowLogger(TrackerLogger):
         """The run's id."""
         return self.run_id
 
-    @property
-    @override
-    def root_dir(self) -> str | None:  # type: ignore[override]
-        """``None``, as Lightning's: the files live in the tracker."""
-        return None
-
-    @property
-    @override
-    def log_dir(self) -> str | None:  # type: ignore[override]
-        """``None``, as Lightning's: the files live in the tracker (``trainer.log_dir`` looks further)."""
-        return None
-
     @override
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_client"] = None  # holds a session and locks; the copy builds its own on first use
         state["_opened"] = self._opened and self._run_id is not None
-        state["_checkpoint_callbacks"] = []
         return state
 
     # ----------------------------------------------------------------- the run

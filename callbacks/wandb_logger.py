@@ -134,18 +134,6 @@ class WandbLogger(TrackerLogger):
         """The run's id (the given one until the run starts; starting it is not forced)."""
         return self._experiment.id if self._experiment is not None else self._run_id
 
-    @property
-    @override
-    def root_dir(self) -> str | None:  # type: ignore[override]
-        """``None``, as Lightning's."""
-        return None
-
-    @property
-    @override
-    def log_dir(self) -> str | None:  # type: ignore[override]
-        """``None``, as Lightning's (``trainer.log_dir`` looks further); the files: ``<save_dir>/wandb``."""
-        return None
-
     @override
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         super().setup(trainer, module, stage)
@@ -167,12 +155,11 @@ class WandbLogger(TrackerLogger):
 
     @override
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         if self._experiment is not None:
             state["_run_id"] = self._experiment.id  # the copy resumes the run by its id
         state["_experiment"] = None
         state["_journal"] = None
-        state["_checkpoint_callbacks"] = []
         return state
 
     # ----------------------------------------------------------------- the run
