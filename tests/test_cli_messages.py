@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_many
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -91,32 +90,14 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tup
     write_checkpoints(checkpoints)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
-    try:
-        for name, mistake in {**MISTAKES, "full_error": FULL}.items():
-            cwd = tmp_path_factory.mktemp(name)
-            (cwd / "garbage.ckpt").write_bytes(b"not a checkpoint\n")
-            for file in ("adamw.ckpt", "no_progress.ckpt"):
-                shutil.copy(checkpoints / file, cwd / file)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer", "trainer.enable_progress_bar=false", *mistake.args],
-                cwd=cwd,
-                env={**env, **dict(mistake.env)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            running[name] = (proc, cwd)
-        results = {}
-        for name, (proc, cwd) in running.items():
-            output, _ = proc.communicate(timeout=240)
-            results[name] = (proc.returncode, output, cwd)
-        yield results
-    finally:
-        for proc, _ in running.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    jobs = {}
+    for name, mistake in {**MISTAKES, "full_error": FULL}.items():
+        cwd = tmp_path_factory.mktemp(name)
+        (cwd / "garbage.ckpt").write_bytes(b"not a checkpoint\n")
+        for file in ("adamw.ckpt", "no_progress.ckpt"):
+            shutil.copy(checkpoints / file, cwd / file)
+        jobs[name] = (cwd, ["trainer.enable_progress_bar=false", *mistake.args], dict(mistake.env))
+    yield run_many(jobs, timeout=240, env=env)
 
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))

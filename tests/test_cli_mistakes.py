@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_many
 from trainer.common.errors import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -103,31 +102,13 @@ class NanDigits(DigitsClassifier):
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, Path]]]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
-    try:
-        for name, mistake in MISTAKES.items():
-            cwd = tmp_path_factory.mktemp(name)
-            (cwd / "a_file").write_text("not a folder\n")
-            (cwd / "nan_model.py").write_text(NAN_MODEL)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer", "trainer.enable_progress_bar=false", *mistake.args],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            running[name] = (proc, cwd)
-        results = {}
-        for name, (proc, cwd) in running.items():
-            output, _ = proc.communicate(timeout=600)
-            results[name] = (proc.returncode, output, cwd)
-        yield results
-    finally:
-        for proc, _ in running.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    jobs = {}
+    for name, mistake in MISTAKES.items():
+        cwd = tmp_path_factory.mktemp(name)
+        (cwd / "a_file").write_text("not a folder\n")
+        (cwd / "nan_model.py").write_text(NAN_MODEL)
+        jobs[name] = (cwd, ["trainer.enable_progress_bar=false", *mistake.args], None)
+    yield run_many(jobs, timeout=600, env=env)
 
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_many
 from trainer import Trainer
 
 NET = """
@@ -91,34 +92,16 @@ CASES = {
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, Path]]]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     env.pop("HYDRA_FULL_ERROR", None)
-    running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
-    try:
-        for name, args in CASES.items():
-            cwd = tmp_path_factory.mktemp(name)
-            (cwd / "my_project").mkdir()
-            (cwd / "my_project" / "net.py").write_text(textwrap.dedent(NET))
-            for group, text in {"model/line": "_target_: my_project.net.Line\n", "data/ramp": RAMP}.items():
-                (cwd / "my_conf" / group).parent.mkdir(parents=True, exist_ok=True)
-                (cwd / "my_conf" / f"{group}.yaml").write_text(text)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer", *args],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            running[name] = (proc, cwd)
-        results = {}
-        for name, (proc, cwd) in running.items():
-            output, _ = proc.communicate(timeout=280)
-            results[name] = (proc.returncode, output, cwd)
-        yield results
-    finally:
-        for proc, _ in running.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    jobs = {}
+    for name, args in CASES.items():
+        cwd = tmp_path_factory.mktemp(name)
+        (cwd / "my_project").mkdir()
+        (cwd / "my_project" / "net.py").write_text(textwrap.dedent(NET))
+        for group, text in {"model/line": "_target_: my_project.net.Line\n", "data/ramp": RAMP}.items():
+            (cwd / "my_conf" / group).parent.mkdir(parents=True, exist_ok=True)
+            (cwd / "my_conf" / f"{group}.yaml").write_text(text)
+        jobs[name] = (cwd, args, None)
+    yield run_many(jobs, timeout=280, env=env)
 
 
 RAMP = "_target_: my_project.net.Ramp\ncache: null\n"

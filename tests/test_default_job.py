@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_many
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -31,29 +30,9 @@ TIMEOUT_S = 240
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, Path]]]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # the checkout under test, not an install
-    running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
-    try:
-        for name, args in JOBS.items():
-            cwd = tmp_path_factory.mktemp(name)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer", *args],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            running[name] = (proc, cwd)
-        results = {}
-        for name, (proc, cwd) in running.items():
-            output, _ = proc.communicate(timeout=TIMEOUT_S)
-            results[name] = (proc.returncode, output, cwd)
-        yield results
-    finally:
-        for proc, _ in running.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    yield run_many(
+        {name: (tmp_path_factory.mktemp(name), args, None) for name, args in JOBS.items()}, timeout=TIMEOUT_S, env=env
+    )
 
 
 def stated_range(page: Path) -> tuple[float, float]:

@@ -31,3 +31,39 @@ def run_geartrain(
 def run_dirs(base: Path, pattern: str = "outputs/*/*") -> list[Path]:
     """Hydra run directories (those holding ``.hydra/``) under ``base``."""
     return sorted(p for p in base.glob(pattern) if (p / ".hydra").is_dir())
+
+
+#: A job of :func:`run_many`: its folder, its ``geartrain`` arguments and its extra environment.
+Job = tuple[Path, "list[str] | tuple[str, ...]", "dict[str, str] | None"]
+
+
+def run_many(jobs: dict[str, Job], *, timeout: float, env: dict[str, str]) -> dict[str, tuple[int, str, Path]]:
+    """``python -m trainer ARGS`` for every job at once, each in its own folder; wait for all.
+
+    Returns (exit code, stdout and stderr together, folder) by the job's name. The jobs overlap, so a
+    batch costs about its longest job; any still running when this returns by an error are killed.
+    """
+    running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+    try:
+        for name, (cwd, args, extra) in jobs.items():
+            running[name] = (
+                subprocess.Popen(
+                    [sys.executable, "-m", "trainer", *args],
+                    cwd=cwd,
+                    env={**env, **(extra or {})},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                ),
+                cwd,
+            )
+        results = {}
+        for name, (proc, cwd) in running.items():
+            output, _ = proc.communicate(timeout=timeout)
+            results[name] = (proc.returncode, output, cwd)
+        return results
+    finally:
+        for proc, _ in running.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
