@@ -318,7 +318,7 @@ def test_hook_order_matches_lightning(stage: str, lightning: list[str]) -> None:
 
 
 # Module (bare), a callback (``cb.``) and a ModelCheckpoint subclass (``ckpt.``), recorded from Lightning 2.6.6
-# by tests/data/lightning/record_hook_dispatch.py (fit: one epoch of 2 batches, a sanity check of 1;
+# by ``tests/data/lightning/record_hook_order.py dispatch STAGE`` (fit: one epoch of 2 batches, a sanity check of 1;
 # resume: one more epoch from last.ckpt).
 LIGHTNING_DISPATCH_FIT = [
     "cb.setup",
