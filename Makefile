@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: train test lint bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py geartrain-excepthook.pth constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# constraints.txt pins the CPU build of torch and every other package, so CI is fast and repeatable.

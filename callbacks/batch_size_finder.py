@@ -106,7 +106,8 @@ class BatchSizeFinder(Callback):
             set_attr(pl_module, name, size)
             trainer.run_trial(_NoOp(), 0, reload_dataloaders=True)  # no steps: the loader is rebuilt at this size
         self.optimal_batch_size = size
-        log.info("scale_batch_size: batch size %d", size)
+        if not self._early_exit:  # hosted by the Tuner, whose caller reports the size (the command prints it)
+            log.info("scale_batch_size: batch size %d", size)
 
     def _run(self, trainer: Trainer, module: TrainModule, size: int) -> int:
         name = self._batch_arg_name

@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -149,7 +150,7 @@ def joined_environment() -> bool:
 
 
 #: The task of a forked launch: the workers inherit it in memory (key: the payload path).
-_FORKED_TASKS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}
+_FORKED_TASKS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Callable[..., str] | None]] = {}
 
 
 def start_processes(
@@ -199,10 +200,10 @@ def start_processes(
     # The caller's random state travels too: every worker starts where the caller stands, as
     # every rank of a torchrun job does after the same seed_everything() and the same set-up.
     if start_method == "fork":
-        _FORKED_TASKS[payload] = (fn, args, rng_state())
+        _FORKED_TASKS[payload] = (fn, args, rng_state(), None)
     else:
         with open(payload, "wb") as f:
-            pickle.dump((fn, args, rng_state()), f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump((fn, args, rng_state(), _warning_format()), f, protocol=pickle.HIGHEST_PROTOCOL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -268,6 +269,22 @@ def _recorded_cause(failure: Any) -> str:
     return message if isinstance(message, str) else ""
 
 
+def _warning_format() -> Callable[..., str] | None:
+    """The caller's ``warnings.formatwarning`` when it is not Python's own and can be pickled: the workers use it too.
+
+    The ``geartrain`` command shows geartrain's warnings in one line (``trainer.cli.trace.short_warnings``);
+    a spawned worker would otherwise print them with geartrain's file paths and source lines.
+    """
+    formatter = warnings.formatwarning
+    if formatter is getattr(warnings, "_formatwarning_orig", None):
+        return None
+    try:
+        pickle.dumps(formatter)
+    except Exception:  # a closure or lambda of the user's: the workers keep Python's form
+        return None
+    return formatter
+
+
 def _worker(payload: str) -> bytes | None:
     """What each started process runs: unpickle ``fn`` and ``args``, call it, send rank 0's result."""
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -291,10 +308,12 @@ def _run_payload(payload: str) -> bytes | None:
     import torch.distributed as dist
 
     if payload in _FORKED_TASKS:
-        fn, args, rng = _FORKED_TASKS[payload]
+        fn, args, rng, formatter = _FORKED_TASKS[payload]  # a forked worker has the caller's formatter already
     else:
         with open(payload, "rb") as f:
-            fn, args, rng = pickle.load(f)
+            fn, args, rng, formatter = pickle.load(f)
+    if formatter is not None:
+        warnings.formatwarning = formatter
     note_worker_pid(os.path.dirname(payload))  # where the launcher finds this process to pass a signal on
     # A Ctrl-C reaches a worker twice (from the terminal and from the launcher): the second copy must not
     # interrupt the handling of the first. (During fit the trainer notes SIGINT instead.)

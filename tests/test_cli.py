@@ -165,6 +165,12 @@ def test_sweep_gives_one_directory_per_job(tmp_path: Path) -> None:
 def test_submitit_local_launcher_runs_a_job(tmp_path: Path) -> None:
     result = run_geartrain("-m", "hydra/launcher=local", "task=fit", *QUICK, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    # The job's output is in a file, not on the console: said in one line as the sweep starts, with where.
+    (note,) = [line for line in result.stdout.splitlines() if line.startswith("hydra/launcher=local:")]
+    folder = re.search(r"goes to (\S+)/<job id>/<job id>_0_log\.out", note)
+    assert folder is not None, note
+    (log,) = (tmp_path / folder[1]).glob("*/*_0_log.out")
+    assert "final metrics" in log.read_text()
     (job,) = run_dirs(tmp_path, "multirun/*/*/*")
     assert list((job / "tensorboard").glob("events.out.tfevents.*"))
     ckpt = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)

@@ -85,3 +85,26 @@ def test_two_torchrun_nodes_form_one_world_of_four(tmp_path: Path) -> None:
     assert len(event_files(run)) == 1
     # 1,079 images over 4 processes at 64 per process and step: 5 steps per epoch.
     assert steps_in(run) == 5
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_every_rank_shows_geartrains_warnings_in_one_line(tmp_path: Path, strategy: str) -> None:
+    # A module with a submodule in eval mode: every rank warns as training starts (trainer/loops/fit.py).
+    (tmp_path / "frozen_net.py").write_text(
+        "import torch\n"
+        "from trainer.examples.digits import DigitsClassifier\n\n\n"
+        "class Frozen(DigitsClassifier):\n"
+        "    def __init__(self, **kwargs):\n"
+        "        super().__init__(**kwargs)\n"
+        "        self.frozen = torch.nn.Dropout().eval()\n"
+    )
+    result = run_geartrain(
+        *ONE_EPOCH, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=none",
+        "model._target_=frozen_net.Frozen", f"strategy={strategy}", "trainer.devices=2",
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    line = "geartrain: warning: 1 module(s) are in eval mode at the start of training (frozen)"
+    assert output.count(line) == 2, output[-3000:]  # once per rank
+    assert "fit.py" not in output and "PossibleUserWarning" not in output, output[-3000:]

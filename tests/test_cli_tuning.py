@@ -45,6 +45,23 @@ def test_scale_batch_size_task_prints_the_size_and_the_override(tmp_path: Path) 
 
 
 @pytest.mark.slow
+def test_scale_batch_size_task_says_it_once_and_never_more_than_the_training_set(tmp_path: Path) -> None:
+    from trainer.examples.digits import DigitsData
+
+    data = DigitsData()
+    data.setup("fit")
+    held = len(data.train_dataloader().dataset)  # type: ignore[arg-type]
+    assert 1024 < held < 2048  # doubling from 2 reaches 2048, a batch larger than the training set
+    args = ["task=scale_batch_size", "tuner.scale_batch_size.steps_per_trial=1"]
+    result = run_geartrain(*args, *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert f"geartrain data.batch_size={held}" in result.stdout
+    assert "2048" not in output
+    assert len(re.findall(r"scale_batch_size: ", output)) == 1, output
+
+
+@pytest.mark.slow
 def test_optuna_study_returns_each_trials_metric_and_logs_hparams(tmp_path: Path) -> None:
     result = run_geartrain(
         "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "trainer.limit_train_batches=5", *QUICK,

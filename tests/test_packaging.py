@@ -80,6 +80,8 @@ def test_wheel_builds_quietly_and_installed_trains_the_default_job(tmp_path: Pat
         "strategies",
         "callbacks",
     }
+    # Beside them, the start-up line that names a user's trainer.py hiding the package, and what it calls.
+    assert {n for n in names if "/" not in n} == {"geartrain-excepthook.pth", "_geartrain_excepthook.py"}
 
     # A real install into a fresh venv (its dependencies lent from this one by a .pth line, which pip
     # never reads for this checkout's editable hook): run from elsewhere, nothing of the checkout can help.
@@ -143,3 +145,9 @@ def test_wheel_builds_quietly_and_installed_trains_the_default_job(tmp_path: Pat
     )
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     assert "val/acc" in ran.stdout and list(elsewhere.glob("outputs/*/*/checkpoints/last.ckpt")), ran.stdout[-2000:]
+    (elsewhere / "trainer.py").write_text("from trainer import Trainer\n")
+    hidden = subprocess.run([str(python), "trainer.py"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert hidden.stderr.splitlines() == [
+        f"geartrain: {elsewhere / 'trainer.py'} hides geartrain's package 'trainer': rename it (e.g. my_trainer.py) "
+        "and its imports"
+    ]

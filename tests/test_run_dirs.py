@@ -88,6 +88,37 @@ def test_a_killed_run_leaves_its_folder_free(tmp_path: Path) -> None:
         pass
 
 
+def test_a_run_leaves_no_lock_file_however_it_ends(tmp_path: Path) -> None:
+    # A sweep: the first job trains and writes its files, the second fails on its config; the command ends in an error.
+    result = run_geartrain("-m", *QUICK, *QUIET, "data.batch_size=32,0", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert (run_dirs(tmp_path, "multirun/*/*/*")[0] / "checkpoints" / "last.ckpt").is_file()
+    result = run_geartrain(*QUICK, *QUIET, cwd=tmp_path)  # one run, ending well
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(run_dirs(tmp_path)) == 1
+    assert sorted(tmp_path.rglob(".geartrain.lock")) == []
+
+
+def test_a_lock_file_removed_by_its_ending_holder_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    lock, flock, calls = tmp_path / ".geartrain.lock", fcntl.flock, []
+    lock.write_text("pid 1 on a run now ending\n")
+
+    def holder_ends_between_open_and_lock(fd: int, operation: int) -> None:
+        if not calls:
+            lock.unlink()  # the live run removes its lock file as it ends, after this process opened it
+        calls.append(fd)
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", holder_ends_between_open_and_lock)
+    with locked_run_dir(tmp_path):
+        assert lock.read_text().startswith("pid ")  # the folder's lock file is the one held
+        with pytest.raises(ConfigError, match="in use by another live run"), locked_run_dir(tmp_path):
+            pass
+    assert not lock.exists()
+
+
 def _fake_run(folder: Path, overrides: list[str]) -> Path:
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))

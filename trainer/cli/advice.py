@@ -12,7 +12,9 @@ Three kinds of choices are read against what the user typed on the command line:
   which an own project may not log);
 - a parallel strategy left at ``devices=auto`` on a machine without GPUs runs one process: said in
   one line, with the override that starts more;
-- ``ckpt_path=last`` that continues training an earlier run continues it in that run's directory.
+- ``ckpt_path=last`` that continues training an earlier run continues it in that run's directory;
+- ``hydra/launcher=local`` runs each job in a process of its own whose output goes to a file: said
+  in one line as the sweep starts (:class:`LauncherNote`), as the console stays quiet until it ends.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
+
 from trainer.errors import ConfigError
 
 __all__ = [
+    "LauncherNote",
     "explicit_keys",
     "hold_explicit_monitors",
     "optim_is_used",
@@ -168,3 +173,19 @@ def resume_dir_overrides(args: Sequence[str], base: Path) -> list[str]:
     shown = run_dir.relative_to(base) if run_dir.is_relative_to(base) else run_dir
     print(f"ckpt_path=last: resuming {found}; the run continues in {shown} (its checkpoints and TensorBoard curves)")
     return [f"hydra.run.dir={run_dir.as_posix()}"]
+
+
+class LauncherNote(Callback):
+    """A Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``): where a local submitit sweep's output goes."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        """Say once, before the jobs start, that their output is in files under the sweep folder."""
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        if launcher.endswith("submitit_launcher.LocalLauncher"):
+            folder = config.hydra.launcher.get("submitit_folder", "<sweep dir>/.submitit/%j")
+            print(
+                f"hydra/launcher=local: each job runs in a process of its own; its output (progress, final "
+                f"metrics, errors) goes to {str(folder).replace('%j', '<job id>')}/<job id>_0_log.out and "
+                "_log.err, not to this console",
+                flush=True,
+            )

@@ -9,6 +9,7 @@ folder as it found it. What it removes is what it recorded creating: the folder 
 they were not there before, the files Hydra wrote as the job started (recorded by the job, see
 :meth:`RunDirGuard.record_hydra_files`), never a file by its name or pattern, never a file that was
 there before the run, and never once the lock is no longer this process's (its file replaced).
+However the run ends, its lock file goes with it, removed while still held (:func:`~trainer.cli.run_dirs.release_lock`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from trainer.cli.run_dirs import LOCK_FILE as LOCK_NAME
-from trainer.cli.run_dirs import unwritable
+from trainer.cli.run_dirs import open_lock, release_lock, same_file, unwritable
 from trainer.common.errors import ConfigError
 
 __all__ = ["RunDirGuard", "current_guard", "guarded_run_dir", "hydra_written_files", "job_held"]
@@ -74,10 +75,7 @@ class RunDirGuard:
 
     def holds_lock(self) -> bool:
         """Whether the lock file is still the one this process locked (not removed or replaced meanwhile)."""
-        try:
-            return os.stat(self.folder / LOCK_NAME).st_ino == os.fstat(self._handle.fileno()).st_ino
-        except OSError:
-            return False
+        return same_file(self.folder / LOCK_NAME, self._handle)
 
     def clean_up(self) -> None:
         """Remove what this run created, if it wrote nothing of its own and still holds the lock."""
@@ -107,7 +105,7 @@ def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard
     Refuses, naming the other run, when a live run holds the folder; nothing is written or removed then.
     """
     try:
-        import fcntl
+        import fcntl  # noqa: F401 - POSIX only
     except ImportError:  # not POSIX: no advisory locks; the unique names still keep runs apart
         yield None
         return
@@ -121,22 +119,21 @@ def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard
         if claimed and folder not in created and not any(folder.iterdir()):
             created.append(folder)
         had_lock = os.path.lexists(lock)
-        handle: IO[str] = open(lock, "a+")  # noqa: SIM115 - held for the whole run
+        held, handle = open_lock(lock)
     except OSError as err:
         for path in reversed(created):
             with contextlib.suppress(OSError):
                 path.rmdir()
         raise unwritable(folder, err) from err
+    if held is None:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(
+            f"run directory {folder} is in use by another live run ({holder}). Give this run its own "
+            "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
+        )
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise ConfigError(
-                f"run directory {folder} is in use by another live run ({holder}). Give this run its own "
-                "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
-            ) from None
         if not had_lock:
             created.append(lock)
         handle.seek(0)
@@ -154,7 +151,7 @@ def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard
         finally:
             _CURRENT.remove(guard)
     finally:
-        handle.close()  # releases the lock
+        release_lock(lock, handle)  # the lock file goes with the run; nothing is left behind in the folder
 
 
 def hydra_written_files() -> list[Path]:

@@ -6,6 +6,7 @@ next to another's ``last.ckpt``. Here the folder is claimed with ``mkdir``, whic
 process can win, and a suffix (``-2``, ``-3``, ...) is added until one is free. A run also holds an
 advisory lock on its folder while it runs (``flock``: released by the operating system when the
 process ends, kill -9 included), so two runs given the same ``hydra.run.dir`` cannot interleave.
+The lock file is removed as the run ends (a run killed with kill -9 leaves it, unheld: harmless).
 
 ``ckpt_path=last`` looks for the newest ``last.ckpt`` of a run *like this one*: the same
 experiment, model and data choices, and inside a sweep the same overrides, so one job of a sweep
@@ -30,7 +31,10 @@ __all__ = [
     "claim_run_dir",
     "held_folder",
     "locked_run_dir",
+    "open_lock",
+    "release_lock",
     "resolve_last_checkpoint",
+    "same_file",
     "same_line",
     "unique_run_dir_overrides",
     "unwritable",
@@ -109,33 +113,69 @@ def held_folder(argv: Sequence[str]) -> Path | None:
     return Path(values[-1].strip("'\""))
 
 
+def open_lock(lock: Path) -> tuple[IO[str] | None, IO[str]]:
+    """Open and ``flock`` the lock file ``lock``: ``(handle, handle)`` when taken, ``(None, handle)`` when a live run holds it.
+
+    A run removes its lock file as it ends, while still holding it. A process that opened the file
+    just before that would lock a file no longer in the folder, so the lock counts only when the
+    path still names the locked file; otherwise the new file is opened and locked.
+    """
+    import fcntl
+
+    while True:
+        handle: IO[str] = open(lock, "a+")  # noqa: SIM115 - held for the whole run
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None, handle
+        if same_file(lock, handle):
+            return handle, handle
+        handle.close()  # the run that held it removed it as it ended: lock the folder's new file
+
+
+def same_file(lock: Path, handle: IO[str]) -> bool:
+    """Whether ``lock`` still names the file ``handle`` has open (not removed or replaced meanwhile)."""
+    try:
+        return os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino
+    except OSError:
+        return False
+
+
+def release_lock(lock: Path, handle: IO[str]) -> None:
+    """Remove the lock file while still holding it (if it is still this run's), then release it."""
+    if same_file(lock, handle):
+        with contextlib.suppress(OSError):
+            lock.unlink()
+    handle.close()
+
+
 @contextlib.contextmanager
 def locked_run_dir(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it."""
     try:
-        import fcntl
+        import fcntl  # noqa: F401 - POSIX only
     except ImportError:  # not POSIX: no advisory locks; the unique names still keep runs apart
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    handle: IO[str] = open(run_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the whole run
+    lock = run_dir / LOCK_FILE
+    held, handle = open_lock(lock)
+    if held is None:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(
+            f"run directory {run_dir} is in use by another live run ({holder}). Give this run its own "
+            "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
+        )
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise ConfigError(
-                f"run directory {run_dir} is in use by another live run ({holder}). Give this run its own "
-                "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
-            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         handle.flush()
         yield
     finally:
-        handle.close()  # releases the lock
+        release_lock(lock, handle)
 
 
 def _overrides(run_dir: Path) -> list[str] | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import sysconfig
 import traceback
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["ReportedMistake", "user_traceback"]
@@ -102,17 +104,28 @@ def short_warnings() -> None:
 
     A warning raised inside geartrain speaks to the user about their run; the path of the file that
     raised it and its source line are ours, not theirs. Other libraries' warnings keep Python's form.
+    The ranks a strategy starts format warnings as this process does (the formatter travels with
+    their task, :func:`strategies.launch.start_processes`); the ranks that run the command again
+    install it themselves.
     """
-    import warnings
+    if not isinstance(warnings.formatwarning, ShortWarnings):
+        warnings.formatwarning = ShortWarnings(_library_folders()[:3])
 
-    libraries = _library_folders()[:3]
-    plain = warnings.formatwarning
 
-    def format_warning(
-        message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+#: Python's own form of a warning, as ``warnings`` had it when this module was imported.
+_PYTHON_FORM: Callable[..., str] = warnings.formatwarning
+
+
+class ShortWarnings:
+    """``warnings.formatwarning`` for :func:`short_warnings`: a class, so a started rank can be handed it (pickled)."""
+
+    def __init__(self, libraries: list[Path]) -> None:
+        self.libraries = libraries
+
+    def __call__(
+        self, message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
-        if _is_users(filename, libraries):
-            return plain(message, category, filename, lineno, line)
+        """Python's form for a warning raised in the user's code (or a library's); one line for geartrain's."""
+        if _is_users(filename, self.libraries):
+            return _PYTHON_FORM(message, category, filename, lineno, line)
         return f"geartrain: warning: {message}\n"
-
-    warnings.formatwarning = format_warning

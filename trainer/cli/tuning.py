@@ -55,10 +55,27 @@ def run_tuner_task(cfg: Any, trainer: Any, module: Any, datamodule: Any) -> dict
         size = tuner.scale_batch_size(module, datamodule=datamodule, **kwargs)
     except TypeError as err:
         raise ConfigError(f"tuner.{cfg.task}: {err}") from err
-    if trainer.is_global_zero:
+    held = _training_set_size(trainer)
+    if size is not None and held is not None and size >= held:
+        # Like Lightning, the search stops at the first size that holds the whole training set (2048
+        # for 1,078 samples) and returns it; a larger batch trains as that one does, so the
+        # suggestion is the training set's size.
+        size = held
+        if trainer.is_global_zero:
+            print(f"scale_batch_size: every size fits, up to the whole training set in one batch ({held} samples)")
+            print(f"  use it: geartrain data.batch_size={size}")
+    elif trainer.is_global_zero:
         print(f"scale_batch_size: the largest batch size that fits is {size}")
         print(f"  use it: geartrain data.batch_size={size}")
     return {"scale_batch_size/batch_size": float(size)} if size is not None else {}
+
+
+def _training_set_size(trainer: Any) -> int | None:
+    """The number of samples the training loader holds; None where its dataset has no length."""
+    try:
+        return len(trainer.train_dataloader.dataset)
+    except (AttributeError, TypeError):
+        return None
 
 
 def optimized_value(cfg: Any, metrics: dict[str, float]) -> float | None:

@@ -1,0 +1,85 @@
+"""A user's file named like one of geartrain's packages ends in one line naming it, even before geartrain runs.
+
+Before: ``python trainer.py`` with ``from trainer import Trainer`` in it ended in Python's "cannot
+import name 'Trainer' from partially initialized module 'trainer' (most likely due to a circular
+import)", six lines that never say the file's name is the trouble. The installed
+``geartrain-excepthook.pth`` chains ``sys.excepthook`` (``_geartrain_excepthook.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PTH = "geartrain-excepthook.pth"
+
+
+def _run(folder: Path, script: str, files: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    return subprocess.run(
+        [sys.executable, script], cwd=folder, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_the_start_up_line_is_installed() -> None:
+    assert any(Path(p, PTH).is_file() for p in site.getsitepackages()), (
+        f"{PTH} is missing from this environment's site-packages: reinstall geartrain (make .venv/.installed)"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "from trainer import Trainer\n",
+        "import trainer\n\ntrainer.Trainer(max_epochs=1)\n",
+        "from trainer.module import TrainModule\n",
+    ],
+    ids=["from-import", "attribute", "submodule"],
+)
+def test_a_script_named_trainer_py_is_named_in_one_line(tmp_path: Path, text: str) -> None:
+    result = _run(tmp_path, "trainer.py", {"trainer.py": text})
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"geartrain: {tmp_path / 'trainer.py'} hides geartrain's package 'trainer': rename it (e.g. my_trainer.py) "
+        "and its imports"
+    ]
+
+
+def test_a_trainer_py_beside_the_script_is_named_in_one_line(tmp_path: Path) -> None:
+    result = _run(tmp_path, "train.py", {"trainer.py": "steps = 10\n", "train.py": "from trainer import Trainer\n"})
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"geartrain: {tmp_path / 'trainer.py'} hides geartrain's package 'trainer': rename it (e.g. my_trainer.py) "
+        "and its imports"
+    ]
+
+
+@pytest.mark.parametrize("name", ["callbacks", "strategies"])
+def test_a_script_named_like_the_other_packages_is_named_in_one_line(tmp_path: Path, name: str) -> None:
+    result = _run(tmp_path, f"{name}.py", {f"{name}.py": "from trainer import Trainer\n\nTrainer(max_epochs=1)\n"})
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"geartrain: {tmp_path / f'{name}.py'} hides geartrain's package {name!r}: rename it (e.g. my_{name}.py) "
+        "and its imports"
+    ]
+
+
+def test_a_trainer_py_of_a_project_not_using_geartrain_keeps_pythons_traceback(tmp_path: Path) -> None:
+    # `helper` is no name of geartrain's: the file is the user's own module, and the error is theirs.
+    result = _run(tmp_path, "train.py", {"trainer.py": "steps = 10\n", "train.py": "from trainer import helper\n"})
+    assert result.returncode == 1
+    assert "geartrain" not in result.stderr
+    assert result.stderr.startswith("Traceback") and "cannot import name 'helper'" in result.stderr
+
+
+def test_any_other_error_keeps_its_traceback(tmp_path: Path) -> None:
+    result = _run(tmp_path, "train.py", {"train.py": "import trainer\n\nraise AttributeError('mine')\n"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("Traceback") and result.stderr.rstrip().endswith("AttributeError: mine")
