@@ -36,7 +36,7 @@ class CheckpointNaming:
     mode: str
     auto_insert_metric_name: bool
     enable_version_counter: bool
-    best_k_models: dict[str, float]
+    _best_k: dict[str, float]
     _monitor: Monitor | None
     _versions_dir: str | None
 
@@ -80,7 +80,7 @@ class CheckpointNaming:
             return path
 
         def taken(p: str) -> bool:
-            return p not in reuse and (p in self.best_k_models or os.path.exists(p))
+            return p not in reuse and (p in self._best_k or os.path.exists(p))
 
         return free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR)
 
@@ -116,4 +116,4 @@ class CheckpointNaming:
             assert self.dirpath, "to_yaml() needs a filepath before the dirpath is known (setup)"
             filepath = os.path.join(self.dirpath, "best_k_models.yaml")
         with open(filepath, "w") as f:
-            yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, f)
+            yaml.dump({path: float(score) for path, score in self._best_k.items()}, f)

@@ -6,10 +6,12 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 from typing_extensions import override
 
 from callbacks._checkpoint_files import (
@@ -153,15 +155,16 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self._exception_path = ""
         self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
-        self.best_k_models: dict[str, float] = {}
+        #: (Scores are kept as floats; Lightning's attributes below hand them out as 0-d tensors.)
+        self._best_k: dict[str, float] = {}
         self.best_model_path = ""
-        self.best_model_score: float | None = None
+        self._best_score: float | None = None
         self.last_model_path = ""
         #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
         self.kth_best_model_path = ""
-        self.kth_value: float = math.inf if mode == "min" else -math.inf
+        self._kth_value: float = math.inf if mode == "min" else -math.inf
         #: The monitored value of the newest ranked save (NaN read as the worst: +inf for min, -inf for max).
-        self.current_score: float | None = None
+        self._current_score: float | None = None
         self.missing_monitor = missing_monitor
         kept = "only last.ckpt is kept" if save_last else "no checkpoint is kept (save_last=False)"
         self._monitor = (
@@ -274,7 +277,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         if ranked:
             # Planned as a new file (no kept name), then named: as in Lightning, the version counter
             # may give it the name of a file it evicts, never that of a file it keeps.
-            keep, evict = plan_top_k(self.best_k_models, self.save_top_k, "", score, self.mode)
+            keep, evict = plan_top_k(self._best_k, self.save_top_k, "", score, self.mode)
             path = self._free_path(path, reuse=evict)
             if self.verbose and trainer.is_global_zero:
                 self._say(trainer, score, path if keep else None)
@@ -283,19 +286,19 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
         if keep:
             for old in evict:
-                self.best_k_models.pop(old, None)
-            self.best_k_models.pop(path, None)
-            self.best_k_models[path] = math.nan if score is None else score
+                self._best_k.pop(old, None)
+            self._best_k.pop(path, None)
+            self._best_k[path] = math.nan if score is None else score
             if score is None:
                 self.best_model_path = path
             else:
-                self.current_score = score
-                best = min(self.best_k_models, key=lambda p: self._rank_key(self.best_k_models[p]))
+                self._current_score = score
+                best = min(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
                 self.best_model_path = best
-                self.best_model_score = self.best_k_models[best]
-                if self.save_top_k == -1 or len(self.best_k_models) == self.save_top_k:
-                    kth = max(self.best_k_models, key=lambda p: self._rank_key(self.best_k_models[p]))
-                    self.kth_best_model_path, self.kth_value = kth, self.best_k_models[kth]
+                self._best_score = self._best_k[best]
+                if self.save_top_k == -1 or len(self._best_k) == self.save_top_k:
+                    kth = max(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
+                    self.kth_best_model_path, self._kth_value = kth, self._best_k[kth]
         previous_last = self.last_model_path
         if self.save_last:
             self.last_model_path = self._last_path(trainer)
@@ -308,7 +311,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
         # names the earlier run's file, which is that run's to keep.
         ours = bool(previous_last) and Path(previous_last).parent == Path(self._last_path(trainer)).parent
-        if moved and ours and previous_last not in self.best_k_models and previous_last != path:
+        if moved and ours and previous_last not in self._best_k and previous_last != path:
             replaces.append(previous_last)
         # "link": a symbolic link to the file just written, below; with async_save the writer thread
         # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
@@ -318,7 +321,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             also_at = []
             # Relinked before anything is evicted: a kill in between leaves last.ckpt naming a checkpoint.
             stale = self._link_only_path
-            if stale and stale != path and stale not in self.best_k_models:
+            if stale and stale != path and stale not in self._best_k:
                 replaces.append(stale)
         try:
             if keep or exception_file or link_only:
@@ -350,7 +353,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
 
     def _say(self, trainer: Trainer, score: float | None, path: str | None) -> None:
         """``verbose``: one line per ranked save, as Lightning prints it."""
-        best = None if score is None else min([score, *self.best_k_models.values()], key=self._rank_key)
+        best = None if score is None else min([score, *self._best_k.values()], key=self._rank_key)
         print(
             save_message(trainer.current_epoch, trainer.global_step, self.monitor, self.save_top_k, score, best, path)
         )
@@ -377,30 +380,67 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             self.load_state_dict(previous)
             raise
 
+    # ----------------------------------------------------------------- Lightning's scores: 0-d tensors
+    @property
+    def best_k_models(self) -> dict[str, torch.Tensor]:
+        """Kept checkpoint files and their scores (NaN without a monitor), oldest first."""
+        return {path: torch.tensor(score) for path, score in self._best_k.items()}
+
+    @best_k_models.setter
+    def best_k_models(self, value: Mapping[str, float | torch.Tensor]) -> None:
+        self._best_k = {path: float(score) for path, score in value.items()}
+
+    @property
+    def best_model_score(self) -> torch.Tensor | None:
+        """The best kept file's score (``best_model_score.item()`` as in Lightning programs)."""
+        return None if self._best_score is None else torch.tensor(self._best_score)
+
+    @best_model_score.setter
+    def best_model_score(self, value: float | torch.Tensor | None) -> None:
+        self._best_score = None if value is None else float(value)
+
+    @property
+    def kth_value(self) -> torch.Tensor:
+        """The worst kept file's score once ``save_top_k`` are kept (+/-inf before)."""
+        return torch.tensor(self._kth_value)
+
+    @kth_value.setter
+    def kth_value(self, value: float | torch.Tensor) -> None:
+        self._kth_value = float(value)
+
+    @property
+    def current_score(self) -> torch.Tensor | None:
+        """The monitored value of the newest ranked save."""
+        return None if self._current_score is None else torch.tensor(self._current_score)
+
+    @current_score.setter
+    def current_score(self, value: float | torch.Tensor | None) -> None:
+        self._current_score = None if value is None else float(value)
+
     # ----------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
         # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's.
         return {
             "monitor": self.monitor,
-            "best_model_score": self.best_model_score,
+            "best_model_score": self._best_score,
             "best_model_path": self.best_model_path,
-            "current_score": self.current_score,
+            "current_score": self._current_score,
             "dirpath": str(self.dirpath),
-            "best_k_models": dict(self.best_k_models),
+            "best_k_models": dict(self._best_k),
             "kth_best_model_path": self.kth_best_model_path,
-            "kth_value": self.kth_value,
+            "kth_value": self._kth_value,
             "last_model_path": self.last_model_path,
             **self.schedule_state(),
         }
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_k_models = dict(state.get("best_k_models", {}))
+        self._best_k = dict(state.get("best_k_models", {}))
         self.best_model_path = state.get("best_model_path", "")
-        self.best_model_score = state.get("best_model_score")
+        self._best_score = state.get("best_model_score")
         self.last_model_path = state.get("last_model_path", "")
-        self.current_score = state.get("current_score", self.current_score)
+        self._current_score = state.get("current_score", self._current_score)
         self.kth_best_model_path = state.get("kth_best_model_path", self.kth_best_model_path)
-        self.kth_value = state.get("kth_value", self.kth_value)
+        self._kth_value = state.get("kth_value", self._kth_value)
         self.load_schedule_state(state)

@@ -103,6 +103,19 @@ def test_versioned_names_and_kth_as_lightning(
     assert cb.best_model_score == pytest.approx(0.3)
 
 
+def test_scores_are_lightnings_tensors_and_survive_a_restore(tmp_path: Path) -> None:
+    """A Lightning objective returns ``best_model_score.item()``; scores are 0-d tensors there."""
+    cb = ModelCheckpoint(dirpath=tmp_path, filename="model", monitor="val", save_top_k=2)
+    fit(cb, tmp_path, SCORES)
+    values = [cb.best_model_score, cb.kth_value, cb.current_score, *cb.best_k_models.values()]
+    assert all(isinstance(v, torch.Tensor) and v.ndim == 0 for v in values), values
+    assert cb.best_model_score.item() == pytest.approx(0.3)
+    again = ModelCheckpoint(dirpath=tmp_path, filename="model", monitor="val", save_top_k=2)
+    again.load_state_dict(cb.state_dict())
+    assert again.best_model_score.item() == cb.best_model_score.item()
+    assert {p: v.item() for p, v in again.best_k_models.items()} == {p: v.item() for p, v in cb.best_k_models.items()}
+
+
 def test_without_monitor_one_file_keeps_its_name(tmp_path: Path) -> None:
     cb = ModelCheckpoint(dirpath=tmp_path, filename="model")
     fit(cb, tmp_path)
