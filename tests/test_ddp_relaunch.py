@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_dirs, run_geartrain
-from tests.helpers.distributed import child_env, run_python
+from tests.helpers.distributed import child_env, run_in_session, run_python
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -163,6 +164,89 @@ def test_geartrain_ddp_sweep_gives_each_job_one_folder_with_both_ranks(tmp_path:
         assert sorted(p.name for p in job.glob("rank-*")) == ["rank-0", "rank-1"]
         assert {p.read_text() for p in job.glob("rank-*")} == {lr}  # both ranks trained that job's lr
     assert not (tmp_path / "s" / "outputs").exists()  # no rank started a run of its own
+
+
+STUDY_APP = textwrap.dedent(
+    """
+    from pathlib import Path
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from tests.helpers.relaunch_script import LambdaNet
+    from trainer import Trainer
+
+    class FailsInTrialZero(LambdaNet):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1 and HydraConfig.get().job.num == 0:
+                raise RuntimeError("planned failure in trial 0")
+            return super().training_step(batch, batch_idx)
+
+    @hydra.main(version_base=None, config_path="conf", config_name="study")
+    def main(cfg):
+        out = Path(HydraConfig.get().runtime.output_dir)
+        x = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+        y = x[:, :1] * cfg.scale
+        module = FailsInTrialZero()
+        trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1, logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False, default_root_dir=out)
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=4))
+        with torch.no_grad():
+            loss = float(((module(x) - y) ** 2).mean())
+        (out / f"rank-{trainer.global_rank}").write_text(f"{cfg.scale} {loss!r}")
+        return loss
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+#: The user's study: the config sets MULTIRUN itself (no -m on the command line), as search configs do.
+STUDY_CONFIG = textwrap.dedent(
+    """
+    defaults:
+      - override hydra/sweeper: optuna
+      - _self_
+    scale: 1.0
+    hydra:
+      mode: MULTIRUN
+      sweeper:
+        n_trials: 3
+        direction: minimize
+        max_failure_rate: 1.0
+        sampler:
+          _target_: optuna.samplers.TPESampler
+          seed: 0
+        params:
+          scale: choice(1.0, 2.0, 3.0)
+    """
+)
+
+
+@pytest.mark.timeout(200)  # on a defect the study hangs: the script's own limit below ends it first
+def test_a_users_optuna_study_under_ddp_runs_each_trial_on_both_ranks_and_goes_on_past_a_failed_one(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "study.yaml").write_text(STUDY_CONFIG)
+    (tmp_path / "app.py").write_text(STUDY_APP)
+    result = run_in_session([sys.executable, "app.py"], cwd=tmp_path, env=child_env(), timeout=150)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    assert result.leftovers == []  # no rank of any trial, the failed one's included, is left running
+    jobs = sorted(p for p in (tmp_path / "multirun").glob("*/*/*") if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1", "2"]  # one folder per trial, nothing else
+    assert not list(jobs[0].glob("rank-*"))  # trial 0 failed on both ranks
+    losses = []
+    for job in jobs[1:]:  # both ranks trained the trial's value, in its folder, to the same weights
+        scale = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[0].split("=")[1]
+        marks = {p.name: p.read_text().split() for p in job.glob("rank-*")}
+        assert marks.keys() == {"rank-0", "rank-1"} and marks["rank-0"] == marks["rank-1"]
+        assert float(marks["rank-0"][0]) == float(scale)
+        losses.append(float(marks["rank-0"][1]))
+    best = yaml.safe_load(next((tmp_path / "multirun").glob("*/*/optimization_results.yaml")).read_text())
+    assert best["best_value"] == min(losses)  # each trial returned rank 0's value to the study
+    assert "Best parameters" in result.stdout + result.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 DDP_SCRIPT = str(REPO_ROOT / "tests" / "helpers" / "ddp_script.py")
