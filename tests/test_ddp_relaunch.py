@@ -92,6 +92,38 @@ def test_under_pytest_ddp_is_refused_naming_ddp_spawn() -> None:
         check_rerunnable("ddp")
 
 
+def test_a_sweeps_job_reruns_as_that_one_job_even_where_the_config_sets_multirun(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from strategies.rerun_command import rerun_command
+    from trainer.cli.app import config_dir
+
+    task = ["hparams_search=digits_optuna", "optim.lr=0.01"]
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        cfg = compose("config", overrides=task, return_hydra_config=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"  # the search config asks for a sweep itself
+    with open_dict(cfg):  # what Hydra's launcher sets for trial 3 of the study
+        cfg.hydra.job.num, cfg.hydra.job.id, cfg.hydra.job.chdir = 3, "3", True
+        cfg.hydra.runtime.output_dir, cfg.hydra.runtime.cwd = str(tmp_path / "multirun" / "3"), str(tmp_path)
+        cfg.hydra.overrides.task = task
+    monkeypatch.setattr(sys, "argv", ["geartrain", "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=9"])
+    HydraConfig.instance().set_config(cfg)
+    try:
+        command, cwd = rerun_command(1)
+    finally:
+        HydraConfig.instance().cfg = None
+    args = command[command.index(task[0]) :]  # after the interpreter and the program (here: python -m pytest)
+    assert "-m" not in args and not any(a.startswith("hydra.sweeper") for a in args)  # never the whole study
+    assert args[:2] == task and cwd == str(tmp_path)
+    for pinned in ("hydra.mode=RUN", "hydra.job.num=3", 'hydra.job.id="3"', "hydra.job.chdir=true"):
+        assert pinned in args
+    assert f'hydra.run.dir="{tmp_path / "multirun" / "3"}"' in args
+
+
 HYDRA_APP = textwrap.dedent(
     """
     import os
