@@ -52,6 +52,11 @@ def rerun_command(rank: int) -> tuple[list[str], str | None]:
     A plain script or module runs again with the same arguments. A Hydra job runs again as one job:
     its config flags, its own overrides (a sweep's job gets its values, never the whole sweep), and
     its run directory pinned; ranks other than 0 write no ``.hydra/`` folder and no log file.
+
+    The job runs in Hydra's run mode whatever the config says: a config that sets ``hydra.mode:
+    MULTIRUN`` itself (an Optuna search config does, so that ``-m`` may be left out) would otherwise
+    make the rank start a sweep of its own, whose first job joins rank 0 and whose next one waits to
+    join a group that is gone, while rank 0 waits for it to end before its own next trial.
     """
     import __main__
 
@@ -65,7 +70,8 @@ def rerun_command(rank: int) -> tuple[list[str], str | None]:
         return command + sys.argv[1:], None
     run_dir = hydra.runtime.output_dir
     overrides = [*_config_flags(sys.argv[1:]), *hydra.overrides.task]
-    overrides += [f"hydra.run.dir={_quoted(run_dir)}", "hydra.output_subdir=null"]
+    overrides += [f"hydra.run.dir={_quoted(run_dir)}", "hydra.output_subdir=null", "hydra.mode=RUN"]
+    overrides += _job_identity(hydra.job)
     overrides += ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     return command + overrides, hydra.runtime.cwd
 
@@ -77,6 +83,25 @@ def hydra_config() -> Any:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def _job_identity(job: Any) -> list[str]:
+    """Overrides that give the rank's job what rank 0's job holds and a single run would not.
+
+    A sweep's job number and id (code may seed or name things by ``HydraConfig.get().job.num``; in a
+    single run they are unset), and ``hydra.job.chdir`` (given on the command line it is a Hydra
+    override, which the job's own overrides leave out).
+    """
+    from omegaconf import OmegaConf
+
+    pinned = []
+    if not OmegaConf.is_missing(job, "num"):
+        pinned.append(f"hydra.job.num={int(job.num)}")
+    if not OmegaConf.is_missing(job, "id"):
+        pinned.append(f"hydra.job.id={_quoted(str(job.id))}")
+    if job.get("chdir") is not None:
+        pinned.append(f"hydra.job.chdir={str(bool(job.chdir)).lower()}")
+    return pinned
 
 
 def _config_flags(argv: list[str]) -> list[str]:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_dirs, run_geartrain
-from tests.helpers.distributed import child_env, run_python
+from tests.helpers.distributed import child_env, run_in_session, run_python
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -89,6 +90,38 @@ def test_under_pytest_ddp_is_refused_naming_ddp_spawn() -> None:
 
     with pytest.raises(UserError, match=r"this process runs pytest.*strategy='ddp_spawn'"):
         check_rerunnable("ddp")
+
+
+def test_a_sweeps_job_reruns_as_that_one_job_even_where_the_config_sets_multirun(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from strategies.rerun_command import rerun_command
+    from trainer.cli.app import config_dir
+
+    task = ["hparams_search=digits_optuna", "optim.lr=0.01"]
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        cfg = compose("config", overrides=task, return_hydra_config=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"  # the search config asks for a sweep itself
+    with open_dict(cfg):  # what Hydra's launcher sets for trial 3 of the study
+        cfg.hydra.job.num, cfg.hydra.job.id, cfg.hydra.job.chdir = 3, "3", True
+        cfg.hydra.runtime.output_dir, cfg.hydra.runtime.cwd = str(tmp_path / "multirun" / "3"), str(tmp_path)
+        cfg.hydra.overrides.task = task
+    monkeypatch.setattr(sys, "argv", ["geartrain", "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=9"])
+    HydraConfig.instance().set_config(cfg)
+    try:
+        command, cwd = rerun_command(1)
+    finally:
+        HydraConfig.instance().cfg = None
+    args = command[command.index(task[0]) :]  # after the interpreter and the program (here: python -m pytest)
+    assert "-m" not in args and not any(a.startswith("hydra.sweeper") for a in args)  # never the whole study
+    assert args[:2] == task and cwd == str(tmp_path)
+    for pinned in ("hydra.mode=RUN", "hydra.job.num=3", 'hydra.job.id="3"', "hydra.job.chdir=true"):
+        assert pinned in args
+    assert f'hydra.run.dir="{tmp_path / "multirun" / "3"}"' in args
 
 
 HYDRA_APP = textwrap.dedent(
@@ -163,6 +196,89 @@ def test_geartrain_ddp_sweep_gives_each_job_one_folder_with_both_ranks(tmp_path:
         assert sorted(p.name for p in job.glob("rank-*")) == ["rank-0", "rank-1"]
         assert {p.read_text() for p in job.glob("rank-*")} == {lr}  # both ranks trained that job's lr
     assert not (tmp_path / "s" / "outputs").exists()  # no rank started a run of its own
+
+
+STUDY_APP = textwrap.dedent(
+    """
+    from pathlib import Path
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from tests.helpers.relaunch_script import LambdaNet
+    from trainer import Trainer
+
+    class FailsInTrialZero(LambdaNet):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1 and HydraConfig.get().job.num == 0:
+                raise RuntimeError("planned failure in trial 0")
+            return super().training_step(batch, batch_idx)
+
+    @hydra.main(version_base=None, config_path="conf", config_name="study")
+    def main(cfg):
+        out = Path(HydraConfig.get().runtime.output_dir)
+        x = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+        y = x[:, :1] * cfg.scale
+        module = FailsInTrialZero()
+        trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1, logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False, default_root_dir=out)
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=4))
+        with torch.no_grad():
+            loss = float(((module(x) - y) ** 2).mean())
+        (out / f"rank-{trainer.global_rank}").write_text(f"{cfg.scale} {loss!r}")
+        return loss
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+#: The user's study: the config sets MULTIRUN itself (no -m on the command line), as search configs do.
+STUDY_CONFIG = textwrap.dedent(
+    """
+    defaults:
+      - override hydra/sweeper: optuna
+      - _self_
+    scale: 1.0
+    hydra:
+      mode: MULTIRUN
+      sweeper:
+        n_trials: 3
+        direction: minimize
+        max_failure_rate: 1.0
+        sampler:
+          _target_: optuna.samplers.TPESampler
+          seed: 0
+        params:
+          scale: choice(1.0, 2.0, 3.0)
+    """
+)
+
+
+@pytest.mark.timeout(200)  # on a defect the study hangs: the script's own limit below ends it first
+def test_a_users_optuna_study_under_ddp_runs_each_trial_on_both_ranks_and_goes_on_past_a_failed_one(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "study.yaml").write_text(STUDY_CONFIG)
+    (tmp_path / "app.py").write_text(STUDY_APP)
+    result = run_in_session([sys.executable, "app.py"], cwd=tmp_path, env=child_env(), timeout=150)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    assert result.leftovers == []  # no rank of any trial, the failed one's included, is left running
+    jobs = sorted(p for p in (tmp_path / "multirun").glob("*/*/*") if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1", "2"]  # one folder per trial, nothing else
+    assert not list(jobs[0].glob("rank-*"))  # trial 0 failed on both ranks
+    losses = []
+    for job in jobs[1:]:  # both ranks trained the trial's value, in its folder, to the same weights
+        scale = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[0].split("=")[1]
+        marks = {p.name: p.read_text().split() for p in job.glob("rank-*")}
+        assert marks.keys() == {"rank-0", "rank-1"} and marks["rank-0"] == marks["rank-1"]
+        assert float(marks["rank-0"][0]) == float(scale)
+        losses.append(float(marks["rank-0"][1]))
+    best = yaml.safe_load(next((tmp_path / "multirun").glob("*/*/optimization_results.yaml")).read_text())
+    assert best["best_value"] == min(losses)  # each trial returned rank 0's value to the study
+    assert "Best parameters" in result.stdout + result.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 DDP_SCRIPT = str(REPO_ROOT / "tests" / "helpers" / "ddp_script.py")

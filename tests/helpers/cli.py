@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.distributed import Finished, run_in_session
 
 
 def run_geartrain(
@@ -26,6 +27,13 @@ def run_geartrain(
         timeout=timeout,
         check=False,
     )
+
+
+def run_geartrain_watched(*args: str, cwd: Path, timeout: float) -> Finished:
+    """:func:`run_geartrain` in a session of its own: ``leftovers`` lists processes it left running (ranks included)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    return run_in_session([sys.executable, "-m", "trainer", *args], cwd=cwd, env=env, timeout=timeout)
 
 
 def run_dirs(base: Path, pattern: str = "outputs/*/*") -> list[Path]:

@@ -158,3 +158,50 @@ def group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(stat.parent.name))
     return members
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``, whatever their process group.
+
+    The ranks ``strategy="ddp"`` starts get process groups of their own (a terminal's Ctrl-C reaches
+    rank 0 alone), so :func:`group_members` does not see them; they stay in the caller's session.
+    """
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def run_in_session(command: Sequence[str], cwd: Path, env: dict[str, str], timeout: float) -> Finished:
+    """Run ``command`` in a session of its own; ``leftovers`` lists its processes alive 5 s after it exited.
+
+    Whatever is left (or everything, when it runs over ``timeout``) is killed, so no rank outlives a test.
+    """
+
+    def kill_session(sid: int) -> None:
+        for pid in session_members(sid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    proc = subprocess.Popen(
+        list(command), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(command)} ran over {timeout}s\n{out[-3000:]}\n{err[-3000:]}") from None
+    deadline = time.monotonic() + 5
+    while (leftovers := session_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    kill_session(proc.pid)
+    result = Finished(proc.args, proc.returncode, out, err)
+    result.leftovers = leftovers
+    return result

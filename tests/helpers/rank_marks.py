@@ -1,4 +1,4 @@
-"""Callbacks for the ``geartrain`` command in tests: which ranks ran a job, and a job slow enough to interrupt."""
+"""Callbacks for the ``geartrain`` command in tests: which ranks ran a job, a job slow enough to interrupt, planned failures."""
 
 from __future__ import annotations
 
@@ -27,3 +27,21 @@ class SlowSteps(Callback):
         if trainer.global_step >= 2 and trainer.is_global_zero:
             Path(trainer.default_root_dir, "stepping").touch()
         time.sleep(self.seconds)
+
+
+class FailIn(Callback):
+    """Raises at the second training batch of the named sweep jobs' named ranks (``"JOB:RANK"``, JOB Hydra's job number).
+
+    ``"0:0", "0:1"`` fails job 0 on every rank of two; ``"1:1"`` fails job 1 on rank 1 only, so rank 0
+    is left waiting in the step's gradient all-reduce for a peer that is gone.
+    """
+
+    def __init__(self, at: list[str]) -> None:
+        self.at = set(at)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        here = f"{HydraConfig.get().job.num}:{trainer.global_rank}"
+        if batch_idx == 1 and here in self.at:
+            raise RuntimeError(f"planned failure in job:rank {here}")

@@ -28,9 +28,13 @@ class TrialSummary(Callback):
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         """Tally the trial; re-raise a user's mistake so the study ends with it."""
         from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
 
         from trainer.cli.errors import describe, report
 
+        if config.hydra.mode != RunMode.MULTIRUN:
+            # A rank that ``strategy=ddp`` started runs the trial as a single job: the study is rank 0's.
+            return
         self.trials += 1
         number = getattr(config.hydra.job, "num", self.trials - 1)
         overrides = [str(o) for o in (getattr(job_return, "overrides", None) or [])]
@@ -77,6 +81,9 @@ def _mistake(err: Any, describe: Any) -> str | None:
 
 
 def _reason(err: Any) -> str:
+    cause = getattr(err, "cause", "")  # another rank's failure (WorkerFailedError): what it raised, in one line
+    if isinstance(cause, str) and cause.strip():
+        return f"(rank {getattr(err, 'rank', '?')}) {cause.strip().splitlines()[0]}"
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
