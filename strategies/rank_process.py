@@ -12,12 +12,23 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import traceback
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ERROR_FILE", "JOIN_TIMEOUT", "PARENT", "end_now", "hand_over", "join_group", "record_errors"]
+__all__ = [
+    "ERROR_FILE",
+    "JOIN_TIMEOUT",
+    "PARENT",
+    "end_now",
+    "ended_file",
+    "hand_over",
+    "join_group",
+    "note_the_end",
+    "record_errors",
+]
 
 #: The process id of rank 0, in the ranks it started.
 PARENT = "GEARTRAIN_RERUN_PARENT"
@@ -42,6 +53,7 @@ def join_group(backend: str, timeout: timedelta) -> None:
         _die_with_parent()
         if str(os.getppid()) != os.environ[PARENT]:  # rank 0 is gone already
             raise RuntimeError("the process that started this rank (rank 0) has ended; nothing to join")
+        note_the_end()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -60,6 +72,41 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def ended_file(error_file: str | os.PathLike[str]) -> Path:
+    """Where a started rank writes the status its script ended with (beside its error file)."""
+    return Path(error_file).with_suffix(".ended")
+
+
+def note_the_end() -> None:
+    """In a started rank: when the script has ended, write the status it ended with, for rank 0.
+
+    A process of a gloo group can still be aborted by the interpreter's finalization after its work is
+    done (SIGABRT, "terminate called without an active exception"; see
+    ``trainer.cli.command.leave_group_process``, which the ``geartrain`` command uses, but a user's
+    script that ``ddp`` runs again ends as Python ends it). Rank 0 then takes the status written here
+    over the signal. It is written as the main thread's code has finished (Python's threading exit
+    hooks run before the interpreter is torn down), with ``sys.exit``'s status, else 0; an uncaught
+    exception never gets here (:func:`record_errors` ends the process with 1 first).
+    """
+    path = os.environ.get(ERROR_FILE)
+    if not path or getattr(sys.exit, "_geartrain", False):
+        return
+    status = [0]
+    plain_exit = sys.exit
+
+    def exit_noting_status(code: str | int | None = None) -> None:
+        status[0] = 0 if code is None else code if isinstance(code, int) else 1
+        plain_exit(code)
+
+    def write() -> None:
+        with contextlib.suppress(OSError):
+            ended_file(path).write_text(str(status[0]))
+
+    exit_noting_status._geartrain = True  # type: ignore[attr-defined]
+    sys.exit = exit_noting_status  # type: ignore[assignment]
+    threading._register_atexit(write)  # type: ignore[attr-defined]
 
 
 def end_now(message: str, code: int) -> None:

@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from strategies.launch_signals import SignalForwarder
-from strategies.rank_process import ERROR_FILE, PARENT, end_now, record_errors
+from strategies.rank_process import ERROR_FILE, PARENT, end_now, ended_file, record_errors
 from strategies.rerun_command import check_rerunnable, hydra_config, rerun_command
 from trainer.common.errors import CheckpointError, Interrupted, UserError
 
@@ -205,6 +205,17 @@ class RankLauncher:
         lines = self._error_text(rank).strip().splitlines()
         return lines[-1] if lines else ""
 
+    def _status(self, rank: int, code: int | None) -> int | None:
+        """``code``, or, for a rank a signal ended after its script had ended, the status the script ended with.
+
+        The interpreter's finalization can abort a finished rank of a gloo group (see
+        :func:`strategies.rank_process.note_the_end`); its work was done, so that is not a failure.
+        """
+        if code is not None and code < 0:
+            with contextlib.suppress(OSError, ValueError):
+                return int(ended_file(os.path.join(self.workdir, f"rank-{rank}.err")).read_text())
+        return code
+
     def _wait_failure(self, seconds: float) -> tuple[int, int] | None:
         """The first rank that failed on its own, waiting up to ``seconds`` for one to tell."""
         deadline = time.monotonic() + seconds
@@ -218,7 +229,7 @@ class RankLauncher:
     # ----------------------------------------------------------------- watching and ending
     def _check_exits(self) -> None:
         for rank, proc in enumerate(self.procs, start=1):
-            code = proc.poll()
+            code = self._status(rank, proc.poll())
             # A recorded traceback tells at once, while the rank may still be on its way out.
             recorded = os.path.exists(os.path.join(self.workdir, f"rank-{rank}.err"))
             if (code not in (None, 0) or recorded) and self.failure is None and not self.stopping:
@@ -283,7 +294,11 @@ class RankLauncher:
                 time.sleep(0.05)
         except BaseException:  # a second Ctrl-C while waiting: end them
             self._kill_others()
-        failed = [(rank, code) for rank, proc in enumerate(self.procs, start=1) if (code := proc.returncode) != 0]
+        failed = [
+            (rank, code)
+            for rank, proc in enumerate(self.procs, start=1)
+            if (code := self._status(rank, proc.returncode) or 0) != 0
+        ]
         self.forwarder.restore()
         shutil.rmtree(self.workdir, ignore_errors=True)
         if failed and not self.stopping and self.forwarder.signal is None:

@@ -281,6 +281,56 @@ def test_a_users_optuna_study_under_ddp_runs_each_trial_on_both_ranks_and_goes_o
     assert not (tmp_path / "outputs").exists()
 
 
+ENDS_ABORTED = textwrap.dedent(
+    """
+    import atexit, os, signal, sys
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer import Trainer, TrainModule
+
+
+    class Line(TrainModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return ((self.net(x) - y) ** 2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+    x = torch.randn(16, 2)
+    trainer = Trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Line(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+    if trainer.global_rank == 1:
+        # What gloo's threads sometimes do to a finished rank as the interpreter is torn down.
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_rank_aborted_after_its_script_ended_ends_with_the_scripts_status(tmp_path: Path, status: int) -> None:
+    """A finished rank that the interpreter's finalization aborts is no failure: its script's own status counts."""
+    script = tmp_path / "ends_aborted.py"
+    script.write_text(ENDS_ABORTED)
+    result = run_python([str(script), str(status)], timeout=150)
+    assert "SIGABRT" not in result.stderr, result.stderr[-3000:]
+    if status == 0:
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:  # rank 0 ends with its own sys.exit(3); rank 1's 3 is no abort either
+        assert result.returncode == 3 and "WorkerFailedError" in result.stderr, result.stderr[-3000:]
+        assert "exit code 3" in result.stderr, result.stderr[-3000:]
+
+
 DDP_SCRIPT = str(REPO_ROOT / "tests" / "helpers" / "ddp_script.py")
 
 
