@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from tests.helpers import REPO_ROOT
-from tests.ports import digits_port, gan_port, numbers_ports
+from tests.ports import digits_port, gan_port, numbers_ports, pl_programs
 
 LIGHTNING_WEIGHTS = REPO_ROOT / "tests" / "data" / "lightning" / "ports_numbers.pt"
+LIGHTNING_PROGRAMS = REPO_ROOT / "tests" / "data" / "lightning" / "ports_programs.pt"
 
 
 def _image_tags(log_dir: str) -> set[str]:
@@ -121,6 +122,21 @@ def test_programs_end_with_lightnings_weights_bit_for_bit(name: str) -> None:
     torch.set_num_threads(1)
     recorded = torch.load(LIGHTNING_WEIGHTS, weights_only=True)[name]
     ours = numbers_ports.PROGRAMS[name]()
+    assert ours.keys() == recorded.keys()
+    for key, value in recorded.items():
+        assert torch.equal(ours[key], value), f"{name}: {key} differs from Lightning's"
+
+
+@pytest.mark.parametrize("name", sorted(pl_programs.PROGRAMS))
+def test_import_as_pl_programs_run_and_end_with_lightnings_numbers(name: str) -> None:
+    """Five programs of the kinds Lightning's examples teach, in ``import ... as pl`` style (fine-tuning with
+    ``BaseFinetuning``, a PPO agent with manual optimisation on an ``IterableDataset``, test and predict from
+    ``ckpt_path="best"``, a callback owning an optimizer and its state, an ``optimizer_step`` override): they run
+    with their import block changed only, and end with Lightning 2.6.6's weights (and scores, predictions,
+    the callback's saved state) bit for bit. Recorded by ``tests/data/lightning/record_ports.py``."""
+    torch.set_num_threads(1)
+    recorded = torch.load(LIGHTNING_PROGRAMS, weights_only=True)[name]
+    ours = pl_programs.PROGRAMS[name]()
     assert ours.keys() == recorded.keys()
     for key, value in recorded.items():
         assert torch.equal(ours[key], value), f"{name}: {key} differs from Lightning's"
