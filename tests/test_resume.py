@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, resume_job
+from tests.helpers.forked import ForkedJob, start_forked
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.files import CheckpointError, load_checkpoint
 
@@ -23,7 +24,10 @@ JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 pytestmark = pytest.mark.timeout(240)
 
 
-def start(out: Path, *args: str) -> subprocess.Popen[str]:
+def start(out: Path, *args: str) -> subprocess.Popen[str] | ForkedJob:
+    """The job in a process of its own: forked from this one (imports paid once), or under DDP a new interpreter."""
+    if "ddp" not in args:
+        return start_forked(resume_job.main, [str(out), *args])
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, str(JOB), str(out), *args],
@@ -42,7 +46,7 @@ def run_to_end(out: Path, *args: str) -> str:
     return stdout
 
 
-def run_until(out: Path, line: str, *args: str, sig: int = signal.SIGKILL) -> subprocess.Popen[str]:
+def run_until(out: Path, line: str, *args: str, sig: int = signal.SIGKILL) -> subprocess.Popen[str] | ForkedJob:
     """Start the job and send ``sig`` as soon as it prints ``line``; return the finished process."""
     proc = start(out, *args)
     assert proc.stdout is not None
