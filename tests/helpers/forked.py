@@ -68,11 +68,12 @@ class ForkedJob:
         return out, err[0]
 
 
-def start_forked(main: Callable[[list[str]], object], argv: list[str], *, new_session: bool = False) -> ForkedJob:
+def start_forked(
+    main: Callable[[list[str]], object], argv: list[str], *, env: dict[str, str] | None = None
+) -> ForkedJob:
     """Fork, and in the child run ``main(argv)`` with stdout and stderr on pipes; exit with its status.
 
-    ``new_session``: the child leads a process group of its own, so ``os.killpg(job.pid, ...)``
-    reaches it and every process it starts, as ``subprocess.Popen(start_new_session=True)``.
+    ``env``: variables set in the child's ``os.environ`` (and so in every process it starts).
     """
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -82,8 +83,7 @@ def start_forked(main: Callable[[list[str]], object], argv: list[str], *, new_se
     if pid == 0:  # the child: never returns into pytest
         code = 1
         try:
-            if new_session:
-                os.setsid()
+            os.environ.update(env or {})
             os.close(out_r)
             os.close(err_r)
             os.dup2(out_w, 1)
