@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import signal
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable
@@ -41,7 +43,14 @@ class ForkedJob:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for the exit (``timeout`` is accepted for Popen's signature; the tests' own timeouts bound it)."""
+        """Wait for the exit, at most ``timeout`` seconds (then :class:`subprocess.TimeoutExpired`, as Popen)."""
+        if self.returncode is None and timeout is not None:
+            pidfd = os.pidfd_open(self.pid)  # readable once the process has ended: no polling
+            try:
+                if not select.select([pidfd], [], [], timeout)[0]:
+                    raise subprocess.TimeoutExpired(f"forked job {self.pid}", timeout)
+            finally:
+                os.close(pidfd)
         if self.returncode is None:
             _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -55,7 +64,8 @@ class ForkedJob:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        """Read both pipes to their end and wait; stderr is read on a thread so neither pipe fills up."""
+        """Read both pipes to their end, then wait up to ``timeout`` for the exit; stderr is read on a
+        thread so neither pipe fills up."""
         import threading
 
         assert self.stdout is not None and self.stderr is not None
@@ -64,7 +74,7 @@ class ForkedJob:
         reader.start()
         out = self.stdout.read()
         reader.join()
-        self.wait()
+        self.wait(timeout)
         return out, err[0]
 
 
