@@ -171,26 +171,6 @@ class Flaky(DigitsClassifier):
 '''
 
 
-def test_a_study_goes_on_past_failed_trials_and_says_why(tmp_path: Path) -> None:
-    """Item 8: one NaN trial used to end the whole study with a chained traceback."""
-    from tests.helpers.cli import run_geartrain
-
-    (tmp_path / "flaky.py").write_text(FLAKY_MODEL)
-    result = run_geartrain(
-        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", "model._target_=flaky.Flaky",
-        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
-        cwd=tmp_path, timeout=600,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    assert "study: 2 of 4 trials failed:" in output, output[-3000:]
-    assert "trial 1 (" in output and "FloatingPointError: the loss is nan at step 0" in output
-    assert "trial 2 (" in output and "val/acc ended as nan" in output
-    assert "Best parameters" in output  # the study finished over the trials that trained
-
-
 ALWAYS_NAN = """
 from examples.digits import DigitsClassifier
 
@@ -201,34 +181,65 @@ class AlwaysNan(DigitsClassifier):
 """
 
 
-def test_a_study_whose_every_trial_fails_ends_with_the_tally_not_a_traceback(tmp_path: Path) -> None:
-    """Optuna's sweeper asks for the best trial at the end; with none it raised through a chained traceback."""
-    from tests.helpers.cli import run_geartrain
+STUDY = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+         "trainer.enable_progress_bar=false", "logger=none", "task=fit")  # fmt: skip
 
-    (tmp_path / "always_nan.py").write_text(ALWAYS_NAN)
-    result = run_geartrain(
-        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", "model._target_=always_nan.AlwaysNan",
-        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
-        cwd=tmp_path, timeout=600,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
+#: The studies of the tests below: a study's arguments and the model file its folder holds.
+STUDIES: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
+    "flaky": (
+        ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", "model._target_=flaky.Flaky", *STUDY),
+        ("flaky.py", FLAKY_MODEL),
+    ),
+    "always_nan": (
+        ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", "model._target_=always_nan.AlwaysNan",
+         *STUDY),
+        ("always_nan.py", ALWAYS_NAN),
+    ),
+    "config_mistake": (
+        ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "optimized_metric=val/accuracy", *STUDY),
+        None,
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, Path]]:
+    """The three ``geartrain -m`` studies, started at once, each in a folder of its own."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    jobs = {}
+    for name, (args, model) in STUDIES.items():
+        cwd = tmp_path_factory.mktemp(name)
+        if model is not None:
+            (cwd / model[0]).write_text(model[1])
+        jobs[name] = (cwd, list(args), None)
+    return run_many(jobs, timeout=600, env=env)
+
+
+def test_a_study_goes_on_past_failed_trials_and_says_why(studies: dict[str, tuple[int, str, Path]]) -> None:
+    """Item 8: one NaN trial used to end the whole study with a chained traceback."""
+    code, output, _ = studies["flaky"]
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "study: 2 of 4 trials failed:" in output, output[-3000:]
+    assert "trial 1 (" in output and "FloatingPointError: the loss is nan at step 0" in output
+    assert "trial 2 (" in output and "val/acc ended as nan" in output
+    assert "Best parameters" in output  # the study finished over the trials that trained
+
+
+def test_a_study_whose_every_trial_fails_ends_with_the_tally_not_a_traceback(
+    studies: dict[str, tuple[int, str, Path]],
+) -> None:
+    """Optuna's sweeper asks for the best trial at the end; with none it raised through a chained traceback."""
+    code, output, _ = studies["always_nan"]
+    assert code == 1, output[-3000:]
     assert "Traceback" not in output and "No trials are completed" not in output, output[-3000:]
     assert "study: every trial failed (2), so it has no best parameters:" in output, output[-3000:]
     assert output.count("FloatingPointError: the loss is nan at step 0") == 2, output[-3000:]
 
 
-def test_a_config_mistake_still_ends_the_study_at_the_first_trial(tmp_path: Path) -> None:
-    from tests.helpers.cli import run_geartrain
-
-    result = run_geartrain(
-        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "optimized_metric=val/accuracy",
-        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-        "trainer.enable_progress_bar=false", "logger=none", "task=fit",
-        cwd=tmp_path, timeout=600,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
+def test_a_config_mistake_still_ends_the_study_at_the_first_trial(studies: dict[str, tuple[int, str, Path]]) -> None:
+    code, output, cwd = studies["config_mistake"]
+    assert code == 1, output[-3000:]
     assert "optimized_metric=val/accuracy" in output and "Traceback" not in output, output[-3000:]
-    assert len(list(tmp_path.glob("multirun/*/*/*/.hydra"))) == 1  # trials 1 and 2 never started
+    assert len(list(cwd.glob("multirun/*/*/*/.hydra"))) == 1  # trials 1 and 2 never started

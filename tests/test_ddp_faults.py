@@ -133,24 +133,28 @@ def saved_step(root: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sigterm_to_the_launcher_saves_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
-    interrupted = tmp_path / "interrupted"
-    proc = start_job(interrupted)
-    wait_training(proc, interrupted)
-    os.kill(proc.pid, signal.SIGTERM)
-    out = finish(proc)
-    assert proc.returncode == 0, out  # preemption_exit_code=0: a complete preemption checkpoint
-    step = saved_step(interrupted)
-    assert 2 <= step < STEPS
-    resumed = start_job(interrupted, "resume")
-    out = finish(resumed)
-    assert resumed.returncode == 0, out
-    assert f"step {STEPS}" in out
     reference = tmp_path / "reference"
-    whole = start_job(reference)
-    out = finish(whole)
-    assert whole.returncode == 0, out
-    a = torch.load(interrupted / "final.pt", weights_only=True)
-    b = torch.load(reference / "final.pt", weights_only=True)
+    whole = start_job(reference)  # the uninterrupted run goes on beside the interrupted one
+    try:
+        interrupted = tmp_path / "interrupted"
+        proc = start_job(interrupted)
+        wait_training(proc, interrupted)
+        os.kill(proc.pid, signal.SIGTERM)
+        out = finish(proc)
+        assert proc.returncode == 0, out  # preemption_exit_code=0: a complete preemption checkpoint
+        step = saved_step(interrupted)
+        assert 2 <= step < STEPS
+        resumed = start_job(interrupted, "resume")
+        out = finish(resumed)
+        assert resumed.returncode == 0, out
+        assert f"step {STEPS}" in out
+        out = finish(whole)
+        assert whole.returncode == 0, out
+        a = torch.load(interrupted / "final.pt", weights_only=True)
+        b = torch.load(reference / "final.pt", weights_only=True)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(whole.pid, signal.SIGKILL)  # a failure above leaves no reference run behind
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -8,6 +8,7 @@ run on every rank with the empty-training-set warning instead of training 0 step
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,13 +28,13 @@ def _seen(root: Path) -> tuple[list[int], list[int]]:
 
 @pytest.mark.timeout(300)
 def test_the_recipe_gives_disjoint_shards_under_ddp_and_torchrun(tmp_path: Path) -> None:
-    launched = run_python([SCRIPT, "--root", str(tmp_path / "ddp")], timeout=150)
+    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                "--rdzv-endpoint=127.0.0.1:0"]  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:  # both launches at once
+        launching = pool.submit(run_python, [SCRIPT, "--root", str(tmp_path / "ddp")], timeout=150)
+        joining = pool.submit(run_python, [*torchrun, SCRIPT, "--root", str(tmp_path / "torchrun")], timeout=150)
+        launched, joined = launching.result(), joining.result()
     assert launched.returncode == 0, launched.stderr
-    joined = run_python(
-        ["-m", "torch.distributed.run", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
-         SCRIPT, "--root", str(tmp_path / "torchrun")],
-        timeout=150,
-    )  # fmt: skip
     assert joined.returncode == 0, joined.stderr
     for root in (tmp_path / "ddp", tmp_path / "torchrun"):
         zero, one = _seen(root)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, resume_job
+from tests.helpers.forked import ForkedJob, start_forked
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.files import CheckpointError, load_checkpoint
 
@@ -23,7 +24,10 @@ JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 pytestmark = pytest.mark.timeout(240)
 
 
-def start(out: Path, *args: str) -> subprocess.Popen[str]:
+def start(out: Path, *args: str) -> subprocess.Popen[str] | ForkedJob:
+    """The job in a process of its own: forked from this one (imports paid once), or under DDP a new interpreter."""
+    if "ddp" not in args:
+        return start_forked(resume_job.main, [str(out), *args])
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, str(JOB), str(out), *args],
@@ -35,14 +39,18 @@ def start(out: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def run_to_end(out: Path, *args: str) -> str:
-    proc = start(out, *args)
+    return finish(start(out, *args))
+
+
+def finish(proc: subprocess.Popen[str] | ForkedJob) -> str:
+    """Wait for a job started by :func:`start` to end well; its output."""
     stdout, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr[-3000:]
     assert "DONE" in stdout
     return stdout
 
 
-def run_until(out: Path, line: str, *args: str, sig: int = signal.SIGKILL) -> subprocess.Popen[str]:
+def run_until(out: Path, line: str, *args: str, sig: int = signal.SIGKILL) -> subprocess.Popen[str] | ForkedJob:
     """Start the job and send ``sig`` as soon as it prints ``line``; return the finished process."""
     proc = start(out, *args)
     assert proc.stdout is not None
@@ -71,12 +79,11 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
     """Final weights of uninterrupted runs, by number of DataLoader workers."""
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for workers in ("0", "2"):
-        path = tmp_path_factory.mktemp(f"whole{workers}")
-        run_to_end(path, "--workers", workers, "--delay", "0")
-        out[workers] = final_weights(path)
-    return out
+    paths = {workers: tmp_path_factory.mktemp(f"whole{workers}") for workers in ("0", "2")}
+    running = {workers: start(path, "--workers", workers, "--delay", "0") for workers, path in paths.items()}
+    for proc in running.values():  # both at once
+        finish(proc)
+    return {workers: final_weights(path) for workers, path in paths.items()}
 
 
 @pytest.mark.slow
@@ -120,14 +127,8 @@ def test_sigusr1_under_slurm_requeues(tmp_path: Path) -> None:
     scontrol = bin_dir / "scontrol"
     scontrol.write_text(f'#!/bin/sh\necho "$@" > {record}\n')
     scontrol.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
-    proc = subprocess.Popen(
-        [sys.executable, str(JOB), str(tmp_path / "run")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**env, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
-    )
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    proc = start_forked(resume_job.main, [str(tmp_path / "run")], env=env)
     assert proc.stdout is not None
     for text in proc.stdout:
         if text.strip() == "STEP 2":
@@ -240,12 +241,13 @@ def test_amp_kill_9_then_resume_is_exact(tmp_path: Path) -> None:
     """bf16 autocast (AMP's CPU default) resumes bit for bit too."""
     amp = ["--strategy", "amp"]
     whole = tmp_path / "whole"
-    run_to_end(whole, *amp, "--delay", "0")
+    reference = start(whole, *amp, "--delay", "0")  # beside the interrupted runs
     run = tmp_path / "run"
     for n, point in enumerate(["STEP 6", "VAL 18"]):
         proc = run_until(run, point, *amp, "--delay", "0.1", *(["--resume"] if n else []))
         assert proc.returncode == -signal.SIGKILL
     run_to_end(run, *amp, "--resume")
+    finish(reference)
     assert_same_weights(final_weights(run), final_weights(whole))
 
 

@@ -4,10 +4,7 @@ average, Lightning's checkpoint layout, exact resume, and DDP/FSDP equal to one 
 from __future__ import annotations
 
 import copy
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from callbacks import Callback, EMAWeightAveraging, WeightAveraging
-from tests.helpers import REPO_ROOT, jobs
+from tests.helpers import jobs
+from tests.helpers.forked import ForkedJob, start_forked
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.trainers import quiet_trainer, spawned
 from trainer import Trainer, TrainModule
@@ -248,22 +246,14 @@ def test_average_under_two_processes_equals_one_process(strategy: str, tmp_path:
 @pytest.mark.timeout(300)
 def test_kill_9_at_several_points_then_resume_is_exact(tmp_path: Path) -> None:
     """EMA (validation on the average mid-epoch) with an accumulation schedule, killed at four points."""
-    job = REPO_ROOT / "tests" / "helpers" / "averaging_job.py"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    from tests.helpers import averaging_job
 
-    def start(out: Path, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, str(job), str(out), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+    def start(out: Path, *args: str) -> ForkedJob:
+        """``averaging_job.py OUT ARGS`` in a process of its own, forked from this one (imports paid once)."""
+        return start_forked(averaging_job.main, [str(out), *args])
 
     whole = tmp_path / "whole"
-    proc = start(whole)
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err[-3000:]
+    reference = start(whole)  # beside the interrupted runs
     killed = tmp_path / "killed"
     # Epoch 0 (10 steps, factor 1): mid-epoch and after a validation; epoch 1 (factor 2): mid-window
     # batches print the same step twice, so the kill may land inside a window; epoch 2.
@@ -279,4 +269,6 @@ def test_kill_9_at_several_points_then_resume_is_exact(tmp_path: Path) -> None:
     proc = start(killed, "--resume")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-3000:]
+    _, err = reference.communicate(timeout=180)
+    assert reference.returncode == 0, err[-3000:]
     _assert_equal(torch.load(killed / "final.pt", weights_only=True), torch.load(whole / "final.pt", weights_only=True))

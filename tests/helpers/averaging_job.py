@@ -1,5 +1,5 @@
 """The resume job (``tests/helpers/resume_job.py``: shuffling, dropout, augmentation, mid-epoch validation)
-with ``EMAWeightAveraging`` and a ``GradientAccumulationScheduler``, run as a subprocess that tests kill.
+with ``EMAWeightAveraging`` and a ``GradientAccumulationScheduler``, run in a process of its own that tests kill.
 
 Prints ``STEP n`` after every batch and ``VAL n`` after every validation; ``last.ckpt`` is saved after
 every optimizer step; ``final.pt`` holds the final weights (the average, as fit leaves them).

@@ -1,4 +1,4 @@
-"""A small training job for the resume tests, run as a subprocess that the tests kill.
+"""A small training job for the resume tests, run in a process of its own that the tests kill.
 
 It uses every source of randomness an exact resume must reproduce: a shuffled sampler, dropout,
 an augmentation drawing from torch's RNG in ``__getitem__`` (validation data too), draws in
