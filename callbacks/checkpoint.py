@@ -22,6 +22,7 @@ from callbacks._checkpoint_files import (
 from callbacks._checkpoint_names import CheckpointNaming
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
+from trainer.common.errors import UserError
 from trainer.common.fs_safety import remove_checkpoint
 
 if TYPE_CHECKING:
@@ -116,16 +117,18 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         missing_monitor: str = "raise",
     ) -> None:
         filename = "{epoch}-{step}" if filename is None else filename
+        # UserError: a ValueError that is also Lightning's MisconfigurationException, worded as Lightning's.
         if mode not in ("min", "max"):
-            raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
+            raise UserError(f"ModelCheckpoint: `mode` can be min, max but got {mode}")
         if missing_monitor not in ("raise", "warn"):
             raise ValueError(f"ModelCheckpoint missing_monitor must be 'raise' or 'warn', got {missing_monitor!r}")
-        if save_top_k < -1:
-            raise ValueError(f"save_top_k must be >= -1, got {save_top_k}")
-        if every_n_train_steps is not None and every_n_train_steps < 0:
-            raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
-        if every_n_epochs is not None and every_n_epochs < 0:
-            raise ValueError(f"every_n_epochs must be >= 0, got {every_n_epochs}")
+        for name, value, least in (
+            ("save_top_k", save_top_k, -1),
+            ("every_n_train_steps", every_n_train_steps, 0),
+            ("every_n_epochs", every_n_epochs, 0),
+        ):
+            if value is not None and value < least:
+                raise UserError(f"ModelCheckpoint: invalid value for {name}={value}. Must be >= {least}")
         check_lightning_options(save_last, every_n_train_steps, every_n_epochs, train_time_interval)
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")

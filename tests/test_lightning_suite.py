@@ -1,0 +1,131 @@
+"""What Lightning 2.6's own tests of public behaviour expect, said in our words.
+
+Each case is a behaviour that Lightning's test suite (run against geartrain through an alias package,
+see docs/lightning.md) found different: the error a user catches, the words in a message a user reads,
+the key a checkpoint stores a callback's state under, ``self.log`` inside a callback.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import Callback, EarlyStopping, ModelCheckpoint
+from tests.helpers.trainers import quiet_trainer
+from trainer import Trainer, TrainModule
+from trainer.errors import MisconfigurationException, PossibleUserWarning
+
+
+class Line(TrainModule):
+    """One weight, a fixed validation value per epoch (``scores``), logged as ``val_loss``."""
+
+    def __init__(self, scores: list[float] | None = None) -> None:
+        super().__init__()
+        self.w = nn.Linear(2, 1)
+        self.scores = scores or [1.0] * 20
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.w(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self.scores[self.current_epoch])
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _loaders(n: int = 2) -> tuple[DataLoader[Any], DataLoader[Any]]:
+    return DataLoader(TensorDataset(torch.ones(n, 2))), DataLoader(TensorDataset(torch.ones(1, 2)))
+
+
+# ----------------------------------------------------------------------------- refusals users catch
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: ModelCheckpoint(save_top_k=-2), "Must be >= -1"),
+        (lambda: ModelCheckpoint(every_n_epochs=-1), "Must be >= 0"),
+        (lambda: ModelCheckpoint(every_n_train_steps=-5), "Must be >= 0"),
+        (lambda: ModelCheckpoint(every_n_train_steps=2, every_n_epochs=3), "Combination of parameters"),
+        (
+            lambda: ModelCheckpoint(train_time_interval=timedelta(seconds=9), every_n_train_steps=1),
+            "Combination of parameters",
+        ),
+        (lambda: ModelCheckpoint(mode="maximum"), "`mode` can be min, max but got maximum"),
+        (lambda: EarlyStopping("val_loss", mode="low"), "`mode` can be min, max, got low"),
+    ],
+)
+def test_bad_callback_options_are_lightnings_misconfiguration(build: Any, words: str) -> None:
+    # Lightning code catching MisconfigurationException must catch these; older code catching ValueError too.
+    with pytest.raises(MisconfigurationException, match=words) as caught:
+        build()
+    assert isinstance(caught.value, ValueError)
+
+
+def test_logging_with_neither_step_nor_epoch_is_a_misconfiguration() -> None:
+    class Both(Line):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.log("x", 1.0, on_step=False, on_epoch=False)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(MisconfigurationException, match="is not useful"):
+        quiet_trainer(max_steps=1, limit_val_batches=0).fit(Both(), _loaders()[0])
+
+
+def test_interval_longer_than_the_epoch_says_lightnings_words() -> None:
+    trainer = quiet_trainer(max_epochs=1, val_check_interval=5)
+    with pytest.raises(ValueError, match="must be less than or equal to the number of the training batches"):
+        trainer.fit(Line(), *_loaders(3))
+
+
+def test_max_epochs_unset_is_a_possible_user_warning() -> None:
+    with pytest.warns(PossibleUserWarning, match="`max_epochs` was not set"):
+        Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+
+
+# ----------------------------------------------------------------------------- early stopping
+def test_early_stopping_state_key_is_lightnings() -> None:
+    # Lightning finds a callback's state in a checkpoint by this string: the same string resumes both ways.
+    assert EarlyStopping("val_loss").state_key == "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"
+    assert EarlyStopping("acc", mode="max").state_key == "EarlyStopping{'monitor': 'acc', 'mode': 'max'}"
+
+
+@pytest.mark.parametrize(
+    ("options", "scores", "words"),
+    [
+        ({"stopping_threshold": 0.5}, [0.9, 0.4, 0.3], "Stopping threshold reached"),
+        ({"divergence_threshold": 5.0}, [1.0, 6.0, 7.0], "Divergence threshold reached"),
+    ],
+)
+def test_threshold_stops_name_their_reason_as_lightning(
+    options: dict[str, Any], scores: list[float], words: str
+) -> None:
+    es = EarlyStopping("val_loss", **options)
+    quiet_trainer(max_epochs=3, callbacks=[es]).fit(Line(scores), *_loaders())
+    assert es.stopped_epoch == 1
+    assert es.stopping_reason_message is not None and words in es.stopping_reason_message
+
+
+# ----------------------------------------------------------------------------- self.log in a callback
+def test_callbacks_log_with_self_log_during_a_run() -> None:
+    class Logs(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+            self.log("at_start", 1.0)  # type: ignore[attr-defined]
+
+        def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, *args: Any) -> None:
+            self.log_dict({"at_batch": 3.0})  # type: ignore[attr-defined]
+
+        def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+            self.log("at_epoch_end", 5.0)  # type: ignore[attr-defined]
+
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0, callbacks=[Logs()])
+    trainer.fit(Line(), _loaders()[0])
+    assert {k: float(v) for k, v in trainer.callback_metrics.items()} == {
+        "at_start": 1.0,
+        "at_batch": 3.0,
+        "at_epoch_end": 5.0,
+    }
