@@ -129,3 +129,57 @@ def test_callbacks_log_with_self_log_during_a_run() -> None:
         "at_batch": 3.0,
         "at_epoch_end": 5.0,
     }
+
+
+# ----------------------------------------------------------------------------- LearningRateMonitor
+class Scheduled(Line):
+    def __init__(self, optimizer: type[torch.optim.Optimizer] = torch.optim.SGD, groups: int = 1) -> None:
+        super().__init__()
+        self.optimizer, self.groups = optimizer, groups
+
+    def configure_optimizers(self) -> Any:
+        params = list(self.parameters())
+        groups = [{"params": params[:1], "name": "g"}, {"params": params[1:], "name": "g"}][: self.groups]
+        opt = self.optimizer(groups if self.groups > 1 else params, lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
+
+
+def _monitored(monitor: Callback, module: Line, **options: Any) -> Trainer:
+    from callbacks import CSVLogger
+
+    trainer = quiet_trainer(callbacks=[monitor], logger=CSVLogger("."), **options)
+    trainer.fit(module, *_loaders())
+    return trainer
+
+
+def test_learning_rates_are_callback_metrics_that_early_stopping_can_watch(tmp_path: Any, monkeypatch: Any) -> None:
+    from callbacks import LearningRateMonitor
+
+    monkeypatch.chdir(tmp_path)
+    es = EarlyStopping("lr-SGD", stopping_threshold=0.03, check_on_train_epoch_end=True)
+    lr = LearningRateMonitor()
+    trainer = quiet_trainer(callbacks=[lr, es], max_epochs=6, limit_val_batches=0, logger=False)
+    trainer.fit(Scheduled(), _loaders()[0])
+    assert lr.lrs["lr-SGD"] == [0.1, 0.05, 0.025]  # 0.025 < 0.03 stops after the third epoch
+    assert trainer.callback_metrics["lr-SGD"] == torch.tensor(0.025)
+    assert es.stopping_reason_message is not None and "Stopping threshold reached" in es.stopping_reason_message
+
+
+def test_momentum_asked_of_an_optimizer_without_it_warns_and_logs_zero(tmp_path: Any, monkeypatch: Any) -> None:
+    from callbacks import LearningRateMonitor
+
+    monkeypatch.chdir(tmp_path)
+    lr = LearningRateMonitor(log_momentum=True)
+    with pytest.warns(RuntimeWarning, match="optimizers do not have momentum"):
+        _monitored(lr, Scheduled(torch.optim.ASGD), max_epochs=1)
+    assert lr.last_momentum_values == {"lr-ASGD-momentum": 0.0}
+
+
+def test_two_groups_with_one_name_fail_before_training_as_misconfiguration(tmp_path: Any, monkeypatch: Any) -> None:
+    from callbacks import LearningRateMonitor
+
+    monkeypatch.chdir(tmp_path)
+    module = Scheduled(groups=2)
+    with pytest.raises(MisconfigurationException, match="cannot have multiple parameter groups with identical"):
+        _monitored(LearningRateMonitor(logging_interval="step"), module, max_epochs=1)
+    assert module.trainer.global_step == 0
