@@ -140,12 +140,16 @@ class EarlyStopping(Callback):
             return True, f"{self.monitor} = {value} is not finite"
         if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
             self._reason = EarlyStoppingReason.STOPPING_THRESHOLD
-            return True, f"Stopping threshold reached: {self.monitor} = {value:.6g}, past {self.stopping_threshold}"
+            return True, (
+                f"Stopping threshold reached: {self.monitor} = {value:.6g} reached the stopping threshold "
+                f"{self.stopping_threshold}"
+            )
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
             self._reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
             return (
                 True,
-                f"Divergence threshold reached: {self.monitor} = {value:.6g} is worse than {self.divergence_threshold}",
+                f"Divergence threshold reached: {self.monitor} = {value:.6g} is worse than the divergence threshold "
+                f"{self.divergence_threshold}",
             )
         delta = -self.min_delta if self.mode == "min" else self.min_delta
         if self._better(value, self.best_score + delta):

@@ -29,8 +29,11 @@ class Line(TrainModule):
         self.w = nn.Linear(2, 1)
         self.scores = scores or [1.0] * 20
 
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.w(batch[0])
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.w(batch[0]).pow(2).mean()
+        return self(batch).pow(2).mean()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self.log("val_loss", self.scores[self.current_epoch])
@@ -183,3 +186,40 @@ def test_two_groups_with_one_name_fail_before_training_as_misconfiguration(tmp_p
     with pytest.raises(MisconfigurationException, match="cannot have multiple parameter groups with identical"):
         _monitored(LearningRateMonitor(logging_interval="step"), module, max_epochs=1)
     assert module.trainer.global_step == 0
+
+
+# ----------------------------------------------------------------------------- dataloader_idx
+class NeedsIndex(Line):
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+        self.log("v", 1.0)
+
+
+class HookNeedsIndex(Line):
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int) -> None:  # type: ignore[override]
+        pass
+
+
+class KeywordsOnly(Line):
+    def validation_step(self, batch: Any, batch_idx: int, **kwargs: Any) -> None:
+        self.log("v", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("module", "loaders", "words"),
+    [
+        (NeedsIndex(), 1, r"only a single `val_dataloader`, but have included `dataloader_idx` in `NeedsIndex.valid"),
+        (HookNeedsIndex(), 1, r"included `dataloader_idx` in `HookNeedsIndex.on_validation_batch_start\(\)`"),
+        (KeywordsOnly(), 2, r"multiple `val_dataloader`, but no `dataloader_idx` argument in `KeywordsOnly.valid"),
+    ],
+)
+def test_dataloader_idx_that_cannot_fit_the_loaders_is_said_before_the_first_batch(
+    module: Line, loaders: int, words: str
+) -> None:
+    val = [_loaders()[1]] * loaders
+    with pytest.raises(RuntimeError, match=words):
+        quiet_trainer().validate(module, val if loaders > 1 else val[0], verbose=False)
+
+
+def test_default_predict_step_takes_the_index_of_several_loaders() -> None:
+    out = quiet_trainer().predict(Line(), [_loaders()[1], _loaders(3)[0]])
+    assert [len(per_loader) for per_loader in out] == [1, 3]  # type: ignore[arg-type]
