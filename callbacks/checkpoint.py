@@ -69,8 +69,10 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         every_n_epochs: save at the end of every n-th epoch (default 1 unless steps or a time
             interval are given).
         save_on_train_epoch_end: ``False`` saves after every validation pass of fitting (also in the
-            middle of an epoch); ``True`` or ``None`` at each training epoch's end (after its
-            validation).
+            middle of an epoch); ``True`` at each training epoch's end (after its validation); ``None``
+            (Lightning's default) after every validation pass where validation runs other than once
+            at each epoch's end (``val_check_interval`` below an epoch, ``check_val_every_n_epoch`` > 1),
+            else at each training epoch's end.
         enable_version_counter: a name already on disk or kept gets ``-v1``, ``-v2``, ... instead of
             replacing that file (``last.ckpt`` is always replaced: a resume finds it there).
         async_save: write in the background (``Trainer.save_checkpoint(..., async_=True)``): a save

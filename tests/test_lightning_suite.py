@@ -223,3 +223,25 @@ def test_dataloader_idx_that_cannot_fit_the_loaders_is_said_before_the_first_bat
 def test_default_predict_step_takes_the_index_of_several_loaders() -> None:
     out = quiet_trainer().predict(Line(), [_loaders()[1], _loaders(3)[0]])
     assert [len(per_loader) for per_loader in out] == [1, 3]  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- when ModelCheckpoint saves
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        # Validation inside the epoch: a save after each pass, holding that pass's metrics (Lightning 2.6.6).
+        ({"val_check_interval": 2, "max_epochs": 1}, ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]),
+        # Validation every other epoch: saves follow it, so epochs without validation save nothing.
+        ({"check_val_every_n_epoch": 2, "max_epochs": 4}, ["epoch=1-step=8.ckpt", "epoch=3-step=16.ckpt"]),
+        # Once at every epoch's end: one save per epoch, as before.
+        ({"max_epochs": 2}, ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]),
+        # No validation data: at each training epoch's end.
+        ({"max_epochs": 2, "limit_val_batches": 0}, ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]),
+    ],
+)
+def test_default_checkpoint_moment_follows_the_validation_schedule(
+    tmp_path: Any, options: dict[str, Any], expected: list[str]
+) -> None:
+    ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)
+    quiet_trainer(callbacks=[ck], **options).fit(Line(), *_loaders(4))
+    assert sorted(p.name for p in tmp_path.iterdir()) == expected
