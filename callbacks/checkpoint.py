@@ -307,7 +307,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         # Same state in last.ckpt: a link to (or copy of) the top-k file, not a second serialisation.
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []
-        replaces = [old for old in evict if old not in (path, self.last_model_path)]
+        replaces = [old for old in evict if old not in (path, self.last_model_path) and self._removable(trainer, old)]
         # A last name that changes (CHECKPOINT_NAME_LAST with a field) leaves one last file, as Lightning.
         moved = self.save_last and previous_last and previous_last != self.last_model_path
         # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
@@ -399,13 +399,33 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             **self.schedule_state(),
         }
 
+    def _removable(self, trainer: Trainer, old: str) -> bool:
+        """Whether an evicted top-k file may be deleted: as Lightning, only inside this callback's folder,
+        and never the checkpoint this run resumed from (a user's file, not this run's to delete)."""
+        resumed = trainer.ckpt_path
+        if resumed is not None and os.path.realpath(old) == os.path.realpath(resumed):
+            return False
+        return self.dirpath is None or Path(os.path.realpath(self.dirpath)) in Path(os.path.realpath(old)).parents
+
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_k_models = dict(state.get("best_k_models", {}))
+        saved_dir = state.get("dirpath")
+        if saved_dir in (None, "None") or self.dirpath is None or saved_dir == self.dirpath:
+            self.best_k_models = dict(state.get("best_k_models", {}))
+            self.best_model_score = state.get("best_model_score")
+            self.last_model_path = state.get("last_model_path", "")
+            self.current_score = state.get("current_score", self.current_score)
+            self.kth_best_model_path = state.get("kth_best_model_path", self.kth_best_model_path)
+            self.kth_value = state.get("kth_value", self.kth_value)
+        else:
+            # As Lightning: the files ranked there are another folder's (a run resumed into a new dirpath);
+            # ranking them here would delete them.
+            warnings.warn(
+                f"The dirpath has changed from {saved_dir!r} to {self.dirpath!r} (ModelCheckpoint), therefore "
+                "`best_model_score`, `kth_best_model_path`, `kth_value`, `last_model_path` and `best_k_models` "
+                "won't be reloaded. Only `best_model_path` will be reloaded.",
+                UserWarning,
+                stacklevel=2,
+            )
         self.best_model_path = state.get("best_model_path", "")
-        self.best_model_score = state.get("best_model_score")
-        self.last_model_path = state.get("last_model_path", "")
-        self.current_score = state.get("current_score", self.current_score)
-        self.kth_best_model_path = state.get("kth_best_model_path", self.kth_best_model_path)
-        self.kth_value = state.get("kth_value", self.kth_value)
         self.load_schedule_state(state)

@@ -245,3 +245,45 @@ def test_default_checkpoint_moment_follows_the_validation_schedule(
     ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)
     quiet_trainer(callbacks=[ck], **options).fit(Line(), *_loaders(4))
     assert sorted(p.name for p in tmp_path.iterdir()) == expected
+
+
+# ----------------------------------------------------------------------------- resuming never deletes others' files
+def _ranked_by_step(folder: Any) -> ModelCheckpoint:
+    return ModelCheckpoint(dirpath=folder, monitor="step", mode="max", save_top_k=2, every_n_train_steps=2)
+
+
+def _names_in(folder: Any) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def test_resuming_into_another_folder_leaves_the_first_folder_alone(tmp_path: Any) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    module = Line()
+    quiet_trainer(callbacks=[_ranked_by_step(first)], max_steps=4, limit_val_batches=0).fit(module, _loaders(8)[0])
+    assert _names_in(first) == {"epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"}
+    again = _ranked_by_step(second)
+    with pytest.warns(UserWarning, match="The dirpath has changed from"):
+        quiet_trainer(callbacks=[again], max_steps=8, limit_val_batches=0).fit(
+            module, _loaders(8)[0], ckpt_path=str(first / "epoch=0-step=4.ckpt")
+        )
+    assert _names_in(first) == {"epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"}
+    assert _names_in(second) == {"epoch=0-step=6.ckpt", "epoch=0-step=8.ckpt"}
+    assert set(again.best_k_models) == {str(second / "epoch=0-step=6.ckpt"), str(second / "epoch=0-step=8.ckpt")}
+
+
+def test_resuming_in_the_same_folder_keeps_the_file_it_resumed_from(tmp_path: Any) -> None:
+    module = Line()
+    quiet_trainer(callbacks=[_ranked_by_step(tmp_path)], max_steps=4, limit_val_batches=0).fit(module, _loaders(8)[0])
+    quiet_trainer(callbacks=[_ranked_by_step(tmp_path)], max_steps=8, limit_val_batches=0).fit(
+        module, _loaders(8)[0], ckpt_path=str(tmp_path / "epoch=0-step=4.ckpt")
+    )
+    assert _names_in(tmp_path) == {"epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt", "epoch=0-step=8.ckpt"}
+
+
+@pytest.mark.parametrize(("value", "words"), [(1, "1 batch will be used."), (1.0, "100% of the batches will be used.")])
+def test_overfit_batches_of_one_says_what_it_means(caplog: Any, value: Any, words: str) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        Trainer(overfit_batches=value, logger=False, enable_checkpointing=False, max_epochs=1)
+    assert f"`Trainer(overfit_batches={value})` was configured so {words}" in caplog.messages

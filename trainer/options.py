@@ -101,6 +101,7 @@ def loop_options(
         ("limit_test_batches", limit_test_batches),
         ("limit_predict_batches", limit_predict_batches),
         ("val_check_interval", val_check_interval),
+        ("overfit_batches", overfit_batches),
     ):
         _say_what_one_means(option, given)
     check_limit("overfit_batches", overfit_batches)
