@@ -287,3 +287,34 @@ def test_overfit_batches_of_one_says_what_it_means(caplog: Any, value: Any, word
     with caplog.at_level(logging.INFO):
         Trainer(overfit_batches=value, logger=False, enable_checkpointing=False, max_epochs=1)
     assert f"`Trainer(overfit_batches={value})` was configured so {words}" in caplog.messages
+
+
+# ----------------------------------------------------------------------------- a stop in the middle of an epoch
+class StopsAtBatch(Line):
+    def __init__(self, stop_at: int) -> None:
+        super().__init__()
+        self.stop_at = stop_at
+        self.validated_at: list[tuple[int, int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == self.stop_at:
+            self.trainer.should_stop = True
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.validated_at.append((self.trainer.current_epoch, self.trainer.global_step))
+
+
+def test_a_stop_asked_for_mid_epoch_validates_before_training_ends() -> None:
+    module = StopsAtBatch(stop_at=4)
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(module, *_loaders(10))
+    assert (trainer.global_step, trainer.current_epoch) == (5, 1)
+    assert module.validated_at == [(0, 5)]
+
+
+def test_a_stop_that_min_epochs_holds_back_validates_only_on_schedule() -> None:
+    module = StopsAtBatch(stop_at=1)
+    quiet_trainer(max_epochs=3, min_epochs=2).fit(module, *_loaders(4))
+    # Neither epoch may stop early (min_epochs=2): each validates at its end only, then training stops.
+    assert module.validated_at == [(0, 4), (1, 8)]

@@ -257,7 +257,8 @@ def train_epoch(
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            if validation_due(batch_idx):
+            # As Lightning: a stop asked for mid-epoch (and allowed by min_epochs/min_steps) validates first.
+            if validation_due(batch_idx) or (validate_this_epoch and _may_stop(state)):
                 validate()
             if should_stop_training(state):
                 _drop_open_window(state)
