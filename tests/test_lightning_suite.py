@@ -318,3 +318,23 @@ def test_a_stop_that_min_epochs_holds_back_validates_only_on_schedule() -> None:
     quiet_trainer(max_epochs=3, min_epochs=2).fit(module, *_loaders(4))
     # Neither epoch may stop early (min_epochs=2): each validates at its end only, then training stops.
     assert module.validated_at == [(0, 4), (1, 8)]
+
+
+# ----------------------------------------------------------------------------- how loggers are called
+@pytest.mark.parametrize("kind", ["Logger", "TensorBoardLogger", "CSVLogger"])
+def test_loggers_receive_metrics_and_step_by_keyword(tmp_path: Any, kind: str) -> None:
+    import callbacks
+
+    calls: list[dict[str, Any]] = []
+
+    class Records(getattr(callbacks, kind)):  # type: ignore[misc]
+        def log_metrics(self, *, metrics: Any, step: Any = None) -> None:  # keyword-only: positional calls fail
+            calls.append({"metrics": dict(metrics), "step": step})
+
+    class LogsAtStart(Line):
+        def on_train_start(self) -> None:
+            self.log("foo", 123.0)
+
+    logger = Records(save_dir=str(tmp_path))
+    quiet_trainer(max_epochs=2, limit_val_batches=0, logger=logger).fit(LogsAtStart(), _loaders(1)[0])
+    assert calls[0] == {"metrics": {"foo": 123.0, "epoch": 0}, "step": 0}
