@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.common.errors import UserError
 from trainer.common.fs_safety import check_replaceable, remove_checkpoint
 
 if TYPE_CHECKING:
@@ -38,14 +39,18 @@ def check_lightning_options(
     """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at once.
 
     Raises:
-        ValueError: naming the option(s).
+        UserError: naming the option(s) (a ``ValueError`` and Lightning's ``MisconfigurationException``).
     """
     if save_last not in (None, True, False, "link"):
         raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
     schedules = {"every_n_train_steps": every_n_train_steps, "every_n_epochs": every_n_epochs}
     given = [name for name, value in {**schedules, "train_time_interval": train_time_interval}.items() if value]
     if len(given) > 1:
-        raise ValueError(f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one")
+        raise UserError(
+            f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one. "
+            f"Combination of parameters every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs} "
+            f"and train_time_interval={train_time_interval} should be mutually exclusive."
+        )
 
 
 def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True, equals: str = "=") -> str:

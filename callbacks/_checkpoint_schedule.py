@@ -58,7 +58,7 @@ class SaveSchedule(Checkpoint):
         if self._monitor is not None:
             self._monitor.validated = True
         self._stale = True
-        if self.save_on_train_epoch_end is False and self._epoch_due(trainer):
+        if self._saves_after_validation(trainer) and self._epoch_due(trainer):
             self._save(trainer)  # after every validation pass, also one in the middle of an epoch
 
     @override
@@ -88,8 +88,24 @@ class SaveSchedule(Checkpoint):
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._stale = True
-        if self.save_on_train_epoch_end is not False and self._epoch_due(trainer):
+        if not self._saves_after_validation(trainer) and self._epoch_due(trainer):
             self._save(trainer)
+
+    def _saves_after_validation(self, trainer: Trainer) -> bool:
+        """Whether epoch saves follow each validation pass rather than each training epoch's end.
+
+        ``save_on_train_epoch_end=None`` is Lightning's rule: after validation where it runs other than
+        once at every epoch's end (``val_check_interval`` below an epoch, ``check_val_every_n_epoch``
+        above 1), so each save holds that pass's metrics; at the training epoch's end otherwise. Without
+        validation data, at each training epoch's end (Lightning then saves nothing when
+        ``check_val_every_n_epoch`` is above 1).
+        """
+        if self.save_on_train_epoch_end is not None:
+            return not self.save_on_train_epoch_end
+        batches = trainer.num_val_batches
+        if not (sum(batches) if isinstance(batches, list) else batches):
+            return False
+        return trainer.check_val_every_n_epoch != 1 or trainer.val_check_interval not in (None, 1.0)
 
     def _epoch_due(self, trainer: Trainer) -> bool:
         n = self.every_n_epochs

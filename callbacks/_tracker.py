@@ -229,7 +229,7 @@ class TrackerLogger(Logger):
         if step != self._epoch_written_at:
             values["epoch"] = trainer.current_epoch
             self._epoch_written_at = step
-        self.log_metrics(values, step)
+        self.log_metrics(metrics=values, step=step)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:

@@ -22,7 +22,8 @@ __all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "Checkpoint", "check_hooks", "o
 class Callback:
     """Base class for callbacks. Order of the hooks: see ``trainer/loops/fit.py`` and ``trainer/hook_order.py``.
 
-    As in Lightning 2.6, a callback has no ``log``: it logs through the module, ``pl_module.log(...)``.
+    As in Lightning 2.6, ``self.log``/``self.log_dict`` inside a hook are the module's, attached to each
+    callback when a run binds its module (the class defines neither).
     """
 
     #: False for callbacks that write files or logs; ``fast_dev_run`` leaves those out.

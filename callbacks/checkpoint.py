@@ -24,6 +24,7 @@ from callbacks._checkpoint_files import (
 from callbacks._checkpoint_names import CheckpointNaming
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
+from trainer.common.errors import UserError
 from trainer.common.fs_safety import remove_checkpoint
 
 if TYPE_CHECKING:
@@ -70,8 +71,10 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         every_n_epochs: save at the end of every n-th epoch (default 1 unless steps or a time
             interval are given).
         save_on_train_epoch_end: ``False`` saves after every validation pass of fitting (also in the
-            middle of an epoch); ``True`` or ``None`` at each training epoch's end (after its
-            validation).
+            middle of an epoch); ``True`` at each training epoch's end (after its validation); ``None``
+            (Lightning's default) after every validation pass where validation runs other than once
+            at each epoch's end (``val_check_interval`` below an epoch, ``check_val_every_n_epoch`` > 1),
+            else at each training epoch's end.
         enable_version_counter: a name already on disk or kept gets ``-v1``, ``-v2``, ... instead of
             replacing that file (``last.ckpt`` is always replaced: a resume finds it there).
         async_save: write in the background (``Trainer.save_checkpoint(..., async_=True)``): a save
@@ -118,16 +121,18 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         missing_monitor: str = "raise",
     ) -> None:
         filename = "{epoch}-{step}" if filename is None else filename
+        # UserError: a ValueError that is also Lightning's MisconfigurationException, worded as Lightning's.
         if mode not in ("min", "max"):
-            raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}")
+            raise UserError(f"ModelCheckpoint: `mode` can be min, max but got {mode}")
         if missing_monitor not in ("raise", "warn"):
             raise ValueError(f"ModelCheckpoint missing_monitor must be 'raise' or 'warn', got {missing_monitor!r}")
-        if save_top_k < -1:
-            raise ValueError(f"save_top_k must be >= -1, got {save_top_k}")
-        if every_n_train_steps is not None and every_n_train_steps < 0:
-            raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
-        if every_n_epochs is not None and every_n_epochs < 0:
-            raise ValueError(f"every_n_epochs must be >= 0, got {every_n_epochs}")
+        for name, value, least in (
+            ("save_top_k", save_top_k, -1),
+            ("every_n_train_steps", every_n_train_steps, 0),
+            ("every_n_epochs", every_n_epochs, 0),
+        ):
+            if value is not None and value < least:
+                raise UserError(f"ModelCheckpoint: invalid value for {name}={value}. Must be >= {least}")
         check_lightning_options(save_last, every_n_train_steps, every_n_epochs, train_time_interval)
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
@@ -305,7 +310,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         # Same state in last.ckpt: a link to (or copy of) the top-k file, not a second serialisation.
         # The evicted files go only after the new ones are on disk (in the writer thread when async).
         also_at = [self.last_model_path] if self.save_last else []
-        replaces = [old for old in evict if old not in (path, self.last_model_path)]
+        replaces = [old for old in evict if old not in (path, self.last_model_path) and self._removable(trainer, old)]
         # A last name that changes (CHECKPOINT_NAME_LAST with a field) leaves one last file, as Lightning.
         moved = self.save_last and previous_last and previous_last != self.last_model_path
         # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
@@ -434,13 +439,33 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             **self.schedule_state(),
         }
 
+    def _removable(self, trainer: Trainer, old: str) -> bool:
+        """Whether an evicted top-k file may be deleted: as Lightning, only inside this callback's folder,
+        and never the checkpoint this run resumed from (a user's file, not this run's to delete)."""
+        resumed = trainer.ckpt_path
+        if resumed is not None and os.path.realpath(old) == os.path.realpath(resumed):
+            return False
+        return self.dirpath is None or Path(os.path.realpath(self.dirpath)) in Path(os.path.realpath(old)).parents
+
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._best_k = dict(state.get("best_k_models", {}))
+        saved_dir = state.get("dirpath")
+        if saved_dir in (None, "None") or self.dirpath is None or saved_dir == self.dirpath:
+            self.best_k_models = dict(state.get("best_k_models", {}))
+            self.best_model_score = state.get("best_model_score")
+            self.last_model_path = state.get("last_model_path", "")
+            self.current_score = state.get("current_score", self.current_score)
+            self.kth_best_model_path = state.get("kth_best_model_path", self.kth_best_model_path)
+            self.kth_value = state.get("kth_value", self.kth_value)
+        else:
+            # As Lightning: the files ranked there are another folder's (a run resumed into a new dirpath);
+            # ranking them here would delete them.
+            warnings.warn(
+                f"The dirpath has changed from {saved_dir!r} to {self.dirpath!r} (ModelCheckpoint), therefore "
+                "`best_model_score`, `kth_best_model_path`, `kth_value`, `last_model_path` and `best_k_models` "
+                "won't be reloaded. Only `best_model_path` will be reloaded.",
+                UserWarning,
+                stacklevel=2,
+            )
         self.best_model_path = state.get("best_model_path", "")
-        self._best_score = state.get("best_model_score")
-        self.last_model_path = state.get("last_model_path", "")
-        self._current_score = state.get("current_score", self._current_score)
-        self.kth_best_model_path = state.get("kth_best_model_path", self.kth_best_model_path)
-        self._kth_value = state.get("kth_value", self._kth_value)
         self.load_schedule_state(state)

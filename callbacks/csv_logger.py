@@ -158,4 +158,4 @@ class CSVLogger(Logger):
             epoch = (
                 int(metrics["epoch"]) if "epoch" in metrics else trainer.current_epoch
             )  # a whole number, as Lightning's
-            self.log_metrics({"epoch": epoch, **values}, step)
+            self.log_metrics(metrics={"epoch": epoch, **values}, step=step)

@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from callbacks._monitor import Monitor
 from callbacks.base import Callback
+from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -87,7 +88,7 @@ class EarlyStopping(Callback):
         stream: TextIO | None = None,
     ) -> None:
         if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}")
+            raise UserError(f"EarlyStopping: `mode` can be min, max, got {mode}")
         if patience < 0:
             raise ValueError(f"patience must be >= 0, got {patience}")
         if min_delta < 0:
@@ -126,7 +127,8 @@ class EarlyStopping(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return f"EarlyStopping[monitor={self.monitor},mode={self.mode}]"
+        """Lightning's key (class name and the options that tell two apart), so its files resume here and ours there."""
+        return f"{type(self).__qualname__}{ {'monitor': self.monitor, 'mode': self.mode}!r}"
 
     def _better(self, value: float, than: float) -> bool:
         return value < than if self.mode == "min" else value > than
@@ -138,12 +140,16 @@ class EarlyStopping(Callback):
             return True, f"{self.monitor} = {value} is not finite"
         if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
             self._reason = EarlyStoppingReason.STOPPING_THRESHOLD
-            return True, f"{self.monitor} = {value:.6g} reached the stopping threshold {self.stopping_threshold}"
+            return True, (
+                f"Stopping threshold reached: {self.monitor} = {value:.6g} reached the stopping threshold "
+                f"{self.stopping_threshold}"
+            )
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
             self._reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
             return (
                 True,
-                f"{self.monitor} = {value:.6g} is worse than the divergence threshold {self.divergence_threshold}",
+                f"Divergence threshold reached: {self.monitor} = {value:.6g} is worse than the divergence threshold "
+                f"{self.divergence_threshold}",
             )
         delta = -self.min_delta if self.mode == "min" else self.min_delta
         if self._better(value, self.best_score + delta):

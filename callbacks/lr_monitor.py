@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,7 @@ import torch
 from typing_extensions import override
 
 from callbacks.base import Callback
+from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -39,8 +41,11 @@ class LearningRateMonitor(Callback):
         log_momentum: also log momentum.
         log_weight_decay: also log weight decay.
 
+    The values also enter ``trainer.callback_metrics`` (as Lightning's), so other callbacks can monitor them.
+
     Raises:
-        ValueError: one optimizer has two parameter groups with the same ``"name"``.
+        UserError: one optimizer has two parameter groups with the same ``"name"`` (a ``ValueError``
+            and Lightning's ``MisconfigurationException``), at the start of training.
     """
 
     def __init__(
@@ -68,6 +73,9 @@ class LearningRateMonitor(Callback):
             else:
                 self.lrs.setdefault(key, []).append(value)
         trainer.log_metrics(values, step=trainer.global_step)
+        # As Lightning: the rates are also callback metrics, so EarlyStopping or a checkpoint can monitor them.
+        device = trainer.strategy.root_device
+        trainer.callback_metrics.update({key: torch.tensor(value, device=device) for key, value in values.items()})
 
     def _interval(self, trainer: Trainer) -> str:
         if self.logging_interval is not None:
@@ -105,9 +113,10 @@ class LearningRateMonitor(Callback):
             groups = optimizer.param_groups
             group_names = [g.get("name", f"pg{i + 1}") for i, g in enumerate(groups)]
             if len(set(group_names)) != len(group_names):
-                raise ValueError(
+                raise UserError(
                     f"LearningRateMonitor: {name} has parameter groups with the same 'name' ({group_names}); "
-                    "give each group of one optimizer its own name"
+                    "give each group of one optimizer its own name (A single `Optimizer` cannot have multiple "
+                    "parameter groups with identical `name` values)"
                 )
             betas = "betas" in optimizer.defaults
             for i, group in enumerate(groups):
@@ -121,6 +130,20 @@ class LearningRateMonitor(Callback):
                 if self.log_weight_decay:
                     out[f"{key}-weight_decay"] = _number(group.get("weight_decay", 0))
         return out
+
+    @override
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+        # Checked once, before any value is logged: a bad configuration fails before the first step.
+        self.learning_rates(trainer)
+        if self.log_momentum:
+            optimizers = [o for o, _ in self._names(trainer)]
+            if any("momentum" not in o.defaults and "betas" not in o.defaults for o in optimizers):
+                warnings.warn(
+                    "LearningRateMonitor(log_momentum=True): some optimizers do not have momentum. This will log "
+                    "a value 0 for the momentum.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:

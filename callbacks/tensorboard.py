@@ -246,7 +246,7 @@ class TensorBoardLogger(Logger):
             self._epoch_written_at = step
         else:  # one epoch point per step (the trainer's rows carry it; the first one is written)
             numbers.pop("epoch", None)
-        self.log_metrics(numbers, step)
+        self.log_metrics(metrics=numbers, step=step)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:

@@ -60,7 +60,7 @@ def test_says_why_and_keeps_state_in_checkpoints(tmp_path: object) -> None:
     assert out.getvalue() == (
         "EarlyStopping: stopping after epoch 1: val/score did not improve by more than 0.0 for 1 checks; best 1\n"
     )
-    state = load_checkpoint(ck.last_model_path)["callbacks"]["EarlyStopping[monitor=val/score,mode=min]"]
+    state = load_checkpoint(ck.last_model_path)["callbacks"]["EarlyStopping{'monitor': 'val/score', 'mode': 'min'}"]
     assert state == {
         "wait_count": 1,
         "best_score": 1.0,

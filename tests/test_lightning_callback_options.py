@@ -125,8 +125,11 @@ def test_checkpoint_train_time_interval_saves_by_rank_zeros_clock(tmp_path: Path
 def test_checkpoint_save_on_train_epoch_end_false_saves_after_every_validation(tmp_path: Path) -> None:
     _fit([ModelCheckpoint(dirpath=tmp_path / "a", save_top_k=-1, save_on_train_epoch_end=False)], val_check_interval=2)
     assert _names(tmp_path / "a") == [f"epoch={(s - 1) // 4}-step={s}.ckpt" for s in (2, 4, 6, 8)]
+    # The default (None) does the same where validation runs inside the epoch, as Lightning 2.6.6 does.
     _fit([ModelCheckpoint(dirpath=tmp_path / "b", save_top_k=-1)], val_check_interval=2)
-    assert _names(tmp_path / "b") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
+    assert _names(tmp_path / "b") == _names(tmp_path / "a")
+    _fit([ModelCheckpoint(dirpath=tmp_path / "c", save_top_k=-1, save_on_train_epoch_end=True)], val_check_interval=2)
+    assert _names(tmp_path / "c") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
 
 
 def test_checkpoint_verbose_says_what_it_saved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,6 +51,11 @@ class HookDispatch:
         """Dispatch to ``module`` from now on (once per ``fit``/``validate``/... call)."""
         check_hooks(self.callbacks)  # again: callbacks may have been added since (configure_callbacks)
         self._module = module
+        for cb in self.callbacks:
+            # Lightning's ``self.log`` in a callback: the module's, attached for the run (a class's own wins).
+            if not hasattr(type(cb), "log"):
+                cb.log = module.log  # type: ignore[attr-defined]
+                cb.log_dict = module.log_dict  # type: ignore[attr-defined]
         self._resolved = {}
         profiler = getattr(self._owner, "profiler", None)
         self._profiler = profiler if is_active(profiler) else None

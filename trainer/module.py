@@ -186,9 +186,9 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         """Return an optimizer, a list of them, or ``{"optimizer": ..., "lr_scheduler": ...}``."""
         raise NotImplementedError(f"{type(self).__name__} must define configure_optimizers()")
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
-        """Default prediction: ``self(batch)``."""
-        return self(batch)
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Default prediction: ``self(batch)``; takes ``(batch, batch_idx[, dataloader_idx])`` as Lightning's does."""
+        return self(kwargs["batch"] if "batch" in kwargs else args[0])
 
     # ----------------------------------------------------------------- logging
     def log(

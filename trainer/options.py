@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.common.errors import PossibleUserWarning
+
 if TYPE_CHECKING:
     from callbacks.base import Callback
 
@@ -90,7 +92,7 @@ def loop_options(
             warnings.warn(
                 "`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, "
                 "set `max_epochs=-1`.",
-                UserWarning,
+                PossibleUserWarning,
                 stacklevel=3,
             )
     for option, given in (
@@ -99,6 +101,7 @@ def loop_options(
         ("limit_test_batches", limit_test_batches),
         ("limit_predict_batches", limit_predict_batches),
         ("val_check_interval", val_check_interval),
+        ("overfit_batches", overfit_batches),
     ):
         _say_what_one_means(option, given)
     check_limit("overfit_batches", overfit_batches)

@@ -206,8 +206,9 @@ def train_epoch(
     )
     if validate_this_epoch and val_every and not across and val_every > num:
         raise ValueError(
-            f"Trainer(val_check_interval={state.loop.val_check_interval}) must be at most the number of training "
-            f"batches per epoch ({int(num)}). Set limit_val_batches=0 to switch validation off, or "
+            f"Trainer(val_check_interval={state.loop.val_check_interval}) must be at most one epoch: it must be less "
+            f"than or equal to the number of the training batches ({int(num)}). Set limit_val_batches=0 to switch "
+            "validation off, or "
             "check_val_every_n_epoch=None to count the interval across epochs."
         )
     last_val_at = -1
@@ -256,7 +257,8 @@ def train_epoch(
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            if validation_due(batch_idx):
+            # As Lightning: a stop asked for mid-epoch (and allowed by min_epochs/min_steps) validates first.
+            if validation_due(batch_idx) or (validate_this_epoch and _may_stop(state)):
                 validate()
             if should_stop_training(state):
                 _drop_open_window(state)

@@ -298,8 +298,8 @@ def make_eval_batch(
     step = profiled(trainer.profiler, step_name, step)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
     forward_context = _forward_context(strategy)
+    check_takes_dataloader_idx(state.module, prefix, several=dataloader_idx is not None)
     if dataloader_idx is not None:
-        check_takes_dataloader_idx(state.module, step_name)
         step, start, end = (with_last_arg(fn, dataloader_idx) for fn in (step, start, end))
 
     def eval_batch(batch: Any, batch_idx: int) -> Any:

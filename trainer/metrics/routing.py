@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trainer.common.errors import UserError
 from trainer.common.tree import batch_size_of
 from trainer.metrics.state import load_store_state, store_state
 from trainer.metrics.store import MetricStore
@@ -115,7 +116,10 @@ class MetricRouter:
         if on_epoch is None:
             on_epoch = self.defaults[1]
         if not (on_step or on_epoch):
-            raise ValueError(f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged")
+            raise UserError(
+                f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged "
+                "(`self.log(on_step=False, on_epoch=False)` is not useful)"
+            )
         if self.dataloader_suffix:
             name += self.dataloader_suffix
         size = self._current_batch_size if batch_size is None else lambda: batch_size
