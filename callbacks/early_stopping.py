@@ -130,6 +130,11 @@ class EarlyStopping(Callback):
         """Lightning's key (class name and the options that tell two apart), so its files resume here and ours there."""
         return f"{type(self).__qualname__}{ {'monitor': self.monitor, 'mode': self.mode}!r}"
 
+    @property
+    def earlier_state_keys(self) -> tuple[str, ...]:
+        """The key geartrain's checkpoints used before Lightning's: their patience and best score still resume."""
+        return (f"EarlyStopping[monitor={self.monitor},mode={self.mode}]",)
+
     def _better(self, value: float, than: float) -> bool:
         return value < than if self.mode == "min" else value > than
 

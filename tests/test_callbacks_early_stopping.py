@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import pytest
+import torch
 
 from callbacks import EarlyStopping, ModelCheckpoint
 from callbacks.early_stopping import EarlyStoppingReason
@@ -69,6 +71,22 @@ def test_says_why_and_keeps_state_in_checkpoints(tmp_path: object) -> None:
         "stopping_reason": EarlyStoppingReason.PATIENCE_EXHAUSTED.value,
         "stopping_reason_message": "val/score did not improve by more than 0.0 for 1 checks; best 1",
     }
+
+
+def test_a_checkpoint_from_before_lightnings_state_key_still_resumes_its_state(tmp_path: Path) -> None:
+    """Files written under geartrain's earlier key (``EarlyStopping[monitor=...,mode=...]``) keep their patience."""
+    ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=0, save_last=True)
+    train, val = loaders()
+    es = EarlyStopping(monitor="val/score", patience=3, verbose=False)
+    quiet_trainer(callbacks=[es, ck], max_epochs=2).fit(Scripted([1.0, 2.0]), train, val)
+    state = torch.load(ck.last_model_path, weights_only=True)
+    saved = state["callbacks"].pop("EarlyStopping{'monitor': 'val/score', 'mode': 'min'}")
+    state["callbacks"]["EarlyStopping[monitor=val/score,mode=min]"] = saved
+    torch.save(state, tmp_path / "earlier.ckpt")
+    resumed = EarlyStopping(monitor="val/score", patience=3, verbose=False)
+    trainer = quiet_trainer(callbacks=[resumed], max_epochs=2)
+    trainer.fit(Scripted([1.0, 2.0]), train, val, ckpt_path=str(tmp_path / "earlier.ckpt"))
+    assert (resumed.best_score, resumed.wait_count) == (1.0, 1)
 
 
 def test_typo_in_monitor_is_a_clear_error() -> None:

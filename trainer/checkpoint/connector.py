@@ -334,9 +334,12 @@ class CheckpointConnector:
         t.progress.load_state_dict(state["progress"])
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
+        saved = state.get("callbacks", {})
         for cb in t.callbacks:
-            if cb.state_key in state.get("callbacks", {}):
-                cb.load_state_dict(state["callbacks"][cb.state_key])
+            # Under its key, or a key an earlier geartrain gave it (EarlyStopping's before it took Lightning's).
+            key = next((k for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ())) if k in saved), None)
+            if key is not None:
+                cb.load_state_dict(saved[key])
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
