@@ -82,7 +82,7 @@ def main() -> None:
             "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
             "metric_types": [type(v).__name__ for v in trainer.callback_metrics.values()],
             "best_model_path": checkpoint.best_model_path,
-            "best_model_score": checkpoint.best_model_score,
+            "best_model_score": checkpoint.best_model_score.item(),  # a 0-d tensor, as Lightning's
             "weights_sum": [float(p.detach().double().sum()) for p in module.parameters()],
         }
         (root / "report.json").write_text(json.dumps(report))
