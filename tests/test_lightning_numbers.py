@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import Callback
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
+from trainer.errors import PossibleUserWarning
 
 
 class Recorder(TrainModule):
@@ -204,10 +205,38 @@ def test_log_is_refused_where_lightning_refuses_it(hook: str) -> None:
 
 
 # ----------------------------------------------------------------------------- messages
-def test_max_epochs_unset_warns_as_lightning_and_means_1000() -> None:
-    with pytest.warns(UserWarning, match=r"`max_epochs` was not set. Setting it to 1000 epochs"):
-        trainer = Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+class _OneEpoch(TrainModule):
+    """A one-weight model that stops fitting after its first epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return (self.w * batch[0]).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("v", (self.w * batch[0]).sum())
+
+    def on_train_epoch_end(self) -> None:
+        self.trainer.should_stop = True
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_max_epochs_unset_warns_as_lightning_at_fit_and_means_1000() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Lightning says nothing when the Trainer is built, nor to validate
+        trainer = Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, limit_train_batches=1)
+        trainer.validate(_OneEpoch(), DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2), verbose=False)
     assert trainer.max_epochs == 1000
+    with pytest.warns(PossibleUserWarning, match=r"`max_epochs` was not set. Setting it to 1000 epochs"):
+        Trainer(
+            logger=False, enable_progress_bar=False, enable_checkpointing=False, max_steps=-1, limit_train_batches=1
+        ).fit(_OneEpoch(), DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2))
 
 
 def test_max_epochs_or_max_steps_set_does_not_warn() -> None:

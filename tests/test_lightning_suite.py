@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import Callback, EarlyStopping, ModelCheckpoint
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
-from trainer.errors import MisconfigurationException, PossibleUserWarning
+from trainer.errors import MisconfigurationException
 
 
 class Line(TrainModule):
@@ -83,11 +83,6 @@ def test_interval_longer_than_the_epoch_says_lightnings_words() -> None:
     trainer = quiet_trainer(max_epochs=1, val_check_interval=5)
     with pytest.raises(ValueError, match="must be less than or equal to the number of the training batches"):
         trainer.fit(Line(), *_loaders(3))
-
-
-def test_max_epochs_unset_is_a_possible_user_warning() -> None:
-    with pytest.warns(PossibleUserWarning, match="`max_epochs` was not set"):
-        Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
 
 
 # ----------------------------------------------------------------------------- early stopping

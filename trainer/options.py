@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainer")
 
-__all__ = ["LoopOptions", "check_module", "default_callbacks", "loop_options", "resolve_classes"]
+__all__ = [
+    "LoopOptions",
+    "check_module",
+    "default_callbacks",
+    "loop_options",
+    "resolve_classes",
+    "warn_max_epochs_defaulted",
+]
 
 
 @dataclass
@@ -42,6 +49,8 @@ class LoopOptions:
     log_every_n_steps: int
     fast_dev_run: int
     overfit_batches: int | float
+    #: ``max_epochs`` was not given (nor ``max_steps``, ``max_time``): 1000 was taken, and ``fit`` says so.
+    max_epochs_defaulted: bool = False
 
 
 def loop_options(
@@ -86,15 +95,9 @@ def loop_options(
     for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
-    if max_epochs is None and max_steps == -1 and max_time is None:
-        max_epochs = 1000  # Lightning's rule; -1 means "no limit" explicitly
-        if not fast_dev_run:
-            warnings.warn(
-                "`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, "
-                "set `max_epochs=-1`.",
-                PossibleUserWarning,
-                stacklevel=3,
-            )
+    defaulted = max_epochs is None and max_steps == -1 and max_time is None
+    if defaulted:
+        max_epochs = 1000  # Lightning's rule; -1 means "no limit" explicitly (fit warns: warn_max_epochs_defaulted)
     for option, given in (
         ("limit_train_batches", limit_train_batches),
         ("limit_val_batches", limit_val_batches),
@@ -144,7 +147,18 @@ def loop_options(
         log_every_n_steps=log_every_n_steps,
         fast_dev_run=n,
         overfit_batches=overfit_batches,
+        max_epochs_defaulted=defaulted and not n,
     )
+
+
+def warn_max_epochs_defaulted(loop: LoopOptions) -> None:
+    """At ``fit``, as Lightning: the run will stop after 1000 epochs, which nobody asked for (validate/test say nothing)."""
+    if loop.max_epochs_defaulted:
+        warnings.warn(
+            "`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set `max_epochs=-1`.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )
 
 
 def check_step_options(
