@@ -147,17 +147,22 @@ def run_python(args: Sequence[str], timeout: float, **env: str) -> Finished:
     return result
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
+def _live_with(field: int, value: int) -> list[int]:
+    """Live (non-zombie) processes whose ``/proc/<pid>/stat`` field ``field`` (after the name) is ``value``."""
     members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
+        if fields[0] != "Z" and int(fields[field]) == value:
             members.append(int(stat.parent.name))
     return members
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    return _live_with(2, pgid)
 
 
 def session_members(sid: int) -> list[int]:
@@ -166,15 +171,7 @@ def session_members(sid: int) -> list[int]:
     The ranks ``strategy="ddp"`` starts get process groups of their own (a terminal's Ctrl-C reaches
     rank 0 alone), so :func:`group_members` does not see them; they stay in the caller's session.
     """
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            members.append(int(stat.parent.name))
-    return members
+    return _live_with(3, sid)
 
 
 def run_in_session(command: Sequence[str], cwd: Path, env: dict[str, str], timeout: float) -> Finished:

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from trainer.cli.run_dirs import LOCK_FILE as LOCK_NAME
-from trainer.cli.run_dirs import open_lock, release_lock, same_file, unwritable
-from trainer.common.errors import ConfigError
+from trainer.cli.run_dirs import in_use, open_lock, release_lock, same_file, unwritable
 
 __all__ = ["RunDirGuard", "current_guard", "guarded_run_dir", "hydra_written_files", "job_held"]
 
@@ -126,13 +125,7 @@ def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard
                 path.rmdir()
         raise unwritable(folder, err) from err
     if held is None:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ConfigError(
-            f"run directory {folder} is in use by another live run ({holder}). Give this run its own "
-            "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
-        )
+        raise in_use(folder, handle)
     try:
         if not had_lock:
             created.append(lock)

@@ -30,6 +30,7 @@ __all__ = [
     "LOCK_FILE",
     "claim_run_dir",
     "held_folder",
+    "in_use",
     "locked_run_dir",
     "open_lock",
     "release_lock",
@@ -113,6 +114,17 @@ def held_folder(argv: Sequence[str]) -> Path | None:
     return Path(values[-1].strip("'\""))
 
 
+def in_use(folder: Path, handle: IO[str]) -> ConfigError:
+    """The error for a run folder whose lock a live run holds (``handle``, the lock file, is closed here)."""
+    handle.seek(0)
+    holder = handle.read().strip() or "another process"
+    handle.close()
+    return ConfigError(
+        f"run directory {folder} is in use by another live run ({holder}). Give this run its own "
+        "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
+    )
+
+
 def open_lock(lock: Path) -> tuple[IO[str] | None, IO[str]]:
     """Open and ``flock`` the lock file ``lock``: ``(handle, handle)`` when taken, ``(None, handle)`` when a live run holds it.
 
@@ -161,13 +173,7 @@ def locked_run_dir(run_dir: Path) -> Iterator[None]:
     lock = run_dir / LOCK_FILE
     held, handle = open_lock(lock)
     if held is None:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ConfigError(
-            f"run directory {run_dir} is in use by another live run ({holder}). Give this run its own "
-            "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
-        )
+        raise in_use(run_dir, handle)
     try:
         handle.seek(0)
         handle.truncate()
