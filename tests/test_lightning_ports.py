@@ -112,6 +112,16 @@ def test_gan_example_under_ddp(tmp_path: Path) -> None:
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def _assert_lightnings_numbers(recording: Path, name: str, program: Any) -> None:
+    """Run ``program`` on one thread; every tensor it returns equals Lightning's recorded one, bit for bit."""
+    torch.set_num_threads(1)
+    recorded = torch.load(recording, weights_only=True)[name]
+    ours = program()
+    assert ours.keys() == recorded.keys()
+    for key, value in recorded.items():
+        assert torch.equal(ours[key], value), f"{name}: {key} differs from Lightning's"
+
+
 @pytest.mark.parametrize("name", sorted(numbers_ports.PROGRAMS))
 def test_programs_end_with_lightnings_weights_bit_for_bit(name: str) -> None:
     """Same seed, same program, same final weights as Lightning 2.6.6 on the CPU: random draws (shuffling,
@@ -119,12 +129,7 @@ def test_programs_end_with_lightnings_weights_bit_for_bit(name: str) -> None:
 
     The weights were recorded by ``tests/data/lightning/record_ports.py`` (re-run it against Lightning
     after changing a program)."""
-    torch.set_num_threads(1)
-    recorded = torch.load(LIGHTNING_WEIGHTS, weights_only=True)[name]
-    ours = numbers_ports.PROGRAMS[name]()
-    assert ours.keys() == recorded.keys()
-    for key, value in recorded.items():
-        assert torch.equal(ours[key], value), f"{name}: {key} differs from Lightning's"
+    _assert_lightnings_numbers(LIGHTNING_WEIGHTS, name, numbers_ports.PROGRAMS[name])
 
 
 @pytest.mark.parametrize("name", sorted(pl_programs.PROGRAMS))
@@ -134,9 +139,4 @@ def test_import_as_pl_programs_run_and_end_with_lightnings_numbers(name: str) ->
     ``ckpt_path="best"``, a callback owning an optimizer and its state, an ``optimizer_step`` override): they run
     with their import block changed only, and end with Lightning 2.6.6's weights (and scores, predictions,
     the callback's saved state) bit for bit. Recorded by ``tests/data/lightning/record_ports.py``."""
-    torch.set_num_threads(1)
-    recorded = torch.load(LIGHTNING_PROGRAMS, weights_only=True)[name]
-    ours = pl_programs.PROGRAMS[name]()
-    assert ours.keys() == recorded.keys()
-    for key, value in recorded.items():
-        assert torch.equal(ours[key], value), f"{name}: {key} differs from Lightning's"
+    _assert_lightnings_numbers(LIGHTNING_PROGRAMS, name, pl_programs.PROGRAMS[name])

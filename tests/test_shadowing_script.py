@@ -34,6 +34,14 @@ def test_the_start_up_line_is_installed() -> None:
     )
 
 
+def _one_line(folder: Path, package: str) -> str:
+    """The whole message for ``folder/<package>.py`` hiding geartrain's ``package``."""
+    return (
+        f"geartrain: {folder / f'{package}.py'} hides geartrain's package {package!r}: rename it "
+        f"(e.g. my_{package}.py) and its imports"
+    )
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -46,29 +54,20 @@ def test_the_start_up_line_is_installed() -> None:
 def test_a_script_named_trainer_py_is_named_in_one_line(tmp_path: Path, text: str) -> None:
     result = _run(tmp_path, "trainer.py", {"trainer.py": text})
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [
-        f"geartrain: {tmp_path / 'trainer.py'} hides geartrain's package 'trainer': rename it (e.g. my_trainer.py) "
-        "and its imports"
-    ]
+    assert result.stderr.splitlines() == [_one_line(tmp_path, "trainer")]
 
 
 def test_a_trainer_py_beside_the_script_is_named_in_one_line(tmp_path: Path) -> None:
     result = _run(tmp_path, "train.py", {"trainer.py": "steps = 10\n", "train.py": "from trainer import Trainer\n"})
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [
-        f"geartrain: {tmp_path / 'trainer.py'} hides geartrain's package 'trainer': rename it (e.g. my_trainer.py) "
-        "and its imports"
-    ]
+    assert result.stderr.splitlines() == [_one_line(tmp_path, "trainer")]
 
 
 @pytest.mark.parametrize("name", ["callbacks", "strategies"])
 def test_a_script_named_like_the_other_packages_is_named_in_one_line(tmp_path: Path, name: str) -> None:
     result = _run(tmp_path, f"{name}.py", {f"{name}.py": "from trainer import Trainer\n\nTrainer(max_epochs=1)\n"})
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [
-        f"geartrain: {tmp_path / f'{name}.py'} hides geartrain's package {name!r}: rename it (e.g. my_{name}.py) "
-        "and its imports"
-    ]
+    assert result.stderr.splitlines() == [_one_line(tmp_path, name)]
 
 
 def test_a_trainer_py_of_a_project_not_using_geartrain_keeps_pythons_traceback(tmp_path: Path) -> None:
