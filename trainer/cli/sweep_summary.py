@@ -59,10 +59,8 @@ class TrialSummary(Callback):
             return
         if len(self.failed) == self.trials:
             print(f"study: every trial failed ({self.trials}), so it has no best parameters:", file=sys.stderr)
-            for line in self.failed:
-                print(f"  {line}", file=sys.stderr)
-            return
-        print(f"study: {len(self.failed)} of {self.trials} trials failed:", file=sys.stderr)
+        else:
+            print(f"study: {len(self.failed)} of {self.trials} trials failed:", file=sys.stderr)
         for line in self.failed:
             print(f"  {line}", file=sys.stderr)
 
