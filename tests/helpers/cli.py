@@ -1,4 +1,9 @@
-"""Run the ``geartrain`` command of this checkout in a subprocess, the way a user would."""
+"""Run the ``geartrain`` command of this checkout in a process of its own, the way a user would.
+
+The commands are forked from :mod:`tests.helpers.command_server`, which imported torch and Hydra
+once, instead of each starting a new interpreter (``fresh=True``, or ``GEARTRAIN_TESTS_FRESH=1`` for
+every command, starts a new interpreter as a user's shell does).
+"""
 
 from __future__ import annotations
 
@@ -8,25 +13,46 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.command_server import Served
 from tests.helpers.distributed import Finished, run_in_session
 
 
 def run_geartrain(
-    *args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None, module: str = "trainer"
+    *args: str,
+    cwd: Path,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+    module: str = "trainer",
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m trainer ARGS`` in ``cwd`` with this checkout first on the path; output captured."""
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH", "")]))
     child_env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    if fresh or os.environ.get("GEARTRAIN_TESTS_FRESH") == "1":
+        return subprocess.run(
+            [sys.executable, "-m", module, *args], cwd=cwd, env=child_env, capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+    proc = start(module, list(args), cwd, child_env)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
+
+
+def start(
+    module: str, args: list[str], cwd: Path, env: dict[str, str], merge: bool = False
+) -> Served | subprocess.Popen[str]:
+    """``python -m MODULE ARGS`` started in ``cwd``, output on pipes (``merge``: stderr into stdout)."""
+    if os.environ.get("GEARTRAIN_TESTS_FRESH") == "1":
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
+        )  # fmt: skip
+    return Served(module, args, str(cwd), env, merge=merge)
 
 
 def run_geartrain_watched(*args: str, cwd: Path, timeout: float) -> Finished:
@@ -51,20 +77,10 @@ def run_many(jobs: dict[str, Job], *, timeout: float, env: dict[str, str]) -> di
     Returns (exit code, stdout and stderr together, folder) by the job's name. The jobs overlap, so a
     batch costs about its longest job; any still running when this returns by an error are killed.
     """
-    running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+    running: dict[str, tuple[Served | subprocess.Popen[str], Path]] = {}
     try:
         for name, (cwd, args, extra) in jobs.items():
-            running[name] = (
-                subprocess.Popen(
-                    [sys.executable, "-m", "trainer", *args],
-                    cwd=cwd,
-                    env={**env, **(extra or {})},
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                ),
-                cwd,
-            )
+            running[name] = (start("trainer", list(args), cwd, {**env, **(extra or {})}, merge=True), cwd)
         results = {}
         for name, (proc, cwd) in running.items():
             output, _ = proc.communicate(timeout=timeout)

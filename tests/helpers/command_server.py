@@ -1,0 +1,345 @@
+"""A zygote for the command in tests: torch and Hydra imported once, one forked process per command.
+
+Every ``python -m trainer ...`` a test starts spends two of its three seconds of CPU importing
+torch, ``torch._dynamo`` (the first ``optimizer.step()`` imports it) and Hydra. This server imports
+those third-party packages once (:data:`PRELOAD`) and forks a process for each command a test
+sends it, which then runs exactly what ``python -m MODULE ARGS`` runs: this project's own modules
+are imported fresh in every command (none is preloaded, so their import-time behaviour is the
+command's), in the requested folder, with the requested environment and ``sys.path``, with its own
+pid, standard streams, signals and exit status.
+
+What a fork cannot give is written here so it stays visible: variables that torch or Hydra read
+while being imported are the server's (the server runs with the test process's environment), and
+the interpreter's start-up options are the server's. Tests that measure start-up itself start a
+real interpreter (:func:`tests.helpers.cli.run_geartrain` with ``fresh=True``).
+
+Protocol, over a Unix socket: the client sends a length-prefixed pickle ``(module, args, cwd, env,
+new_session)`` with the command's stdout and stderr descriptors; the server answers the child's pid
+on one line, and its exit status (as :attr:`subprocess.Popen.returncode`) on a second line when it ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import io
+import os
+import pickle
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import types
+from typing import Any
+
+#: Third-party modules the server imports before it forks; never this project's own.
+PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.optim", "torch.utils.data", "torchmetrics", "omegaconf",
+           "hydra", "hydra.utils", "hydra.core.utils", "hydra._internal.utils")  # fmt: skip
+
+_HEADER = struct.Struct("!I")
+
+
+def main(argv: list[str]) -> None:
+    """Serve on the socket path ``argv[0]`` until standard input closes (the test process has gone)."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    import torch
+
+    default_threads = torch.get_num_threads()
+    own_entries = {sys.path[0], *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+    base_path = [p for p in sys.path if p not in own_entries]
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(argv[0])
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    selector.register(sys.stdin, selectors.EVENT_READ)
+    print("ready", flush=True)
+    children: dict[int, socket.socket] = {}
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is sys.stdin:
+                if not sys.stdin.readline():
+                    return
+            elif key.fileobj is listener:
+                conn, _ = listener.accept()
+                request, fds = _receive(conn)
+                pid = os.fork()
+                if pid == 0:
+                    closing = [listener, conn, *children.values()]
+                    _child(request, fds, closing, (wake_r, wake_w), base_path, default_threads)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(f"{pid}\n".encode())
+                children[pid] = conn
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+                _reap(children)
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
+        more = conn.recv(1 << 16)
+        if not more:
+            raise EOFError("the client left mid-request")
+        data += more
+    return pickle.loads(data[_HEADER.size :]), list(fds)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            conn.close()
+
+
+def _child(
+    request: dict[str, Any],
+    fds: list[int],
+    closing: list[socket.socket],
+    wake: tuple[int, int],
+    base_path: list[str],
+    default_threads: int,
+) -> None:
+    """Become ``python -m MODULE ARGS`` in ``cwd`` with ``env``; never returns."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sock in closing:
+            sock.close()
+        for fd in wake:
+            os.close(fd)
+        if request["new_session"]:
+            os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in {devnull, *fds}:
+            os.close(fd)
+        env: dict[str, str] = request["env"]
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(env)
+        _standard_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
+        # What the interpreter would have put on sys.path: ``-m`` puts the folder first, then PYTHONPATH.
+        sys.path[:] = [os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), *base_path]
+        if env.get("PYTHONWARNINGS"):
+            import warnings
+
+            warnings._processoptions(env["PYTHONWARNINGS"].split(","))  # type: ignore[attr-defined]
+        import numpy
+        import torch
+
+        numpy.random.seed()  # a fresh interpreter seeds numpy's global generator from the OS
+        torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or default_threads))
+        main_module = types.ModuleType("__main__")
+        sys.modules["__main__"] = main_module
+        sys.argv = [request["module"], *request["args"]]
+        runpy._run_module_as_main(request["module"], alter_argv=True)  # type: ignore[attr-defined]
+        code = 0
+    except SystemExit as exit_:
+        code = _exit_code(exit_.code)
+    except BaseException as error:  # shown as the interpreter shows it: from runpy's frames on
+        error.with_traceback(error.__traceback__.tb_next if error.__traceback__ else None)
+        sys.excepthook(type(error), error, error.__traceback__)
+        code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
+    finally:
+        _finish(code)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int) -> None:
+    """What the interpreter does at exit: join threads, run ``atexit``, flush; then end with ``code``."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    finally:
+        if code < 0:  # an uncaught KeyboardInterrupt: the interpreter ends by the signal itself
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        os._exit(code & 0xFF)
+
+
+def _standard_streams(unbuffered: bool) -> None:
+    """New ``sys.stdin/stdout/stderr`` on descriptors 0-2, buffered as a fresh interpreter buffers them."""
+
+    def text(fd: int, mode: str, errors: str, line: bool) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, mode, closefd=False)
+        buffered: Any = (
+            raw if unbuffered and mode == "wb" else (io.BufferedWriter if mode == "wb" else io.BufferedReader)(raw)
+        )
+        return io.TextIOWrapper(
+            buffered, encoding="utf-8", errors=errors, line_buffering=line, write_through=unbuffered
+        )
+
+    sys.stdin = sys.__stdin__ = text(0, "rb", "strict", False)
+    sys.stdout = sys.__stdout__ = text(1, "wb", "strict", False)
+    sys.stderr = sys.__stderr__ = text(2, "wb", "backslashreplace", True)
+
+
+# ------------------------------------------------------------------ the client (in the test process)
+class Served:
+    """A command forked by the server: the part of :class:`subprocess.Popen` the tests use.
+
+    ``merge``: stderr goes to stdout's pipe, as ``stderr=subprocess.STDOUT``. Output is text with
+    universal newlines, as ``text=True`` gives.
+    """
+
+    def __init__(self, module: str, args: list[str], cwd: str, env: dict[str, str], *, merge: bool = False,
+                 new_session: bool = False) -> None:  # fmt: skip
+        self.args = [sys.executable, "-m", module, *args]
+        self.returncode: int | None = None
+        out_r, out_w = os.pipe()
+        err_r, err_w = (out_r, out_w) if merge else os.pipe()
+        self._pipes = [out_r] if merge else [out_r, err_r]
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._conn.connect(_server())
+            payload = pickle.dumps(
+                {"module": module, "args": list(args), "cwd": str(cwd), "env": env, "new_session": new_session}
+            )
+            socket.send_fds(self._conn, [_HEADER.pack(len(payload))], [out_w, err_w])
+            self._conn.sendall(payload)
+        finally:
+            os.close(out_w)
+            if not merge:
+                os.close(err_w)
+        self._reply = self._conn.makefile("r")
+        self.pid = int(self._reply.readline())
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select_ready(self._conn, 0):
+            self._read_status()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select_ready(self._conn, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._read_status()
+        assert self.returncode is not None
+        return self.returncode
+
+    def _read_status(self) -> None:
+        line = self._reply.readline()
+        self.returncode = int(line) if line else -signal.SIGKILL  # the server went away
+        self._reply.close()
+        self._conn.close()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """Read the pipes to their end (children that hold them included, as Popen does), then the status."""
+        texts: dict[int, bytes] = {}
+        readers = [threading.Thread(target=_read_all, args=(fd, texts), daemon=True) for fd in self._pipes]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if any(reader.is_alive() for reader in readers):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        out, *err = (_text(texts[fd]) for fd in self._pipes)
+        return out, (err[0] if err else None)
+
+
+def select_ready(sock: socket.socket, timeout: float | None) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], timeout)[0])
+
+
+def _read_all(fd: int, into: dict[int, bytes]) -> None:
+    chunks = []
+    with open(fd, "rb", closefd=True) as pipe:
+        while chunk := pipe.read1(1 << 16):
+            chunks.append(chunk)
+    into[fd] = b"".join(chunks)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+_SERVER: list[Any] = []
+
+
+def _server() -> str:
+    """The socket of this process's server, started at the first call (one per pytest worker)."""
+    if not _SERVER:
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="geartrain-commands-")
+        path = os.path.join(folder, "socket")
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONWARNINGS")}
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.command_server", path],
+            cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the command server did not start (exit {proc.wait()})")
+        _SERVER[:] = [path, proc]
+        atexit.register(_stop, proc, folder)
+    return str(_SERVER[0])
+
+
+def _stop(proc: subprocess.Popen[str], folder: str) -> None:
+    import shutil
+
+    with contextlib.suppress(OSError):
+        assert proc.stdin is not None
+        proc.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    if proc.poll() is None:
+        proc.kill()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

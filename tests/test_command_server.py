@@ -1,0 +1,60 @@
+"""The tests' command server runs a command as a new interpreter would (tests/helpers/command_server.py).
+
+Most command tests fork their ``python -m trainer`` from a server that imported torch and Hydra once;
+what they prove holds only if a served command behaves as a freshly started one. Each case here runs
+the same module both ways and compares what a test can see: exit status, output, files.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import run_geartrain
+
+MODULES = {
+    # sys.path as the interpreter makes it for ``-m``: the folder first, then PYTHONPATH.
+    "paths": """
+        import os, sys, sibling
+        print(sibling.NAME, sys.path[0] == os.getcwd(), os.environ["EXTRA"], sys.argv[1:])
+    """,
+    "raises": "raise ValueError('bad value')",
+    "exits_with_text": "import sys; sys.exit('stopped: because')",
+    "exits_3": "import sys; print('out'); sys.exit(3)",
+    "interrupted": "raise KeyboardInterrupt",
+    # Non-daemon threads are joined and atexit handlers run before the exit, output flushed.
+    "at_exit": """
+        import atexit, threading, time
+        atexit.register(lambda: print('atexit ran'))
+        threading.Thread(target=lambda: (time.sleep(0.2), print('thread ended'))).start()
+        print('main ended', end='')
+    """,
+    "unbuffered": "import sys; print('a'); print('b', file=sys.stderr); print('c')",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_served_command_equals_a_fresh_one(name: str, tmp_path: Path) -> None:
+    (tmp_path / "sibling.py").write_text("NAME = 'sibling'\n")
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(MODULES[name]))
+    runs = [
+        run_geartrain("x", "--flag", cwd=tmp_path, timeout=60, env={"EXTRA": "extra"}, module=name, fresh=fresh)
+        for fresh in (True, False)
+    ]
+    fresh, served = runs
+    assert (served.returncode, served.stdout, served.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    expected = {"paths": 0, "raises": 1, "exits_with_text": 1, "exits_3": 3, "interrupted": -2, "at_exit": 0}
+    assert served.returncode == expected.get(name, 0)
+
+
+def test_a_served_trainer_command_says_what_a_fresh_one_says(tmp_path: Path) -> None:
+    args = ("--cfg", "job", "trainer.max_epochs=3", "model.hidden=7")
+    fresh, served = (run_geartrain(*args, cwd=tmp_path, timeout=120, fresh=f) for f in (True, False))
+    assert served.returncode == fresh.returncode == 0
+    assert served.stdout == fresh.stdout and "max_epochs: 3" in served.stdout
+    typo = ("trainer.max_epoch=3",)
+    fresh, served = (run_geartrain(*typo, cwd=tmp_path, timeout=120, fresh=f) for f in (True, False))
+    assert served.returncode == fresh.returncode == 1
+    assert served.stderr == fresh.stderr and "max_epoch" in served.stderr
