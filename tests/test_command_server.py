@@ -7,12 +7,17 @@ the same module both ways and compares what a test can see: exit status, output,
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_geartrain
+from tests.helpers.command_server import Served
 
 MODULES = {
     # sys.path as the interpreter makes it for ``-m``: the folder first, then PYTHONPATH.
@@ -35,16 +40,21 @@ MODULES = {
 }
 
 
+@pytest.mark.parametrize("how", ["-m", "script", "-c"])
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_a_served_command_equals_a_fresh_one(name: str, tmp_path: Path) -> None:
+def test_a_served_command_equals_a_fresh_one(name: str, how: str, tmp_path: Path) -> None:
     (tmp_path / "sibling.py").write_text("NAME = 'sibling'\n")
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(MODULES[name]))
-    runs = [
-        run_geartrain("x", "--flag", cwd=tmp_path, timeout=60, env={"EXTRA": "extra"}, module=name, fresh=fresh)
-        for fresh in (True, False)
-    ]
-    fresh, served = runs
-    assert (served.returncode, served.stdout, served.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    code = textwrap.dedent(MODULES[name])
+    (tmp_path / f"{name}.py").write_text(code)
+    if how == "-c" and name == "paths":
+        code = code.replace("sys.path[0] == os.getcwd()", "sys.path[0] == ''")
+    argv = {"-m": ["-m", name], "script": [str(tmp_path / f"{name}.py")], "-c": ["-c", code]}[how]
+    env = {**os.environ, "EXTRA": "extra", "PYTHONPATH": str(tmp_path if how == "-c" else REPO_ROOT)}
+    fresh = subprocess.run([sys.executable, *argv, "x", "--flag"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    served = Served([*argv, "x", "--flag"], str(tmp_path), env)
+    out, err = served.communicate(60)
+    assert (served.returncode, out, err) == (fresh.returncode, fresh.stdout, fresh.stderr)
     expected = {"paths": 0, "raises": 1, "exits_with_text": 1, "exits_3": 3, "interrupted": -2, "at_exit": 0}
     assert served.returncode == expected.get(name, 0)
 

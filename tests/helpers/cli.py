@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
-from tests.helpers.command_server import Served
+from tests.helpers.command_server import Served, start
 from tests.helpers.distributed import Finished, run_in_session
 
 
@@ -34,25 +34,13 @@ def run_geartrain(
             [sys.executable, "-m", module, *args], cwd=cwd, env=child_env, capture_output=True, text=True,
             timeout=timeout, check=False,
         )  # fmt: skip
-    proc = start(module, list(args), cwd, child_env)
+    proc = start(["-m", module, *args], cwd, child_env)
     try:
         out, err = proc.communicate(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
     return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
-
-
-def start(
-    module: str, args: list[str], cwd: Path, env: dict[str, str], merge: bool = False
-) -> Served | subprocess.Popen[str]:
-    """``python -m MODULE ARGS`` started in ``cwd``, output on pipes (``merge``: stderr into stdout)."""
-    if os.environ.get("GEARTRAIN_TESTS_FRESH") == "1":
-        return subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
-        )  # fmt: skip
-    return Served(module, args, str(cwd), env, merge=merge)
 
 
 def run_geartrain_watched(*args: str, cwd: Path, timeout: float) -> Finished:
@@ -80,7 +68,7 @@ def run_many(jobs: dict[str, Job], *, timeout: float, env: dict[str, str]) -> di
     running: dict[str, tuple[Served | subprocess.Popen[str], Path]] = {}
     try:
         for name, (cwd, args, extra) in jobs.items():
-            running[name] = (start("trainer", list(args), cwd, {**env, **(extra or {})}, merge=True), cwd)
+            running[name] = (start(["-m", "trainer", *args], cwd, {**env, **(extra or {})}, merge=True), cwd)
         results = {}
         for name, (proc, cwd) in running.items():
             output, _ = proc.communicate(timeout=timeout)

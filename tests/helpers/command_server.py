@@ -5,7 +5,7 @@ torch, ``torch._dynamo`` (the first ``optimizer.step()`` imports it) and Hydra. 
 those third-party packages once (:data:`PRELOAD`) and forks a process for each command a test
 sends it, which then runs exactly what ``python -m MODULE ARGS`` runs: this project's own modules
 are imported fresh in every command (none is preloaded, so their import-time behaviour is the
-command's), in the requested folder, with the requested environment and ``sys.path``, with its own
+command's), or ``python SCRIPT ARGS``, in the requested folder, with the requested environment and ``sys.path``, with its own
 pid, standard streams, signals and exit status.
 
 What a fork cannot give is written here so it stays visible: variables that torch or Hydra read
@@ -13,7 +13,7 @@ while being imported are the server's (the server runs with the test process's e
 the interpreter's start-up options are the server's. Tests that measure start-up itself start a
 real interpreter (:func:`tests.helpers.cli.run_geartrain` with ``fresh=True``).
 
-Protocol, over a Unix socket: the client sends a length-prefixed pickle ``(module, args, cwd, env,
+Protocol, over a Unix socket: the client sends a length-prefixed pickle ``(argv, cwd, env,
 new_session)`` with the command's stdout and stderr descriptors; the server answers the child's pid
 on one line, and its exit status (as :attr:`subprocess.Popen.returncode`) on a second line when it ends.
 """
@@ -125,6 +125,7 @@ def _child(
 ) -> None:
     """Become ``python -m MODULE ARGS`` in ``cwd`` with ``env``; never returns."""
     code = 1
+    argv: list[str] = request["argv"]
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -145,8 +146,13 @@ def _child(
         os.environ.clear()
         os.environ.update(env)
         _standard_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
-        # What the interpreter would have put on sys.path: ``-m`` puts the folder first, then PYTHONPATH.
-        sys.path[:] = [os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), *base_path]
+        script = None if argv[0] in ("-m", "-c") else argv[0]
+        # What the interpreter puts first on sys.path: the folder for ``-m``, the script's own folder for a
+        # script; then PYTHONPATH.
+        first = (
+            {"-m": os.getcwd(), "-c": ""}.get(argv[0]) if script is None else os.path.dirname(os.path.realpath(script))
+        )
+        sys.path[:] = [first, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), *base_path]
         if env.get("PYTHONWARNINGS"):
             import warnings
 
@@ -156,15 +162,26 @@ def _child(
 
         numpy.random.seed()  # a fresh interpreter seeds numpy's global generator from the OS
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or default_threads))
-        main_module = types.ModuleType("__main__")
-        sys.modules["__main__"] = main_module
-        sys.argv = [request["module"], *request["args"]]
-        runpy._run_module_as_main(request["module"], alter_argv=True)  # type: ignore[attr-defined]
+        main_module = sys.modules["__main__"] = types.ModuleType("__main__")
+        if argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            main_module.__dict__["__builtins__"] = __builtins__
+            exec(compile(argv[1], "<string>", "exec"), main_module.__dict__)
+        elif argv[0] == "-m":
+            sys.argv = argv[1:]
+            runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
+        else:
+            sys.argv = list(argv)
+            runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as exit_:
         code = _exit_code(exit_.code)
-    except BaseException as error:  # shown as the interpreter shows it: from runpy's frames on
-        error.with_traceback(error.__traceback__.tb_next if error.__traceback__ else None)
+    except BaseException as error:  # shown as the interpreter shows it: ``-m`` from runpy's frames on,
+        tb = error.__traceback__.tb_next if error.__traceback__ else None  # a script or -c from its own
+        own = script or "<string>"
+        while argv[0] != "-m" and tb is not None and tb.tb_frame.f_code.co_filename != own:
+            tb = tb.tb_next
+        error.with_traceback(tb or (error.__traceback__ and error.__traceback__.tb_next))
         sys.excepthook(type(error), error, error.__traceback__)
         code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     finally:
@@ -220,9 +237,10 @@ class Served:
     universal newlines, as ``text=True`` gives.
     """
 
-    def __init__(self, module: str, args: list[str], cwd: str, env: dict[str, str], *, merge: bool = False,
+    def __init__(self, argv: list[str], cwd: str, env: dict[str, str], *, merge: bool = False,
                  new_session: bool = False) -> None:  # fmt: skip
-        self.args = [sys.executable, "-m", module, *args]
+        """``argv``: what follows ``python``: ``["-m", module, *args]`` or ``[script, *args]``."""
+        self.args = [sys.executable, *argv]
         self.returncode: int | None = None
         out_r, out_w = os.pipe()
         err_r, err_w = (out_r, out_w) if merge else os.pipe()
@@ -230,9 +248,7 @@ class Served:
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(_server())
-            payload = pickle.dumps(
-                {"module": module, "args": list(args), "cwd": str(cwd), "env": env, "new_session": new_session}
-            )
+            payload = pickle.dumps({"argv": list(argv), "cwd": str(cwd), "env": env, "new_session": new_session})
             socket.send_fds(self._conn, [_HEADER.pack(len(payload))], [out_w, err_w])
             self._conn.sendall(payload)
         finally:
@@ -301,6 +317,27 @@ def _read_all(fd: int, into: dict[int, bytes]) -> None:
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def start(
+    argv: list[str],
+    cwd: str | os.PathLike[str],
+    env: dict[str, str],
+    *,
+    merge: bool = False,
+    new_session: bool = False,
+) -> Served | subprocess.Popen[str]:
+    """``python ARGV`` started in ``cwd``, output on text pipes (``merge``: stderr into stdout).
+
+    Forked from the server; a new interpreter for other interpreter options than ``-m``/``-c``, or
+    for every command with ``GEARTRAIN_TESTS_FRESH=1`` in the environment.
+    """
+    if os.environ.get("GEARTRAIN_TESTS_FRESH") == "1" or (argv[0].startswith("-") and argv[0] not in ("-m", "-c")):
+        return subprocess.Popen(
+            [sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, start_new_session=new_session,
+        )  # fmt: skip
+    return Served(argv, str(cwd), env, merge=merge, new_session=new_session)
 
 
 _SERVER: list[Any] = []

@@ -19,7 +19,6 @@ import pickle
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -116,18 +115,13 @@ class Finished(subprocess.CompletedProcess[str]):
 def run_python(args: Sequence[str], timeout: float, **env: str) -> Finished:
     """Run ``python args...`` from the repository root in a new process group.
 
+    The process is forked from :mod:`tests.helpers.command_server` (torch and Hydra imported once).
     When it exits, every process still in its group is recorded in ``leftovers`` and then killed, so
     no worker survives a test, even one that failed or timed out.
     """
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=REPO_ROOT,
-        env=child_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    from tests.helpers.command_server import start
+
+    proc = start(list(args), REPO_ROOT, child_env(**env), new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -142,7 +136,7 @@ def run_python(args: Sequence[str], timeout: float, **env: str) -> Finished:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    result = Finished(proc.args, proc.returncode, out, err)
+    result = Finished(proc.args, proc.wait(), out, err or "")
     result.leftovers = leftovers
     return result
 
@@ -199,6 +193,6 @@ def run_in_session(command: Sequence[str], cwd: Path, env: dict[str, str], timeo
     while (leftovers := session_members(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     kill_session(proc.pid)
-    result = Finished(proc.args, proc.returncode, out, err)
+    result = Finished(proc.args, proc.wait(), out, err or "")
     result.leftovers = leftovers
     return result
