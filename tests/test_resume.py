@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import REPO_ROOT, resume_job
+from tests.helpers.command_server import Served
+from tests.helpers.command_server import start as served
 from tests.helpers.forked import ForkedJob, start_forked
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.files import CheckpointError, load_checkpoint
@@ -24,25 +25,20 @@ JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 pytestmark = pytest.mark.timeout(240)
 
 
-def start(out: Path, *args: str) -> subprocess.Popen[str] | ForkedJob:
-    """The job in a process of its own: forked from this one (imports paid once), or under DDP a new interpreter."""
+def start(out: Path, *args: str) -> subprocess.Popen[str] | ForkedJob | Served:
+    """The job in a process of its own: forked from this one (imports paid once), or under DDP from the
+    command server (its launcher re-runs the script, which a fork of pytest cannot)."""
     if "ddp" not in args:
         return start_forked(resume_job.main, [str(out), *args])
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, str(JOB), str(out), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return served([str(JOB), str(out), *args], Path.cwd(), env)
 
 
 def run_to_end(out: Path, *args: str) -> str:
     return finish(start(out, *args))
 
 
-def finish(proc: subprocess.Popen[str] | ForkedJob) -> str:
+def finish(proc: subprocess.Popen[str] | ForkedJob | Served) -> str:
     """Wait for a job started by :func:`start` to end well; its output."""
     stdout, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr[-3000:]
@@ -50,7 +46,9 @@ def finish(proc: subprocess.Popen[str] | ForkedJob) -> str:
     return stdout
 
 
-def run_until(out: Path, line: str, *args: str, sig: int = signal.SIGKILL) -> subprocess.Popen[str] | ForkedJob:
+def run_until(
+    out: Path, line: str, *args: str, sig: int = signal.SIGKILL
+) -> subprocess.Popen[str] | ForkedJob | Served:
     """Start the job and send ``sig`` as soon as it prints ``line``; return the finished process."""
     proc = start(out, *args)
     assert proc.stdout is not None
@@ -170,14 +168,7 @@ DDP = ["--strategy", "ddp", "--devices", "2"]
 def kill_group_at(out: Path, line: str, *args: str) -> None:
     """Start the job in its own process group and SIGKILL the whole group (launcher and workers)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(JOB), str(out), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    proc = served([str(JOB), str(out), *args], Path.cwd(), env, new_session=True)
     assert proc.stdout is not None
     try:
         for text in proc.stdout:

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any
+from typing import IO, Any
 
 #: Third-party modules the server imports before it forks; never this project's own.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.optim", "torch.utils.data", "torchmetrics", "omegaconf",
@@ -244,7 +244,9 @@ class Served:
         self.returncode: int | None = None
         out_r, out_w = os.pipe()
         err_r, err_w = (out_r, out_w) if merge else os.pipe()
-        self._pipes = [out_r] if merge else [out_r, err_r]
+        # Text with universal newlines, as Popen(text=True) gives.
+        self.stdout: IO[str] | None = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.stderr: IO[str] | None = None if merge else open(err_r, encoding="utf-8", errors="replace")  # noqa: SIM115
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(_server())
@@ -287,8 +289,12 @@ class Served:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         """Read the pipes to their end (children that hold them included, as Popen does), then the status."""
-        texts: dict[int, bytes] = {}
-        readers = [threading.Thread(target=_read_all, args=(fd, texts), daemon=True) for fd in self._pipes]
+        texts: dict[int, str] = {}
+        pipes = [pipe for pipe in (self.stdout, self.stderr) if pipe is not None]
+        readers = [
+            threading.Thread(target=lambda i, pipe: texts.__setitem__(i, pipe.read()), args=(i, pipe), daemon=True)
+            for i, pipe in enumerate(pipes)
+        ]  # fmt: skip
         for reader in readers:
             reader.start()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -296,27 +302,16 @@ class Served:
             reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if any(reader.is_alive() for reader in readers):
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        for pipe in pipes:
+            pipe.close()
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        out, *err = (_text(texts[fd]) for fd in self._pipes)
-        return out, (err[0] if err else None)
+        return texts[0], (texts[1] if self.stderr is not None else None)
 
 
 def select_ready(sock: socket.socket, timeout: float | None) -> bool:
     import select
 
     return bool(select.select([sock], [], [], timeout)[0])
-
-
-def _read_all(fd: int, into: dict[int, bytes]) -> None:
-    chunks = []
-    with open(fd, "rb", closefd=True) as pipe:
-        while chunk := pipe.read1(1 << 16):
-            chunks.append(chunk)
-    into[fd] = b"".join(chunks)
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def start(
