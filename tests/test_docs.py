@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.command_server import start
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("**/*.md"))]
 RUN = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
@@ -182,21 +183,20 @@ def test_block_runs(block: Block, folders: dict[Any, Path], tmp_path_factory: py
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(block.code)
         return
+    env = environment(outside=block.folder is not None)
     if RUN[block.lang] == "python":
+        # ``python block_N.py``, forked from the tests' command server (tests/helpers/command_server.py).
         script = cwd / f"block_{block.line}.py"
         script.write_text(block.code)
-        command = [sys.executable, script.name]
+        proc = start([script.name], cwd, env)
+        try:
+            out, err = proc.communicate(TIMEOUT_S)
+        finally:
+            proc.kill()
+        result = subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
     else:
         command = [shutil.which("bash") or "/bin/bash", "-euo", "pipefail", "-c", block.code]
-    result = subprocess.run(
-        command,
-        cwd=cwd,
-        env=environment(outside=block.folder is not None),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert result.returncode == 0, (
         f"{block.name} failed:\n{block.code}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     )
