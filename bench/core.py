@@ -13,7 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "Result", "clock", "format_table", "paired", "process_time", "use_wall_clock"]
+__all__ = [
+    "REPO_ROOT", "Result", "clock", "counting", "format_table", "paired", "process_time", "use_instruction_counts",
+    "use_wall_clock",
+]  # fmt: skip
 
 #: The checkout these benchmarks belong to; subprocesses get it as PYTHONPATH.
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -25,8 +28,69 @@ WALL = False
 
 
 def clock() -> float:
-    """Seconds on the chosen clock (process CPU time, or wall time after :func:`use_wall_clock`)."""
+    """Seconds on the chosen clock (process CPU time, or wall time after :func:`use_wall_clock`).
+
+    Under ``--instructions``: the instructions this process has executed since counting began (see
+    :func:`use_instruction_counts`), 0.0 while it is not counting (the warm-up runs).
+    """
     return _CLOCK[0]()
+
+
+#: Where callgrind writes its dumps when this process counts instructions (``--instructions``).
+CALLGRIND_ENV = "GEARTRAIN_BENCH_CALLGRIND"
+
+
+class _Instructions:
+    """A clock that reads instruction counts from callgrind, the process running under valgrind.
+
+    Each reading asks callgrind to dump its counters (which zeroes them) and adds the dump's total to
+    a running sum, so differences between readings are the instructions executed in between. Exact and
+    repeatable where CPU time is not (a shared virtual machine): a ratio of instructions is what the
+    trainer's own Python work adds to a step, not what that work costs in time on a given machine.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.counting = False
+        self.total = 0
+
+    def control(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True)
+
+    def count(self, on: bool) -> None:
+        """Start (or stop) counting; the warm-up runs before it are not counted."""
+        if on != self.counting:
+            if on:
+                self.control("--zero")
+            self.control("--instr=" + ("on" if on else "off"))
+            self.counting = on
+
+    def __call__(self) -> float:
+        if not self.counting:
+            return 0.0
+        before = set(self.folder.glob("cg.out.*"))
+        self.control("--dump=clock")
+        (dump,) = set(self.folder.glob("cg.out.*")) - before
+        for line in dump.read_text().splitlines():
+            if line.startswith("totals:"):
+                self.total += int(line.split()[1])
+        dump.unlink()
+        return float(self.total)
+
+
+def use_instruction_counts() -> bool:
+    """Read instruction counts (this process runs under callgrind: ``--instructions``); False if it does not."""
+    folder = os.environ.get(CALLGRIND_ENV)
+    if not folder:
+        return False
+    _CLOCK[0] = _Instructions(folder)
+    return True
+
+
+def counting(on: bool) -> None:
+    """Around the measured pairs under ``--instructions``: count them, not the warm-up runs."""
+    if isinstance(_CLOCK[0], _Instructions):
+        _CLOCK[0].count(on)
 
 
 def use_wall_clock(wall: bool) -> None:
@@ -70,9 +134,12 @@ def paired(
     Returns (median ours, median theirs, median ratio, all ratios). The order inside a pair flips
     every pair (A B, B A, ...) so a systematic first-or-second effect cancels out.
     """
+    if isinstance(_CLOCK[0], _Instructions):
+        warmup = max(warmup, 1)  # counted exactly, a first run's lazy imports would be counted too
     for _ in range(warmup):
         ours()
         theirs()
+    counting(True)
     a_times: list[float] = []
     b_times: list[float] = []
     ratios: list[float] = []
@@ -86,6 +153,7 @@ def paired(
         a_times.append(a)
         b_times.append(b)
         ratios.append(a / b)
+    counting(False)
     return statistics.median(a_times), statistics.median(b_times), statistics.median(ratios), ratios
 
 
@@ -110,6 +178,8 @@ def ratio_result(
 ) -> Result:
     """Measure a pair and judge its median ratio against ``limit``."""
     a, b, ratio, ratios = paired(ours, theirs, pairs, warmup)
+    if isinstance(_CLOCK[0], _Instructions):
+        return Result(name, a / 1e6, b / 1e6, ratio, f"<= {limit:.2f}x", ratio <= limit, note, ratios, "M instr")
     return Result(name, a, b, ratio, f"<= {limit:.2f}x", ratio <= limit, note, ratios)
 
 

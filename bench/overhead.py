@@ -266,7 +266,7 @@ def run(quick: bool = False, pairs: int = 7) -> list[Result]:
                 lambda: geartrain_fit(batches, epochs, fresh_dir()),
                 lambda: hand_fit(batches, epochs, fresh_dir()),
                 pairs,
-                1.10,
+                1.05,
                 "progress bar, TensorBoard every 50 steps, checkpoint at each epoch end, on both sides",
                 warmup,
             )
