@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from bench import ddp, gpu_lm
+from bench import core, ddp, gpu_lm
 from bench.__main__ import main as bench_main
 from bench.core import Result, format_table, paired
 from tests.helpers import REPO_ROOT
@@ -106,3 +108,45 @@ def test_gpu_check_says_so_and_exits_cleanly_without_cuda(
     spec.loader.exec_module(gpu_check)
     assert gpu_check.main() == 0
     assert "CUDA is not available" in capsys.readouterr().out
+
+
+def test_the_instruction_clock_counts_the_measured_pairs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in for valgrind's callgrind_control: it logs its arguments, and a dump writes the next
+    # line of totals.txt as the dump's total (the instructions since the previous dump).
+    bin_dir, folder = tmp_path / "bin", tmp_path / "dumps"
+    bin_dir.mkdir()
+    folder.mkdir()
+    (tmp_path / "totals.txt").write_text("5\n300\n7\n200\n")
+    (tmp_path / "count").write_text("0")
+    tool = bin_dir / "callgrind_control"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "$1" >> {tmp_path}/log\n'
+        'case "$1" in --dump=*)\n'
+        f"  n=$(( $(cat {tmp_path}/count) + 1 )); echo $n > {tmp_path}/count\n"
+        f'  printf \'desc: x\\ntotals: %s\\n\' "$(sed -n "${{n}}p" {tmp_path}/totals.txt)" > {folder}/cg.out.$n;;\n'
+        "esac\n"
+    )
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv(core.CALLGRIND_ENV, str(folder))
+    monkeypatch.setattr(core, "_CLOCK", [core._CLOCK[0]])  # the CPU clock comes back afterwards
+
+    def measured() -> float:
+        start = core.clock()
+        return core.clock() - start
+
+    assert core.use_instruction_counts()
+    result = core.ratio_result("row", measured, measured, pairs=1, limit=1.6)
+    # The warm-up pair reads 0 (not counted); then ours saw 300 instructions, the hand-written side 200.
+    assert (result.ours, result.theirs, result.ratio, result.unit) == (300 / 1e6, 200 / 1e6, 1.5, "M instr")
+    assert result.passed
+    log = (tmp_path / "log").read_text().split()
+    assert log == ["--zero", "--instr=on", *["--dump=clock"] * 4, "--instr=off"]
+    assert not list(folder.iterdir())  # each dump is read once and removed
+
+
+def test_instructions_are_counted_for_the_overhead_rows_only() -> None:
+    with pytest.raises(SystemExit) as refused:
+        bench_main(["import", "--instructions"])
+    assert refused.value.code == 2
