@@ -35,7 +35,17 @@ def free_port() -> int:
 
 
 #: Modules the fork server imports before it forks any rank (the ranks' jobs import the rest).
-PRELOAD = ["torch", "torch.distributed", "torchmetrics", "trainer", "strategies", "callbacks", "tests.helpers.jobs"]
+#: ``torch._dynamo``: imported by the first ``optimizer.step()``, otherwise again in every rank.
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.distributed",
+    "torchmetrics",
+    "trainer",
+    "strategies",
+    "callbacks",
+    "tests.helpers.jobs",
+]
 
 #: Variables the elastic launcher sets for each rank; every other variable comes from the caller.
 _LAUNCHER_KEYS = frozenset(
