@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from examples.charlm import DEFAULT_PATH, VOCAB, CharData, CharLM, decode, encode
-from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_geartrain
 from tests.helpers.trainers import quiet_trainer
 from trainer import seed_everything
 from trainer.cli.app import config_dir
@@ -98,15 +95,7 @@ def test_geartrain_experiment_charlm_runs_from_the_command_line(tmp_path: Path) 
         "model.sample_chars=10",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-m", "trainer", _experiment_override("charlm"), *overrides],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    out = run_geartrain(_experiment_override("charlm"), *overrides, cwd=tmp_path, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "--- sample after 2 steps ---" in out.stdout
     assert list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))

@@ -21,6 +21,7 @@ import yaml
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_dirs, run_geartrain
+from tests.helpers.command_server import start
 from tests.helpers.distributed import child_env, run_in_session, run_python
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -153,9 +154,12 @@ HYDRA_APP = textwrap.dedent(
 def _run_app(app: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     cwd.mkdir(parents=True, exist_ok=True)
     env = child_env(HYDRA_FULL_ERROR="1")
-    return subprocess.run(
-        [sys.executable, str(app), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=200, check=False
-    )
+    proc = start([str(app), *args], cwd, env)  # ``python app.py ARGS``, forked from the command server
+    try:
+        out, err = proc.communicate(200)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
 
 
 @pytest.mark.timeout(300)

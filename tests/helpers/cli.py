@@ -29,12 +29,13 @@ def run_geartrain(
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH", "")]))
     child_env.setdefault("PYTHONUNBUFFERED", "1")
+    argv = ["-m", module, *args]
     if fresh or os.environ.get("GEARTRAIN_TESTS_FRESH") == "1":
         return subprocess.run(
-            [sys.executable, "-m", module, *args], cwd=cwd, env=child_env, capture_output=True, text=True,
-            timeout=timeout, check=False,
+            [sys.executable, *argv], cwd=cwd, env=child_env, capture_output=True, text=True, timeout=timeout,
+            check=False,
         )  # fmt: skip
-    proc = start(["-m", module, *args], cwd, child_env)
+    proc = start(argv, cwd, child_env)
     try:
         out, err = proc.communicate(timeout)
     except subprocess.TimeoutExpired:

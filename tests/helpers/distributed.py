@@ -19,6 +19,7 @@ import pickle
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -189,10 +190,16 @@ def run_in_session(command: Sequence[str], cwd: Path, env: dict[str, str], timeo
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    proc = subprocess.Popen(
-        list(command), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+    from tests.helpers.command_server import Served, start
+
+    proc: Served | subprocess.Popen[str]
+    if command[0] == sys.executable:  # ``python ...``: forked from the command server, in a session of its own
+        proc = start(list(command[1:]), cwd, env, new_session=True)
+    else:
+        proc = subprocess.Popen(
+            list(command), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
