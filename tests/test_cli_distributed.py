@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_dirs, run_geartrain
+from tests.helpers.command_server import Served, start
 from tests.helpers.distributed import free_port
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -28,16 +28,9 @@ def steps_in(run: Path) -> int:
     return int(state["progress"]["global_step"])
 
 
-def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
+def torchrun(*args: str, cwd: Path) -> Served | subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return start(["-m", "torch.distributed.run", *args], cwd, env, merge=True)
 
 
 @pytest.mark.timeout(300)

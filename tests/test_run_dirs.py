@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers.cli import run_dirs, run_geartrain
+from tests.helpers.command_server import start
 from trainer.cli.run_dirs import claim_run_dir, locked_run_dir, resolve_last_checkpoint, unique_run_dir_overrides
 from trainer.common.errors import ConfigError
 
@@ -152,17 +153,8 @@ def test_ckpt_path_last_never_takes_another_experiment(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_runs_started_together_write_to_their_own_folders(tmp_path: Path) -> None:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "trainer", *QUICK, *QUIET, f"seed={seed}"],
-            cwd=tmp_path,
-            env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for seed in (1, 2, 3)
-    ]
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [start(["-m", "trainer", *QUICK, *QUIET, f"seed={seed}"], tmp_path, env, merge=True) for seed in (1, 2, 3)]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     runs = run_dirs(tmp_path)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from callbacks import ModelCheckpoint
 from strategies import SingleDeviceStrategy
 from strategies.sharded_checkpoint import TRAINER_STATE, load_sharded, save_sharded
 from tests.helpers import REPO_ROOT, jobs
+from tests.helpers.command_server import start
 from tests.helpers.distributed import child_env
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.convert import main as convert
@@ -191,9 +190,7 @@ def test_a_malicious_trainer_state_is_refused_unrun(tmp_path: Path) -> None:
 
 def test_kill_9_mid_save_keeps_the_previous_directory(tmp_path: Path) -> None:
     script = REPO_ROOT / "tests" / "helpers" / "sharded_kill.py"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True, env=child_env()
-    )
+    proc = start([str(script), str(tmp_path)], Path.cwd(), child_env())
     assert proc.stdout is not None
     lines = [proc.stdout.readline().strip(), proc.stdout.readline().strip()]
     assert lines == ["first saved", "writing"]
