@@ -3,10 +3,10 @@
 Every ``python -m trainer ...`` a test starts spends two of its three seconds of CPU importing
 torch, ``torch._dynamo`` (the first ``optimizer.step()`` imports it) and Hydra. This server imports
 those third-party packages once (:data:`PRELOAD`) and forks a process for each command a test
-sends it, which then runs exactly what ``python -m MODULE ARGS`` runs: this project's own modules
-are imported fresh in every command (none is preloaded, so their import-time behaviour is the
-command's), or ``python SCRIPT ARGS``, in the requested folder, with the requested environment and ``sys.path``, with its own
-pid, standard streams, signals and exit status.
+sends it, which then runs what ``python -m MODULE ARGS``, ``python SCRIPT ARGS`` or ``python -c CODE``
+runs, in the requested folder, with the requested environment and ``sys.path``, with its own pid,
+standard streams, signals and exit status. This project's own modules are imported fresh in every
+command (none is preloaded, so their import-time behaviour is the command's).
 
 What a fork cannot give is written here so it stays visible: variables that torch or Hydra read
 while being imported are the server's (the server runs with the test process's environment), and
