@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
     )
     args = parser.parse_args(argv)
     names = args.names or list(GROUPS)
+    use_wall_clock(args.wall)
     if args.instructions:
         if set(names) != {"overhead"} or args.wall:
             parser.error("--instructions counts the overhead rows only: python -m bench overhead --instructions")
         if not use_instruction_counts():
             raise SystemExit(_under_callgrind(argv if argv is not None else sys.argv[1:]))
     pairs = args.pairs or (1 if args.instructions else 3 if args.quick else 7)
-    use_wall_clock(args.wall)
     started = time.perf_counter()
     results: list[Result] = []
     for name in names:

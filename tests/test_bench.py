@@ -110,13 +110,13 @@ def test_gpu_check_says_so_and_exits_cleanly_without_cuda(
     assert "CUDA is not available" in capsys.readouterr().out
 
 
-def test_the_instruction_clock_counts_the_measured_pairs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A stand-in for valgrind's callgrind_control: it logs its arguments, and a dump writes the next
-    # line of totals.txt as the dump's total (the instructions since the previous dump).
+def _stand_in_callgrind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, totals: list[int]) -> Path:
+    """A stand-in for valgrind's callgrind_control on PATH: it logs its arguments, and a dump writes the
+    next of ``totals`` (the last one again when they run out) as the dump's total; returns the log."""
     bin_dir, folder = tmp_path / "bin", tmp_path / "dumps"
     bin_dir.mkdir()
     folder.mkdir()
-    (tmp_path / "totals.txt").write_text("5\n300\n7\n200\n")
+    (tmp_path / "totals.txt").write_text("".join(f"{t}\n" for t in totals))
     (tmp_path / "count").write_text("0")
     tool = bin_dir / "callgrind_control"
     tool.write_text(
@@ -124,13 +124,20 @@ def test_the_instruction_clock_counts_the_measured_pairs_only(tmp_path: Path, mo
         f'echo "$1" >> {tmp_path}/log\n'
         'case "$1" in --dump=*)\n'
         f"  n=$(( $(cat {tmp_path}/count) + 1 )); echo $n > {tmp_path}/count\n"
-        f'  printf \'desc: x\\ntotals: %s\\n\' "$(sed -n "${{n}}p" {tmp_path}/totals.txt)" > {folder}/cg.out.$n;;\n'
+        f'  t=$(sed -n "${{n}}p" {tmp_path}/totals.txt); [ -n "$t" ] || t=$(tail -n 1 {tmp_path}/totals.txt)\n'
+        f"  printf 'desc: x\\ntotals: %s\\n' \"$t\" > {folder}/cg.out.$n;;\n"
         "esac\n"
     )
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv(core.CALLGRIND_ENV, str(folder))
     monkeypatch.setattr(core, "_CLOCK", [core._CLOCK[0]])  # the CPU clock comes back afterwards
+    return tmp_path / "log"
+
+
+def test_the_instruction_clock_counts_the_measured_pairs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log_file = _stand_in_callgrind(tmp_path, monkeypatch, [5, 300, 7, 200])
+    folder = tmp_path / "dumps"
 
     def measured() -> float:
         start = core.clock()
@@ -141,9 +148,19 @@ def test_the_instruction_clock_counts_the_measured_pairs_only(tmp_path: Path, mo
     # The warm-up pair reads 0 (not counted); then ours saw 300 instructions, the hand-written side 200.
     assert (result.ours, result.theirs, result.ratio, result.unit) == (300 / 1e6, 200 / 1e6, 1.5, "M instr")
     assert result.passed
-    log = (tmp_path / "log").read_text().split()
+    log = log_file.read_text().split()
     assert log == ["--zero", "--instr=on", *["--dump=clock"] * 4, "--instr=off"]
     assert not list(folder.iterdir())  # each dump is read once and removed
+
+
+def test_the_overhead_command_reads_instructions_under_callgrind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As the command runs once valgrind started it: every row is read on the instruction clock.
+    _stand_in_callgrind(tmp_path, monkeypatch, [1000])
+    results = bench_main(["overhead", "--instructions", "--quick"])
+    assert results and all(r.unit == "M instr" and r.ratio == 1.0 for r in results)
+    assert "instructions executed" in capsys.readouterr().out
 
 
 def test_instructions_are_counted_for_the_overhead_rows_only() -> None:
