@@ -8,7 +8,6 @@ processes start together, so the module costs one run's time).
 from __future__ import annotations
 
 import os
-import subprocess
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, command_server
 from tests.helpers.cli import run_many
-from tests.helpers.command_server import start
 from trainer import Trainer
 
 NET = """
@@ -220,9 +218,9 @@ def test_config_dir_may_come_after_the_overrides(tmp_path: Path) -> None:
 def test_a_users_file_named_like_a_geartrain_package_is_named(tmp_path: Path, name: str) -> None:
     (tmp_path / f"{name}.py").write_text("value = 1\n")
     (tmp_path / "train.py").write_text("from trainer import Trainer\n")
-    proc = start(["train.py"], tmp_path, dict(os.environ))  # ``python train.py``, from the command server
-    _, stderr = proc.communicate(120)
-    result = subprocess.CompletedProcess(proc.args, proc.wait(), "", stderr or "")
+    result = command_server.run(
+        ["train.py"], tmp_path, dict(os.environ), 120
+    )  # ``python train.py``, from the command server
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert f"{tmp_path / name}.py hides geartrain's package '{name}': rename it (e.g. my_{name}.py)" in last, last

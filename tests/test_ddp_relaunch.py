@@ -19,9 +19,8 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, command_server
 from tests.helpers.cli import run_dirs, run_geartrain
-from tests.helpers.command_server import start
 from tests.helpers.distributed import child_env, run_in_session, run_python
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -154,12 +153,7 @@ HYDRA_APP = textwrap.dedent(
 def _run_app(app: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     cwd.mkdir(parents=True, exist_ok=True)
     env = child_env(HYDRA_FULL_ERROR="1")
-    proc = start([str(app), *args], cwd, env)  # ``python app.py ARGS``, forked from the command server
-    try:
-        out, err = proc.communicate(200)
-    finally:
-        proc.kill()
-    return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
+    return command_server.run([str(app), *args], cwd, env, 200)  # ``python app.py ARGS``, served
 
 
 @pytest.mark.timeout(300)

@@ -31,8 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT
-from tests.helpers.command_server import start
+from tests.helpers import REPO_ROOT, command_server
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("**/*.md"))]
 RUN = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
@@ -188,12 +187,7 @@ def test_block_runs(block: Block, folders: dict[Any, Path], tmp_path_factory: py
         # ``python block_N.py``, forked from the tests' command server (tests/helpers/command_server.py).
         script = cwd / f"block_{block.line}.py"
         script.write_text(block.code)
-        proc = start([script.name], cwd, env)
-        try:
-            out, err = proc.communicate(TIMEOUT_S)
-        finally:
-            proc.kill()
-        result = subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
+        result = command_server.run([script.name], cwd, env, TIMEOUT_S)
     else:
         command = [shutil.which("bash") or "/bin/bash", "-euo", "pipefail", "-c", block.code]
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)

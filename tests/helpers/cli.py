@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
-from tests.helpers.command_server import Served, start
+from tests.helpers.command_server import Served, run, start
 from tests.helpers.distributed import Finished, run_in_session
 
 
@@ -29,19 +29,7 @@ def run_geartrain(
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH", "")]))
     child_env.setdefault("PYTHONUNBUFFERED", "1")
-    argv = ["-m", module, *args]
-    if fresh or os.environ.get("GEARTRAIN_TESTS_FRESH") == "1":
-        return subprocess.run(
-            [sys.executable, *argv], cwd=cwd, env=child_env, capture_output=True, text=True, timeout=timeout,
-            check=False,
-        )  # fmt: skip
-    proc = start(argv, cwd, child_env)
-    try:
-        out, err = proc.communicate(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
+    return run(["-m", module, *args], cwd, child_env, timeout, fresh=fresh)
 
 
 def run_geartrain_watched(*args: str, cwd: Path, timeout: float) -> Finished:

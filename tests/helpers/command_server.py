@@ -123,7 +123,8 @@ def _child(
     base_path: list[str],
     default_threads: int,
 ) -> None:
-    """Become ``python -m MODULE ARGS`` in ``cwd`` with ``env``; never returns."""
+    """Become ``python -m MODULE ARGS``, ``python SCRIPT ARGS`` or ``python -c CODE`` in ``cwd`` with ``env``;
+    never returns."""
     code = 1
     argv: list[str] = request["argv"]
     try:
@@ -239,7 +240,7 @@ class Served:
 
     def __init__(self, argv: list[str], cwd: str, env: dict[str, str], *, merge: bool = False,
                  new_session: bool = False) -> None:  # fmt: skip
-        """``argv``: what follows ``python``: ``["-m", module, *args]`` or ``[script, *args]``."""
+        """``argv``: what follows ``python``: ``["-m", module, *args]``, ``[script, *args]`` or ``["-c", code, *args]``."""
         self.args = [sys.executable, *argv]
         self.returncode: int | None = None
         out_r, out_w = os.pipe()
@@ -321,18 +322,40 @@ def start(
     *,
     merge: bool = False,
     new_session: bool = False,
+    fresh: bool = False,
 ) -> Served | subprocess.Popen[str]:
     """``python ARGV`` started in ``cwd``, output on text pipes (``merge``: stderr into stdout).
 
-    Forked from the server; a new interpreter for other interpreter options than ``-m``/``-c``, or
-    for every command with ``GEARTRAIN_TESTS_FRESH=1`` in the environment.
+    Forked from the server; a new interpreter with ``fresh``, for other interpreter options than
+    ``-m``/``-c``, or for every command with ``GEARTRAIN_TESTS_FRESH=1`` in the environment.
     """
-    if os.environ.get("GEARTRAIN_TESTS_FRESH") == "1" or (argv[0].startswith("-") and argv[0] not in ("-m", "-c")):
+    if (
+        fresh
+        or os.environ.get("GEARTRAIN_TESTS_FRESH") == "1"
+        or (argv[0].startswith("-") and argv[0] not in ("-m", "-c"))
+    ):
         return subprocess.Popen(
             [sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, start_new_session=new_session,
         )  # fmt: skip
     return Served(argv, str(cwd), env, merge=merge, new_session=new_session)
+
+
+def run(
+    argv: list[str], cwd: str | os.PathLike[str], env: dict[str, str], timeout: float, *, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` to its end, output captured: :func:`subprocess.run` for :func:`start`.
+
+    Past ``timeout`` the process is killed and :class:`subprocess.TimeoutExpired` raised, as ``subprocess.run`` does.
+    """
+    proc = start(argv, cwd, env, fresh=fresh)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
 
 
 _SERVER: list[Any] = []
@@ -346,11 +369,12 @@ def _server() -> str:
         folder = tempfile.mkdtemp(prefix="geartrain-commands-")
         path = os.path.join(folder, "socket")
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONWARNINGS")}
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = root
+        from tests.helpers import REPO_ROOT
+
+        env["PYTHONPATH"] = str(REPO_ROOT)
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.command_server", path],
-            cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
