@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "REPO_ROOT", "Result", "clock", "counting", "format_table", "paired", "process_time", "use_instruction_counts",
+    "REPO_ROOT", "Result", "clock", "format_table", "paired", "process_time", "use_instruction_counts",
     "use_wall_clock",
 ]  # fmt: skip
 
@@ -87,10 +87,10 @@ def use_instruction_counts() -> bool:
     return True
 
 
-def counting(on: bool) -> None:
-    """Around the measured pairs under ``--instructions``: count them, not the warm-up runs."""
-    if isinstance(_CLOCK[0], _Instructions):
-        _CLOCK[0].count(on)
+def _instruction_clock() -> _Instructions | None:
+    """The instruction clock, where ``--instructions`` chose it."""
+    chosen = _CLOCK[0]
+    return chosen if isinstance(chosen, _Instructions) else None
 
 
 def use_wall_clock(wall: bool) -> None:
@@ -134,12 +134,14 @@ def paired(
     Returns (median ours, median theirs, median ratio, all ratios). The order inside a pair flips
     every pair (A B, B A, ...) so a systematic first-or-second effect cancels out.
     """
-    if isinstance(_CLOCK[0], _Instructions):
+    instructions = _instruction_clock()
+    if instructions is not None:
         warmup = max(warmup, 1)  # counted exactly, a first run's lazy imports would be counted too
     for _ in range(warmup):
         ours()
         theirs()
-    counting(True)
+    if instructions is not None:
+        instructions.count(True)  # the measured pairs, not the warm-up runs
     a_times: list[float] = []
     b_times: list[float] = []
     ratios: list[float] = []
@@ -153,7 +155,8 @@ def paired(
         a_times.append(a)
         b_times.append(b)
         ratios.append(a / b)
-    counting(False)
+    if instructions is not None:
+        instructions.count(False)
     return statistics.median(a_times), statistics.median(b_times), statistics.median(ratios), ratios
 
 
@@ -178,7 +181,7 @@ def ratio_result(
 ) -> Result:
     """Measure a pair and judge its median ratio against ``limit``."""
     a, b, ratio, ratios = paired(ours, theirs, pairs, warmup)
-    if isinstance(_CLOCK[0], _Instructions):
+    if _instruction_clock() is not None:
         return Result(name, a / 1e6, b / 1e6, ratio, f"<= {limit:.2f}x", ratio <= limit, note, ratios, "M instr")
     return Result(name, a, b, ratio, f"<= {limit:.2f}x", ratio <= limit, note, ratios)
 
