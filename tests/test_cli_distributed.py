@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.cli import run_dirs, run_geartrain
-from tests.helpers.command_server import Served, start
+from tests.helpers.command_server import Started, start
 from tests.helpers.distributed import free_port
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -28,7 +27,7 @@ def steps_in(run: Path) -> int:
     return int(state["progress"]["global_step"])
 
 
-def torchrun(*args: str, cwd: Path) -> Served | subprocess.Popen[str]:
+def torchrun(*args: str, cwd: Path) -> Started:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return start(["-m", "torch.distributed.run", *args], cwd, env, merge=True)
 

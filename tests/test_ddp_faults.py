@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from strategies import DDPStrategy
 from strategies.launch import check_slurm_launched
 from tests.helpers import REPO_ROOT
-from tests.helpers.command_server import Served, start
+from tests.helpers.command_server import Started, start
 from tests.helpers.distributed import child_env, group_members
 from trainer import Trainer
 from trainer.common.errors import UserError
@@ -88,11 +87,8 @@ JOB = textwrap.dedent(
 
 STEPS = 40  # far more than a signal after step 2 lets run
 
-#: A job of :func:`start_job`: forked from the command server (or a new interpreter, see its docs).
-Job = Served | subprocess.Popen[str]
 
-
-def start_job(root: Path, *extra: str, seconds: float = 0.05, grace: float = 20, **env: str) -> Job:
+def start_job(root: Path, *extra: str, seconds: float = 0.05, grace: float = 20, **env: str) -> Started:
     root.mkdir(parents=True, exist_ok=True)
     script = root / "job.py"
     script.write_text(JOB)
@@ -101,7 +97,7 @@ def start_job(root: Path, *extra: str, seconds: float = 0.05, grace: float = 20,
     return start(argv, REPO_ROOT, child_env(**env), merge=True, new_session=True)
 
 
-def wait_training(proc: Job, root: Path) -> None:
+def wait_training(proc: Started, root: Path) -> None:
     deadline = time.monotonic() + 120
     while not (root / "training").exists():
         assert proc.poll() is None, proc.communicate()[0]
@@ -109,7 +105,7 @@ def wait_training(proc: Job, root: Path) -> None:
         time.sleep(0.1)
 
 
-def finish(proc: Job, timeout: float = 120) -> str:
+def finish(proc: Started, timeout: float = 120) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
         deadline = time.monotonic() + 5  # multiprocessing's resource tracker may still be on its way out

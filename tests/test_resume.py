@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import REPO_ROOT, resume_job
-from tests.helpers.command_server import Served
+from tests.helpers.command_server import Started
 from tests.helpers.command_server import start as served
 from tests.helpers.forked import ForkedJob, start_forked
 from tests.helpers.trainers import quiet_trainer
@@ -25,7 +24,7 @@ JOB = REPO_ROOT / "tests" / "helpers" / "resume_job.py"
 pytestmark = pytest.mark.timeout(240)
 
 
-def start(out: Path, *args: str) -> subprocess.Popen[str] | ForkedJob | Served:
+def start(out: Path, *args: str) -> Started | ForkedJob:
     """The job in a process of its own: forked from this one (imports paid once), or under DDP from the
     command server (its launcher re-runs the script, which a fork of pytest cannot)."""
     if "ddp" not in args:
@@ -38,7 +37,7 @@ def run_to_end(out: Path, *args: str) -> str:
     return finish(start(out, *args))
 
 
-def finish(proc: subprocess.Popen[str] | ForkedJob | Served) -> str:
+def finish(proc: Started | ForkedJob) -> str:
     """Wait for a job started by :func:`start` to end well; its output."""
     stdout, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr[-3000:]
@@ -46,9 +45,7 @@ def finish(proc: subprocess.Popen[str] | ForkedJob | Served) -> str:
     return stdout
 
 
-def run_until(
-    out: Path, line: str, *args: str, sig: int = signal.SIGKILL
-) -> subprocess.Popen[str] | ForkedJob | Served:
+def run_until(out: Path, line: str, *args: str, sig: int = signal.SIGKILL) -> Started | ForkedJob:
     """Start the job and send ``sig`` as soon as it prints ``line``; return the finished process."""
     proc = start(out, *args)
     assert proc.stdout is not None

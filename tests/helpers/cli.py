@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
-from tests.helpers.command_server import Served, run, start
+from tests.helpers.command_server import Started, run, start
 from tests.helpers.distributed import Finished, run_in_session
 
 
@@ -54,7 +54,7 @@ def run_many(jobs: dict[str, Job], *, timeout: float, env: dict[str, str]) -> di
     Returns (exit code, stdout and stderr together, folder) by the job's name. The jobs overlap, so a
     batch costs about its longest job; any still running when this returns by an error are killed.
     """
-    running: dict[str, tuple[Served | subprocess.Popen[str], Path]] = {}
+    running: dict[str, tuple[Started, Path]] = {}
     try:
         for name, (cwd, args, extra) in jobs.items():
             running[name] = (start(["-m", "trainer", *args], cwd, {**env, **(extra or {})}, merge=True), cwd)

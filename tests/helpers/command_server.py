@@ -315,6 +315,10 @@ def select_ready(sock: socket.socket, timeout: float | None) -> bool:
     return bool(select.select([sock], [], [], timeout)[0])
 
 
+#: What :func:`start` gives: a served process, or a new interpreter's Popen.
+Started = Served | subprocess.Popen[str]
+
+
 def start(
     argv: list[str],
     cwd: str | os.PathLike[str],
@@ -323,7 +327,7 @@ def start(
     merge: bool = False,
     new_session: bool = False,
     fresh: bool = False,
-) -> Served | subprocess.Popen[str]:
+) -> Started:
     """``python ARGV`` started in ``cwd``, output on text pipes (``merge``: stderr into stdout).
 
     Forked from the server; a new interpreter with ``fresh``, for other interpreter options than

@@ -190,9 +190,9 @@ def run_in_session(command: Sequence[str], cwd: Path, env: dict[str, str], timeo
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    from tests.helpers.command_server import Served, start
+    from tests.helpers.command_server import Started, start
 
-    proc: Served | subprocess.Popen[str]
+    proc: Started
     if command[0] == sys.executable:  # ``python ...``: forked from the command server, in a session of its own
         proc = start(list(command[1:]), cwd, env, new_session=True)
     else:
