@@ -23,6 +23,7 @@ class _TrainerLog:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, float, dict[str, object]]] = []
+        self._plain_log: dict[str, Any] = {}  # no shortcut: every call reaches _log
 
     def _log(self, name: str, value: Any, *args: object) -> None:
         self.calls.append((name, float(value), dict(zip(_KEYS, args))))

@@ -30,6 +30,8 @@ M = TypeVar("M", bound="TrainModule")
 
 __all__ = ["DataModule", "TrainModule"]
 
+_Tensor = torch.Tensor
+
 
 class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, ExportMixin, nn.Module):
     """Base class for models the :class:`~trainer.Trainer` trains.
@@ -222,8 +224,29 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         (a logged ``Metric`` is kept by reference). ``enable_graph=True`` and ``sync_dist_group``
         are refused.
         """
-        if self._trainer is None:
+        trainer = self._trainer
+        if trainer is None:
             return
+        # The call a training step makes every step takes a shortcut that a first, full call of the same
+        # name worked out (trainer.metrics.routing.PlainLog): detach, check, store; no layers between.
+        plan = trainer._plain_log.get(name)
+        if (
+            plan is not None
+            and type(value) is _Tensor
+            and on_step is None
+            and on_epoch is None
+            and logger is not False
+            and not (sync_dist or rank_zero_only or enable_graph)
+            and sync_dist_group is None
+            and reduce_fx == "mean"
+        ):
+            entry, pending, metrics, shown, dtype = plan
+            tensor = value.data if value.requires_grad else value
+            if tensor.ndim == 0 and tensor.dtype is dtype:
+                entry.step_value = pending[name] = metrics[name] = tensor
+                if shown is not None:
+                    shown[name] = tensor
+                return
         if (
             logger is False
             or rank_zero_only
@@ -244,9 +267,9 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
                 return
             _check_loggable(name, value)
         # Positional: this runs every step, and keyword passing costs a little more per call.
-        self._trainer._log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, batch_size)
+        trainer._log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, batch_size)
         if logger is False:
-            self._trainer.metric_router.no_logger_keys.update((name, f"{name}_step", f"{name}_epoch"))
+            trainer.metric_router.no_logger_keys.update((name, f"{name}_step", f"{name}_epoch"))
 
     def _log_options(self, name: str, rank_zero_only: bool, enable_graph: bool, group: Any) -> bool:
         """Check the rarely used ``self.log`` options; False where this process records nothing."""

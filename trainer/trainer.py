@@ -191,6 +191,8 @@ class Trainer(TrainerAttributes):
         self.metric_router = MetricRouter(self._to_loggers, self._is_sanity_checking)
         # TrainModule.log's back end, bound once: it runs every step.
         self._log = self.metric_router.log
+        # TrainModule.log's shortcut for the per-step call (the router empties it, never replaces it).
+        self._plain_log = self.metric_router.plain
         #: Checkpoint content, saving, restoring, and where ``last.ckpt`` lives.
         self.checkpointing = CheckpointConnector(self)
         #: SIGTERM/SIGUSR1 handling (``preemption_exit_code``, ``slurm_requeue``).

@@ -17,14 +17,21 @@ import torch
 from trainer.common.errors import UserError
 from trainer.common.tree import batch_size_of
 from trainer.metrics.state import load_store_state, store_state
-from trainer.metrics.store import MetricStore
+from trainer.metrics.store import MetricStore, _Entry
 
-__all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter"]
+__all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter", "PlainLog"]
 
 #: ``(on_step, on_epoch)`` defaults of ``self.log`` in training steps ...
 STEP_DEFAULTS = (True, False)
 #: ... and in epoch-end hooks and evaluation.
 EPOCH_DEFAULTS = (False, True)
+
+#: What a plain per-step ``self.log(name, tensor)`` does, worked out by its first call (see
+#: :attr:`MetricRouter.plain`): the entry, the store's ``pending_step``, ``callback_metrics``,
+#: ``progress_bar_metrics`` if the name is shown there (else None), and the dtype the value had.
+PlainLog = tuple[
+    _Entry, dict[str, torch.Tensor], dict[str, torch.Tensor], "dict[str, torch.Tensor] | None", torch.dtype
+]
 
 
 class MetricRouter:
@@ -68,26 +75,36 @@ class MetricRouter:
         self.train_store: MetricStore | None = None
         #: The training epoch's aggregates restored from a checkpoint, for :meth:`start_train_epoch`.
         self._resumed_epoch: dict[str, Any] | None = None
+        #: ``TrainModule.log``'s shortcut for the call a training step makes every step: a name already
+        #: logged in this batch loop, a scalar float tensor, every option at its default. Such a call
+        #: only stores the value under its name (no epoch sums, no sync, no suffix), which the
+        #: :data:`PlainLog` of the first call says where. One dict for the router's life, emptied
+        #: whenever the store, the defaults or the metric dicts change, so a plan never outlives them.
+        self.plain: dict[str, PlainLog] = {}
 
     @contextlib.contextmanager
     def logging(self, store: MetricStore, defaults: tuple[bool, bool]) -> Iterator[None]:
         """Route ``self.log`` to ``store`` with ``defaults`` for ``(on_step, on_epoch)`` inside the block."""
         previous = self.store, self.defaults
         self.store, self.defaults = store, defaults
+        self.plain.clear()
         try:
             yield
         finally:
             self.store, self.defaults = previous
+            self.plain.clear()
 
     @contextlib.contextmanager
     def refusing(self, hook: str) -> Iterator[None]:
         """Inside the block ``self.log`` is refused, naming ``hook`` (Lightning refuses it in ``on_*_end``)."""
         previous = self.store, self.refused_hook
         self.store, self.refused_hook = None, hook
+        self.plain.clear()
         try:
             yield
         finally:
             self.store, self.refused_hook = previous
+            self.plain.clear()
 
     def log(
         self,
@@ -122,10 +139,25 @@ class MetricRouter:
             )
         if self.dataloader_suffix:
             name += self.dataloader_suffix
+        self.plain.pop(name, None)  # this call may change what the next one must do; the end decides anew
         size = self._current_batch_size if batch_size is None else lambda: batch_size
         key = store.log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, size)
-        if key is not None:
-            self._remember_one(key, store.pending_step[key], store.prog_bar_keys())
+        if key is None:
+            return
+        tensor = store.pending_step[key]
+        self._remember_one(key, tensor, store.prog_bar_keys())
+        # Worked out for the next call of this name that passes every option at its default, if that call
+        # will only store its value under the name (on_step only: the key is the name; no suffix to strip;
+        # a tensor, not a Metric). The call itself checks the rest: a scalar of the dtype stored here.
+        entry = store.entries[name]
+        if (
+            key == name
+            and self.defaults is STEP_DEFAULTS
+            and entry.metric is None
+            and name.removesuffix("_step").removesuffix("_epoch") == name
+        ):
+            shown = self.progress_bar_metrics if name in store.prog_bar_keys() else None
+            self.plain[name] = (entry, store.pending_step, self.callback_metrics, shown, tensor.dtype)
 
     def _current_batch_size(self) -> int:
         """``batch_size_of`` the current batch, worked out once per batch however many values are logged."""
@@ -194,12 +226,14 @@ class MetricRouter:
     def restore(self, snapshot: tuple[dict[str, torch.Tensor], ...]) -> None:
         """Put back what :meth:`snapshot` took."""
         self.callback_metrics, self.progress_bar_metrics, self.logged_metrics = snapshot
+        self.plain.clear()
 
     # ----------------------------------------------------------------- checkpoints
     def start_train_epoch(self, store: MetricStore, module: torch.nn.Module | None) -> None:
         """Make ``store`` the training epoch's; after a mid-epoch resume, with the restored aggregates."""
         self.train_store = store
         self.epoch_keys.clear()
+        self.plain.clear()
         resumed, self._resumed_epoch = self._resumed_epoch, None
         if resumed is not None:
             load_store_state(store, resumed["store"], module)
@@ -225,6 +259,7 @@ class MetricRouter:
         self.logged_metrics = dict(state.get("logged_metrics", {}))
         self.progress_bar_metrics = dict(state.get("progress_bar_metrics", {}))
         self._resumed_epoch = state.get("train_epoch")
+        self.plain.clear()
 
 
 def _detached(values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
