@@ -241,10 +241,11 @@ class MetricRouter:
 
     def state_dict(self, module: torch.nn.Module | None, mid_epoch: bool) -> dict[str, Any]:
         """What later decisions read: the three metric dicts and, ``mid_epoch``, the epoch's aggregates."""
+        copies: dict[int, torch.Tensor] = {}  # a value in several dicts is copied (and saved) once
         state: dict[str, Any] = {
-            "callback_metrics": _detached(self.callback_metrics),
-            "logged_metrics": _detached(self.logged_metrics),
-            "progress_bar_metrics": _detached(self.progress_bar_metrics),
+            "callback_metrics": _detached(self.callback_metrics, copies),
+            "logged_metrics": _detached(self.logged_metrics, copies),
+            "progress_bar_metrics": _detached(self.progress_bar_metrics, copies),
         }
         if mid_epoch and self.train_store is not None:
             state["train_epoch"] = {
@@ -262,5 +263,14 @@ class MetricRouter:
         self.plain.clear()
 
 
-def _detached(values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {key: value.detach().clone() if isinstance(value, torch.Tensor) else value for key, value in values.items()}
+def _detached(values: Mapping[str, torch.Tensor], copies: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached copies of ``values``; ``copies`` (by the original's id) shares one copy between dicts."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor):
+            copy = copies.get(id(value))
+            if copy is None:
+                copy = copies[id(value)] = value.detach().clone()
+            value = copy
+        out[key] = value
+    return out
