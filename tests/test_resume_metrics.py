@@ -138,3 +138,25 @@ def test_a_step_plateau_scheduler_on_a_validation_metric_keeps_stepping_after_a_
     # Before the fix callback_metrics were empty after a resume: the scheduler (strict=False) skipped
     # every step until the next validation, where the uninterrupted run stepped on the last value.
     assert_same_state(attempts(tmp_path, maker("val/loss", "step"), kills, **VAL_STEPS), whole_val_steps)
+
+
+def test_a_value_in_several_metric_dicts_is_saved_once_and_read_back_in_each(tmp_path: Path) -> None:
+    """The loss sits in callback_metrics, logged_metrics and progress_bar_metrics: one tensor in the file."""
+    from tests.helpers.regression import Regressor, make_loader
+
+    class Logs(Regressor):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss, prog_bar=True)
+            return loss
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, log_every_n_steps=1)
+    trainer.fit(Logs(), make_loader(8, 4))
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    saved = torch.load(tmp_path / "run.ckpt", weights_only=True)["metrics"]
+    values = [saved[name]["loss"] for name in ("callback_metrics", "logged_metrics", "progress_bar_metrics")]
+    assert values[0] is values[1] is values[2] and not values[0].requires_grad
+    assert float(values[0]) == float(trainer.callback_metrics["loss"])
+    restored = quiet_trainer(tmp_path, max_epochs=1)
+    restored.metric_router.load_state_dict(saved)
+    assert float(restored.callback_metrics["loss"]) == float(restored.logged_metrics["loss"]) == float(values[0])
