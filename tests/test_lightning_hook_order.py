@@ -610,3 +610,33 @@ def test_callbacks_and_module_are_called_in_lightnings_order(
     """Callbacks before the module, with Lightning's exceptions (trainer/hook_order.py)."""
     monkeypatch.chdir(tmp_path)
     assert record_dispatch(stage, tmp_path) == _zero_grad_after_the_step(lightning)
+
+
+@pytest.mark.parametrize("overriders", ["module", "one callback", "two callbacks", "both"])
+def test_a_hook_bound_for_a_loop_calls_and_returns_as_the_dispatch_does(overriders: str, tmp_path: Path) -> None:
+    """``hooks.bound(hook)`` (kept by the loops) skips the dispatch where it can; what it calls, in which
+    order, and what it returns (the module's result; never a callback's) stay those of ``hooks(hook)``."""
+    calls: list[str] = []
+
+    class Says(Callback):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> int:
+            calls.append(self.name)
+            return -1  # a callback's return value is not the hook's: Lightning ignores it
+
+    class Module(TrainModule):
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> int:
+            calls.append("module")
+            return 7
+
+    module = Module() if overriders in ("module", "both") else TrainModule()
+    callbacks = {"module": [], "one callback": [Says("a")], "two callbacks": [Says("a"), Says("b")]}
+    trainer = quiet_trainer(tmp_path, callbacks=callbacks.get(overriders, [Says("a"), Says("b")]))
+    trainer.hooks.bind(module)
+    expected = trainer.hooks("on_train_batch_start", None, 0)
+    dispatched, calls[:] = list(calls), []
+    bound = trainer.hooks.bound("on_train_batch_start")
+    assert bound is not None and bound(None, 0) == expected
+    assert calls == dispatched and expected == (7 if overriders in ("module", "both") else None)

@@ -140,7 +140,7 @@ def test_without_a_profiler_the_step_binds_the_very_seams_it_bound_before(tmp_pa
     assert seams["clip"] is None and seams["user_optimizer_step"] is None
     assert seams["before_backward"] is None  # hooks nobody overrides stay unbound
     batch_seams = _closure(make_train_batch(trainer, trainer.run_state))
-    assert batch_seams["to_device"].func.__name__ == "move_to_device"  # the plain move, unwrapped
+    assert batch_seams["to_device"].__qualname__ == "device_mover.<locals>.move"  # the plain move, unwrapped
     # Hook dispatch resolves to the module's and callbacks' own methods.
     timer = cbs.Timer()
     trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[timer])

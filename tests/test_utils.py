@@ -12,6 +12,7 @@ import torch
 from strategies import SingleDeviceStrategy
 from strategies.precision import HalfPrecision
 from trainer import seed_everything
+from trainer.common.tree import device_mover
 from trainer.utils import apply_to_tensors, batch_size_of, move_to_device
 
 META = torch.device("meta")  # a second device every machine has: moving there is observable
@@ -58,6 +59,23 @@ def test_move_to_device_rebuilds_containers_and_keeps_other_objects() -> None:
     assert type(moved["ordered"]) is OrderedDict and moved["ordered"]["a"].device == META
     assert moved["none"] is None
     assert batch["list"][0].device.type == "cpu"  # the input batch is not modified in place
+
+
+def test_the_loops_mover_does_what_move_to_device_does() -> None:
+    """``device_mover(device)`` (what the loops call per batch) is ``move_to_device`` to that device."""
+    cpu = device_mover(torch.device("cpu"))
+    in_place = (torch.ones(2), torch.zeros(2, dtype=torch.long))
+    assert cpu(in_place) is in_place  # the usual batch, already on the CPU: returned as it is
+    listed = [torch.ones(1)]
+    assert cpu(listed) is listed
+    mixed = (torch.ones(1), "id-7")  # not only tensors: rebuilt as move_to_device rebuilds it
+    assert type(cpu(mixed)) is tuple and cpu(mixed)[1] == "id-7"
+    off_cpu = (torch.ones(1), torch.ones(1, device=META))
+    with pytest.raises(NotImplementedError, match="meta"):  # a tensor elsewhere is moved (meta has no data)
+        cpu(off_cpu)
+    assert cpu({"x": torch.ones(1)})["x"].device.type == "cpu"
+    moved = device_mover(META)(in_place)
+    assert [t.device for t in moved] == [META, META]
 
 
 def test_objects_without_tensors_come_back_identical() -> None:

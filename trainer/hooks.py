@@ -109,8 +109,32 @@ class HookDispatch:
         return module_fn is not None or bool(callback_fns)
 
     def bound(self, hook: str) -> Callable[..., Any] | None:
-        """``hook`` as one callable for a loop to keep, or None where nobody overrides it."""
-        return functools.partial(self, hook) if self.overridden(hook) else None
+        """``hook`` as one callable for a loop to keep, or None where nobody overrides it.
+
+        Where only the module or only callbacks override ``hook`` (the order then cannot matter), the
+        callable calls them directly, without a dispatch per call; it returns what :meth:`__call__`
+        would: the module's result, or None.
+        """
+        if not self.overridden(hook):
+            return None
+        module_fn, callback_fns = self._resolved[hook]
+        if not callback_fns:
+            return module_fn
+        if module_fn is not None:
+            return functools.partial(self, hook)
+        if len(callback_fns) == 1:
+            (only,) = callback_fns
+
+            def call_one(*args: Any) -> None:
+                only(*args)
+
+            return call_one
+
+        def call_each(*args: Any) -> None:
+            for fn in callback_fns:
+                fn(*args)
+
+        return call_each
 
     def _resolve(self, hook: str) -> _Resolved:
         """The module's ``hook`` (None where it keeps TrainModule's empty default) and the callbacks' ones."""

