@@ -219,9 +219,12 @@ def train_epoch(
     train_batch = make_train_batch(trainer, state, last_batch_share(loader, num))
     log_every = state.loop.log_every_n_steps
 
+    # Whether a batch can end with a validation run at all: if not, the loop asks nothing per batch.
+    checks_validation = validate_this_epoch and bool(val_every)
+
     def validation_due(batch_idx: int) -> bool:
         """Lightning's rule: after every ``val_every``-th batch (no extra run at the epoch's end)."""
-        return validate_this_epoch and bool(val_every) and (batch_offset + batch_idx + 1) % val_every == 0  # type: ignore[operator]
+        return checks_validation and (batch_offset + batch_idx + 1) % val_every == 0  # type: ignore[operator]
 
     def validate() -> None:
         nonlocal last_val_at
@@ -258,7 +261,7 @@ def train_epoch(
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
             # As Lightning: a stop asked for mid-epoch (and allowed by min_epochs/min_steps) validates first.
-            if validation_due(batch_idx) or (validate_this_epoch and _may_stop(state)):
+            if (checks_validation and validation_due(batch_idx)) or (validate_this_epoch and _may_stop(state)):
                 validate()
             if should_stop_training(state):
                 _drop_open_window(state)
