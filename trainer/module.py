@@ -2,15 +2,15 @@
 
 Porting a ``LightningModule`` is a change of base class. The trainer drives these methods; a module
 used outside a trainer is a plain ``nn.Module`` whose ``self.log`` does nothing. The hooks are in
-:mod:`trainer.module_hooks`, hyperparameters in :mod:`trainer.hparams`, the data module in
-:mod:`trainer.datamodule` (re-exported here), checkpoint loading in :mod:`trainer.checkpoint.lightning_format`.
+:mod:`trainer.module_hooks`, ``self.log`` in :mod:`trainer.module_logging`, hyperparameters in
+:mod:`trainer.hparams`, the data module in :mod:`trainer.datamodule` (re-exported here), checkpoint
+loading in :mod:`trainer.checkpoint.lightning_format`.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -22,6 +22,7 @@ from trainer.datamodule import DataModule
 from trainer.hparams import HyperparametersMixin
 from trainer.module_export import ExportMixin
 from trainer.module_hooks import DataHooks, ModelDefaults, ModelHooks
+from trainer.module_logging import LoggingMixin
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -30,10 +31,8 @@ M = TypeVar("M", bound="TrainModule")
 
 __all__ = ["DataModule", "TrainModule"]
 
-_Tensor = torch.Tensor
 
-
-class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, ExportMixin, nn.Module):
+class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, LoggingMixin, ExportMixin, nn.Module):
     """Base class for models the :class:`~trainer.Trainer` trains.
 
     Override ``training_step`` and ``configure_optimizers``; add ``validation_step``, ``test_step``,
@@ -192,107 +191,6 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         """Default prediction: ``self(batch)``; takes ``(batch, batch_idx[, dataloader_idx])`` as Lightning's does."""
         return self(kwargs["batch"] if "batch" in kwargs else args[0])
 
-    # ----------------------------------------------------------------- logging
-    def log(
-        self,
-        name: str,
-        value: Any,
-        prog_bar: bool = False,
-        logger: bool | None = None,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-        reduce_fx: str | Callable[..., Any] = "mean",
-        enable_graph: bool = False,
-        sync_dist: bool = False,
-        sync_dist_group: Any | None = None,
-        add_dataloader_idx: bool = True,
-        batch_size: int | None = None,
-        metric_attribute: str | None = None,
-        rank_zero_only: bool = False,
-    ) -> None:
-        """Record a metric. ``value``: a tensor, a number, or a torchmetrics ``Metric``.
-
-        Defaults follow Lightning: in ``training_step`` values are logged per step; in evaluation
-        steps and in epoch-end hooks, per epoch. Epoch values are means weighted by ``batch_size``
-        (inferred from the batch when omitted); a ``Metric`` is computed and reset at epoch end.
-        With both ``on_step`` and ``on_epoch`` the keys get ``_step`` and ``_epoch`` suffixes.
-        ``sync_dist=True`` reduces epoch values over processes (a metric syncs itself).
-        ``logger=False`` keeps the value out of the loggers (it stays in ``callback_metrics``);
-        ``rank_zero_only=True`` records it on rank 0 only (other ranks' ``callback_metrics`` lack it,
-        so do not monitor it from callbacks that must agree across ranks). ``reduce_fx`` may be
-        any name or function Lightning takes (``"mean"``, ``"avg"``, ``torch.max``, the built-in ``max``...). ``metric_attribute`` is accepted and not needed
-        (a logged ``Metric`` is kept by reference). ``enable_graph=True`` and ``sync_dist_group``
-        are refused.
-        """
-        trainer = self._trainer
-        if trainer is None:
-            return
-        # The call a training step makes every step takes a shortcut that a first, full call of the same
-        # name worked out (trainer.metrics.routing.PlainLog): detach, check, store; no layers between.
-        plan = trainer._plain_log.get(name)
-        if (
-            plan is not None
-            and type(value) is _Tensor
-            and on_step is None
-            and on_epoch is None
-            and logger is not False
-            and not (sync_dist or rank_zero_only or enable_graph)
-            and sync_dist_group is None
-            and reduce_fx == "mean"
-        ):
-            entry, pending, metrics, shown, dtype = plan
-            tensor = value.data if value.requires_grad else value
-            if tensor.ndim == 0 and tensor.dtype is dtype:
-                entry.step_value = pending[name] = metrics[name] = tensor
-                if shown is not None:
-                    shown[name] = tensor
-                return
-        if (
-            logger is False
-            or rank_zero_only
-            or enable_graph
-            or sync_dist_group is not None
-            or type(reduce_fx) is not str
-        ):
-            if not self._log_options(name, rank_zero_only, enable_graph, sync_dist_group):
-                return
-            reduce_fx = _reduce_name(name, reduce_fx)
-        if type(value) is not torch.Tensor:  # tensors first: the per-step case
-            if _is_metric_collection(value):
-                # A torchmetrics MetricCollection: each member is a Metric logged under "name/member".
-                for key, metric in value.items():
-                    self.log(
-                        f"{name}/{key}", metric, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist=sync_dist
-                    )
-                return
-            _check_loggable(name, value)
-        # Positional: this runs every step, and keyword passing costs a little more per call.
-        trainer._log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, batch_size)
-        if logger is False:
-            trainer.metric_router.no_logger_keys.update((name, f"{name}_step", f"{name}_epoch"))
-
-    def _log_options(self, name: str, rank_zero_only: bool, enable_graph: bool, group: Any) -> bool:
-        """Check the rarely used ``self.log`` options; False where this process records nothing."""
-        if enable_graph:
-            raise ValueError(
-                f"self.log({name!r}, enable_graph=True) is not supported: logged values are detached; "
-                "keep the tensor yourself if you need its graph"
-            )
-        if group is not None:
-            raise ValueError(
-                f"self.log({name!r}, sync_dist_group=...) is not supported: sync_dist=True reduces over all processes"
-            )
-        return not (rank_zero_only and self.global_rank != 0)
-
-    def log_dict(self, dictionary: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
-        """``self.log`` every item of ``dictionary`` (a dict or a torchmetrics ``MetricCollection``).
-
-        A ``MetricCollection``'s members are logged under the collection's own keys (its ``prefix``
-        and ``postfix`` included), each computed and reset at epoch end. Takes ``self.log``'s options.
-        """
-        for name, value in dictionary.items():
-            self.log(name, value, *args, **kwargs)
-
     # ----------------------------------------------------------------- manual optimisation
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
         """The optimizer(s) from ``configure_optimizers``; one object if there is one.
@@ -371,28 +269,6 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Ex
         """Clip ``optimizer``'s gradients by ``"norm"`` (default) or ``"value"``, unscaling first under fp16."""
         opt = getattr(optimizer, "optimizer", optimizer)
         self.trainer.strategy.clip_gradients(opt, gradient_clip_val, gradient_clip_algorithm or "norm")
-
-
-def _is_metric_collection(value: Any) -> bool:
-    """True for a torchmetrics ``MetricCollection`` (duck-typed: ``compute``, ``reset`` and ``items``)."""
-    return all(callable(getattr(value, attr, None)) for attr in ("compute", "reset", "items", "keys"))
-
-
-def _check_loggable(name: str, value: Any) -> None:
-    """Refuse what ``self.log`` cannot record (None, a str, a dict, ...) as Lightning does, naming it."""
-    if isinstance(value, (numbers.Number, torch.Tensor)) or callable(getattr(value, "compute", None)):
-        return
-    hint = "; log a dict with self.log_dict" if isinstance(value, Mapping) else ""
-    raise ValueError(
-        f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be logged{hint}"
-    )
-
-
-def _reduce_name(name: str, reduce_fx: Any) -> str:
-    """``reduce_fx`` as the metric store names it (see :func:`trainer.metrics.store.reduce_fx_name`)."""
-    from trainer.metrics.store import reduce_fx_name
-
-    return reduce_fx_name(name, reduce_fx)
 
 
 def _gather_with_grads(x: torch.Tensor) -> torch.Tensor:
