@@ -122,13 +122,6 @@ class HookDispatch:
             return module_fn
         if module_fn is not None:
             return functools.partial(self, hook)
-        if len(callback_fns) == 1:
-            (only,) = callback_fns
-
-            def call_one(*args: Any) -> None:
-                only(*args)
-
-            return call_one
 
         def call_each(*args: Any) -> None:
             for fn in callback_fns:

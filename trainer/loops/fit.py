@@ -224,7 +224,7 @@ def train_epoch(
 
     def validation_due(batch_idx: int) -> bool:
         """Lightning's rule: after every ``val_every``-th batch (no extra run at the epoch's end)."""
-        return checks_validation and (batch_offset + batch_idx + 1) % val_every == 0  # type: ignore[operator]
+        return (batch_offset + batch_idx + 1) % val_every == 0  # type: ignore[operator]
 
     def validate() -> None:
         nonlocal last_val_at
@@ -232,7 +232,7 @@ def train_epoch(
         eval_loop(trainer, state, "validate")
         last_val_at = p.batch_in_epoch
 
-    if p.batch_in_epoch and validation_due(p.batch_in_epoch - 1):
+    if p.batch_in_epoch and checks_validation and validation_due(p.batch_in_epoch - 1):
         if p.validated_at != p.batches_before_epoch + p.batch_in_epoch:
             validate()  # resumed from a save made before a due validation ran: run it now
         else:
