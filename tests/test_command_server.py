@@ -68,3 +68,40 @@ def test_a_served_trainer_command_says_what_a_fresh_one_says(tmp_path: Path) -> 
     fresh, served = (run_geartrain(*typo, cwd=tmp_path, timeout=120, fresh=f) for f in (True, False))
     assert served.returncode == fresh.returncode == 1
     assert served.stderr == fresh.stderr and "max_epoch" in served.stderr
+
+
+def _echo(tmp_path: Path, text: str) -> str:
+    served = Served(["-c", f"print({text!r})"], str(tmp_path), dict(os.environ))
+    out, _ = served.communicate(60)
+    assert served.returncode == 0
+    return out
+
+
+def test_a_forked_child_ending_with_atexit_leaves_its_parents_server_alone(tmp_path: Path) -> None:
+    """A test that forks and lets the child run ``atexit`` must not stop the worker's server."""
+    import atexit
+
+    from tests.helpers import command_server
+
+    assert _echo(tmp_path, "before") == "before\n"
+    path, proc = command_server._SERVER
+    pid = os.fork()
+    if pid == 0:
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert proc.poll() is None and os.path.exists(path)
+    assert _echo(tmp_path, "after") == "after\n" and command_server._SERVER[1] is proc
+
+
+def test_a_server_that_has_gone_is_started_again(tmp_path: Path) -> None:
+    from tests.helpers import command_server
+
+    assert _echo(tmp_path, "first") == "first\n"
+    _, proc = command_server._SERVER
+    proc.kill()
+    proc.wait(10)
+    assert _echo(tmp_path, "second") == "second\n"
+    assert command_server._SERVER[1] is not proc and command_server._SERVER[1].poll() is None

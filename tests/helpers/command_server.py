@@ -362,11 +362,63 @@ def run(
     return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
 
 
+def forward(script: str, server: str) -> None:
+    """Run ``python SCRIPT ARGS`` on ``server`` with this process's folder, environment and standard
+    output and error, and end as it ends: the body of a stand-in command (:func:`stand_ins`).
+
+    Interrupt and termination signals sent to the stand-in are passed on to the served process.
+    """
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(server)
+    payload = pickle.dumps({"argv": [script, *sys.argv[1:]], "cwd": os.getcwd(), "env": dict(os.environ),
+                            "new_session": False})  # fmt: skip
+    socket.send_fds(conn, [_HEADER.pack(len(payload))], [1, 2])
+    conn.sendall(payload)
+    reply = conn.makefile("r")
+    pid = int(reply.readline())
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda number, _frame: os.kill(pid, number))
+    line = reply.readline()
+    code = int(line) if line else -signal.SIGKILL  # the server went away
+    if code < 0:  # ended by a signal: so does the stand-in, as the shell expects of a killed command
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+def stand_ins() -> str:
+    """A folder holding a ``geartrain`` that runs the installed command on this worker's server.
+
+    Put first on ``PATH``, the shell commands of a test (the docs' blocks) start ``geartrain`` without
+    a new interpreter importing torch and Hydra; the stand-in itself starts without ``site``.
+    """
+    server = _server()
+    folder = os.path.join(os.path.dirname(server), "bin")
+    if not os.path.isdir(folder):
+        from tests.helpers import REPO_ROOT
+
+        os.mkdir(folder)
+        command = os.path.join(os.path.dirname(sys.executable), "geartrain")
+        path = os.path.join(folder, "geartrain")
+        with open(path, "w") as f:
+            f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
+                    f"from tests.helpers.command_server import forward\nforward({command!r}, {server!r})\n")  # fmt: skip
+        os.chmod(path, 0o755)
+    return folder
+
+
 _SERVER: list[Any] = []
 
 
 def _server() -> str:
-    """The socket of this process's server, started at the first call (one per pytest worker)."""
+    """The socket of this process's server, started at the first call (one per pytest worker).
+
+    Started again if it has gone (its process ended or its socket was removed), so one lost server
+    costs a start, not every later command of the worker.
+    """
+    if _SERVER and (_SERVER[1].poll() is not None or not os.path.exists(_SERVER[0])):
+        print(f"tests: the command server has gone (exit {_SERVER[1].poll()}); starting another", file=sys.stderr)
+        _SERVER.clear()
     if not _SERVER:
         import tempfile
 
@@ -384,13 +436,17 @@ def _server() -> str:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the command server did not start (exit {proc.wait()})")
         _SERVER[:] = [path, proc]
-        atexit.register(_stop, proc, folder)
+        atexit.register(_stop, proc, folder, os.getpid())
     return str(_SERVER[0])
 
 
-def _stop(proc: subprocess.Popen[str], folder: str) -> None:
+def _stop(proc: subprocess.Popen[str], folder: str, owner: int) -> None:
+    """Stop the server and remove its folder; only in the process that started it (a forked child that
+    runs ``atexit`` at its end must not take its parent's server with it)."""
     import shutil
 
+    if os.getpid() != owner:
+        return
     with contextlib.suppress(OSError):
         assert proc.stdin is not None
         proc.stdin.close()
