@@ -8,6 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import numerics
+
+numerics.pin()  # before torch is imported: the recorded numbers hold on any machine (see tests/helpers/numerics.py)
+
 import torch
 
 from tests.helpers.distributed import restored_environment

@@ -10,13 +10,15 @@ same files with Lightning's imports (global steps, epochs, hyperparameters, resu
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, numerics
 from tests.ports import digits_port, gan_port, numbers_ports, pl_programs
 
 LIGHTNING_WEIGHTS = REPO_ROOT / "tests" / "data" / "lightning" / "ports_numbers.pt"
@@ -110,6 +112,24 @@ def test_gan_example_under_ddp(tmp_path: Path) -> None:
     assert result["current_epoch"] == 2
     assert {"train/generated_images", "validation/generated_images"} <= _image_tags(result["log_dir"])
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_recordings_are_compared_on_the_pinned_cpu_kernels() -> None:
+    """The recordings were made with the kernels tests/helpers/numerics.py pins; this process computes with them
+    too (pinned before torch was imported), so the comparisons hold on any x86-64 machine, not only the one
+    that recorded them."""
+    assert {key: os.environ.get(key) for key in numerics.PINNED} == numerics.PINNED
+    assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+
+
+@pytest.mark.parametrize("port", ["numbers_ports", "pl_programs"])
+def test_a_ports_geartrain_imports_are_all_in_the_block_the_recording_swaps(port: str) -> None:
+    """record_ports.py swaps the marked import block for Lightning's; an import of geartrain outside it (an import
+    sorter moving one out) would leave the Lightning recording run importing geartrain."""
+    text = (REPO_ROOT / "tests" / "ports" / f"{port}.py").read_text()
+    head, rest = re.split(r"^# --- imports: .*$", text, maxsplit=1, flags=re.M)
+    _, tail = rest.split("# --- end of imports ---")
+    assert not re.findall(r"^\s*(?:from|import)\s+(?:trainer|callbacks|strategies)\b.*$", head + tail, re.M)
 
 
 def _assert_lightnings_numbers(recording: Path, name: str, program: Any) -> None:

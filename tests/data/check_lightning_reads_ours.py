@@ -23,10 +23,13 @@ Prints one line per check and exits with status 1 if any fails.
 from __future__ import annotations
 
 import re
+import runpy
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+runpy.run_path(str(Path(__file__).resolve().parents[1] / "helpers" / "numerics.py"))["pin"]()  # before torch
 
 import pytorch_lightning as pl
 import torch

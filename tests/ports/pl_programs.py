@@ -17,12 +17,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
-from trainer.lightning.utilities import rank_zero_info
 
+# isort: off
 # --- imports: the only lines that differ from the Lightning program ---
 import trainer.lightning as pl
+from trainer.lightning.utilities import rank_zero_info
 
 # --- end of imports ---
+# isort: on
 
 
 def _points(n: int, seed: int, features: int = 8, classes: int = 3) -> TensorDataset:

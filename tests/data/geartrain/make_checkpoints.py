@@ -17,8 +17,11 @@ with Lightning. Not part of geartrain: it documents how the files were made.
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
 from typing import Any
+
+runpy.run_path(str(Path(__file__).resolve().parents[2] / "helpers" / "numerics.py"))["pin"]()  # before torch
 
 import torch
 from torch import nn

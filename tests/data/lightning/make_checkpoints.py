@@ -12,7 +12,10 @@ the files were made.
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
+
+runpy.run_path(str(Path(__file__).resolve().parents[2] / "helpers" / "numerics.py"))["pin"]()  # before torch
 
 import pytorch_lightning as pl
 import torch

@@ -10,9 +10,12 @@ and writes ``tests/data/lightning/ports_numbers.pt`` and ``ports_programs.pt``: 
 Not part of geartrain.
 """
 
+import runpy
 import sys
 import types
 from pathlib import Path
+
+runpy.run_path(str(Path(__file__).resolve().parents[2] / "helpers" / "numerics.py"))["pin"]()  # before torch
 
 import pytorch_lightning
 import torch
