@@ -8,6 +8,7 @@ the same module both ways and compares what a test can see: exit status, output,
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -105,3 +106,29 @@ def test_a_server_that_has_gone_is_started_again(tmp_path: Path) -> None:
     proc.wait(10)
     assert _echo(tmp_path, "second") == "second\n"
     assert command_server._SERVER[1] is not proc and command_server._SERVER[1].poll() is None
+
+
+def test_the_stand_ins_run_as_the_programs_they_stand_for(tmp_path: Path) -> None:
+    """``geartrain``, ``python`` and ``torchrun`` on PATH (the docs' shell blocks): same output, exit status, folder;
+    ``python`` with other options becomes the interpreter itself."""
+    from tests.helpers import command_server
+
+    (tmp_path / "script.py").write_text("import os, sys; print(os.getcwd(), sys.argv[1:]); sys.exit(4)\n")
+    script = "geartrain --version; python script.py a b || echo status $?; python -c 'print(6 * 7)'; python -V"
+    bin_dir = os.path.dirname(sys.executable)
+    runs = {}
+    for name, first in (("stand-ins", command_server.stand_ins()), ("programs", bin_dir)):
+        env = {
+            **os.environ,
+            "PATH": os.pathsep.join([first, bin_dir, os.environ["PATH"]]),
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        runs[name] = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                    timeout=120)  # fmt: skip
+    assert (runs["stand-ins"].returncode, runs["stand-ins"].stdout) == (0, runs["programs"].stdout)
+    assert f"{tmp_path} ['a', 'b']\nstatus 4\n42\nPython 3." in runs["stand-ins"].stdout
+    served = subprocess.run(["bash", "-c", "python -c 'import os; print(os.getppid())'"],
+                            env={**os.environ, "PATH": os.pathsep.join([command_server.stand_ins(), os.environ["PATH"]])},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert served.stdout == f"{command_server._SERVER[1].pid}\n"  # forked by the server, not started by bash
+    assert shutil.which("torchrun", path=command_server.stand_ins())

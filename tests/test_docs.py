@@ -4,7 +4,9 @@ The blocks of one page run in order, in one temporary folder per page (a later b
 an earlier one wrote), with the repository's ``.venv`` first on ``PATH`` (what
 ``source .venv/bin/activate`` gives) and the checkout on ``PYTHONPATH`` (what running from the
 repository root gives). Python blocks run as a script with this interpreter; shell blocks with bash
-``-euo pipefail``. Two HTML comments right before a fence change what happens to it:
+``-euo pipefail``, with stand-ins for ``geartrain``, ``python`` and ``torchrun`` first on ``PATH``
+(each runs the real program forked from the tests' command server, tests/helpers/command_server.py).
+Two HTML comments right before a fence change what happens to it:
 
 - ``<!-- skip-test: REASON -->``: not run (a GPU, a cluster, a server, a long run); the test is
   reported as skipped with REASON, so ``pytest -ra`` lists each one.
@@ -189,6 +191,8 @@ def test_block_runs(block: Block, folders: dict[Any, Path], tmp_path_factory: py
         script.write_text(block.code)
         result = command_server.run([script.name], cwd, env, TIMEOUT_S)
     else:
+        # ``geartrain``, ``python`` and ``torchrun`` in the block are stand-ins that run on the same server.
+        env["PATH"] = os.pathsep.join([command_server.stand_ins(), env["PATH"]])
         command = [shutil.which("bash") or "/bin/bash", "-euo", "pipefail", "-c", block.code]
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert result.returncode == 0, (
@@ -231,14 +235,7 @@ def test_the_readme_script_trains_with_every_strategy_its_sentence_names(tmp_pat
         folder = tmp_path / name
         folder.mkdir()
         (folder / "train.py").write_text(script.code.replace('strategy="ddp", devices=2', written))
-        running[name] = subprocess.Popen(
-            [sys.executable, "train.py"],
-            cwd=folder,
-            env=environment(outside=True),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        running[name] = command_server.start(["train.py"], folder, environment(outside=True), merge=True)
     for name, proc in running.items():
         output, _ = proc.communicate(timeout=TIMEOUT_S)
         assert proc.returncode == 0 and "val/loss 0." in output, f"strategy {name}:\n{output[-3000:]}"
@@ -251,15 +248,9 @@ def test_make_test_ends_with_a_line_a_newcomer_can_read(tmp_path: Path) -> None:
         "import pytest\n\ndef test_one():\n    pass\n\ndef test_two():\n    pytest.skip('needs a GPU')\n"
     )
     env = {**environment(), "PYTHONPATH": str(REPO_ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-ra", str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    # A new interpreter: forked from the server, pytest would warn that Hydra's plugin was imported before it.
+    argv = ["-m", "pytest", "-p", "no:cacheprovider", "-ra", str(tmp_path)]
+    result = command_server.run(argv, tmp_path, env, 120, fresh=True)
     lines = result.stdout.strip().splitlines()
     assert re.fullmatch(r"geartrain tests: 1 passed, 1 skipped \(needs a GPU\), in 0 min \d+ s", lines[-2]), lines[-6:]
     assert re.search(r"1 passed, 1 skipped in", lines[-1]), lines[-1]  # pytest's own, last, for CI

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import types
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 #: Third-party modules the server imports before it forks; never this project's own.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.optim", "torch.utils.data", "torchmetrics", "omegaconf",
@@ -362,16 +362,15 @@ def run(
     return subprocess.CompletedProcess(proc.args, proc.wait(), out, err or "")
 
 
-def forward(script: str, server: str) -> None:
-    """Run ``python SCRIPT ARGS`` on ``server`` with this process's folder, environment and standard
-    output and error, and end as it ends: the body of a stand-in command (:func:`stand_ins`).
+def forward(argv: list[str], server: str) -> NoReturn:
+    """Run ``python ARGV`` on ``server`` with this process's folder, environment and standard output and
+    error, and end as it ends: the body of a stand-in command (:func:`stand_ins`).
 
     Interrupt and termination signals sent to the stand-in are passed on to the served process.
     """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(server)
-    payload = pickle.dumps({"argv": [script, *sys.argv[1:]], "cwd": os.getcwd(), "env": dict(os.environ),
-                            "new_session": False})  # fmt: skip
+    payload = pickle.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "new_session": False})
     socket.send_fds(conn, [_HEADER.pack(len(payload))], [1, 2])
     conn.sendall(payload)
     reply = conn.makefile("r")
@@ -386,11 +385,26 @@ def forward(script: str, server: str) -> None:
     sys.exit(code)
 
 
-def stand_ins() -> str:
-    """A folder holding a ``geartrain`` that runs the installed command on this worker's server.
+def stand_in(name: str, real: str, server: str) -> NoReturn:
+    """What the stand-in ``name`` for the program at ``real`` does with its arguments (:func:`stand_ins`)."""
+    args = sys.argv[1:]
+    if name != "python":  # a console script (geartrain, torchrun): ``python SCRIPT ARGS``
+        forward([real, *args], server)
+    if args and ((args[0] in ("-m", "-c") and len(args) > 1) or not args[0].startswith("-")):
+        forward(args, server)
+    os.execv(real, [real, *args])  # other interpreter options, or none: the interpreter itself
 
-    Put first on ``PATH``, the shell commands of a test (the docs' blocks) start ``geartrain`` without
-    a new interpreter importing torch and Hydra; the stand-in itself starts without ``site``.
+
+#: The commands :func:`stand_ins` puts in its folder, each found beside this interpreter.
+STAND_INS = ("geartrain", "python", "torchrun")
+
+
+def stand_ins() -> str:
+    """A folder of stand-ins for ``geartrain``, ``python`` and ``torchrun`` that run on this worker's server.
+
+    Put first on ``PATH``, the shell commands of a test (the docs' blocks) start these without a new
+    interpreter importing torch and Hydra (``python`` with other options than ``-m``/``-c`` or a script
+    becomes the interpreter itself); each stand-in starts without ``site``, in a few milliseconds.
     """
     server = _server()
     folder = os.path.join(os.path.dirname(server), "bin")
@@ -398,12 +412,14 @@ def stand_ins() -> str:
         from tests.helpers import REPO_ROOT
 
         os.mkdir(folder)
-        command = os.path.join(os.path.dirname(sys.executable), "geartrain")
-        path = os.path.join(folder, "geartrain")
-        with open(path, "w") as f:
-            f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
-                    f"from tests.helpers.command_server import forward\nforward({command!r}, {server!r})\n")  # fmt: skip
-        os.chmod(path, 0o755)
+        for name in STAND_INS:
+            real = sys.executable if name == "python" else os.path.join(os.path.dirname(sys.executable), name)
+            path = os.path.join(folder, name)
+            with open(path, "w") as f:
+                f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
+                        "from tests.helpers.command_server import stand_in\n"
+                        f"stand_in({name!r}, {real!r}, {server!r})\n")  # fmt: skip
+            os.chmod(path, 0o755)
     return folder
 
 

@@ -21,6 +21,7 @@ PINNED = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
 
 def pin() -> None:
     """Set :data:`PINNED` in this process's environment (and so in every process it starts)."""
-    if "torch" in sys.modules and any(os.environ.get(key) != value for key, value in PINNED.items()):
-        raise RuntimeError("pin the CPU kernels before importing torch: torch reads the setting once")
     os.environ.update(PINNED)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        raise RuntimeError("pin the CPU kernels before importing torch: torch reads the setting once")
