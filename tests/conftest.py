@@ -12,6 +12,10 @@ import pytest
 from tests.helpers import numerics
 
 numerics.pin()  # before torch is imported: the recorded numbers hold on any machine (see tests/helpers/numerics.py)
+# pytest-xdist workers run side by side: each gets its share of the cores as torch's threads (and passes it on
+# to the processes it starts). torch's default, a thread per core in every worker, oversubscribes the machine.
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
 
 import torch
 

@@ -132,3 +132,15 @@ def test_the_stand_ins_run_as_the_programs_they_stand_for(tmp_path: Path) -> Non
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert served.stdout == f"{command_server._SERVER[1].pid}\n"  # forked by the server, not started by bash
     assert shutil.which("torchrun", path=command_server.stand_ins())
+
+
+def test_an_xdist_worker_and_the_commands_it_serves_compute_on_its_share_of_the_cores(tmp_path: Path) -> None:
+    """tests/conftest.py: under pytest-xdist each worker takes cores // workers threads (at least one), and so
+    do the commands it starts; a thread per core in every worker would oversubscribe the machine."""
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    share = max(1, (os.cpu_count() or 1) // workers) if workers else torch.get_num_threads()
+    assert torch.get_num_threads() == share
+    served = Served(["-c", "import torch; print(torch.get_num_threads())"], str(tmp_path), dict(os.environ))
+    assert served.communicate(60)[0] == f"{share}\n"
