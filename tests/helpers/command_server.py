@@ -208,9 +208,14 @@ def _finish(code: int) -> None:
                 stream.flush()
     finally:
         if code < 0:  # an uncaught KeyboardInterrupt: the interpreter ends by the signal itself
-            signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
+            _end_by_signal(-code)
         os._exit(code & 0xFF)
+
+
+def _end_by_signal(sig: int) -> None:
+    """End this process by ``sig`` with its default action, as a process killed by it ends."""
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
 
 
 def _standard_streams(unbuffered: bool) -> None:
@@ -231,6 +236,24 @@ def _standard_streams(unbuffered: bool) -> None:
 
 
 # ------------------------------------------------------------------ the client (in the test process)
+def _request(server: str, argv: list[str], cwd: str, env: dict[str, str], new_session: bool,
+             fds: list[int]) -> tuple[socket.socket, IO[str], int]:  # fmt: skip
+    """Send one command to ``server`` with ``fds`` as its stdout and stderr: the connection, its reply
+    stream and the served process's pid (the reply's first line)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(server)
+    payload = pickle.dumps({"argv": list(argv), "cwd": cwd, "env": env, "new_session": new_session})
+    socket.send_fds(conn, [_HEADER.pack(len(payload))], fds)
+    conn.sendall(payload)
+    reply = conn.makefile("r")
+    return conn, reply, int(reply.readline())
+
+
+def _exit_status(line: str) -> int:
+    """The reply's second line as :attr:`subprocess.Popen.returncode`; none when the server went away."""
+    return int(line) if line else -signal.SIGKILL
+
+
 class Served:
     """A command forked by the server: the part of :class:`subprocess.Popen` the tests use.
 
@@ -248,18 +271,12 @@ class Served:
         # Text with universal newlines, as Popen(text=True) gives.
         self.stdout: IO[str] | None = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115
         self.stderr: IO[str] | None = None if merge else open(err_r, encoding="utf-8", errors="replace")  # noqa: SIM115
-        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._conn.connect(_server())
-            payload = pickle.dumps({"argv": list(argv), "cwd": str(cwd), "env": env, "new_session": new_session})
-            socket.send_fds(self._conn, [_HEADER.pack(len(payload))], [out_w, err_w])
-            self._conn.sendall(payload)
+            self._conn, self._reply, self.pid = _request(_server(), argv, str(cwd), env, new_session, [out_w, err_w])
         finally:
             os.close(out_w)
             if not merge:
                 os.close(err_w)
-        self._reply = self._conn.makefile("r")
-        self.pid = int(self._reply.readline())
 
     def poll(self) -> int | None:
         if self.returncode is None and select_ready(self._conn, 0):
@@ -275,8 +292,7 @@ class Served:
         return self.returncode
 
     def _read_status(self) -> None:
-        line = self._reply.readline()
-        self.returncode = int(line) if line else -signal.SIGKILL  # the server went away
+        self.returncode = _exit_status(self._reply.readline())
         self._reply.close()
         self._conn.close()
 
@@ -368,20 +384,12 @@ def forward(argv: list[str], server: str) -> NoReturn:
 
     Interrupt and termination signals sent to the stand-in are passed on to the served process.
     """
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(server)
-    payload = pickle.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "new_session": False})
-    socket.send_fds(conn, [_HEADER.pack(len(payload))], [1, 2])
-    conn.sendall(payload)
-    reply = conn.makefile("r")
-    pid = int(reply.readline())
+    _, reply, pid = _request(server, argv, os.getcwd(), dict(os.environ), False, [1, 2])
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda number, _frame: os.kill(pid, number))
-    line = reply.readline()
-    code = int(line) if line else -signal.SIGKILL  # the server went away
+    code = _exit_status(reply.readline())
     if code < 0:  # ended by a signal: so does the stand-in, as the shell expects of a killed command
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+        _end_by_signal(-code)
     sys.exit(code)
 
 
