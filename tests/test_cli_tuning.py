@@ -106,12 +106,10 @@ def _swept_lr(trial: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)  # on a defect the study hangs: the command's own limit below ends it first
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_optuna_study_under_ddp_returns_each_trials_metric_and_a_typo_is_refused(tmp_path: Path, strategy: str) -> None:
-    # ddp: each trial's other rank runs the command again, as that one trial (its overrides and folder pinned),
-    # though the search config sets hydra.mode: MULTIRUN (a re-run rank used to start a study of its own and hang).
+def test_optuna_study_under_ddp_spawn_returns_each_trials_metric(tmp_path: Path) -> None:
+    # strategy=ddp (each trial's other rank re-running the command as that one trial) is the study below.
     result = run_geartrain_watched(
-        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", f"strategy={strategy}", "trainer.devices=2",
+        "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=2", "strategy=ddp_spawn", "trainer.devices=2",
         "trainer.limit_train_batches=4", RANK_MARK, *QUICK, cwd=tmp_path, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -132,6 +130,9 @@ def test_optuna_study_under_ddp_returns_each_trials_metric_and_a_typo_is_refused
     best = yaml.safe_load(next(tmp_path.glob("multirun/*/*/optimization_results.yaml")).read_text())
     assert best["best_value"] == pytest.approx(max(values))  # each DDP trial returned rank 0's metric
     assert "Best parameters" in result.stdout + result.stderr
+
+
+def test_an_optimized_metric_the_run_never_logs_is_refused(tmp_path: Path) -> None:
     wrong = run_geartrain(
         "optimized_metric=val/accuracy", "task=fit", "trainer.limit_train_batches=2", *QUICK, cwd=tmp_path
     )
@@ -143,7 +144,9 @@ def test_optuna_study_under_ddp_returns_each_trials_metric_and_a_typo_is_refused
 @pytest.mark.timeout(200)
 def test_optuna_study_under_ddp_goes_on_past_failed_trials_and_leaves_no_rank_behind(tmp_path: Path) -> None:
     # Trial 0 raises on both ranks, trial 1 on rank 1 only (rank 0 waits in the step's all-reduce), trial 2 on
-    # rank 0 only (rank 1 waits); trial 3 trains.
+    # rank 0 only (rank 1 waits); trial 3 trains. Each trial's other rank runs the command again, as that one
+    # trial (its overrides and folder pinned), though the search config sets hydra.mode: MULTIRUN (a re-run
+    # rank used to start a study of its own and hang).
     fail = ["+callbacks.fail._target_=tests.helpers.rank_marks.FailIn", '+callbacks.fail.at=["0:0","0:1","1:1","2:0"]']
     result = run_geartrain_watched(
         "-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", "strategy=ddp", "trainer.devices=2",
@@ -157,12 +160,14 @@ def test_optuna_study_under_ddp_goes_on_past_failed_trials_and_leaves_no_rank_be
         assert re.search(rf"trial {trial} \(.*\): .*RuntimeError: planned failure in job:rank {trial}:{rank}\n", output)
     trials = sorted(p for p in tmp_path.glob("multirun/*/*/*") if p.is_dir())
     assert [p.name for p in trials] == ["0", "1", "2", "3"]
+    assert len(list(tmp_path.glob("multirun/*/*"))) == 1 and not (tmp_path / "outputs").exists()  # no stray runs
     for trial in trials:  # each trial's two ranks started in its folder, with its values
         assert {p.name: p.read_text() for p in trial.glob("rank-*")} == dict.fromkeys(
             ["rank-0", "rank-1"], _swept_lr(trial)
         )
     acc = _events(trials[3] / "tensorboard")
     (metric,) = acc.Scalars("hparams/val/acc")  # type: ignore[attr-defined]
+    assert metric.value == pytest.approx(acc.Scalars("val/acc")[-1].value)  # type: ignore[attr-defined]
     best = yaml.safe_load(next(tmp_path.glob("multirun/*/*/optimization_results.yaml")).read_text())
     assert best["best_value"] == pytest.approx(metric.value)  # the one trial that trained
     assert "Best parameters" in output
