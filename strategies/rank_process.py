@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
+import io
 import os
 import signal
 import sys
@@ -22,6 +24,7 @@ __all__ = [
     "ERROR_FILE",
     "JOIN_TIMEOUT",
     "PARENT",
+    "collect_less_at_exit",
     "end_now",
     "ended_file",
     "hand_over",
@@ -151,6 +154,35 @@ def record_errors() -> None:
 
     hook._geartrain = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def collect_less_at_exit() -> None:
+    """At this rank's exit, spare the interpreter's cycle collections over the objects still alive.
+
+    While it tears itself down, the interpreter walks every object torch, ``torch._dynamo`` and the
+    script made with the cycle collector, several times over (``docs/strategies.md`` has the cost), and
+    the caller that started the ranks waits for the slowest to end. The hook, registered when the rank joins
+    its group, runs before the ``atexit`` hooks registered earlier (logging's, multiprocessing's,
+    ``weakref.finalize``'s, which still run): it flushes every open file (one left open in a reference
+    cycle, a callback's log say, would otherwise be flushed only by that collection), then moves the
+    objects alive to the permanent generation (``gc.freeze``). Destructors still run as references
+    drop; objects in cycles still alive at exit are left to the operating system, as Python allows.
+    """
+    if getattr(collect_less_at_exit, "registered", False):
+        return
+    collect_less_at_exit.registered = True  # type: ignore[attr-defined]
+    owner = os.getpid()
+
+    def spare() -> None:
+        if os.getpid() != owner:  # a forked child running its parent's hooks
+            return
+        for obj in gc.get_objects():
+            if isinstance(obj, io.IOBase) and not obj.closed:
+                with contextlib.suppress(Exception):
+                    obj.flush()
+        gc.freeze()
+
+    atexit.register(spare)
 
 
 def hand_over(err: BaseException) -> bool:

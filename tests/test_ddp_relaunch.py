@@ -58,6 +58,11 @@ def test_ddp_reruns_the_script_with_lambdas_and_a_used_logger_and_equals_one_pro
     # The caller trained as rank 0 itself: its module, not a copy adopted from another process.
     assert report["trained_here"] and report["module_matches_last_ckpt"]
     assert (tmp_path / "rank-0").read_text() != (tmp_path / "rank-1").read_text()  # two processes ran the script
+    for rank in (0, 1):
+        # Each rank's exit spared the cycle collector the objects alive then, and flushed a file left open
+        # in a reference cycle (otherwise flushed only by that collection).
+        assert int((tmp_path / f"frozen-at-exit-{rank}").read_text()) > 0
+        assert (tmp_path / f"unclosed-{rank}.txt").read_text() == "line\n" * 50
     _assert_equal(_weights(tmp_path), one_process)
     assert not torch.equal(one_process["net.0.weight"], torch.zeros_like(one_process["net.0.weight"]))
 

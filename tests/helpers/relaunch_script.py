@@ -3,13 +3,17 @@
     python tests/helpers/relaunch_script.py --root OUT --devices 2 --batch 4   # ddp: ranks run this again
     python tests/helpers/relaunch_script.py --root OUT --devices 1 --batch 8   # one process, same global batch
 
-Rank 0 (the caller) writes ``OUT/weights.pt`` and ``OUT/report.json``; every rank writes ``OUT/rank-R``.
+Rank 0 (the caller) writes ``OUT/weights.pt`` and ``OUT/report.json``; every rank writes ``OUT/rank-R``,
+``OUT/unclosed-R.txt`` (a file it leaves open in a reference cycle) and, at exit, ``OUT/frozen-at-exit-R``
+(how many objects the cycle collector no longer walks by then).
 ``--lazy`` uses ``nn.LazyLinear`` layers (materialised before wrapping); ``--strategy`` picks the strategy.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import os
 from pathlib import Path
@@ -56,6 +60,9 @@ def main() -> None:
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
 
+    rank: list[int] = []
+    # Registered before fit, so it runs after the exit hooks the strategy registers.
+    atexit.register(lambda: (root / f"frozen-at-exit-{rank[0]}").write_text(str(gc.get_freeze_count())))
     seed_everything(0)
     logger = TensorBoardLogger(str(root), name="tb")
     logger.log_hyperparams({"batch": args.batch, "devices": args.devices})  # before fit: holds a writer and locks
@@ -75,7 +82,11 @@ def main() -> None:
         default_root_dir=root,
     )
     trainer.fit(module, loader)
+    rank.append(trainer.global_rank)
     (root / f"rank-{trainer.global_rank}").write_text(str(os.getpid()))
+    cycle: dict[str, Any] = {"file": open(root / f"unclosed-{trainer.global_rank}.txt", "w")}  # noqa: SIM115
+    cycle["self"] = cycle  # garbage once main returns, freed only by the cycle collector
+    cycle["file"].write("line\n" * 50)  # under the buffer's size: on disk only once flushed
     full = trainer.strategy.model_state_dict()  # every rank: under FSDP it gathers the shards
     if trainer.is_global_zero:
         state = {k: v.detach().clone() for k, v in full.items()}
