@@ -34,11 +34,17 @@ def torchrun(*args: str, cwd: Path) -> Started:
 
 @pytest.mark.timeout(300)
 def test_sweep_of_ddp_jobs_each_trained_by_two_processes(tmp_path: Path) -> None:
-    result = run_geartrain("-m", "optim.lr=0.01,0.003", "strategy=ddp", "trainer.devices=2", *ONE_EPOCH, cwd=tmp_path)
+    mark = "+callbacks.rank_mark._target_=tests.helpers.rank_marks.RankMark"  # each rank writes rank-R: its lr
+    result = run_geartrain(
+        "-m", "optim.lr=0.01,0.003", "strategy=ddp", "trainer.devices=2", *ONE_EPOCH, mark, cwd=tmp_path
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = run_dirs(tmp_path, "multirun/*/*/*")
     assert len(jobs) == 2
-    for job in jobs:
+    for job, lr in zip(jobs, ("0.01", "0.003"), strict=True):
+        # Both ranks of each job trained that job's lr, in its one folder.
+        assert sorted(p.name for p in job.glob("rank-*")) == ["rank-0", "rank-1"]
+        assert {p.read_text() for p in job.glob("rank-*")} == {lr}
         assert len(event_files(job)) == 1  # rank 0 alone writes TensorBoard files
         # 1,079 training images, 64 per process and step, 2 processes: 9 steps (1 process: 17).
         assert steps_in(job) == 9
