@@ -16,16 +16,16 @@ $(STAMP): pyproject.toml setup.py geartrain-excepthook.pth constraints.txt
 train: $(STAMP)
 	$(BIN)/geartrain $(ARGS)
 
+# The linters and their order are written once, in tests/test_lint.py.
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_lint.py
 
 # pytest-xdist: one worker per core (TEST_WORKERS=0 runs in this process). A file's tests stay together
 # (--dist loadfile), so a module's shared process group or trained run is made once, by one worker.
 TEST_WORKERS ?= 2
 
-test: lint
+# ruff and mypy are tests of the suite (tests/test_lint.py), run beside the others rather than before them.
+test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
