@@ -156,6 +156,10 @@ def record_errors() -> None:
     sys.excepthook = hook
 
 
+#: The process whose exit :func:`collect_less_at_exit` has registered for (a forked child is another).
+_spared_in: int | None = None
+
+
 def collect_less_at_exit() -> None:
     """At this rank's exit, spare the interpreter's cycle collections over the objects still alive.
 
@@ -168,13 +172,14 @@ def collect_less_at_exit() -> None:
     objects alive to the permanent generation (``gc.freeze``). Destructors still run as references
     drop; objects in cycles still alive at exit are left to the operating system, as Python allows.
     """
-    if getattr(collect_less_at_exit, "registered", False):
-        return
-    collect_less_at_exit.registered = True  # type: ignore[attr-defined]
+    global _spared_in
     owner = os.getpid()
+    if _spared_in == owner:  # a later stage of the same process
+        return
+    _spared_in = owner
 
     def spare() -> None:
-        if os.getpid() != owner:  # a forked child running its parent's hooks
+        if os.getpid() != owner:  # a forked child running its parent's hooks (it registers its own)
             return
         for obj in gc.get_objects():
             if isinstance(obj, io.IOBase) and not obj.closed:

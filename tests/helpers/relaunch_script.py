@@ -62,7 +62,8 @@ def main() -> None:
 
     rank: list[int] = []
     # Registered before fit, so it runs after the exit hooks the strategy registers.
-    atexit.register(lambda: (root / f"frozen-at-exit-{rank[0]}").write_text(str(gc.get_freeze_count())))
+    # Only after a fit that ended: a failed one's traceback stays the last thing the rank says.
+    atexit.register(lambda: rank and (root / f"frozen-at-exit-{rank[0]}").write_text(str(gc.get_freeze_count())))
     seed_everything(0)
     logger = TensorBoardLogger(str(root), name="tb")
     logger.log_hyperparams({"batch": args.batch, "devices": args.devices})  # before fit: holds a writer and locks
