@@ -39,7 +39,8 @@ def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any
     state = trainer.run_state
     state.last_fn, state.status = stage, TrainerStatus.RUNNING
     if stage == "fit":
-        trainer.checkpointing.adopted = None  # a new fit: the state adopted from an earlier one is stale
+        # A new fit: the state adopted from an earlier one, and where an earlier one stopped, are stale.
+        trainer.checkpointing.adopted = trainer.checkpointing.resume_point = None
     try:
         output, final = trainer.strategy.launch(run_stage, trainer, stage, module, *rest)
     except Interrupted as err:  # a signal stopped the processes the strategy started before they saved
@@ -80,6 +81,8 @@ def run_stage(
     for key in ("fit", "validate") if stage == "fit" else (stage,):
         state.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
     state.given_loaders, state.ckpt_path = {stage: loader}, None
+    if stage == "fit":
+        t.checkpointing.resume_point = None
     _attach_module_callbacks(t, module)
     state.hooks.bind(module)
     module._trainer = t
@@ -171,6 +174,11 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
             if stage == "fit" and launched
             else None
         ),
+        "resume_point": (
+            apply_to_tensors(t.checkpointing.resume_point, lambda x: x.detach().to(cpu))
+            if stage == "fit" and launched and t.checkpointing.resume_point is not None
+            else None
+        ),
         "progress": state.progress.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
         "metrics": [
@@ -189,6 +197,7 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
     module._trainer = trainer  # configure_optimizers (below) may read self.trainer, as in the workers
     if final["training_state"] is not None:
         trainer.checkpointing.adopted = final["training_state"]
+        trainer.checkpointing.resume_point = final["resume_point"]
         _adopt_optimizers(trainer, module, final["training_state"])
     trainer.preemption.preempted = final["preempted"]
     state.progress.load_state_dict(final["progress"])

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.checkpoint import resume_checks
+from trainer.checkpoint import resume_checks, resume_point
 from trainer.checkpoint.files import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -55,6 +55,8 @@ class CheckpointConnector:
         self.adopted: dict[str, Any] | None = None
         #: The checkpoint resumed from and how its training batches were formed (checked once, at start).
         self._resume_batches: tuple[Path, dict[str, Any] | None] | None = None
+        #: Where a fit that stopped inside an epoch stood (:meth:`mark_resume_point`); None otherwise.
+        self.resume_point: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------- where
     def default_directory(self) -> Path:
@@ -149,16 +151,17 @@ class CheckpointConnector:
         t = self._trainer
         assert t.module is not None
         hparams, unsaved = plain_hparams(t.module.hparams)
+        point = None if weights_only else self.resume_point
         if sharded:
             model = t.strategy.sharded_model_state_dict()
         else:
             model = t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
-        progress = t.progress.state_dict()
+        progress = t.progress.state_dict() if point is None else point["progress"]
         # Lightning's keys (trainer.checkpoint.layout) beside geartrain's: Lightning reads this file too.
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "epoch": t.current_epoch,
+            "epoch": t.current_epoch if point is None else progress["epoch"],
             "global_step": t.global_step,
             "pytorch-lightning_version": LIGHTNING_LAYOUT_VERSION,
             "state_dict": model,
@@ -181,9 +184,18 @@ class CheckpointConnector:
             state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
             if t.datamodule is not None:
                 state["datamodule"] = t.datamodule.state_dict()
+            if point is not None:
+                resume_point.apply(state, point)
         t.hooks.callbacks_only("on_save_checkpoint", state)  # callbacks first (trainer/hook_order.py)
         t.module.on_save_checkpoint(state)
         return state
+
+    def mark_resume_point(self) -> None:
+        """Training stops inside an epoch: every checkpoint until the next fit resumes from here.
+
+        See :mod:`trainer.checkpoint.resume_point`. Every rank calls it at the same batch.
+        """
+        self.resume_point = resume_point.capture(self._trainer, self.training_state())
 
     def training_state(self, sharded: bool = False) -> dict[str, Any]:
         """Optimizers, schedulers, precision, every rank's RNG and the sampler's epoch order.

@@ -260,10 +260,15 @@ def train_epoch(
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            # As Lightning: a stop asked for mid-epoch (and allowed by min_epochs/min_steps) validates first.
-            if (checks_validation and validation_due(batch_idx)) or (validate_this_epoch and _may_stop(state)):
+            due = checks_validation and validation_due(batch_idx)
+            if due:
                 validate()
             if should_stop_training(state):
+                if not is_last:  # the rest of the epoch is for a resume to train (before the stop's own work)
+                    trainer.checkpointing.mark_resume_point()
+                # As Lightning: a stop asked for mid-epoch (and allowed by min_epochs/min_steps) validates first.
+                if not due and validate_this_epoch and _may_stop(state):
+                    validate()
                 _drop_open_window(state)
                 break
     # Without a length the epoch's end is the one moment to validate (Lightning's rule for such loaders).
