@@ -52,6 +52,10 @@ class Strategy:
     #: strategy opts in to sharded checkpoints by setting this to ``"sharded"``; nothing else is needed
     #: for a module whose parameters are plain tensors or DTensors (FSDP2, tensor parallel, both).
     state_dict_type: str = "full"
+    #: Whether :meth:`setup` wraps, replicates or shards the module, which needs every parameter's shape:
+    #: lazy layers (``nn.LazyLinear``) are then given theirs by one forward before it. Where False, a lazy
+    #: layer the trainer cannot run forward on gets its shape in the first training step, as in plain PyTorch.
+    wraps_module: ClassVar[bool] = False
 
     def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None

@@ -53,6 +53,7 @@ class DDPStrategy(ParallelStrategy):
     """
 
     name = "ddp"
+    wraps_module: ClassVar[bool] = True
     aliases: ClassVar[dict[str, dict[str, Any]]] = {
         "ddp_spawn": {"start_method": "spawn"},
         "ddp_fork": {"start_method": "fork"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ class DataParallelStrategy(Strategy):
     """
 
     name = "dp"
+    wraps_module: ClassVar[bool] = True
 
     def __init__(self, devices: int | str = "auto", precision: str | Precision = "32-true") -> None:
         self._devices: int | str = "auto"
