@@ -333,3 +333,29 @@ def test_loggers_receive_metrics_and_step_by_keyword(tmp_path: Any, kind: str) -
     logger = Records(save_dir=str(tmp_path))
     quiet_trainer(max_epochs=2, limit_val_batches=0, logger=logger).fit(LogsAtStart(), _loaders(1)[0])
     assert calls[0] == {"metrics": {"foo": 123.0, "epoch": 0}, "step": 0}
+
+
+# ----------------------------------------------------------------------------- public attributes' types and setters
+def test_a_module_can_be_given_a_trainer_and_its_child_modules_get_it_too(tmp_path: Any) -> None:
+    parent, child = Line(), Line()
+    parent.child = child
+    trainer = Trainer(default_root_dir=tmp_path, logger=False)
+    parent.trainer = trainer  # tests and programs attach a trainer by hand, as Lightning allows
+    assert parent.trainer is trainer and child.trainer is trainer
+    parent.trainer = None
+    with pytest.raises(RuntimeError, match="not attached"):
+        child.trainer  # noqa: B018 - reading it is the test
+
+
+def test_log_dir_is_a_string_and_stages_name_their_dataloader_prefix(tmp_path: Any) -> None:
+    from trainer.state import RunningStage
+
+    assert Trainer(default_root_dir=tmp_path, logger=False).log_dir == str(tmp_path)
+    prefixes = {stage.value: stage.dataloader_prefix for stage in RunningStage}
+    assert prefixes == {
+        "train": "train",
+        "sanity_check": "val",
+        "validate": "val",
+        "test": "test",
+        "predict": "predict",
+    }

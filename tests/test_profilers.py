@@ -79,7 +79,7 @@ def test_simple_profiler_writes_its_table_in_the_log_directory_and_summary_retur
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trainer = _fit(tmp_path, "simple")
-    report = trainer.log_dir / "fit-profiler.txt"
+    report = Path(trainer.log_dir) / "fit-profiler.txt"
     assert report.read_text().strip() == trainer.profiler.summary().strip()
     assert "FIT Profiler Report" in capsys.readouterr().out
     assert "| validation_step " in report.read_text()
@@ -94,7 +94,7 @@ def test_advanced_profiler_reports_cprofile_rows_for_each_action(tmp_path: Path)
     assert "ncalls" in section and "cumtime" in section
     assert any(line.split()[0] == "8" and "(training_step)" in line for line in section.splitlines() if line.strip())
     assert "(mse_loss)" in section
-    assert (trainer.log_dir / "fit-perf.txt").read_text().strip() == summary.strip()
+    assert (Path(trainer.log_dir) / "fit-perf.txt").read_text().strip() == summary.strip()
     assert pickle.loads(pickle.dumps(trainer.profiler)).profiled_actions == {}  # travels to DDP workers
 
 
@@ -102,14 +102,14 @@ def test_pytorch_profiler_trace_is_valid_json_with_the_record_function_markers(t
     trainer = _fit(tmp_path, "pytorch")
     profiler = trainer.profiler
     assert isinstance(profiler, PyTorchProfiler)
-    traces = sorted(trainer.log_dir.glob("*.pt.trace.json"))
+    traces = sorted(Path(trainer.log_dir).glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["fit-rank0"] and traces == profiler.trace_files
     events = json.loads(traces[0].read_text())["traceEvents"]
     names = {event.get("name") for event in events}
     for marker in (*STEP_ACTIONS, "run_training_batch", "optimizer_zero_grad", "[module]Regressor", "ProfilerStep#2"):
         assert marker in names, marker
     assert "aten::addmm" in names  # torch's own operators, inside the markers
-    assert "training_step" in (trainer.log_dir / "fit-profiler.txt").read_text()
+    assert "training_step" in (Path(trainer.log_dir) / "fit-profiler.txt").read_text()
 
 
 @pytest.mark.slow
@@ -117,7 +117,7 @@ def test_pytorch_profiler_under_ddp_writes_one_trace_per_rank(tmp_path: Path) ->
     logger = cbs.TensorBoardLogger(tmp_path)
     trainer = quiet_trainer(tmp_path, strategy="ddp_spawn", devices=2, profiler="pytorch", max_epochs=1, logger=logger)
     trainer.fit(Regressor(), make_loader(32, 4))
-    traces = sorted(trainer.log_dir.glob("*.pt.trace.json"))
+    traces = sorted(Path(trainer.log_dir).glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["fit-rank0", "fit-rank1"]
     for trace in traces:
         names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}

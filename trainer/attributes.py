@@ -193,13 +193,13 @@ class TrainerAttributes:
         return self.strategy.global_rank
 
     @property
-    def log_dir(self) -> Path:
-        """Where loggers write: the first logger callback's directory, else ``default_root_dir``."""
+    def log_dir(self) -> str:
+        """Where loggers write, as a string (Lightning's type): the first logger callback's directory, else ``default_root_dir``."""
         for cb in self.callbacks:
             log_dir = getattr(cb, "log_dir", None)
             if log_dir is not None:
-                return Path(log_dir)
-        return self.default_root_dir
+                return os.fspath(log_dir)
+        return os.fspath(self.default_root_dir)
 
     @property
     def checkpoint_callback(self) -> Callback | None:

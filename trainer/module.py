@@ -80,6 +80,14 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
 
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        """Attach (or with None detach) a trainer, here and in every child module of this kind, as Lightning."""
+        for child in self.children():
+            if isinstance(child, TrainModule):
+                child.trainer = trainer
+        self._trainer = trainer
+
     @property
     def global_step(self) -> int:
         """Optimizer steps taken so far (0 outside a trainer)."""

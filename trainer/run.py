@@ -85,7 +85,7 @@ def run_stage(
         t.checkpointing.resume_point = None
     _attach_module_callbacks(t, module)
     state.hooks.bind(module)
-    module._trainer = t
+    module.trainer = t  # and its child modules of this kind, as in Lightning
     if datamodule is not None:
         datamodule.trainer = t
     t.strategy.setup_environment()

@@ -35,6 +35,11 @@ class RunningStage(str, Enum):
         """Validation, test or the sanity check."""
         return self in (RunningStage.VALIDATING, RunningStage.TESTING, RunningStage.SANITY_CHECKING)
 
+    @property
+    def dataloader_prefix(self) -> str:
+        """The prefix of the stage's dataloader hook and argument names (``val`` for validation and the sanity check)."""
+        return "val" if self in (RunningStage.VALIDATING, RunningStage.SANITY_CHECKING) else self.value
+
 
 class TrainerStatus(str, Enum):
     """Whether a run has started, is running, ended or was interrupted: ``trainer.state.status``."""
