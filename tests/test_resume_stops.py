@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import stop_jobs
-from tests.helpers.distributed import spawn
+from tests.helpers.distributed import run_python, spawn
 
 STOPS = ["max_steps", "max_time", "callback", "module", "early_stopping"]
 
@@ -71,3 +71,16 @@ def test_ddp_fits_stopped_inside_an_epoch_resume_exactly(tmp_path: Path) -> None
             _assert_same_run(rank[stop]["resumed"], rank["whole"])
     for key, value in ranks[0]["whole"]["weights"].items():
         assert torch.equal(ranks[1]["whole"]["weights"][key], value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_save_checkpoint_after_a_ddp_spawn_fit_records_the_stop(tmp_path: Path) -> None:
+    """The caller adopts rank 0's end of the run, resume point included: its file equals the ranks' last.ckpt."""
+    result = run_python([stop_jobs.__file__, str(tmp_path)], timeout=200)
+    assert result.returncode == 0, result.stderr
+    after = torch.load(tmp_path / "after.ckpt", weights_only=True)
+    last = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert after["progress"] == last["progress"] and after["progress"]["batch_in_epoch"] == 2
+    assert after["lr_schedulers"] == last["lr_schedulers"]
+    assert after["optimizer_states"][0]["param_groups"] == last["optimizer_states"][0]["param_groups"]

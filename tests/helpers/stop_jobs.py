@@ -152,3 +152,23 @@ def ddp_ranks(root: str, stops: list[str]) -> dict[str, Any]:
     for stop in stops:
         out[stop] = stop_and_resume(root, stop, strategy="ddp", batch_size=4)
     return out
+
+
+def main() -> None:
+    """``python tests/helpers/stop_jobs.py ROOT``: a ``ddp_spawn`` fit on 2 processes stops at step
+    :data:`STOP_AT`; the caller's ``save_checkpoint`` then writes ``ROOT/after.ckpt`` from rank 0's end of
+    the run, which the caller adopted; ``ROOT/last.ckpt`` is the ranks' own."""
+    import sys
+
+    root = Path(sys.argv[1])
+    seed_everything(3)
+    callbacks = [ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)]
+    trainer = quiet_trainer(
+        root, callbacks, strategy="ddp_spawn", devices=2, max_steps=STOP_AT, enable_checkpointing=True
+    )
+    trainer.fit(Net(), **_loaders(4))
+    trainer.save_checkpoint(root / "after.ckpt")
+
+
+if __name__ == "__main__":
+    main()
