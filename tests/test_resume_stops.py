@@ -84,3 +84,29 @@ def test_save_checkpoint_after_a_ddp_spawn_fit_records_the_stop(tmp_path: Path) 
     assert after["progress"] == last["progress"] and after["progress"]["batch_in_epoch"] == 2
     assert after["lr_schedulers"] == last["lr_schedulers"]
     assert after["optimizer_states"][0]["param_groups"] == last["optimizer_states"][0]["param_groups"]
+
+
+def test_a_resume_with_another_limit_train_batches_goes_on_from_the_batch_it_stopped_at(tmp_path: Path) -> None:
+    """Stopped at batch 2 of epoch 1 with 6 batches an epoch: 10 an epoch trains batches 2-9; 2 says it trains none."""
+    from callbacks import Callback, ModelCheckpoint
+    from tests.helpers.trainers import quiet_trainer
+
+    class Seen(Callback):
+        def __init__(self) -> None:
+            self.batches: list[tuple[int, int]] = []
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            self.batches.append((trainer.current_epoch, batch_idx))
+
+    def fit(root: Path, ckpt_path: Path | None = None, **options: Any) -> list[tuple[int, int]]:
+        seen = Seen()
+        ckpt = ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)
+        trainer = quiet_trainer(root, [seen, ckpt], enable_checkpointing=True, **options)
+        trainer.fit(stop_jobs.Net(), ckpt_path=ckpt_path, **stop_jobs._loaders(8))
+        return seen.batches
+
+    assert fit(tmp_path, limit_train_batches=6, max_steps=8)[-2:] == [(1, 0), (1, 1)]
+    assert fit(tmp_path, tmp_path / "last.ckpt", max_epochs=2) == [(1, i) for i in range(2, 10)]
+    fit(tmp_path / "low", limit_train_batches=6, max_steps=9)
+    with pytest.warns(UserWarning, match=r"stopped after batch 3 of epoch 1, and this run trains 2 batches"):
+        assert fit(tmp_path / "low", tmp_path / "low" / "last.ckpt", max_epochs=2, limit_train_batches=2) == []

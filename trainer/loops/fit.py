@@ -194,6 +194,13 @@ def train_epoch(
     assert loader is not None
     num = num_batches(loader, state.loop.limits["fit"])
     state.num_training_batches = num
+    if p.batch_in_epoch and p.batch_in_epoch >= num and trainer.is_global_zero:
+        warnings.warn(
+            f"The checkpoint resumed from stopped after batch {p.batch_in_epoch} of epoch {p.epoch}, and this run "
+            f"trains {int(num)} batches an epoch (limit_train_batches={state.loop.limits['fit']}): epoch {p.epoch} "
+            "ends without training more. Raise limit_train_batches to train the rest of it.",
+            stacklevel=2,
+        )
     set_sampler_epoch(loader, p.epoch)
     if store is None:
         store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
