@@ -204,7 +204,9 @@ class MLFlowLogger(TrackerLogger):
             if count > 1:
                 held = f"{base!r} is the name of the metric {self._written_for[base]!r}"
                 why = f"{why}, and {held}" if why else held
-            warnings.warn(f"MLFlowLogger: the metric {key!r} is written as {name!r}: {why}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"MLFlowLogger: the metric {key!r} is written as {name!r}: {why}", RuntimeWarning, stacklevel=2
+            )
         self._written_as[key] = name
         self._written_for[name] = key
         return name
