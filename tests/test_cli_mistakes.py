@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,25 @@ class Flaky(DigitsClassifier):
 '''
 
 
+PARTICULAR_MODEL = '''
+from hydra.core.hydra_config import HydraConfig
+from examples.digits import DigitsClassifier
+
+
+class Particular(DigitsClassifier):
+    """Trial 0's sampled width cannot be built; trial 2 never logs the optimised metric; the others train."""
+
+    def __init__(self, hidden=128, **kwargs):
+        if HydraConfig.get().job.num == 0:
+            raise ValueError(f"no model of width {hidden} here")
+        super().__init__(hidden=hidden, **kwargs)
+
+    def log(self, name, value, *args, **kwargs):
+        if name != "val/acc" or HydraConfig.get().job.num != 2:
+            super().log(name, value, *args, **kwargs)
+'''
+
+
 ALWAYS_NAN = """
 from examples.digits import DigitsClassifier
 
@@ -195,6 +215,11 @@ STUDIES: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
          *STUDY),
         ("always_nan.py", ALWAYS_NAN),
     ),
+    "particular": (
+        ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", "model._target_=particular.Particular",
+         *STUDY),
+        ("particular.py", PARTICULAR_MODEL),
+    ),
     "config_mistake": (
         ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "optimized_metric=val/accuracy", *STUDY),
         None,
@@ -204,7 +229,7 @@ STUDIES: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
 
 @pytest.fixture(scope="module")
 def studies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, Path]]:
-    """The three ``geartrain -m`` studies, started at once, each in a folder of its own."""
+    """The ``geartrain -m`` studies, started at once, each in a folder of its own."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     jobs = {}
@@ -243,3 +268,23 @@ def test_a_config_mistake_still_ends_the_study_at_the_first_trial(studies: dict[
     assert code == 1, output[-3000:]
     assert "optimized_metric=val/accuracy" in output and "Traceback" not in output, output[-3000:]
     assert len(list(cwd.glob("multirun/*/*/*/.hydra"))) == 1  # trials 1 and 2 never started
+    assert (
+        "study: ended at trial 0 by this config mistake, which every trial would repeat (1 trial(s) ran, 1 failed)"
+        in output
+    )
+
+
+def test_a_mistake_of_one_trials_values_is_that_trials_failure_and_the_study_goes_on(
+    studies: dict[str, tuple[int, str, Path]],
+) -> None:
+    """A sampled width the model refuses, a trial that never logs the metric: each ended the whole study."""
+    code, output, _ = studies["particular"]
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output and "geartrain: error" not in output, output[-3000:]
+    assert "study: 2 of 4 trials failed:" in output, output[-3000:]
+    built = re.search(
+        r"trial 0 \(.*model\.hidden=(\d+).*\): could not build model: .*no model of width (\d+) here", output
+    )
+    assert built and built.group(1) == built.group(2), output[-3000:]
+    assert re.search(r"trial 2 \(.*\): optimized_metric=val/acc: the run did not log it", output), output[-3000:]
+    assert "Best parameters" in output  # over trials 1 and 3
