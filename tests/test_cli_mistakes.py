@@ -45,6 +45,10 @@ MISTAKES = {
         ("strategy=model_parallel", "trainer.devices=2", "strategy.tensor_parallel_size=3", "trainer.max_epochs=1"),
         ("tensor_parallel_size=3", "2 processes"),
     ),
+    "lr_find_diverges_at_once": Mistake(
+        (*LR_FIND, "tuner.lr_find.min_lr=1000", "tuner.lr_find.max_lr=10000", "logger=none"),
+        ("lr_find: the loss", "from the sweep's first steps", "lower tuner.lr_find.min_lr (now 1000)"),
+    ),
     "lr_find_never_finite": Mistake(
         (*LR_FIND, "model._target_=nan_model.NanDigits", "logger=none"), ("lr_find", "not finite at any step")
     ),
@@ -128,6 +132,15 @@ def test_lr_find_never_finite_says_it_once(outcomes: dict[str, tuple[int, str, P
     _, output, _ = outcomes["lr_find_never_finite"]
     assert output.count("not finite at any step") == 1, output[-3000:]
     assert "raise num_training" not in output
+
+
+def test_lr_find_diverging_at_once_says_it_once_and_asks_for_a_lower_min_lr(
+    outcomes: dict[str, tuple[int, str, Path]],
+) -> None:
+    """It used to advise raising num_training, which does not help, and exit 0."""
+    _, output, _ = outcomes["lr_find_diverges_at_once"]
+    assert output.count("from the sweep's first steps") == 1, output[-3000:]
+    assert "num_training" not in output and "suggested lr" not in output, output[-3000:]
 
 
 def test_a_mesh_that_does_not_fit_is_refused_before_processes_start(
