@@ -41,6 +41,10 @@ MISTAKES = {
         ("strategy=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes=2", "torchrun --nnodes=2", "srun")
     ),
     "output_folder_not_writable": Mistake(("hydra.run.dir=a_file/run",), ("a_file", "hydra.run.dir=")),
+    # An interpolated folder only Hydra can resolve, so Hydra makes it (and met the error) itself.
+    "interpolated_output_folder_not_writable": Mistake(
+        ("hydra.run.dir=a_file/${now:%H-%M-%S}",), ("cannot write the run directory a_file/", "hydra.run.dir=")
+    ),
     "mesh_does_not_fit": Mistake(
         ("strategy=model_parallel", "trainer.devices=2", "strategy.tensor_parallel_size=3", "trainer.max_epochs=1"),
         ("tensor_parallel_size=3", "2 processes"),
