@@ -211,3 +211,22 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_named_before_training(
         f"ModelCheckpoint cannot write checkpoints to {folder}: {said}; give dirpath= a folder you can write"
     )
     assert batches == [] and not folder.exists()
+
+
+@pytest.mark.slow  # two spawned processes
+@pytest.mark.timeout(120)
+def test_under_ddp_every_rank_stops_at_a_checkpoint_folder_that_cannot_be_written(
+    make_trainer: Any, tmp_path: Path, clean_distributed_env: None
+) -> None:
+    from callbacks import ModelCheckpoint
+    from strategies.launch import WorkerFailedError
+    from tests.helpers.trainers import spawned
+
+    (tmp_path / "a_file").write_text("")
+    folder = tmp_path / "a_file" / "ckpt"
+    trainer = make_trainer(
+        max_epochs=1, strategy=spawned("ddp"), devices=2, accelerator="cpu", callbacks=[ModelCheckpoint(dirpath=folder)]
+    )
+    with pytest.raises(WorkerFailedError) as failed:
+        trainer.fit(Regressor(), make_loader())
+    assert f"UserError: ModelCheckpoint cannot write checkpoints to {folder}" in failed.value.cause
