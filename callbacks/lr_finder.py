@@ -99,13 +99,16 @@ class LRFinderResult:
         finite = sum(math.isfinite(loss) for loss in losses[skip_begin:end])
         if finite >= 2:
             return None
-        if self.diverged:
-            # The loss diverged before the curve had points to read: the rates tried were already too high.
-            went = "was not finite" if not any(math.isfinite(loss) for loss in losses[1:]) else "diverged"
+        last_finite = max(i for i, loss in enumerate(losses) if math.isfinite(loss))
+        went_bad = last_finite + 1 < len(losses)  # not finite from some step on, to the sweep's end
+        if self.diverged or went_bad:
+            # The loss blew up before the curve had points to read: the rates tried were already too high.
+            step = last_finite + 1 if went_bad else len(losses) - 1
+            went = "was not finite" if went_bad else "diverged"
             return (
-                f"lr_find: the loss {went} from the sweep's first steps (stopped at step {len(losses)} of "
-                f"{self.num_training}, lr={self._lr_at(len(losses) - 1):g}), so there is no learning rate to "
-                f"suggest: the sweep starts too high; pass a lower {options}min_lr (now {self.lr_min:g})"
+                f"lr_find: the loss {went} from the sweep's step {step} of {self.num_training} on "
+                f"(lr={self._lr_at(step):g}), too early to suggest a learning rate: the sweep starts too high; "
+                f"pass a lower {options}min_lr (now {self.lr_min:g})"
             )
         return (
             f"lr_find: too few points to suggest a learning rate ({finite} finite after skipping); raise "

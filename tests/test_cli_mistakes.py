@@ -10,6 +10,7 @@ commands start at once, in folders of their own, as in test_cli_messages.py.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -51,7 +52,7 @@ MISTAKES = {
     ),
     "lr_find_diverges_at_once": Mistake(
         (*LR_FIND, "tuner.lr_find.min_lr=1000", "tuner.lr_find.max_lr=10000", "logger=none"),
-        ("lr_find: the loss", "from the sweep's first steps", "lower tuner.lr_find.min_lr (now 1000)"),
+        ("lr_find: the loss", "too early to suggest", "lower tuner.lr_find.min_lr (now 1000)"),
     ),
     "lr_find_never_finite": Mistake(
         (*LR_FIND, "model._target_=nan_model.NanDigits", "logger=none"), ("lr_find", "not finite at any step")
@@ -143,8 +144,25 @@ def test_lr_find_diverging_at_once_says_it_once_and_asks_for_a_lower_min_lr(
 ) -> None:
     """It used to advise raising num_training, which does not help, and exit 0."""
     _, output, _ = outcomes["lr_find_diverges_at_once"]
-    assert output.count("from the sweep's first steps") == 1, output[-3000:]
+    assert output.count("too early to suggest") == 1, output[-3000:]
     assert "num_training" not in output and "suggested lr" not in output, output[-3000:]
+
+
+@pytest.mark.parametrize("diverged", [True, False])
+def test_lr_find_without_points_before_the_loss_blew_up_asks_for_a_lower_min_lr(diverged: bool) -> None:
+    """Also when the loss went NaN at once, which never trips early_stop_threshold (the sweep runs on)."""
+    from callbacks.lr_finder import LRFinderResult
+
+    result = LRFinderResult("exponential", 1.0, 100.0, 20)
+    # Diverged: past early_stop_threshold times the lowest at step 2, where the sweep stopped; else NaN from step 1.
+    losses = [2.0, 5.0, 50.0] if diverged else [2.0] + [math.nan] * 19
+    result.results = {"lr": [1.26**i for i in range(len(losses))], "loss": losses}
+    result.diverged = diverged
+    assert result.suggestion() is None
+    reason = result.no_suggestion_reason(options="tuner.lr_find.")
+    went = "diverged from the sweep's step 2 of 20" if diverged else "was not finite from the sweep's step 1 of 20"
+    assert reason is not None and f"lr_find: the loss {went} on" in reason, reason
+    assert reason.endswith("pass a lower tuner.lr_find.min_lr (now 1)") and "num_training" not in reason
 
 
 def test_a_mesh_that_does_not_fit_is_refused_before_processes_start(
