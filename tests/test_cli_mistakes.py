@@ -251,7 +251,7 @@ STUDIES: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
         ("always_nan.py", ALWAYS_NAN),
     ),
     "particular": (
-        ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", "model._target_=particular.Particular",
+        ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "model._target_=particular.Particular",
          *STUDY),
         ("particular.py", PARTICULAR_MODEL),
     ),
@@ -316,10 +316,10 @@ def test_a_mistake_of_one_trials_values_is_that_trials_failure_and_the_study_goe
     code, output, _ = studies["particular"]
     assert code == 0, output[-3000:]
     assert "Traceback" not in output and "geartrain: error" not in output, output[-3000:]
-    assert "study: 2 of 4 trials failed:" in output, output[-3000:]
+    assert "study: 2 of 3 trials failed:" in output, output[-3000:]
     built = re.search(
         r"trial 0 \(.*model\.hidden=(\d+).*\): could not build model: .*no model of width (\d+) here", output
     )
     assert built and built.group(1) == built.group(2), output[-3000:]
     assert re.search(r"trial 2 \(.*\): optimized_metric=val/acc: the run did not log it", output), output[-3000:]
-    assert "Best parameters" in output  # over trials 1 and 3
+    assert "Best parameters" in output  # over trial 1, the one that trained
