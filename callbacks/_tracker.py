@@ -111,8 +111,12 @@ class TrackerLogger(Logger):
         raise NotImplementedError
 
     def _last_steps(self) -> dict[str, int]:
-        """Metric key -> the last step the (resumed) run already holds."""
+        """Metric name in the tracker -> the last step the (resumed) run already holds."""
         return {}
+
+    def _tracker_key(self, key: str) -> str:
+        """The name the tracker holds the metric ``key`` under (the key itself, unless the tracker refuses it)."""
+        return key
 
     def _record_run_context(self, context: dict[str, str], config: dict[str, Any] | None) -> None:
         """Record where the run's files are (``context``) and the resolved config of the ``geartrain`` command."""
@@ -144,7 +148,7 @@ class TrackerLogger(Logger):
             return
         values = {k: float(v) for k, v in self._with_prefix(metrics).items() if not isinstance(v, str)}
         if self._replay and step is not None:
-            values = {k: v for k, v in values.items() if step > self._replay.get(k, -1)}
+            values = {k: v for k, v in values.items() if step > self._replay.get(self._tracker_key(k), -1)}
             if not values:
                 return
         self._write_metrics(values, step)

@@ -54,6 +54,8 @@ class LRFinderResult:
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
         self.results: dict[str, list[float]] = {"lr": [], "loss": []}
         self._optimal_idx: int | None = None
+        #: Whether the sweep stopped early because the loss diverged (``early_stop_threshold``).
+        self.diverged = False
 
     def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
         """One tenth of the rate where the smoothed loss is lowest: a rate a fixed-length run trains well with.
@@ -65,25 +67,14 @@ class LRFinderResult:
         ``skip_begin``/``skip_end`` points at either end are left out (the smoothing's start, the
         divergence). None, with an error logged, when fewer than two finite points remain.
         """
+        reason = self.no_suggestion_reason(skip_begin, skip_end)
+        if reason is not None:
+            log.error("%s", reason)
+            self._optimal_idx = None
+            return None
         end = -skip_end if skip_end else None
         losses = torch.tensor(self.results["loss"][skip_begin:end], dtype=torch.float64)
         finite = torch.isfinite(losses)
-        if not any(math.isfinite(loss) for loss in self.results["loss"]):
-            log.error(
-                "lr_find: the loss was not finite at any step (from lr=%g on), so there is no learning rate to "
-                "suggest: the model or the data gives NaN/inf whatever the rate; check them",
-                self.results["lr"][0] if self.results["lr"] else float("nan"),
-            )
-            self._optimal_idx = None
-            return None
-        if int(finite.sum()) < 2:
-            log.error(
-                "lr_find: too few points to suggest a learning rate (%d finite after skipping); raise "
-                "num_training or give more training batches",
-                int(finite.sum()),
-            )
-            self._optimal_idx = None
-            return None
         kept = torch.arange(len(self.results["loss"]))[skip_begin:end][finite]
         lowest = int(kept[int(torch.argmin(losses[finite]))])
         target = self.results["lr"][lowest] / 10
@@ -92,6 +83,41 @@ class LRFinderResult:
         distances = [abs(math.log(lr / target)) if lr > 0 else math.inf for lr in self.results["lr"]]
         self._optimal_idx = min(range(len(distances)), key=distances.__getitem__)
         return self.results["lr"][self._optimal_idx]
+
+    def no_suggestion_reason(self, skip_begin: int = 10, skip_end: int = 1, options: str = "") -> str | None:
+        """Why :meth:`suggestion` has no rate to suggest, naming what to change, or None when it has one.
+
+        ``options`` is written before the option names (``"tuner.lr_find."`` for the ``geartrain`` command).
+        """
+        losses = self.results["loss"]
+        if not any(math.isfinite(loss) for loss in losses):
+            return (
+                f"lr_find: the loss was not finite at any step (from lr={self._lr_at(0):g} on), so there is no "
+                "learning rate to suggest: the model or the data gives NaN/inf whatever the rate; check them"
+            )
+        end = -skip_end if skip_end else None
+        finite = sum(math.isfinite(loss) for loss in losses[skip_begin:end])
+        if finite >= 2:
+            return None
+        last_finite = max(i for i, loss in enumerate(losses) if math.isfinite(loss))
+        went_bad = last_finite + 1 < len(losses)  # not finite from some step on, to the sweep's end
+        if self.diverged or went_bad:
+            # The loss blew up before the curve had points to read: the rates tried were already too high.
+            step = last_finite + 1 if went_bad else len(losses) - 1
+            went = "was not finite" if went_bad else "diverged"
+            return (
+                f"lr_find: the loss {went} from the sweep's step {step} of {self.num_training} on "
+                f"(lr={self._lr_at(step):g}), too early to suggest a learning rate: the sweep starts too high; "
+                f"pass a lower {options}min_lr (now {self.lr_min:g})"
+            )
+        return (
+            f"lr_find: too few points to suggest a learning rate ({finite} finite after skipping); raise "
+            f"{options}num_training or give more training batches"
+        )
+
+    def _lr_at(self, index: int) -> float:
+        rates = self.results["lr"]
+        return rates[index] if 0 <= index < len(rates) else float("nan")
 
     def plot(self, suggest: bool = False, show: bool = False, ax: Any = None) -> Any:
         """The loss against the rate as a matplotlib figure (log scale for the exponential sweep).
@@ -133,6 +159,7 @@ class LRFinderResult:
             "lr_max": self.lr_max,
             "num_training": self.num_training,
             "results": self.results,
+            "diverged": self.diverged,
         }
 
     @classmethod
@@ -140,6 +167,7 @@ class LRFinderResult:
         """The result :meth:`state_dict` describes."""
         result = cls(state["mode"], state["lr_min"], state["lr_max"], state["num_training"])
         result.results = {"lr": list(state["results"]["lr"]), "loss": list(state["results"]["loss"])}
+        result.diverged = bool(state.get("diverged", False))
         return result
 
 
@@ -161,6 +189,7 @@ class _Sweep(Callback):
         self.avg_loss, self.best_loss = 0.0, math.inf
         self.scheduler: _SweepLR | None = None
         self.start_step = 0
+        self.diverged = False
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if self.scheduler is None:
@@ -202,7 +231,7 @@ class _Sweep(Callback):
         diverged = self.threshold is not None and step > 1 and smoothed > self.threshold * self.best_loss
         # Every rank stops at the same step (each sees its own loss).
         if trainer.strategy.broadcast(bool(diverged)):
-            trainer.should_stop = True
+            trainer.should_stop = self.diverged = True
         if smoothed < self.best_loss or step == 1:
             self.best_loss = smoothed
         self.losses.append(smoothed)
@@ -277,7 +306,8 @@ class LearningRateFinder(Callback):
             del sweep.lrs[len(sweep.losses) :]
         result = LRFinderResult(self._mode, self._min_lr, self._max_lr, self._num_training_steps)
         result.results = trainer.strategy.broadcast({"lr": sweep.lrs, "loss": sweep.losses})
-        if len(result.results["lr"]) < self._num_training_steps:
+        result.diverged = sweep.diverged
+        if sweep.diverged:
             log.info(
                 "lr_find stopped after %d of %d steps: the loss diverged",
                 len(result.results["lr"]),
@@ -340,7 +370,7 @@ def log_lr_curve(loggers: list[Any], result: LRFinderResult, step: int = 0) -> b
     except ImportError:
         figure = None
     else:
-        figure = result.plot(suggest=True)
+        figure = result.plot(suggest=result.no_suggestion_reason() is None)  # the reason is told once, elsewhere
         # TensorBoard shows images about 350 pixels wide: drawn near that size, the labels stay legible.
         figure.set_size_inches(5.2, 3.5)
         figure.set_dpi(72)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import tempfile
 import time
+import warnings
 from argparse import Namespace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,6 +27,10 @@ _LOCAL = "file:"
 _BATCH = 100
 #: Characters MLflow keeps of a param value (older servers: 500; values are cut, as Lightning cuts them).
 _PARAM_CHARS = 500
+#: The metric names MLflow accepts (``mlflow.utils.validation``): word characters of any script (``Δ``),
+#: ``/ . - :`` and spaces, and a path that normalises to itself (no ``a//b``, ``./a``, ``/a``, ``..``).
+_ACCEPTED = re.compile(r"[/\w.\- :]*")
+_REFUSED = re.compile(r"[^/\w.\- :]+")
 
 
 class MLFlowLogger(TrackerLogger):
@@ -82,6 +88,9 @@ class MLFlowLogger(TrackerLogger):
         #: Built here, so that a tracking URI MLflow refuses fails when the logger is built.
         self._client: MlflowClient | None = _client(tracking_uri)
         self._opened = False
+        #: Metric key -> the name it is written under (itself, unless MLflow refuses it), and back.
+        self._written_as: dict[str, str] = {}
+        self._written_for: dict[str, str] = {}
 
     # ----------------------------------------------------------------- Lightning's properties
     @property
@@ -170,9 +179,37 @@ class MLFlowLogger(TrackerLogger):
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        entries = [Metric(_metric_key(k), v, stamp, step or 0) for k, v in metrics.items()]
+        entries = [Metric(self._tracker_key(k), v, stamp, step or 0) for k, v in metrics.items()]
         for start in range(0, len(entries), _BATCH):
             self.experiment.log_batch(self._run_id, metrics=entries[start : start + _BATCH], **self._batch_kwargs)
+
+    @override
+    def _tracker_key(self, key: str) -> str:
+        """The name ``key`` is written under: itself when MLflow accepts it and no other metric holds it.
+
+        A name MLflow refuses loses the characters it refuses (``acc@5`` -> ``acc5``, as Lightning
+        writes it); a name another metric holds already gets ``-2`` (``-3``, ...), so two metrics
+        never share one series. Either is said once, in a warning naming both names.
+        """
+        name = self._written_as.get(key)
+        if name is not None:
+            return name
+        name = key if _accepted(key) else _cleaned(key)
+        base, count = name, 1
+        while self._written_for.get(name, key) != key:
+            count += 1
+            name = f"{base}-{count}"
+        if name != key:
+            why = "MLflow does not accept it" if base != key else ""
+            if count > 1:
+                held = f"{base!r} is the name of the metric {self._written_for[base]!r}"
+                why = f"{why}, and {held}" if why else held
+            warnings.warn(
+                f"MLFlowLogger: the metric {key!r} is written as {name!r}: {why}", RuntimeWarning, stacklevel=2
+            )
+        self._written_as[key] = name
+        self._written_for[name] = key
+        return name
 
     @override
     def _last_steps(self) -> dict[str, int]:
@@ -242,9 +279,18 @@ class MLFlowLogger(TrackerLogger):
         self.experiment.set_terminated(self._run_id, state)
 
 
-def _metric_key(key: str) -> str:
-    """MLflow allows letters, digits and ``_ - . / `` (space) in metric names; anything else is dropped."""
-    return re.sub(r"[^a-zA-Z0-9_/. -]+", "", key)
+def _accepted(name: str) -> bool:
+    """Whether MLflow accepts ``name`` as a metric's name."""
+    if not _ACCEPTED.fullmatch(name):
+        return False
+    normal = posixpath.normpath(name)
+    return normal == name and normal != "." and not normal.startswith(("..", "/"))
+
+
+def _cleaned(name: str) -> str:
+    """``name`` without the characters MLflow refuses and without empty, ``.`` and ``..`` path parts."""
+    parts = [part for part in _REFUSED.sub("", name).split("/") if part not in ("", ".", "..")]
+    return "/".join(parts) or "metric"
 
 
 def _client(tracking_uri: str) -> MlflowClient:

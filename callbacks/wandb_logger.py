@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from argparse import Namespace
@@ -98,6 +99,12 @@ class WandbLogger(TrackerLogger):
         self._earlier_dirs: list[str] = []
         #: The journal of rows logged with a step (see :meth:`_last_steps`), open while the run is.
         self._journal: Any = None
+        #: A copy for another process (``ddp_spawn``) of a logger whose run was open: the run to attach
+        #: to, and the process that holds it (wandb allows one writer per run id: resuming it fails).
+        self._attach_id: str | None = None
+        self._attach_pid: int | None = None
+        #: Where wandb keeps the run's files (see :meth:`_files_root`), once the run is open.
+        self._root_seen: str | None = None
         self._wandb_init: dict[str, Any] = {
             "name": name,
             "project": self._project,
@@ -145,7 +152,7 @@ class WandbLogger(TrackerLogger):
     def state_dict(self) -> dict[str, Any]:
         # Where this run's files are: a resume from another run directory looks there too.
         state = super().state_dict()
-        return {**state, "dir": self._wandb_dir} if state else state
+        return {**state, "dir": self._files_root()} if state else state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -158,6 +165,9 @@ class WandbLogger(TrackerLogger):
         state = super().__getstate__()
         if self._experiment is not None:
             state["_run_id"] = self._experiment.id  # the copy resumes the run by its id
+            # ...or, while this process holds it open, attaches to it (Lightning's way under ddp_spawn).
+            state["_attach_id"] = getattr(self._experiment, "_attach_id", None)
+            state["_attach_pid"] = os.getpid()
         state["_experiment"] = None
         state["_journal"] = None
         return state
@@ -171,6 +181,9 @@ class WandbLogger(TrackerLogger):
     def _open_run(self) -> Any:
         import wandb
 
+        if self._attach_id is not None and self._attach_pid != os.getpid() and hasattr(wandb, "_attach"):
+            # The process that pickled this logger holds the run: write through it.
+            return wandb._attach(attach_id=self._attach_id)
         init = dict(self._wandb_init)
         if self._offline:
             init["mode"] = "offline"
@@ -179,9 +192,12 @@ class WandbLogger(TrackerLogger):
         if init["name"] is None:
             init["name"] = self._default_run_name()
         if init["dir"] is not None:
-            os.makedirs(init["dir"], exist_ok=True)
+            # A folder that cannot be made is wandb's to handle: it warns and falls back to the temporary folder.
+            with contextlib.suppress(OSError):
+                os.makedirs(init["dir"], exist_ok=True)
         run = wandb.init(**{k: v for k, v in init.items() if v is not None})
         self._run_id = run.id
+        self._root_seen = str(Path(run.dir).parents[2])  # <root>/wandb/<run folder>/files
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         return run
@@ -193,7 +209,7 @@ class WandbLogger(TrackerLogger):
             return
         self.experiment.log({**metrics, STEP_KEY: step})
         if self._journal is None:
-            path = Path(self._wandb_dir or ".", "wandb", f"{JOURNAL}-{self.experiment.id}.jsonl")
+            path = Path(self._files_root() or ".", "wandb", f"{JOURNAL}-{self.experiment.id}.jsonl")
             path.parent.mkdir(parents=True, exist_ok=True)
             self._journal = path.open("a")
         # Reaches the operating system at once: a killed process loses none of it (a machine crash may).
@@ -213,7 +229,7 @@ class WandbLogger(TrackerLogger):
         fit skips every ``(key, step)`` logged before.
         """
         run = self.experiment
-        roots = dict.fromkeys(d for d in (*self._earlier_dirs, self._wandb_dir) if d is not None)
+        roots = dict.fromkeys(d for d in (*self._earlier_dirs, self._wandb_dir, self._files_root()) if d is not None)
         current = Path(run.dir).parent.resolve()
         folders = {f.resolve() for root in roots for f in Path(root, "wandb").glob(f"*run-*-{run.id}")} - {current}
         last = _last_steps_in([folder / f"run-{run.id}.wandb" for folder in sorted(folders)])
@@ -227,6 +243,11 @@ class WandbLogger(TrackerLogger):
             for key in row:
                 logged[key] = max(logged.get(key, -1), step)
         return logged
+
+    def _files_root(self) -> str | None:
+        """The folder holding the run's ``wandb/`` folder: ``save_dir``, unless wandb could not write there
+        and fell back to the temporary folder (as it does, with a warning)."""
+        return self._root_seen or self._wandb_dir
 
     @override
     def _upload_checkpoint(self, checkpoint: CheckpointFile, checkpoint_callback: Any) -> None:

@@ -10,7 +10,9 @@ commands start at once, in folders of their own, as in test_cli_messages.py.
 from __future__ import annotations
 
 import errno
+import math
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +42,17 @@ MISTAKES = {
         ("strategy=ddp", "trainer.num_nodes=2"), ("trainer.num_nodes=2", "torchrun --nnodes=2", "srun")
     ),
     "output_folder_not_writable": Mistake(("hydra.run.dir=a_file/run",), ("a_file", "hydra.run.dir=")),
+    # An interpolated folder only Hydra can resolve, so Hydra makes it (and met the error) itself.
+    "interpolated_output_folder_not_writable": Mistake(
+        ("hydra.run.dir=a_file/${now:%H-%M-%S}",), ("cannot write the run directory a_file/", "hydra.run.dir=")
+    ),
     "mesh_does_not_fit": Mistake(
         ("strategy=model_parallel", "trainer.devices=2", "strategy.tensor_parallel_size=3", "trainer.max_epochs=1"),
         ("tensor_parallel_size=3", "2 processes"),
+    ),
+    "lr_find_diverges_at_once": Mistake(
+        (*LR_FIND, "tuner.lr_find.min_lr=1000", "tuner.lr_find.max_lr=10000", "logger=none"),
+        ("lr_find: the loss", "too early to suggest", "lower tuner.lr_find.min_lr (now 1000)"),
     ),
     "lr_find_never_finite": Mistake(
         (*LR_FIND, "model._target_=nan_model.NanDigits", "logger=none"), ("lr_find", "not finite at any step")
@@ -129,6 +139,32 @@ def test_lr_find_never_finite_says_it_once(outcomes: dict[str, tuple[int, str, P
     assert "raise num_training" not in output
 
 
+def test_lr_find_diverging_at_once_says_it_once_and_asks_for_a_lower_min_lr(
+    outcomes: dict[str, tuple[int, str, Path]],
+) -> None:
+    """It used to advise raising num_training, which does not help, and exit 0."""
+    _, output, _ = outcomes["lr_find_diverges_at_once"]
+    assert output.count("too early to suggest") == 1, output[-3000:]
+    assert "num_training" not in output and "suggested lr" not in output, output[-3000:]
+
+
+@pytest.mark.parametrize("diverged", [True, False])
+def test_lr_find_without_points_before_the_loss_blew_up_asks_for_a_lower_min_lr(diverged: bool) -> None:
+    """Also when the loss went NaN at once, which never trips early_stop_threshold (the sweep runs on)."""
+    from callbacks.lr_finder import LRFinderResult
+
+    result = LRFinderResult("exponential", 1.0, 100.0, 20)
+    # Diverged: past early_stop_threshold times the lowest at step 2, where the sweep stopped; else NaN from step 1.
+    losses = [2.0, 5.0, 50.0] if diverged else [2.0] + [math.nan] * 19
+    result.results = {"lr": [1.26**i for i in range(len(losses))], "loss": losses}
+    result.diverged = diverged
+    assert result.suggestion() is None
+    reason = result.no_suggestion_reason(options="tuner.lr_find.")
+    went = "diverged from the sweep's step 2 of 20" if diverged else "was not finite from the sweep's step 1 of 20"
+    assert reason is not None and f"lr_find: the loss {went} on" in reason, reason
+    assert reason.endswith("pass a lower tuner.lr_find.min_lr (now 1)") and "num_training" not in reason
+
+
 def test_a_mesh_that_does_not_fit_is_refused_before_processes_start(
     outcomes: dict[str, tuple[int, str, Path]],
 ) -> None:
@@ -171,6 +207,25 @@ class Flaky(DigitsClassifier):
 '''
 
 
+PARTICULAR_MODEL = '''
+from hydra.core.hydra_config import HydraConfig
+from examples.digits import DigitsClassifier
+
+
+class Particular(DigitsClassifier):
+    """Trial 0's sampled width cannot be built; trial 2 never logs the optimised metric; the others train."""
+
+    def __init__(self, hidden=128, **kwargs):
+        if HydraConfig.get().job.num == 0:
+            raise ValueError(f"no model of width {hidden} here")
+        super().__init__(hidden=hidden, **kwargs)
+
+    def log(self, name, value, *args, **kwargs):
+        if name != "val/acc" or HydraConfig.get().job.num != 2:
+            super().log(name, value, *args, **kwargs)
+'''
+
+
 ALWAYS_NAN = """
 from examples.digits import DigitsClassifier
 
@@ -195,6 +250,11 @@ STUDIES: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
          *STUDY),
         ("always_nan.py", ALWAYS_NAN),
     ),
+    "particular": (
+        ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "model._target_=particular.Particular",
+         *STUDY),
+        ("particular.py", PARTICULAR_MODEL),
+    ),
     "config_mistake": (
         ("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", "optimized_metric=val/accuracy", *STUDY),
         None,
@@ -204,7 +264,7 @@ STUDIES: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
 
 @pytest.fixture(scope="module")
 def studies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, Path]]:
-    """The three ``geartrain -m`` studies, started at once, each in a folder of its own."""
+    """The ``geartrain -m`` studies, started at once, each in a folder of its own."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     jobs = {}
@@ -243,3 +303,23 @@ def test_a_config_mistake_still_ends_the_study_at_the_first_trial(studies: dict[
     assert code == 1, output[-3000:]
     assert "optimized_metric=val/accuracy" in output and "Traceback" not in output, output[-3000:]
     assert len(list(cwd.glob("multirun/*/*/*/.hydra"))) == 1  # trials 1 and 2 never started
+    assert (
+        "study: ended at trial 0 by this config mistake, which every trial would repeat (1 trial(s) ran, 1 failed)"
+        in output
+    )
+
+
+def test_a_mistake_of_one_trials_values_is_that_trials_failure_and_the_study_goes_on(
+    studies: dict[str, tuple[int, str, Path]],
+) -> None:
+    """A sampled width the model refuses, a trial that never logs the metric: each ended the whole study."""
+    code, output, _ = studies["particular"]
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output and "geartrain: error" not in output, output[-3000:]
+    assert "study: 2 of 3 trials failed:" in output, output[-3000:]
+    built = re.search(
+        r"trial 0 \(.*model\.hidden=(\d+).*\): could not build model: .*no model of width (\d+) here", output
+    )
+    assert built and built.group(1) == built.group(2), output[-3000:]
+    assert re.search(r"trial 2 \(.*\): optimized_metric=val/acc: the run did not log it", output), output[-3000:]
+    assert "Best parameters" in output  # over trial 1, the one that trained

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -224,3 +225,27 @@ def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "mlflow", None)  # what a fresh interpreter without mlflow sees
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'geartrain\[mlflow\]'"):
         MLFlowLogger()
+
+
+def test_metric_names_mlflow_accepts_are_kept_and_a_changed_name_never_joins_another_metric(server: str) -> None:
+    """``val/Δloss`` used to be written into ``val/loss`` (characters outside ASCII dropped without a word)."""
+    logger = MLFlowLogger(experiment_name="names", tracking_uri=server)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # names MLflow accepts go through as they are, without a word
+        logger.log_metrics({"val/loss": 1.0, "val/Δloss": -0.5, "acc5": 0.9}, step=0)
+    with pytest.warns(RuntimeWarning) as said:
+        logger.log_metrics({"acc@5": 0.8, "a//b": 0.1}, step=0)
+    logger.log_metrics({"val/loss": 0.5, "val/Δloss": -0.25, "acc@5": 0.7}, step=1)
+    client = MlflowClient(server)
+    run = client.get_run(logger.run_id)
+    assert set(run.data.metrics) == {"val/loss", "val/Δloss", "acc5", "acc5-2", "a/b"}
+    assert history(client, logger.run_id, "val/loss") == [(0, 1.0), (1, 0.5)]
+    assert history(client, logger.run_id, "val/Δloss") == [(0, -0.5), (1, -0.25)]
+    assert history(client, logger.run_id, "acc5") == [(0, 0.9)]
+    assert history(client, logger.run_id, "acc5-2") == [(0, 0.8), (1, 0.7)]
+    messages = sorted(str(w.message) for w in said)
+    assert messages == [
+        "MLFlowLogger: the metric 'a//b' is written as 'a/b': MLflow does not accept it",
+        "MLFlowLogger: the metric 'acc@5' is written as 'acc5-2': MLflow does not accept it, and 'acc5' is the "
+        "name of the metric 'acc5'",
+    ]

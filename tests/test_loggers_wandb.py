@@ -3,6 +3,7 @@ config, resume after kill -9 into the same run, DDP with one writer."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import signal
 import sys
@@ -225,3 +226,44 @@ def test_log_model_uploads_checkpoints_as_model_artifacts(tmp_path: Path, log_mo
     digest = base64.b64encode(hashlib.md5(best.read_bytes()).digest()).decode()
     # "all": after each save (epoch 0's file once; epoch 1 wrote no new file); True: once, when fitting ended.
     assert uploads == [("net", "model", ["best", "latest"], [("model.ckpt", digest)])]
+
+
+def test_a_run_opened_before_fit_under_ddp_spawn_gets_the_workers_rows(tmp_path: Path) -> None:
+    """The spawned rank 0 attaches to the caller's run (Lightning's way); resuming it failed "run ID is in use"."""
+    logger = WandbLogger(save_dir=tmp_path, project="spawn")
+    logger.experiment.config.update({"before": 1})  # the run is open in this process
+    run_id = logger.version
+    trainer = quiet_trainer(
+        tmp_path, callbacks=[logger], strategy="ddp_spawn", devices=2, accelerator="cpu", max_epochs=2,
+        log_every_n_steps=1,
+    )  # fmt: skip
+    trainer.fit(Scripted(), *loaders())
+    assert logger.version == run_id
+    logger.experiment.finish()
+    (path,) = run_files(tmp_path, run_id)  # one run, one session: the workers wrote into the caller's
+    steps = [s for s, _ in series([path])["train/loss"]]
+    assert steps == list(range(trainer.global_step)) and trainer.global_step == 4
+
+
+def test_a_save_dir_wandb_cannot_write_falls_back_as_wandb_does_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wandb writes to the temporary folder instead (with a warning); the logger's journal of rows follows it."""
+    import tempfile
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # no folder can be made below a file (a read-only folder, for any user)
+    fallback = tmp_path / "temporary"
+    fallback.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(fallback))
+    logger = WandbLogger(save_dir=blocker / "logs", project="fallback")
+    trainer = quiet_trainer(tmp_path, callbacks=[logger], max_epochs=1, log_every_n_steps=1)
+    trainer.fit(Scripted(), *loaders())
+    run_id = logger.version
+    logger.experiment.finish()
+    (path,) = run_files(fallback, run_id)
+    steps = [s for s, _ in series([path])["train/loss"]]
+    assert steps == list(range(trainer.global_step)) and trainer.global_step == 4
+    journal = fallback / "wandb" / f"geartrain-rows-{run_id}.jsonl"
+    assert [row[0] for row in map(json.loads, journal.read_text().splitlines())][:4] == [0, 1, 2, 3]
+    assert logger.state_dict() == {"run_id": run_id, "dir": str(fallback)}  # a resume looks there

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,3 +170,63 @@ def test_module_outside_a_trainer() -> None:
         module.trainer  # noqa: B018
     module.log("ignored", 1.0)  # a plain nn.Module outside a trainer: logging does nothing
     assert (module.global_step, module.current_epoch) == (0, 0)
+
+
+@pytest.mark.parametrize("blocked", ["a file on the path", "a read-only folder"])
+def test_a_checkpoint_folder_that_cannot_be_written_is_named_before_training(
+    make_trainer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, blocked: str
+) -> None:
+    """It ended the run at the first save, after an epoch of training, with a long traceback."""
+    import errno
+    import os
+    import tempfile
+
+    from callbacks import Callback, ModelCheckpoint
+    from trainer.common.errors import UserError
+
+    if blocked == "a file on the path":
+        (tmp_path / "a_file").write_text("")
+        folder, said = tmp_path / "a_file" / "ckpt", f"{tmp_path / 'a_file'} is a file, not a folder"
+    else:
+        (tmp_path / "ro").mkdir()
+        folder, said = tmp_path / "ro" / "ckpt", f"Read-only file system ({tmp_path / 'ro'})"
+        real = tempfile.TemporaryFile
+
+        def read_only(*args: Any, dir: Any = None, **kwargs: Any) -> Any:  # what a read-only disk says, even to root
+            if dir is not None and Path(dir) == tmp_path / "ro":
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+            return real(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    batches: list[int] = []
+
+    class Count(Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            batches.append(batch_idx)
+
+    trainer = make_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=folder), Count()])
+    with pytest.raises(UserError) as refused:
+        trainer.fit(Regressor(), make_loader())
+    assert str(refused.value) == (
+        f"ModelCheckpoint cannot write checkpoints to {folder}: {said}; give dirpath= a folder you can write"
+    )
+    assert batches == [] and not folder.exists()
+
+
+@pytest.mark.slow  # two spawned processes
+@pytest.mark.timeout(120)
+def test_under_ddp_every_rank_stops_at_a_checkpoint_folder_that_cannot_be_written(
+    make_trainer: Any, tmp_path: Path, clean_distributed_env: None
+) -> None:
+    from callbacks import ModelCheckpoint
+    from strategies.launch import WorkerFailedError
+    from tests.helpers.trainers import spawned
+
+    (tmp_path / "a_file").write_text("")
+    folder = tmp_path / "a_file" / "ckpt"
+    trainer = make_trainer(
+        max_epochs=1, strategy=spawned("ddp"), devices=2, accelerator="cpu", callbacks=[ModelCheckpoint(dirpath=folder)]
+    )
+    with pytest.raises(WorkerFailedError) as failed:
+        trainer.fit(Regressor(), make_loader())
+    assert f"UserError: ModelCheckpoint cannot write checkpoints to {folder}" in failed.value.cause

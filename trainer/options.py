@@ -2,12 +2,15 @@
 
 :func:`loop_options` turns ``Trainer(...)``'s loop arguments into their checked, resolved values
 (Lightning's rule for ``max_epochs``, what ``fast_dev_run`` overrides); :func:`default_callbacks` adds
-the progress bar, logger and checkpoint a run gets unless the user gave their own.
+the progress bar, logger and checkpoint a run gets unless the user gave their own;
+:func:`check_checkpoint_folders` refuses a checkpoint folder that cannot be written when ``fit`` starts.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,15 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.common.errors import PossibleUserWarning
+from trainer.common.errors import PossibleUserWarning, UserError
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
+    from trainer.trainer import Trainer
 
 log = logging.getLogger("trainer")
 
 __all__ = [
     "LoopOptions",
+    "check_checkpoint_folders",
     "check_module",
     "default_callbacks",
     "loop_options",
@@ -301,3 +306,44 @@ def _say_what_one_means(name: str, value: Any) -> None:
         log.info(f"`Trainer({name}=1)` was configured so {as_int}")
     else:
         log.info(f"`Trainer({name}=1.0)` was configured so {as_float}")
+
+
+def check_checkpoint_folders(trainer: Trainer) -> None:
+    """Refuse, before training, a checkpoint folder that cannot be written: one line naming it.
+
+    Found only at the first save, it ended a run after its first epoch with a long traceback. Rank 0
+    (the one that writes) tries to create a file where the folder is or would be made; every rank
+    gets its answer, so all of them stop together.
+    """
+    problem = None
+    if trainer.is_global_zero:
+        for callback in trainer.checkpoint_callbacks:
+            dirpath = getattr(callback, "dirpath", None)
+            saves = getattr(callback, "save_top_k", 1) != 0 or getattr(callback, "save_last", False)
+            why = _unwritable(os.fspath(dirpath)) if dirpath is not None and saves else None
+            if why is not None:
+                key = getattr(callback, "config_key", None)
+                option = f"{key}.dirpath" if key else "dirpath"
+                problem = f"{type(callback).__name__} cannot write checkpoints to {dirpath}: {why}; give {option}= a folder you can write"
+                break
+    if trainer.strategy.world_size > 1:
+        problem = trainer.strategy.broadcast(problem)
+    if problem is not None:
+        raise UserError(problem)
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why no file can be written in ``folder`` (made when missing), or None when one can; URLs are not checked."""
+    if "://" in folder:
+        return None
+    existing = Path(os.path.abspath(folder))
+    while not existing.exists():  # the nearest folder that exists: the missing ones would be made in it
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        return f"{os.strerror(err.errno) if err.errno else err} ({existing})"
+    return None

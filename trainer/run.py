@@ -25,6 +25,7 @@ from trainer.data.loaders import resolve_loaders, results_per_loader
 from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer
 from trainer.optim import parse_optimizers
+from trainer.options import check_checkpoint_folders
 from trainer.state import TrainerStatus
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ def run_stage(
         if datamodule is not None:
             datamodule.setup(stage)
         state.hooks.callbacks_only("setup", stage)  # data module, callbacks, module (trainer/hook_order.py)
+        if stage == "fit":  # the checkpoint folders are known now (ModelCheckpoint.setup)
+            check_checkpoint_folders(t)
         module.setup(stage)
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank

@@ -47,7 +47,38 @@ def describe(err: BaseException) -> str | None:
         return _instantiation(err)
     if isinstance(err, (UserError, CheckpointError, OmegaConfBaseException)):
         return str(err)
+    if isinstance(err, OSError) and _raised_by_hydra(err):
+        return _output_folder(err)
     return _from_a_worker(err)
+
+
+def _raised_by_hydra(err: OSError) -> bool:
+    """Whether Hydra's own code met ``err`` (making the job's folder, writing ``.hydra/``, opening its log).
+
+    That is, the last frame outside Python's standard library is one of Hydra's: an error of a file
+    the job itself opens (the user's data, our checkpoints) has the job's frame last.
+    """
+    import sysconfig
+
+    import hydra
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    caller = None
+    tb = err.__traceback__
+    while tb is not None:
+        path = Path(tb.tb_frame.f_code.co_filename).resolve()
+        if stdlib not in path.parents:
+            caller = path
+        tb = tb.tb_next
+    return caller is not None and Path(hydra.__file__).resolve().parent in caller.parents
+
+
+def _output_folder(err: OSError) -> str:
+    """The run directory Hydra could not write (an interpolated ``hydra.run.dir``, made by Hydra alone)."""
+    from trainer.cli.run_dirs import unwritable
+
+    folder = Path(str(err.filename)) if err.filename else Path.cwd()
+    return str(unwritable(folder, err))
 
 
 def _from_a_worker(err: BaseException) -> str | None:

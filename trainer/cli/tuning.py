@@ -39,10 +39,13 @@ def run_tuner_task(cfg: Any, trainer: Any, module: Any, datamodule: Any) -> dict
                     "no learning rate to suggest: the model or the data gives NaN/inf whatever the rate. Check them "
                     "(task=fit with trainer.on_nonfinite=raise names the first such step)"
                 )
+            reason = result.no_suggestion_reason(options="tuner.lr_find.") if result is not None else None
+            if reason is not None:  # a task that suggests nothing failed: said once, and the exit code says it
+                raise ConfigError(reason)
             lr = result.suggestion() if result is not None else None
             if trainer.is_global_zero:
                 if lr is None:
-                    print("lr_find: no suggestion (too few points): raise tuner.lr_find.num_training")
+                    print("lr_find: no suggestion: the sweep recorded no steps; raise tuner.lr_find.num_training")
                 else:
                     where = (
                         f"; the curve is in TensorBoard: tensorboard --logdir {trainer.logger.log_dir}"
