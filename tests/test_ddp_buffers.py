@@ -50,14 +50,19 @@ def buffers(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 class Snapshots(Callback):
-    """Each rank's buffers after its last training batch, and during every validation batch."""
+    """Each rank's buffers after every training batch and during every validation batch, and rank 0's
+    module as validation starts."""
 
     def __init__(self) -> None:
-        self.trained: dict[str, torch.Tensor] = {}
+        self.trained: list[dict[str, torch.Tensor]] = []
         self.validating: list[dict[str, torch.Tensor]] = []
+        self.validated_module: dict[str, torch.Tensor] = {}
 
     def on_train_batch_end(self, trainer: Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.trained = buffers(module)
+        self.trained.append(buffers(module))
+
+    def on_validation_start(self, trainer: Trainer, module: Any) -> None:
+        self.validated_module = {k: v.clone() for k, v in module.state_dict().items()}
 
     def on_validation_batch_end(self, trainer: Trainer, module: Any, *args: Any) -> None:
         self.validating.append(buffers(module))
@@ -83,12 +88,15 @@ def rank_job(root: str) -> dict[str, Any]:
     seed_everything(0)
     ddp = DDPStrategy(devices=2, device="cpu", timeout=timedelta(seconds=60))
     snaps = Snapshots()
-    trainer = quiet_trainer(root, [snaps], strategy=ddp, max_epochs=1, limit_val_batches=None)
+    # Three steps of 2 x 4 samples; validation after the second (every 2 batches), so fit ends with a
+    # training step after its last validation.
+    options = {"val_check_interval": 2, "check_val_every_n_epoch": None, "limit_val_batches": None}
+    trainer = quiet_trainer(root, [snaps], strategy=ddp, max_epochs=1, **options)
     module = BatchNormNet()
-    trainer.fit(module, DataLoader(data(16, 1), batch_size=4), DataLoader(val_data(), batch_size=1))
+    trainer.fit(module, DataLoader(data(24, 1), batch_size=4), DataLoader(val_data(), batch_size=1))
     out: dict[str, Any] = {"trained": snaps.trained, "validating": list(snaps.validating), "fit": buffers(module)}
     out["val_loss"] = float(trainer.callback_metrics["val/loss"])
-    out["state_dict"] = {k: v.clone() for k, v in module.state_dict().items()}
+    out["validated_module"] = snaps.validated_module
     rank = trainer.global_rank
     perturb(module, rank)
     trainer.validate(module, DataLoader(val_data(), batch_size=1), verbose=False)
@@ -96,11 +104,6 @@ def rank_job(root: str) -> dict[str, Any]:
     perturb(module, rank)
     trainer.test(module, DataLoader(data(3, 3), batch_size=1), verbose=False)
     out["test"] = buffers(module)
-    # A fit that never validates: its loop's end broadcasts.
-    quiet = DDPStrategy(devices=2, device="cpu", timeout=timedelta(seconds=60))
-    plain = BatchNormNet()
-    quiet_trainer(root, strategy=quiet, max_epochs=1).fit(plain, DataLoader(data(16, 1), batch_size=4))
-    out["fit_without_validation"] = buffers(plain)
     return out
 
 
@@ -119,17 +122,21 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 @pytest.mark.timeout(240)
 def test_every_rank_holds_rank_0s_buffers_after_fit_validate_and_test(ranks: list[dict[str, Any]]) -> None:
     rank0, rank1 = ranks
+    assert len(rank0["trained"]) == len(rank1["trained"]) == 3
     # Training: each replica's statistics come from its own shard.
-    assert not torch.equal(rank0["trained"]["net.1.running_mean"], rank1["trained"]["net.1.running_mean"])
-    # Every validation batch of fit (two on rank 0, one on rank 1), and the end of fit: rank 0's.
+    for step in (1, 2):
+        assert not torch.equal(rank0["trained"][step]["net.1.running_mean"], rank1["trained"][step]["net.1.running_mean"])
+    # Every validation batch of fit (two on rank 0, one on rank 1): rank 0's after the second step.
     assert len(rank0["validating"]) == 2 and len(rank1["validating"]) == 1
-    for snapshot in [*rank0["validating"], *rank1["validating"], rank0["fit"], rank1["fit"]]:
-        assert_same(snapshot, rank0["trained"])
+    for snapshot in [*rank0["validating"], *rank1["validating"]]:
+        assert_same(snapshot, rank0["trained"][1])
+    # The end of fit, after a last training step: rank 0's after it.
+    assert_same(rank0["fit"], rank0["trained"][2])
+    assert_same(rank1["fit"], rank0["trained"][2])
     # validate and test after rank 1's buffers were changed: rank 0's again.
     for stage in ("validate", "test"):
         assert_same(rank1[stage], rank0[stage])
-        assert_same(rank0[stage], rank0["trained"])
-    assert_same(rank1["fit_without_validation"], rank0["fit_without_validation"])
+        assert_same(rank0[stage], rank0["trained"][2])
 
 
 @pytest.mark.slow
@@ -139,7 +146,7 @@ def test_fits_validation_under_ddp_equals_one_process_validating_rank_0s_module(
 ) -> None:
     # Both ranks evaluate with rank 0's statistics, so the synced loss is one process's on the whole set.
     module = BatchNormNet()
-    module.load_state_dict(ranks[0]["state_dict"])
+    module.load_state_dict(ranks[0]["validated_module"])
     (one,) = quiet_trainer(tmp_path).validate(module, DataLoader(val_data(), batch_size=1), verbose=False)
     for rank in ranks:
         assert rank["val_loss"] == pytest.approx(one["val/loss"], rel=1e-6)
