@@ -118,7 +118,8 @@ class DDPStrategy(ParallelStrategy):
 
         Evaluation steps call the module directly: they need no gradient sync, and a forward through
         DDP may broadcast buffers, a collective that would wait forever on a rank whose (unpadded)
-        evaluation shard has one batch fewer.
+        evaluation shard has one batch fewer. That broadcast is made once instead, as the evaluation
+        loop starts (:meth:`sync_buffers`).
         """
         assert self.module is not None and self.model is not None
         if hook == "training_step":
