@@ -42,6 +42,7 @@ def eval_loop(
     Hook order (``X`` is ``validation`` or ``test``)::
 
         on_X_model_eval
+        strategy.evaluation_context()  # DDP: every rank receives rank 0's buffers (BatchNorm statistics)
         on_X_start, on_X_epoch_start
         for each batch: batch transfer hooks; on_X_batch_start(batch, i);
                         X_step(batch, i) under forward_context; on_X_batch_end(out, batch, i)
