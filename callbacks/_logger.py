@@ -169,12 +169,22 @@ class Logger(Callback):
         if self._save_dir is None:
             self._save_dir = Path(trainer.default_root_dir)
         self._writes = trainer.is_global_zero
+        # Lightning's trainer hands the hyperparameters to its loggers at every entry point, so a
+        # validate-, test- or predict-only run has its hparams.yaml too. After a fit that recorded
+        # them, they are not written again (TensorBoard would get a second hparams session).
+        if stage != "fit" and not getattr(self, "hparams", None):
+            self._log_module_hparams(module)
 
     @override
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         # As Lightning's trainer does: the module's hyperparameters go to every logger when fitting starts.
+        self._log_module_hparams(module)
+
+    def _log_module_hparams(self, module: TrainModule) -> None:
+        """``log_hyperparams(module.hparams)`` on rank 0, unless there are none or the module said
+        ``save_hyperparameters(logger=False)``, as Lightning's trainer does."""
         hparams = dict(getattr(module, "hparams", None) or {})
-        if self._writes and hparams:
+        if self._writes and hparams and getattr(module, "_log_hyperparams", True):
             self.log_hyperparams(hparams)
 
     @override

@@ -63,8 +63,8 @@ class CSVWriter:
 
             with open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
                 yaml.safe_dump(self.hparams, f, sort_keys=False)
-        if self._written == len(self.metrics) and os.path.exists(self.metrics_file_path):
-            return
+        if not self.metrics or (self._written == len(self.metrics) and os.path.exists(self.metrics_file_path)):
+            return  # no rows yet (a predict-only run): no file, as Lightning's
         new = [key for row in self.metrics[self._written :] for key in row if key not in self._columns]
         path = Path(self.metrics_file_path)
         if new or not path.exists():

@@ -195,8 +195,14 @@ class Strategy:
         return getattr(self.module, hook)(*args)
 
     def evaluation_context(self) -> contextlib.AbstractContextManager[None]:
-        """Context around a whole evaluation or predict loop (FSDP gathers full weights once here)."""
+        """Context around a whole evaluation or predict loop (FSDP gathers full weights once here;
+        DDP gives every rank rank 0's buffers on entry, see :meth:`sync_buffers`)."""
         return contextlib.nullcontext()
+
+    def sync_buffers(self) -> None:
+        """Give every process rank 0's buffers (BatchNorm's running statistics, ...) where they may
+        differ: a data-parallel replica updates its own from its own shard. Called by every rank at
+        once (the trainer calls it when ``fit``'s loop ends); one process: nothing to do."""
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward of a loss from ``self.manual_backward`` (manual optimisation; may run several

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -117,12 +118,35 @@ class DDPStrategy(ParallelStrategy):
 
         Evaluation steps call the module directly: they need no gradient sync, and a forward through
         DDP may broadcast buffers, a collective that would wait forever on a rank whose (unpadded)
-        evaluation shard has one batch fewer.
+        evaluation shard has one batch fewer. That broadcast is made once instead, as the evaluation
+        loop starts (:meth:`sync_buffers`).
         """
         assert self.module is not None and self.model is not None
         if hook == "training_step":
             return self.model(hook, *args)
         return getattr(self.module, hook)(*args)
+
+    @override
+    def sync_buffers(self) -> None:
+        """Broadcast rank 0's buffers when DDP would at its next forward, as Lightning's ranks get them.
+
+        DDP broadcasts buffers at the start of a forward that follows a synced training forward (or
+        none yet). Lightning's evaluation steps go through that forward, so its ranks evaluate with rank
+        0's BatchNorm statistics and keep them. Ours call the module directly (a rank may have one
+        evaluation batch fewer), so this broadcast is made once, where every rank arrives: on entering
+        an evaluation loop and when ``fit``'s loop ends. It then counts as that forward's broadcast:
+        the next training forward makes none, as after Lightning's evaluation forward.
+        """
+        model = self.model
+        if isinstance(model, DistributedDataParallel) and model.will_sync_module_buffers():
+            model._sync_buffers()  # DDP's own broadcast: its buffer list, ignored names, source rank 0
+            model.require_forward_param_sync = False
+
+    @override
+    @contextlib.contextmanager
+    def evaluation_context(self) -> Iterator[None]:
+        self.sync_buffers()
+        yield
 
     @override
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:

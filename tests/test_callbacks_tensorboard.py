@@ -115,8 +115,9 @@ def test_tensorboard_serves_what_was_logged(run_dir: tuple[Path, Recorder, Tenso
         assert [s for s, _ in served] == [s for s, _ in recorder.seen[tag]], tag
         assert [v for _, v in served] == pytest.approx([v for _, v in recorder.seen[tag]], rel=1e-6), tag
     assert [s for s, _ in scalars("train/loss")] == list(range(12))  # per optimizer step, from 0
-    # Validation per epoch at the step its epoch ended; the trailing validate() at the last step.
-    val_scores = [(3, 0.3), (7, 0.7), (11, 0.5), (11, 0.5)]
+    # Validation per epoch at the step its epoch ended; the trailing validate() at the count of
+    # steps taken, as Lightning's (its ``_batches_that_stepped``).
+    val_scores = [(3, 0.3), (7, 0.7), (11, 0.5), (12, 0.5)]
     assert scalars("val/score") == [(step, pytest.approx(value)) for step, value in val_scores]
     assert scalars("lr-SGD") == [(0, pytest.approx(0.1)), (4, pytest.approx(0.05)), (8, pytest.approx(0.025))]
     epochs = dict(scalars("epoch"))

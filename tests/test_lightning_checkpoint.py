@@ -66,9 +66,28 @@ def test_lightning_attributedict_loads_with_weights_only() -> None:
     assert read_checkpoint(DATA / "attributedict.ckpt")["hyper_parameters"]["cfg"] == {"depth": 2}
 
 
-def test_weights_only_false_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"weights_only=False\) is not supported"):
-        Regression.load_from_checkpoint(DATA / "epoch2.ckpt", weights_only=False)
+class WithObjects(TrainModule):
+    """The twin of make_checkpoints.py's ``WithObjects``: a hyperparameter that is an ``nn.Module``."""
+
+    def __init__(self, loss: nn.Module | None = None, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(4, 2)
+
+
+def test_pickled_hyperparameters_load_with_weights_only_false_as_in_lightning() -> None:
+    path = DATA / "pickled_hparams.ckpt"  # also holds Lightning's AttributeDict, read without Lightning
+    for safe in (None, True):  # the default stays safe, and the refusal says what Lightning users pass
+        with pytest.raises(CheckpointError, match=r"SmoothL1Loss.*load_from_checkpoint\(path, weights_only=False\)"):
+            WithObjects.load_from_checkpoint(path, weights_only=safe)
+    model = WithObjects.load_from_checkpoint(path, weights_only=False)
+    assert isinstance(model.hparams.loss, nn.SmoothL1Loss) and model.hparams.loss.beta == 0.5
+    assert model.hparams.lr == 0.2
+    torch.manual_seed(0)  # make_checkpoints.py saved the seeded initial weights
+    for name, value in nn.Linear(4, 2).state_dict().items():
+        assert torch.equal(model.state_dict()[f"layer.{name}"], value)
+    # Plain data loads with weights_only=False too, as before.
+    assert Regression.load_from_checkpoint(DATA / "epoch2.ckpt", weights_only=False).hparams.lr == 0.1
 
 
 def test_fit_resumes_a_lightning_checkpoint_exactly(tmp_path: Path) -> None:

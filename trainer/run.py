@@ -128,6 +128,7 @@ def run_stage(
             reload_loaders(t, first=True)
             with arguments.anomaly_context(t.detect_anomaly):
                 loops.fit_loop(t, state)
+            t.strategy.sync_buffers()  # every rank keeps rank 0's buffers, also when fit ended without validating
             state.status = TrainerStatus.FINISHED
             return None, final_state(t, stage)
         loaders = state.loaders[stage] = resolve_loaders(t, stage, loader)

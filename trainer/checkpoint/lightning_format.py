@@ -3,7 +3,10 @@
 Both geartrain's and Lightning's files are read with ``torch.load(weights_only=True)``: loading never
 runs pickled code. Lightning's files hold plain data plus, sometimes, Lightning's ``AttributeDict``
 (a dict subclass) among the hyperparameters; that one class name is allowed and read as a plain
-``dict`` (torch's safe unpickler fills only real dicts), nothing else is. :func:`lightning_resume_state` turns a
+``dict`` (torch's safe unpickler fills only real dicts), nothing else is. Only
+``load_from_checkpoint(..., weights_only=False)``, as in Lightning, reads a file whose
+hyperparameters hold other pickled objects (an ``nn.Module``, a ``functools.partial``), for files
+the user trusts. :func:`lightning_resume_state` turns a
 Lightning file into the state a geartrain resume reads (weights, optimizer and scheduler states,
 epoch and step).
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import pickle
+import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -54,6 +59,62 @@ def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any 
     if not isinstance(state, dict):
         raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
     return state
+
+
+class _LightningUnpickler(pickle.Unpickler):
+    """Unpickles everything (``weights_only=False``), Lightning's ``AttributeDict`` as a plain dict,
+    so a Lightning file loads whether or not Lightning is installed."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if any(f"{module}.{name}" == qualified for _, qualified in _LIGHTNING_SAFE_GLOBALS):
+            return dict
+        return super().find_class(module, name)
+
+
+#: The ``pickle_module`` handed to ``torch.load(weights_only=False)``.
+_TRUSTING_PICKLE = types.ModuleType("geartrain_trusting_pickle")
+_TRUSTING_PICKLE.Unpickler = _LightningUnpickler  # type: ignore[attr-defined]
+_TRUSTING_PICKLE.load = pickle.load  # type: ignore[attr-defined]  # files in torch's legacy format
+
+
+def _read_trusting(path: str | os.PathLike[str] | IO[bytes], map_location: Any) -> dict[str, Any]:
+    """``torch.load(weights_only=False)``: the file's pickled objects are rebuilt, running their code."""
+    where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
+    if isinstance(path, (str, os.PathLike)):
+        if Path(path).is_dir():
+            return read_checkpoint(path, map_location)  # a sharded directory holds no pickled objects
+        check_checkpoint_file(Path(path))
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False, pickle_module=_TRUSTING_PICKLE)
+    except Exception as err:
+        raise CheckpointError(f"Cannot read checkpoint {where} (weights_only=False): {err}") from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+def _read_safely(path: str | os.PathLike[str] | IO[bytes], map_location: Any, cls: type) -> dict[str, Any]:
+    """:func:`read_checkpoint`; a refusal of pickled objects says how Lightning users load such a file."""
+    try:
+        return read_checkpoint(path, map_location)
+    except CheckpointError as err:
+        if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
+            raise
+        try:
+            objects = [
+                name
+                for name in torch.serialization.get_unsafe_globals_in_checkpoint(path)
+                if all(name != qualified for _, qualified in _LIGHTNING_SAFE_GLOBALS)
+            ]
+        except Exception:
+            objects = []
+        if not objects:
+            raise
+        raise CheckpointError(
+            f"{err} If the file comes from a source you trust, load it with "
+            f"{cls.__name__}.load_from_checkpoint(path, weights_only=False), as in Lightning: its pickled "
+            "objects are then rebuilt, which runs their code."
+        ) from err
 
 
 def is_lightning_checkpoint(state: Mapping[str, Any]) -> bool:
@@ -129,13 +190,14 @@ def load_from_checkpoint(
     """Build ``cls`` from a checkpoint's hyperparameters (``kwargs`` override them), then load its state.
 
     ``weights`` says whether to load the model weights (modules) or the data module's state.
+    ``weights_only=False`` reads the file with ``torch.load(weights_only=False)``, as Lightning does, for
+    hyperparameters that are pickled objects; ``None`` or ``True``: only safe types.
     """
+    location = map_location if map_location is not None else "cpu"
     if weights_only is False:
-        raise ValueError(
-            "load_from_checkpoint(weights_only=False) is not supported: geartrain reads checkpoints with "
-            "weights_only=True only, so loading never runs pickled code. Pass weights_only=None or True."
-        )
-    state = read_checkpoint(checkpoint_path, map_location if map_location is not None else "cpu")
+        state = _read_trusting(checkpoint_path, location)
+    else:
+        state = _read_safely(checkpoint_path, location, cls)
     lightning = is_lightning_checkpoint(state)
     if not lightning:
         upgrade(state)

@@ -42,6 +42,7 @@ def eval_loop(
     Hook order (``X`` is ``validation`` or ``test``)::
 
         on_X_model_eval
+        strategy.evaluation_context()  # DDP: every rank receives rank 0's buffers (BatchNorm statistics)
         on_X_start, on_X_epoch_start
         for each batch: batch transfer hooks; on_X_batch_start(batch, i);
                         X_step(batch, i) under forward_context; on_X_batch_end(out, batch, i)
@@ -121,7 +122,10 @@ def _run_epoch(
     if hooks.overridden(f"on_{prefix}_epoch_end"):
         router.remember(store.epoch_values(), store)
         hooks(f"on_{prefix}_epoch_end")
-    return router.publish_epoch(store, max(state.progress.global_step - 1, 0))
+    # Lightning's x-axis (its ``_batches_that_stepped``): inside ``fit`` the step just taken, whose count
+    # is not yet advanced when it validates; a ``validate``/``test`` call after ``fit`` (8 steps) logs at 8.
+    steps = state.progress.global_step
+    return router.publish_epoch(store, max(steps - 1, 0) if state.fn == "fit" else steps)
 
 
 def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[list[Any]]:

@@ -6,8 +6,9 @@ A tiny regression (``Linear(4, 2)``, SGD with a StepLR scheduler) trained by Lig
 epochs, then saved with ``trainer.save_checkpoint`` (``epoch2.ckpt``, and ``attributedict.ckpt`` with
 a Lightning ``AttributeDict`` among the hyperparameters); training then goes on to
 four epochs and the final weights are saved as a plain state dict (``epoch4_weights.pt``), which a
-geartrain run resumed from ``epoch2.ckpt`` must reproduce. Not part of geartrain: it documents how
-the files were made.
+geartrain run resumed from ``epoch2.ckpt`` must reproduce. ``pickled_hparams.ckpt``: a module whose
+hyperparameters hold an ``nn.Module`` (pickled, loadable only with ``weights_only=False``) and an
+``AttributeDict``. Not part of geartrain: it documents how the files were made.
 """
 
 from __future__ import annotations
@@ -45,6 +46,25 @@ class Regression(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
 
 
+class WithObjects(pl.LightningModule):
+    def __init__(self, loss: nn.Module | None = None, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(4, 2)
+
+
+def pickled_hparams() -> None:
+    from lightning_fabric.utilities.data import AttributeDict
+
+    torch.manual_seed(0)
+    model = WithObjects(loss=nn.SmoothL1Loss(beta=0.5), lr=0.2)
+    model.hparams["cfg"] = AttributeDict(depth=2)
+    kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(max_epochs=1, **kw)
+    trainer.strategy.connect(model)  # save without training: the weights are the seeded initial ones
+    trainer.save_checkpoint(HERE / "pickled_hparams.ckpt")
+
+
 def main() -> None:
     torch.manual_seed(0)
     model = Regression(in_dim=4, out_dim=2, lr=0.1)
@@ -62,6 +82,7 @@ def main() -> None:
     resumed = pl.Trainer(max_epochs=4, **kw)
     resumed.fit(Regression(), DataLoader(data(), batch_size=4, shuffle=False), ckpt_path=HERE / "epoch2.ckpt")
     torch.save(resumed.lightning_module.state_dict(), HERE / "epoch4_weights.pt")
+    pickled_hparams()
 
 
 if __name__ == "__main__":
