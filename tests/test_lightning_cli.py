@@ -69,7 +69,8 @@ def test_print_config_then_fit_from_that_file_equals_the_same_job_written_by_han
     config["seed_everything"] = 7
     config["trainer"]["callbacks"] = [
         {"class_path": "EarlyStopping", "init_args": {"monitor": "val_loss", "patience": 5}},
-        {"class_path": "trainer.lightning.callbacks.ModelCheckpoint", "init_args": {"monitor": "val_loss"}},
+        # A config file written for Lightning names Lightning's path: read as trainer.lightning's.
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val_loss"}},
     ]
     config["optimizer"] = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}}
     config["lr_scheduler"] = {"class_path": "StepLR", "init_args": {"step_size": 1, "gamma": 0.5}}

@@ -95,6 +95,36 @@ def _import_named_classes() -> None:
 
 
 _import_named_classes()
+
+#: Lightning's package names, in a config file's class paths, and where geartrain has those classes.
+_LIGHTNING_PACKAGES = ("lightning.pytorch.", "pytorch_lightning.")
+
+
+def _read_lightning_class_paths() -> None:
+    """Let a config file written for Lightning name classes as Lightning does (``lightning.pytorch.X``).
+
+    jsonargparse resolves every ``class_path`` through one function; wrapped here, a path under
+    ``lightning.pytorch`` or ``pytorch_lightning`` is read under ``trainer.lightning`` (Lightning's tree
+    over geartrain's classes), as the program's import lines were. Other paths are left as they are.
+    """
+    from jsonargparse import _typehints
+
+    resolve = _typehints.resolve_class_path_by_name
+    if getattr(resolve, "_reads_lightning_paths", False):
+        return
+
+    def resolve_class_path_by_name(cls: Any, name: str) -> str:
+        for package in _LIGHTNING_PACKAGES:
+            if name.startswith(package):
+                name = "trainer.lightning." + name[len(package) :]
+                break
+        return resolve(cls, name)
+
+    resolve_class_path_by_name._reads_lightning_paths = True  # type: ignore[attr-defined]
+    _typehints.resolve_class_path_by_name = resolve_class_path_by_name
+
+
+_read_lightning_class_paths()
 _LIGHTNING_KINDS = (Trainer, TrainModule, DataModule, Callback)
 
 
