@@ -15,7 +15,7 @@ import yaml
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.distributed import run_python
-from tests.helpers.lightning_cli_program import Data, Net, main
+from tests.helpers.lightning_cli_program import Composed, Data, Net, main
 from trainer import Trainer
 from trainer.lightning.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from trainer.utils import seed_everything
@@ -186,6 +186,32 @@ def test_subcommands_hooks_links_run_false_and_refusals(tmp_path: Path) -> None:
         LightningArgumentParser().add_lightning_class_args(torch.nn.Linear, "layer")
     with pytest.raises(ValueError, match="save_to_log_dir=False"):
         SaveConfigCallback(LightningArgumentParser(), built.config, save_to_log_dir=False)
+
+
+def test_a_module_built_from_class_paths_saves_its_config_and_loads_back(tmp_path: Path) -> None:
+    encoder = ["--model.encoder.class_path=torch.nn.Linear", "--model.encoder.init_args.in_features=4"]
+    args = ["fit", *encoder, "--model.encoder.init_args.out_features=3", "--trainer.max_epochs=1"]
+    cli = LightningCLI(Composed, Data, args=[*args, "--trainer.logger=false", *_quiet(tmp_path)])
+    ckpt = _checkpoint(tmp_path)
+    # What Lightning's LightningCLI saves: the parsed config, and the function that rebuilds the module from it.
+    linear = {"in_features": 4, "out_features": 3, "bias": True, "device": None, "dtype": None}
+    assert torch.load(ckpt, weights_only=True)["hyper_parameters"] == {
+        "encoder": {"class_path": "torch.nn.Linear", "init_args": linear},
+        "lr": 0.1,
+        "_instantiator": "lightning.pytorch.cli.instantiate_module",
+    }
+    loaded = Composed.load_from_checkpoint(ckpt)
+    assert all(
+        torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), _weights(cli.model).values(), strict=True)
+    )
+    assert isinstance(loaded.encoder, torch.nn.Linear) and loaded.encoder.out_features == 3
+
+    # Only LightningCLI's instantiate_module is called: a checkpoint cannot name a function to run.
+    state = torch.load(ckpt, weights_only=True)
+    state["hyper_parameters"]["_instantiator"] = "os.system"
+    torch.save(state, tmp_path / "named.ckpt")
+    with pytest.raises(ValueError, match="never a function a file names"):
+        Composed.load_from_checkpoint(tmp_path / "named.ckpt")
 
 
 @pytest.mark.slow

@@ -48,6 +48,23 @@ class Net(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
 
+class Composed(pl.LightningModule):
+    """A module given another module (dependency injection: ``--model.encoder.class_path torch.nn.Linear``)."""
+
+    def __init__(self, encoder: nn.Module, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.out_features, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.head(self.encoder(x)), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
 class Data(pl.LightningDataModule):
     """``n`` fixed samples of ``x -> sum(x)``; every stage reads them in order."""
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar, Union
 
 import torch
+import yaml
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -29,6 +30,7 @@ from callbacks.base import Callback
 from trainer.common.errors import MisconfigurationException
 from trainer.datamodule import DataModule
 from trainer.hooks import is_overridden
+from trainer.hparams import given_hyperparameters
 from trainer.module import TrainModule
 from trainer.trainer import Trainer
 
@@ -47,7 +49,9 @@ __all__ = [
     "OptimizerCallable",
     "ReduceLROnPlateau",
     "SaveConfigCallback",
+    "SavesConfig",
     "automatic_keys",
+    "built_type",
     "checkpoint_model_config",
     "class_from_function",
     "first_line",
@@ -344,3 +348,51 @@ def checkpoint_model_config(path: str | Path) -> dict[str, Any]:
     if "_class_path" in hparams:
         return {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
     return hparams
+
+
+def built_type(value: Any) -> type:
+    """A class, or the class a function that builds one says it returns."""
+    if callable(value) and not isinstance(value, type):
+        return inspect.signature(value).return_annotation
+    return value
+
+
+class SavesConfig:
+    """jsonargparse instantiator: builds the model (or data module) inside :func:`given_hyperparameters`.
+
+    Its ``save_hyperparameters()`` then records the config the CLI parsed for it (a class path as
+    ``_class_path``, values linked in from other groups included) and the name of the function that
+    rebuilds it from that config, so ``load_from_checkpoint`` works for modules whose arguments are
+    objects built from class paths. The name is Lightning's, so the hyperparameters are the ones
+    Lightning saves, and either reads the other's checkpoint.
+    """
+
+    def __init__(self, cli: Any, key: str) -> None:
+        self.cli, self.key = cli, key
+
+    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict[str, Any], **kwargs: Any) -> Any:
+        config = yaml.safe_load(
+            self.cli.parser.dump(self.cli.config, skip_link_targets=False, skip_none=False, format="yaml")
+        )
+        if "subcommand" in self.cli.config:
+            config = config[self.cli.config.subcommand]
+        hparams = config.get(self.key, {})
+        if "class_path" in hparams:
+            hparams = {
+                "_class_path": hparams["class_path"],
+                **hparams.get("init_args", {}),
+                **hparams.get("dict_kwargs", {}),
+            }
+        prefix = f"{self.key}."
+        for link, value in applied_instantiation_links.items():
+            if link.startswith(prefix):
+                _set_nested(hparams, link[len(prefix) :].removeprefix("init_args."), value)
+        with given_hyperparameters(hparams, "lightning.pytorch.cli.instantiate_module"):
+            return class_type(*args, **kwargs)
+
+
+def _set_nested(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        data = data[key]
+    data[last] = value

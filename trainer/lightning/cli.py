@@ -6,18 +6,13 @@ A program that ends in ``LightningCLI(MyModel, MyData)`` gets Lightning's comman
     python main.py fit --print_config > config.yaml
     python main.py test --ckpt_path best --data.batch_size 64
 
-with the subcommands ``fit``, ``validate``, ``test`` and ``predict`` (each takes the arguments of the
-``Trainer`` method of that name), ``--config`` files, ``--print_config``, class paths for models, data
-modules, callbacks, optimizers and schedulers (``--model MyModel`` with ``subclass_mode_model`` or no
-``model_class``; ``--optimizer Adam --lr_scheduler StepLR``), ``--seed_everything`` and environment
-variables (``parser_kwargs={"default_env": True}``). The parser is jsonargparse's, as in Lightning, and
-jsonargparse is an optional extra: ``pip install 'geartrain[cli]'``.
-
-The classes keep Lightning's names, arguments and overridable methods (``add_arguments_to_parser``,
-``before_instantiate_classes``, ``before_fit``/``after_fit``..., ``instantiate_trainer``,
-``configure_optimizers``), so a subclass written for Lightning works too. geartrain's own command line is
-the Hydra ``geartrain`` command (:mod:`trainer.cli`); this module exists so Lightning programs port by
-their import lines. Where it differs from Lightning is written in docs/lightning.md ("LightningCLI").
+with ``fit``, ``validate``, ``test`` and ``predict`` (each takes its ``Trainer`` method's arguments),
+``--config`` files, ``--print_config``, class paths for models, data modules, callbacks, optimizers and
+schedulers, ``--seed_everything`` and ``PL_...`` environment variables (``parser_kwargs={"default_env":
+True}``), on jsonargparse as in Lightning: an optional extra, ``pip install 'geartrain[cli]'``. The
+classes keep Lightning's names, arguments and overridable methods, so a subclass written for Lightning
+works too. geartrain's own command line is the Hydra ``geartrain`` command (:mod:`trainer.cli`); where
+this one differs from Lightning's: docs/lightning.md ("LightningCLI").
 """
 
 from __future__ import annotations
@@ -53,7 +48,9 @@ from trainer.lightning._cli_parser import (
     OptimizerCallable,
     ReduceLROnPlateau,
     SaveConfigCallback,
+    SavesConfig,
     automatic_keys,
+    built_type,
     checkpoint_model_config,
     class_from_function,
     first_line,
@@ -130,13 +127,14 @@ class LightningCLI:
         self._parse_ckpt_path()
         self.subcommand: str | None = self.config["subcommand"] if run else None
         self._set_seed()
+        if load_from_checkpoint_support:
+            self._add_instantiators()
         self.before_instantiate_classes()
         self.instantiate_classes()
         self.after_instantiate_classes()
         if self.subcommand is not None:
             self._run_subcommand(self.subcommand)
 
-    # ----------------------------------------------------------------- the parser
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """Make one parser, with ``-c/--config``."""
         kwargs.setdefault("dump_header", [f"geartrain=={version()}"])
@@ -256,7 +254,14 @@ class LightningCLI:
             sys.stderr.write(f"Parsing of the hyperparameters saved in ckpt_path {ckpt_path} failed!\n")
             raise
 
-    # ----------------------------------------------------------------- building
+    def _add_instantiators(self) -> None:
+        """Build model and data module so that their saved hyperparameters are the parsed config (see below)."""
+        for key, cls, subclasses in (
+            ("model", self._model_class, self.subclass_mode_model),
+            ("data", self._datamodule_class, self.subclass_mode_data),
+        ):
+            self.parser.add_instantiator(SavesConfig(self, key), built_type(cls), subclasses=subclasses)
+
     def before_instantiate_classes(self) -> None:
         """Override to act on ``self.config`` before anything is built."""
 
@@ -349,7 +354,6 @@ class LightningCLI:
         init = self._get(self.config_init, key)
         return init if isinstance(classes, tuple) else with_class_path(classes, init)
 
-    # ----------------------------------------------------------------- running
     def _parser(self, subcommand: str | None) -> LightningArgumentParser:
         return self.parser if subcommand is None else self._subcommand_parsers[subcommand]
 
