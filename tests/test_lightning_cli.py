@@ -223,6 +223,7 @@ def test_the_program_under_ddp_on_two_processes_equals_one_process(tmp_path: Pat
     result = run_python([PROGRAM, "fit", *common, *args, *_quiet(ddp)], timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.leftovers == []
+    assert "FutureWarning" not in result.stderr, result.stderr[-3000:]  # the ranks' exit stays quiet
     one = main(["fit", *common, "--data.batch_size=4", *_quiet(tmp_path / "one")])
 
     # N ranks with batch B/N take the steps one process takes with batch B (docs/strategies.md).
