@@ -232,3 +232,21 @@ def test_the_program_under_ddp_on_two_processes_equals_one_process(tmp_path: Pat
         torch.testing.assert_close(ddp_weights[name], value, rtol=0, atol=1e-6)
     saved = yaml.safe_load((ddp / "config.yaml").read_text())  # written once, by rank 0
     assert saved["trainer"]["strategy"] == "ddp" and saved["data"]["batch_size"] == 2
+
+
+def test_the_cli_docs_example_trains_as_a_hand_written_loop(tmp_path: Path) -> None:
+    # Lightning's CLI documentation: `LightningCLI(DemoModel, BoringDataModule)` from `lightning.pytorch.demos`.
+    from trainer.lightning.demos.boring_classes import BoringDataModule, DemoModel
+
+    args = ["fit", "--seed_everything=1", "--trainer.max_epochs=1", "--trainer.limit_train_batches=8"]
+    cli = LightningCLI(DemoModel, BoringDataModule, args=[*args, "--trainer.limit_val_batches=0", *_quiet(tmp_path)])
+
+    seed_everything(1)
+    model = DemoModel()  # the CLI builds the model, then the data module
+    data = BoringDataModule()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    for batch in data.random_full.data[:8].split(1):
+        optimizer.zero_grad()
+        model(batch).sum().backward()
+        optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(_weights(cli.model).values(), _weights(model).values(), strict=True))

@@ -100,6 +100,20 @@ _STRATEGIES = {
 
 
 _UTIL = "trainer.lightning._utilities"
+_DEMOS = "trainer.lightning._demos"
+_BORING = [
+    "BoringDataModule",
+    "BoringDataModuleNoLen",
+    "BoringModel",
+    "DemoModel",
+    "IterableBoringDataModule",
+    "ManualOptimBoringModel",
+    "Net",
+    "RandomDataset",
+    "RandomDictDataset",
+    "RandomIterableDataset",
+    "RandomIterableDatasetWithLen",
+]
 _SUMMARY = {"ModelSummary": "callbacks.model_summary:Summary", "summarize": "callbacks.model_summary"}
 _IMPORT_FLAGS = [
     "_OMEGACONF_AVAILABLE",
@@ -148,10 +162,15 @@ TREE: dict[str, dict[str, str]] = {
         "seed_everything": "trainer.utils",
         "LIGHTNING_LOGO": _UTIL,
         "cli_lightning_logo": _UTIL,
-        **{sub: "/" for sub in ("callbacks", "core", "loggers", "profilers", "strategies", "trainer", "tuner")},
+        **{
+            sub: "/" for sub in ("callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer", "tuner")
+        },
         "utilities": "/",
         "cli": "/",  # a file of its own (trainer/lightning/cli.py): it needs jsonargparse, the extra `cli`
     },
+    # ----------------------------------------------------------------- lightning.pytorch.demos
+    "demos": {**_from(_DEMOS, ["BoringDataModule", "BoringModel", "DemoModel"]), "boring_classes": "/"},
+    "demos.boring_classes": _from(_DEMOS, _BORING),
     # ----------------------------------------------------------------- lightning.pytorch.core
     "core": {**_CORE, "module": "/", "datamodule": "/", "hooks": "/", "mixins": "/"},
     "core.module": {"LightningModule": _CORE["LightningModule"]},

@@ -38,7 +38,16 @@ REFUSED: dict[str, str] = {
     # ------------------------------------------------------------ whole modules
     "accelerators": _ACCELERATORS,
     "plugins": _PLUGINS,
-    "demos": "Lightning's demo models and data sets (some download data): write the module and data module in the program",
+    "demos.lstm": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.transformer": _NOT_YET
+    + " (its WikiText2 downloads data): demos.boring_classes is mapped; write the model in the program",
+    "demos.mnist_datamodule": "Lightning's MNIST data module downloads MNIST at run time: write the data module in the program",
+    "demos.LightningLSTM": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.SequenceSampler": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.SimpleLSTM": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.LightningTransformer": _NOT_YET + " (its WikiText2 downloads data): demos.boring_classes is mapped",
+    "demos.Transformer": _NOT_YET + " (its WikiText2 downloads data): demos.boring_classes is mapped",
+    "demos.WikiText2": _NOT_YET + " (its WikiText2 downloads data): demos.boring_classes is mapped",
     "serve": _NOT_OFFERED,
     "loops": _INTERNALS,
     "overrides": _INTERNALS,
