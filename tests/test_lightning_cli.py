@@ -100,7 +100,7 @@ def test_print_config_then_fit_from_that_file_equals_the_same_job_written_by_han
     assert all(torch.equal(a, b) for a, b in zip(_weights(cli.model).values(), _weights(model).values(), strict=True))
 
     # SaveConfigCallback wrote what was parsed, seed included, to the log directory: it parses back to the same run.
-    saved = yaml.safe_load((cli.trainer.log_dir / "config.yaml").read_text())
+    saved = yaml.safe_load((Path(cli.trainer.log_dir) / "config.yaml").read_text())
     assert saved["seed_everything"] == 7 and saved["model"] == {"hidden": 6, "lr": 0.1}
     assert saved["optimizer"]["class_path"] == "torch.optim.Adam"
     assert [cb["class_path"].rsplit(".", 1)[1] for cb in saved["trainer"]["callbacks"]] == [

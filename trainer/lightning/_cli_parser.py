@@ -259,7 +259,7 @@ class SaveConfigCallback(Callback):
         if self.already_saved:
             return
         if self.save_to_log_dir:
-            path = trainer.log_dir / self.config_filename
+            path = Path(trainer.log_dir) / self.config_filename
             exists = trainer.strategy.broadcast(path.is_file() if trainer.is_global_zero else False)
             if exists and not self.overwrite:
                 raise RuntimeError(
