@@ -139,40 +139,29 @@ class Recording(LightningCLI):
         self.calls.append("before_validate")
 
     def after_validate(self) -> None:
-        self.calls.append(f"after_validate:{self.trainer.validated}")
+        self.calls.append(f"after_validate:{self.trainer.state.fn.value}")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.batch_size", "model.hidden")  # a link: the value comes from the data group
 
 
 def test_subcommands_hooks_links_run_false_and_refusals(tmp_path: Path) -> None:
-    Trainer.validated = False  # type: ignore[attr-defined]
-    try:
-        original = Trainer.validate
-
-        def validate(self: Trainer, *args: Any, **kwargs: Any) -> Any:
-            Trainer.validated = True  # type: ignore[attr-defined]
-            return original(self, *args, **kwargs)
-
-        Trainer.validate = validate  # type: ignore[method-assign]
+    with pytest.warns(UserWarning, match="No seed found, seed set to 0"):  # --seed_everything=true, as Lightning
         cli = Recording(
             Net, Data, args=["validate", "--data.batch_size=3", "--trainer.logger=false", *_quiet(tmp_path)]
         )
-    finally:
-        Trainer.validate = original  # type: ignore[method-assign]
-        del Trainer.validated  # type: ignore[attr-defined]
     assert cli.calls == [
         "before_instantiate_classes",
         "after_instantiate_classes",
         "before_validate",
-        "after_validate:True",
+        "after_validate:validate",
     ]
     assert cli.model.hparams.hidden == 3 and "val_loss" in cli.trainer.callback_metrics
     assert (tmp_path / "config.yaml").is_file()
 
     # A second run into the same directory does not overwrite the first one's config.
     with pytest.raises(RuntimeError, match="to NOT exist"):
-        Recording(Net, Data, args=["validate", "--trainer.logger=false", *_quiet(tmp_path)])
+        Recording(Net, Data, args=["validate", "--seed_everything=false", "--trainer.logger=false", *_quiet(tmp_path)])
 
     # predict; run=False builds everything and runs nothing, with the arguments at the top level.
     predicted = LightningCLI(Net, Data, save_config_callback=None, args=["predict", *_quiet(tmp_path)])
