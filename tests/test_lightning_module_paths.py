@@ -125,3 +125,23 @@ def test_a_run_sets_the_rank_to_its_global_rank(
     lightning_utilities_rank.rank = 7  # type: ignore[attr-defined]
     make_trainer(max_steps=1).fit(BlockNet(), DataLoader(dataset(8), batch_size=4))  # type: ignore[operator]
     assert lightning_utilities_rank.rank == 0  # type: ignore[attr-defined]
+
+
+def test_rank_zero_experiment_gives_other_ranks_a_dummy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lightning's docs write a custom logger's `experiment` this way.
+    from trainer.lightning.loggers.logger import DummyExperiment, Logger, rank_zero_experiment
+
+    from trainer.common.rank_zero import rank_zero_only
+
+    class Mine(Logger):
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> str:
+            return "the real one"
+
+    monkeypatch.setattr(rank_zero_only, "_rank", 1)
+    experiment = Mine().experiment
+    assert isinstance(experiment, DummyExperiment)
+    assert experiment.add_scalar("loss", 1.0) is None and experiment["anything"] is experiment
+    monkeypatch.setattr(rank_zero_only, "_rank", 0)
+    assert Mine().experiment == "the real one"

@@ -8,8 +8,10 @@ torchmetrics), true when the package is installed at the version named.
 
 from __future__ import annotations
 
+import functools
 import operator
 import sys
+from collections.abc import Callable
 from typing import Any, Union
 
 from lightning_utilities.core.imports import RequirementCache, compare_version, package_available
@@ -17,11 +19,13 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 __all__ = [
     "LIGHTNING_LOGO",
+    "DummyExperiment",
     "LRSchedulerType",
     "LRSchedulerTypeTuple",
     "LightningDeprecationWarning",
     "cli_lightning_logo",
     "get_torchvision_model",
+    "rank_zero_experiment",
 ]
 
 # Lightning's availability flags (``lightning.pytorch.utilities.imports``), under its names.
@@ -64,3 +68,30 @@ def get_torchvision_model(model_name: str, **kwargs: Any) -> Any:
     from torchvision import models
 
     return models.get_model(model_name, **kwargs)
+
+
+class DummyExperiment:
+    """What a logger's ``experiment`` is on ranks other than 0: every method call does nothing."""
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        """Do nothing."""
+
+    def __getattr__(self, _: str) -> Callable[..., None]:
+        return self.nop
+
+    def __getitem__(self, _: Any) -> DummyExperiment:
+        return self
+
+    def __setitem__(self, *args: Any) -> None:
+        pass
+
+
+def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Decorate a logger's ``experiment`` property: the real one on global rank 0, a :class:`DummyExperiment` elsewhere."""
+    from trainer.common.rank_zero import rank_zero_only
+
+    @functools.wraps(fn)
+    def experiment(self: Any) -> Any:
+        return DummyExperiment() if rank_zero_only.rank > 0 else fn(self)
+
+    return experiment
