@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -181,10 +182,12 @@ def collect_less_at_exit() -> None:
     def spare() -> None:
         if os.getpid() != owner:  # a forked child running its parent's hooks (it registers its own)
             return
-        for obj in gc.get_objects():
-            if isinstance(obj, io.IOBase) and not obj.closed:
-                with contextlib.suppress(Exception):
-                    obj.flush()
+        with warnings.catch_warnings():  # an isinstance check can warn (torch's deprecated reduce_op): not ours to say
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, io.IOBase) and not obj.closed:
+                    with contextlib.suppress(Exception):
+                        obj.flush()
         gc.freeze()
 
     atexit.register(spare)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from trainer.common import lightning_rank
+
 if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
     from trainer.trainer import Trainer
@@ -29,6 +31,9 @@ _LAZY = {
 
 
 _CHECKED: list[bool] = []
+
+# lightning_utilities' rank_zero_only.rank, set as importing Lightning sets it (trainer/common/lightning_rank.py).
+lightning_rank.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -13,13 +13,15 @@ import copy
 import inspect
 import types
 from argparse import Namespace
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["AttributeDict", "HyperparametersMixin", "plain_hparams"]
+__all__ = ["AttributeDict", "HyperparametersMixin", "given_hyperparameters", "plain_hparams"]
 
 
 class AttributeDict(dict[str, Any]):
@@ -93,10 +95,14 @@ class HyperparametersMixin:
         if len(args) == 1 and not isinstance(args[0], str):
             values = dict(_as_mapping(args[0]))
         else:
-            if frame is None:
-                current = inspect.currentframe()
-                frame = current.f_back if current is not None else None
-            init_args = _init_args(self, frame)
+            given = _GIVEN.get()
+            if given is not None:  # built by LightningCLI: its parsed config stands for the arguments
+                init_args = dict(given)
+            else:
+                if frame is None:
+                    current = inspect.currentframe()
+                    frame = current.f_back if current is not None else None
+                init_args = _init_args(self, frame)
             if args:
                 unknown = [name for name in args if name not in init_args]
                 if unknown:
@@ -187,6 +193,26 @@ def _as_mapping(value: Any) -> Mapping[str, Any]:
         f"save_hyperparameters takes __init__ argument names, a dict or an argparse.Namespace; "
         f"got a {type(value).__name__}"
     )
+
+
+#: Hyperparameters that ``save_hyperparameters`` records instead of the ``__init__`` arguments (see below).
+_GIVEN: ContextVar[dict[str, Any] | None] = ContextVar("given_hyperparameters", default=None)
+
+
+@contextmanager
+def given_hyperparameters(hparams: Mapping[str, Any], instantiator: str) -> Iterator[None]:
+    """While open, ``save_hyperparameters()`` records ``hparams`` and ``_instantiator`` instead of ``__init__``'s arguments.
+
+    Lightning's ``LightningCLI(load_from_checkpoint_support=True)`` builds the model in here, with the
+    config it parsed (class paths of nested objects included): ``load_from_checkpoint`` then rebuilds
+    the model from that config with ``instantiator`` (the function's import path) instead of calling
+    ``__init__`` with objects a checkpoint cannot hold.
+    """
+    token = _GIVEN.set({**hparams, "_instantiator": instantiator})
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
 
 
 def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:

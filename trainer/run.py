@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer import arguments, loops
+from trainer.common import lightning_rank
 from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.common.errors import Interrupted, Preempted
 from trainer.common.state_dict import load_module_state
@@ -90,6 +91,7 @@ def run_stage(
     if datamodule is not None:
         datamodule.trainer = t
     t.strategy.setup_environment()
+    lightning_rank.share(t.strategy.global_rank)  # Lightning's strategies set lightning_utilities' rank here
     if t.strategy.world_size > 1:
         # Rank 0's choice holds everywhere (a "last" that ranks started later could resolve otherwise).
         ckpt_path = t.strategy.broadcast(ckpt_path)

@@ -241,6 +241,9 @@ def _construct(
     where: Any,
 ) -> T:
     """``cls(**arguments)``: the saved hyperparameters its ``__init__`` takes, overridden by ``kwargs``."""
+    instantiator = hparams.pop("_instantiator", None)
+    if instantiator is not None:  # saved by LightningCLI: rebuilt from the config it parsed
+        return _instantiate(instantiator, where)(cls, {**hparams, **kwargs})
     params = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     named = {n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
@@ -270,6 +273,25 @@ def _construct(
             "(or call self.save_hyperparameters() in __init__)"
         )
     return cls(**arguments)
+
+
+#: The ``_instantiator`` values a checkpoint may name: LightningCLI's ``instantiate_module``, Lightning's or ours.
+_INSTANTIATORS = frozenset(
+    f"{package}.cli.instantiate_module" for package in ("lightning.pytorch", "pytorch_lightning", "trainer.lightning")
+)
+
+
+def _instantiate(path: Any, where: Any) -> Any:
+    """The function that rebuilds a module from a LightningCLI config: only ``instantiate_module`` is trusted."""
+    if path not in _INSTANTIATORS:
+        raise ValueError(
+            f"load_from_checkpoint({where!s}): the checkpoint's hyperparameters name {path!r} to build the module; "
+            f"geartrain calls only LightningCLI's instantiate_module ({', '.join(sorted(_INSTANTIATORS))}), never a "
+            "function a file names. Build the module yourself and load_state_dict(checkpoint['state_dict'])"
+        )
+    from trainer.lightning.cli import instantiate_module
+
+    return instantiate_module
 
 
 def _read_hparams_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -24,12 +24,15 @@ True
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TREE", "Callback", "LightningDataModule", "LightningModule", "Trainer", "seed_everything"]
+from trainer.lightning._refused import REFUSED
+
+__all__ = ["REFUSED", "TREE", "Callback", "LightningDataModule", "LightningModule", "Trainer", "seed_everything"]
 
 _CALLBACKS = [
     "BackboneFinetuning",
@@ -96,6 +99,55 @@ _STRATEGIES = {
 }
 
 
+_UTIL = "trainer.lightning._utilities"
+_DEMOS = "trainer.lightning._demos"
+_BORING = [
+    "BoringDataModule",
+    "BoringDataModuleNoLen",
+    "BoringModel",
+    "DemoModel",
+    "IterableBoringDataModule",
+    "ManualOptimBoringModel",
+    "Net",
+    "RandomDataset",
+    "RandomDictDataset",
+    "RandomIterableDataset",
+    "RandomIterableDatasetWithLen",
+]
+_SUMMARY = {"ModelSummary": "callbacks.model_summary:Summary", "summarize": "callbacks.model_summary"}
+_IMPORT_FLAGS = [
+    "_OMEGACONF_AVAILABLE",
+    "_PYTHON_GREATER_EQUAL_3_11_0",
+    "_RICH_AVAILABLE",
+    "_TORCHMETRICS_GREATER_EQUAL_0_11",
+    "_TORCHMETRICS_GREATER_EQUAL_0_8_0",
+    "_TORCHMETRICS_GREATER_EQUAL_0_9_1",
+    "_TORCHMETRICS_GREATER_EQUAL_1_0_0",
+    "_TORCHVISION_AVAILABLE",
+    "_TORCH_EQUAL_2_8",
+    "_TORCH_EQUAL_2_9",
+    "_TORCH_GREATER_EQUAL_2_6",
+    "_TORCH_GREATER_EQUAL_2_8",
+]
+#: Lightning's file under ``profilers`` / ``strategies`` -> the class it defines.
+_PROFILER_FILES = {
+    "advanced": "AdvancedProfiler",
+    "base": "PassThroughProfiler",
+    "profiler": "Profiler",
+    "pytorch": "PyTorchProfiler",
+    "simple": "SimpleProfiler",
+    "xla": "XLAProfiler",
+}
+_STRATEGY_FILES = {
+    "ddp": "DDPStrategy",
+    "fsdp": "FSDPStrategy",
+    "model_parallel": "ModelParallelStrategy",
+    "parallel": "ParallelStrategy",
+    "single_device": "SingleDeviceStrategy",
+    "strategy": "Strategy",
+}
+
+
 def _from(module: str, names: list[str] | tuple[str, ...]) -> dict[str, str]:
     return dict.fromkeys(names, module)
 
@@ -108,16 +160,26 @@ TREE: dict[str, dict[str, str]] = {
         "Trainer": "trainer.trainer",
         "Callback": "callbacks.base",
         "seed_everything": "trainer.utils",
-        **{sub: "/" for sub in ("callbacks", "core", "loggers", "profilers", "strategies", "trainer", "tuner")},
+        "LIGHTNING_LOGO": _UTIL,
+        "cli_lightning_logo": _UTIL,
+        **{
+            sub: "/" for sub in ("callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer", "tuner")
+        },
         "utilities": "/",
+        "cli": "/",  # a file of its own (trainer/lightning/cli.py): it needs jsonargparse, the extra `cli`
     },
+    # ----------------------------------------------------------------- lightning.pytorch.demos
+    "demos": {**_from(_DEMOS, ["BoringDataModule", "BoringModel", "DemoModel"]), "boring_classes": "/"},
+    "demos.boring_classes": _from(_DEMOS, _BORING),
     # ----------------------------------------------------------------- lightning.pytorch.core
-    "core": {**_CORE, "module": "/", "datamodule": "/", "hooks": "/"},
+    "core": {**_CORE, "module": "/", "datamodule": "/", "hooks": "/", "mixins": "/"},
     "core.module": {"LightningModule": _CORE["LightningModule"]},
     "core.datamodule": {"LightningDataModule": _CORE["LightningDataModule"]},
     "core.hooks": _from("trainer.module_hooks", ["DataHooks", "ModelHooks"]),
+    "core.mixins": {"HyperparametersMixin": "trainer.hparams", "hparams_mixin": "/"},
+    "core.mixins.hparams_mixin": _from("trainer.hparams", ["AttributeDict", "HyperparametersMixin"]),
     # ----------------------------------------------------------------- lightning.pytorch.trainer
-    "trainer": {"Trainer": "trainer.trainer", "trainer": "/", "states": "/"},
+    "trainer": {"Trainer": "trainer.trainer", "seed_everything": "trainer.utils", "trainer": "/", "states": "/"},
     "trainer.trainer": {"Trainer": "trainer.trainer"},
     "trainer.states": _STATES,
     # ----------------------------------------------------------------- lightning.pytorch.callbacks
@@ -144,16 +206,30 @@ TREE: dict[str, dict[str, str]] = {
                 "on_exception_checkpoint",
                 "lr_finder",
                 "batch_size_finder",
+                "checkpoint",
+                "pruning",
+                "rich_model_summary",
+                "spike",
             ]
         },
     },
+    "callbacks.checkpoint": {"Checkpoint": "callbacks.base"},
+    "callbacks.pruning": {"ModelPruning": "callbacks"},
+    "callbacks.rich_model_summary": {"RichModelSummary": "callbacks.model_summary"},
+    "callbacks.spike": {"SpikeDetection": "callbacks"},
     "callbacks.callback": {"Callback": "callbacks.base"},
     "callbacks.early_stopping": _from("callbacks.early_stopping", ["EarlyStopping", "EarlyStoppingReason"]),
     "callbacks.model_checkpoint": {"ModelCheckpoint": "callbacks.checkpoint"},
     "callbacks.lr_monitor": {"LearningRateMonitor": "callbacks.lr_monitor"},
-    "callbacks.progress": _from("callbacks.progress", ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]),
+    "callbacks.progress": {
+        **_from("callbacks.progress", ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]),
+        **{sub: "/" for sub in ("progress_bar", "rich_progress", "tqdm_progress")},
+    },
+    "callbacks.progress.progress_bar": {"ProgressBar": "callbacks.progress"},
+    "callbacks.progress.rich_progress": {"RichProgressBar": "callbacks.progress"},
+    "callbacks.progress.tqdm_progress": {"TQDMProgressBar": "callbacks.progress"},
     "callbacks.model_summary": _from("callbacks.model_summary", ["ModelSummary"]),
-    "callbacks.finetuning": _from("callbacks.finetuning", ["BackboneFinetuning", "BaseFinetuning"]),
+    "callbacks.finetuning": _from("callbacks.finetuning", ["BackboneFinetuning", "BaseFinetuning", "multiplicative"]),
     "callbacks.prediction_writer": {"BasePredictionWriter": "callbacks.prediction_writer"},
     "callbacks.timer": {"Timer": "callbacks.timer"},
     "callbacks.stochastic_weight_avg": {"StochasticWeightAveraging": "callbacks.stochastic_weight_avg"},
@@ -168,15 +244,28 @@ TREE: dict[str, dict[str, str]] = {
     "callbacks.lr_finder": {"LearningRateFinder": "callbacks.lr_finder"},
     "callbacks.batch_size_finder": {"BatchSizeFinder": "callbacks.batch_size_finder"},
     # ----------------------------------------------------------------- lightning.pytorch.loggers
-    "loggers": {**_from("callbacks", _LOGGERS), "logger": "/", "tensorboard": "/", "csv_logs": "/"},
-    "loggers.logger": {"Logger": "callbacks"},
+    "loggers": {
+        **_from("callbacks", _LOGGERS),
+        **{
+            sub: "/"
+            for sub in ("logger", "tensorboard", "csv_logs", "comet", "litlogger", "mlflow", "neptune", "wandb")
+        },
+    },
+    "loggers.logger": {"Logger": "callbacks", **_from(_UTIL, ["DummyExperiment", "rank_zero_experiment"])},
+    "loggers.comet": {"CometLogger": "callbacks"},
+    "loggers.litlogger": {"LitLogger": "callbacks"},
+    "loggers.mlflow": {"MLFlowLogger": "callbacks"},
+    "loggers.neptune": {"NeptuneLogger": "callbacks"},
+    "loggers.wandb": {"WandbLogger": "callbacks"},
     "loggers.tensorboard": {"TensorBoardLogger": "callbacks"},
     "loggers.csv_logs": {"CSVLogger": "callbacks"},
     # ----------------------------------------------------------------- profilers, tuner, strategies
-    "profilers": _from("trainer.profilers", _PROFILERS),
+    "profilers": {**_from("trainer.profilers", _PROFILERS), **dict.fromkeys(_PROFILER_FILES, "/")},
+    **{f"profilers.{file}": {name: "trainer.profilers"} for file, name in _PROFILER_FILES.items()},
     "tuner": {"Tuner": "trainer.tuner", "tuning": "/"},
     "tuner.tuning": {"Tuner": "trainer.tuner"},
-    "strategies": _STRATEGIES,
+    "strategies": {**_STRATEGIES, **dict.fromkeys(_STRATEGY_FILES, "/")},
+    **{f"strategies.{file}": {name: _STRATEGIES[name]} for file, name in _STRATEGY_FILES.items()},
     # ----------------------------------------------------------------- lightning.pytorch.utilities
     "utilities": {
         **_from("trainer.common.rank_zero", _RANK_ZERO),
@@ -201,21 +290,33 @@ TREE: dict[str, dict[str, str]] = {
                 "grads",
                 "model_helpers",
                 "parsing",
+                "imports",
             ]
         },
     },
-    "utilities.rank_zero": _from("trainer.common.rank_zero", _RANK_ZERO),
-    "utilities.types": _from("trainer.types", _TYPES),
-    "utilities.model_summary": {
-        "ModelSummary": "callbacks.model_summary:Summary",
-        "summarize": "callbacks.model_summary",
+    "utilities.rank_zero": {
+        **_from("trainer.common.rank_zero", _RANK_ZERO),
+        **_from("lightning_utilities.core.rank_zero", ["WarningCache", "rank_prefixed_message"]),
+        "rank_zero_module": "lightning_utilities.core:rank_zero",
+        "LightningDeprecationWarning": _UTIL,
+    },
+    "utilities.types": {
+        **_from("trainer.types", _TYPES),
+        **_from(_UTIL, ["LRSchedulerType", "LRSchedulerTypeTuple"]),
+        "DistributedDataParallel": "torch.nn.parallel",
+    },
+    "utilities.model_summary": {**_SUMMARY, "model_summary": "/"},
+    "utilities.model_summary.model_summary": _SUMMARY,
+    "utilities.imports": {
+        **_from("lightning_utilities.core.imports", ["RequirementCache", "compare_version", "package_available"]),
+        **_from(_UTIL, _IMPORT_FLAGS),
     },
     "utilities.combined_loader": {"CombinedLoader": "trainer.data.loaders"},
     "utilities.exceptions": {"MisconfigurationException": "trainer.common.errors"},
     "utilities.warnings": _WARNINGS,
     "utilities.seed": {"isolate_rng": "trainer.common.rng", "seed_everything": "trainer.utils"},
     "utilities.grads": {"grad_norm": "trainer.common.grad_norm"},
-    "utilities.model_helpers": {"is_overridden": "trainer.hooks"},
+    "utilities.model_helpers": {"is_overridden": "trainer.hooks", "get_torchvision_model": _UTIL},
     "utilities.parsing": {"AttributeDict": "trainer.hparams"},
 }
 
@@ -228,9 +329,12 @@ def _resolver(path: str) -> Callable[[str], Any]:
     def __getattr__(name: str) -> Any:
         home = table.get(name)
         if home is None:
+            refusal = _refusal(f"{path}.{name}" if path else name)
+            if refusal is not None:
+                raise refusal
             raise AttributeError(f"module {full!r} has no attribute {name!r} (geartrain maps Lightning's names only)")
         if home == "/":
-            value: Any = sys.modules[f"{full}.{name}"]
+            value: Any = importlib.import_module(f"{full}.{name}")
         else:
             module, _, attr = home.partition(":")
             value = getattr(importlib.import_module(module), attr or name)
@@ -238,6 +342,31 @@ def _resolver(path: str) -> Callable[[str], Any]:
         return value
 
     return __getattr__
+
+
+def _refusal(path: str) -> ImportError | None:
+    """The error for a Lightning path geartrain refuses (it, or a module above it, is in :data:`REFUSED`)."""
+    parts = path.split(".")
+    for end in range(1, len(parts) + 1):
+        key = ".".join(parts[:end])
+        if key in REFUSED:
+            under = "" if key == path else f" (geartrain refuses all of lightning.pytorch.{key})"
+            return ImportError(
+                f"lightning.pytorch.{path} is not in trainer.lightning{under}: {REFUSED[key]}; see docs/lightning.md",
+                name=f"{__name__}.{path}",
+            )
+    return None
+
+
+class _RefusedFinder(importlib.abc.MetaPathFinder):
+    """Makes ``import trainer.lightning.<refused path>`` raise the refusal instead of "No module named"."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if fullname.startswith(f"{__name__}."):
+            refusal = _refusal(fullname[len(__name__) + 1 :])
+            if refusal is not None:
+                raise refusal
+        return None
 
 
 def _install() -> None:
@@ -252,6 +381,8 @@ def _install() -> None:
         if any(home == "/" for home in table.values()):
             module.__path__ = []  # a package: its submodules are the entries of TREE below it
         sys.modules[full] = module
+    if not any(isinstance(finder, _RefusedFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RefusedFinder())
 
 
 _install()

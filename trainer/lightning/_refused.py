@@ -1,0 +1,144 @@
+"""The Lightning paths ``trainer.lightning`` refuses, each with the reason and what to use instead.
+
+A key is a module path below ``lightning.pytorch`` (the module and everything below it is refused) or
+a module path and a name (``"loggers.logger.DummyLogger"``). Importing a refused module, or a refused
+name from a mapped one, raises an ``ImportError`` with the text here; docs/lightning.md lists them all
+("Lightning's module tree"), and ``tests/test_lightning_module_tree.py`` walks Lightning 2.6.5's public
+module tree to check that every path either resolves or is refused here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["REFUSED"]
+
+_INTERNALS = (
+    "Lightning's internals, not a public API: geartrain's loops, connectors and launchers are its own "
+    "(trainer/loops, trainer/run.py, strategies/launch.py); change a run through hooks, callbacks and "
+    "Trainer arguments"
+)
+_ACCELERATORS = (
+    "geartrain has no Accelerator objects: choose devices with Trainer(accelerator=..., devices=...); "
+    "the device in use is trainer.strategy.root_device"
+)
+_PLUGINS = (
+    "geartrain has no plugin objects: precision is Trainer(precision=...), checkpoint writing is "
+    "ModelCheckpoint(async_save=...), the cluster (torchrun, Slurm) is read from the environment by the strategies"
+)
+_NOT_OFFERED = (
+    "not offered by geartrain (no TPU/XLA, DeepSpeed or model serving): use strategy='ddp', 'fsdp' or 'model_parallel'"
+)
+_CHECKPOINT_TOOLS = (
+    "geartrain reads Lightning 2.x checkpoints as they are (load_from_checkpoint, ckpt_path=); "
+    "`python -m trainer.checkpoint.convert` turns a sharded checkpoint directory into one file"
+)
+_NOT_YET = "not yet in geartrain"
+
+#: Lightning path -> why geartrain refuses it and what to use instead.
+REFUSED: dict[str, str] = {
+    # ------------------------------------------------------------ whole modules
+    "accelerators": _ACCELERATORS,
+    "plugins": _PLUGINS,
+    "demos.lstm": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.transformer": _NOT_YET
+    + " (its WikiText2 downloads data): demos.boring_classes is mapped; write the model in the program",
+    "demos.mnist_datamodule": "Lightning's MNIST data module downloads MNIST at run time: write the data module in the program",
+    "demos.LightningLSTM": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.SequenceSampler": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.SimpleLSTM": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
+    "demos.LightningTransformer": _NOT_YET + " (its WikiText2 downloads data): demos.boring_classes is mapped",
+    "demos.Transformer": _NOT_YET + " (its WikiText2 downloads data): demos.boring_classes is mapped",
+    "demos.WikiText2": _NOT_YET + " (its WikiText2 downloads data): demos.boring_classes is mapped",
+    "serve": _NOT_OFFERED,
+    "loops": _INTERNALS,
+    "overrides": _INTERNALS,
+    "trainer.call": _INTERNALS,
+    "trainer.configuration_validator": _INTERNALS,
+    "trainer.setup": _INTERNALS,
+    "trainer.connectors": _INTERNALS,
+    "strategies.launchers": _INTERNALS,
+    "strategies.deepspeed": _NOT_OFFERED,
+    "strategies.xla": _NOT_OFFERED,
+    "strategies.single_xla": _NOT_OFFERED,
+    "tuner.batch_size_scaling": "the Tuner's internals: use Tuner(trainer).scale_batch_size(...) or the BatchSizeFinder callback",
+    "tuner.lr_finder": "the Tuner's internals: use Tuner(trainer).lr_find(...) or the LearningRateFinder callback",
+    "loggers.utilities": "private helpers of Lightning's loggers: nothing public to import",
+    "utilities.argparse": "Lightning 1.x's argparse helpers are gone in Lightning 2: use trainer.lightning.cli.LightningCLI or argparse",
+    "utilities.compile": "use Trainer(compile=True, compile_kwargs=...): geartrain compiles the module itself and checkpoints its plain weights",
+    "utilities.consolidate_checkpoint": _CHECKPOINT_TOOLS,
+    "utilities.upgrade_checkpoint": _CHECKPOINT_TOOLS,
+    "utilities.migration": _CHECKPOINT_TOOLS,
+    "utilities.deepspeed": _NOT_OFFERED,
+    "utilities.data": "Lightning's internal data helpers: the batch size a step logs with is self.log(..., batch_size=)",
+    "utilities.enums": "give Trainer(gradient_clip_algorithm='norm' or 'value') as a string",
+    "utilities.memory": _NOT_YET + ": free CUDA memory with torch.cuda.empty_cache()",
+    "utilities.model_registry": "Trainer(model_registry=...) is refused: geartrain has no model registry; load files with ckpt_path=",
+    "utilities.parameter_tying": _NOT_YET + ": tie parameters in the module's __init__ (self.b.weight = self.a.weight)",
+    "utilities.signature_utils": _INTERNALS,
+    "utilities.testing": "Lightning's helpers for its own test suite",
+    "utilities.model_summary.model_summary_deepspeed": _NOT_OFFERED,
+    "core.optimizer": (
+        "self.optimizers() returns the optimizers ready for manual optimisation (step, zero_grad, toggle_optimizer "
+        "is the module's); annotate and test them as torch.optim.Optimizer"
+    ),
+    "core.saving": (
+        "hparams.yaml is written by the loggers and read by load_from_checkpoint(hparams_file=...); "
+        "read or write one with yaml.safe_load / yaml.safe_dump"
+    ),
+    # ------------------------------------------------------------ single names of mapped modules
+    "loggers.comet.FRAMEWORK_NAME": "an internal constant of Lightning's CometLogger (geartrain's refuses to be built)",
+    "loggers.comet.comet_experiment": "an internal helper of Lightning's CometLogger (geartrain's refuses to be built)",
+    "loggers.mlflow.LOCAL_FILE_URI_PREFIX": "an internal constant of Lightning's MLFlowLogger: give tracking_uri='file:...'",
+    "core.hooks.CheckpointHooks": "the checkpoint hooks are methods of LightningModule, LightningDataModule and Callback (on_save_checkpoint, on_load_checkpoint)",
+    "core.module.MODULE_OPTIMIZERS": "a type alias of Lightning's internals: annotate with torch.optim.Optimizer",
+    "callbacks.prediction_writer.WriteInterval": "give BasePredictionWriter(write_interval='batch', 'epoch' or 'batch_and_epoch') as a string",
+    "callbacks.timer.Interval": "give Timer(interval='step' or 'epoch') as a string",
+    "callbacks.progress.progress_bar.get_standard_metrics": _NOT_YET
+    + ": ProgressBar.get_metrics(trainer, module) returns the bar's metrics",
+    "callbacks.progress.rich_progress.RichProgressBarTheme": _NOT_YET + ": RichProgressBar takes no theme",
+    "callbacks.progress.tqdm_progress.Tqdm": "Lightning's tqdm subclass, internal to TQDMProgressBar",
+    "callbacks.progress.tqdm_progress.convert_inf": "an internal helper of Lightning's TQDMProgressBar",
+    "loggers.csv_logs.ExperimentWriter": "CSVLogger writes its files itself: use CSVLogger(save_dir) and its log_dir",
+    "loggers.logger.DummyLogger": _NOT_YET + ": Trainer(logger=False) runs without a logger",
+    "loggers.logger.merge_dicts": _NOT_YET,
+    "profilers.pytorch.RegisterRecordFunction": "an internal helper of Lightning's PyTorchProfiler",
+    "profilers.pytorch.ScheduleWrapper": "an internal helper of Lightning's PyTorchProfiler",
+    "strategies.DeepSpeedStrategy": _NOT_OFFERED,
+    "strategies.StrategyRegistry": "name a strategy by its string (Trainer(strategy='ddp_find_unused_parameters_true')): docs/strategies.md lists them",
+    "utilities.FLOAT16_EPSILON": "Lightning's internal constant: use torch.finfo(torch.float16).eps",
+    "utilities.FLOAT32_EPSILON": "Lightning's internal constant: use torch.finfo(torch.float32).eps",
+    "utilities.FLOAT64_EPSILON": "Lightning's internal constant: use torch.finfo(torch.float64).eps",
+    "utilities.GradClipAlgorithmType": "give Trainer(gradient_clip_algorithm='norm' or 'value') as a string",
+    "utilities.LightningEnum": "Lightning's internal enum base: use enum.Enum",
+    "utilities.find_shared_parameters": _NOT_YET + ": tie parameters in the module's __init__",
+    "utilities.set_shared_parameters": _NOT_YET + ": tie parameters in the module's __init__",
+    "utilities.is_picklable": "use pickle.dumps in a try block",
+    "utilities.is_shared_filesystem": _NOT_YET
+    + ": geartrain's checkpoints are written by rank 0 into a directory every rank can read",
+    "utilities.measure_flops": _NOT_YET + ": use torch.utils.flop_counter.FlopCounterMode",
+    "utilities.suggested_max_num_workers": _NOT_YET + ": choose DataLoader(num_workers=) from os.cpu_count()",
+    "utilities.exceptions.SIGTERMException": "geartrain handles SIGTERM by finishing the step in flight and writing last.ckpt (docs/checkpoints.md), not by raising",
+    "utilities.parsing.clean_namespace": "Lightning's internal helper of save_hyperparameters",
+    "utilities.parsing.collect_init_args": "Lightning's internal helper of save_hyperparameters",
+    "utilities.parsing.get_init_args": "Lightning's internal helper of save_hyperparameters",
+    "utilities.parsing.parse_class_init_keys": "Lightning's internal helper of save_hyperparameters",
+    "utilities.parsing.save_hyperparameters": "call self.save_hyperparameters() in the module's or data module's __init__",
+    "utilities.parsing.is_picklable": "use pickle.dumps in a try block",
+    "utilities.parsing.lightning_getattr": "read the attribute from the module or its data module directly (getattr)",
+    "utilities.parsing.lightning_hasattr": "look for the attribute on the module or its data module directly (hasattr)",
+    "utilities.parsing.lightning_setattr": "set the attribute on the module or its data module directly (setattr)",
+    "utilities.model_summary.DeepSpeedSummary": _NOT_OFFERED,
+    "utilities.model_summary.LayerSummary": _NOT_YET
+    + ": ModelSummary(model) gives the totals; print(model) the layers",
+    "utilities.model_summary.get_formatted_model_size": _NOT_YET,
+    "utilities.model_summary.get_human_readable_count": _NOT_YET,
+    "utilities.model_summary.parse_batch_shape": _NOT_YET,
+    "utilities.model_summary.model_summary.LEFTOVER_PARAMS_NAME": "an internal constant of Lightning's model summary",
+    "utilities.model_summary.model_summary.NOT_APPLICABLE": "an internal constant of Lightning's model summary",
+    "utilities.model_summary.model_summary.PARAMETER_NUM_UNITS": "an internal constant of Lightning's model summary",
+    "utilities.model_summary.model_summary.UNKNOWN_SIZE": "an internal constant of Lightning's model summary",
+    "utilities.model_summary.model_summary.LayerSummary": _NOT_YET
+    + ": ModelSummary(model) gives the totals; print(model) the layers",
+    "utilities.model_summary.model_summary.get_formatted_model_size": _NOT_YET,
+    "utilities.model_summary.model_summary.get_human_readable_count": _NOT_YET,
+    "utilities.model_summary.model_summary.parse_batch_shape": _NOT_YET,
+}
