@@ -145,7 +145,8 @@ class Recording(LightningCLI):
         parser.link_arguments("data.batch_size", "model.hidden")  # a link: the value comes from the data group
 
 
-def test_subcommands_hooks_links_run_false_and_refusals(tmp_path: Path) -> None:
+def test_subcommands_hooks_links_run_false_and_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # an earlier test's seed_everything set it
     with pytest.warns(UserWarning, match="No seed found, seed set to 0"):  # --seed_everything=true, as Lightning
         cli = Recording(
             Net, Data, args=["validate", "--data.batch_size=3", "--trainer.logger=false", *_quiet(tmp_path)]
