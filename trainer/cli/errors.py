@@ -47,7 +47,8 @@ def describe(err: BaseException) -> str | None:
         return _instantiation(err)
     if isinstance(err, (UserError, CheckpointError, OmegaConfBaseException)):
         return str(err)
-    if isinstance(err, OSError) and _raised_by_hydra(err):
+    # A closed pipe (``geartrain --cfg job | head``) is no folder mistake: the command ends quietly on it.
+    if isinstance(err, OSError) and not isinstance(err, BrokenPipeError) and _raised_by_hydra(err):
         return _output_folder(err)
     return _from_a_worker(err)
 
