@@ -1,6 +1,6 @@
 """Process launch: join processes that already exist, or start them.
 
-There is one launch model (DESIGN.md, "Processes"): every rank runs the user's script.
+There is one launch model (docs/architecture.md, "Processes"): every rank runs the user's script.
 
 * Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is set), Slurm (``srun`` with ``SLURM_NTASKS > 1``) or
   in a rank that ``strategy="ddp"`` started (:mod:`strategies.relaunch`) the processes already run

@@ -1,6 +1,6 @@
 """The shape of the code, kept: rooms that say what they are for, a map of every file, loops that use
-the trainer's documented attributes only, and options described once (DESIGN.md, "Rooms and the
-direction of imports").
+the trainer's documented attributes only, and options described once (docs/architecture.md, "Rooms and
+the direction of imports").
 
 These read the source as text; they fail when a file is added without a place on the map, when a
 file grows long without a reason on record, or when a loop reaches into the trainer's private state.
@@ -78,7 +78,7 @@ def test_loops_reach_the_trainer_through_documented_attributes_only() -> None:
 
 
 def test_only_the_trainer_and_lightnings_settable_attributes_are_assigned_from_outside() -> None:
-    """The run's state is written in the run state, not on the Trainer (DESIGN.md, the run state)."""
+    """The run's state is written in the run state, not on the Trainer (docs/architecture.md, "The run state")."""
     settable = {"should_stop", "optimizers", "lr_scheduler_configs", "accumulate_grad_batches"}
     # Code as ruff formats it (spaces around the operator); prose such as ``trainer.max_epochs=3`` is not.
     pattern = re.compile(r"(?<![\w.`])(?:trainer|t|self\.trainer|self\._trainer)\.([a-z_]+) (?:=|\+=|-=) ")
@@ -91,3 +91,18 @@ def test_only_the_trainer_and_lightnings_settable_attributes_are_assigned_from_o
                 if name not in settable:
                     found.setdefault(name, set()).add(_rel(path))
     assert found == {}
+
+
+def test_no_file_points_to_a_design_page_outside_the_repository() -> None:
+    """The rules live in docs/architecture.md: no tracked file cites a page a maintainer cannot open."""
+    import subprocess
+
+    outside = ("DESIGN" + ".md", "STYLE" + ".md")  # spelled apart, so this file does not name them
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    citing = [
+        name
+        for name in tracked.stdout.splitlines()
+        if (REPO_ROOT / name).is_file()
+        and any(page in (REPO_ROOT / name).read_text(errors="replace") for page in outside)
+    ]
+    assert not citing, f"these cite pages that are not in the repository (say it in docs/architecture.md): {citing}"

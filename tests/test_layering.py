@@ -1,5 +1,6 @@
-"""The direction of imports (DESIGN.md, "Rooms"): the leaf imports nothing of ours, strategies import
-torch and the leaf only, callbacks reach the trainer through its public API (type-only imports).
+"""The direction of imports (docs/architecture.md, "Rooms and the direction of imports"): the leaf
+imports nothing of ours, strategies import torch and the leaf only, callbacks reach the trainer
+through its public API (type-only imports).
 
 Two checks for each rule: what importing a module really loads (in a fresh interpreter, so modules
 other tests imported do not hide a dependency), and the import statements themselves, which also

@@ -1,9 +1,9 @@
 """``Trainer.fit`` ends with the same weights, bit for bit, as a hand-written PyTorch loop.
 
 Each test trains a :class:`Regressor` with the trainer and a deep copy of its network with a plain
-loop that does what DESIGN.md's step says (loss / k, backward, clip, step, schedulers, zero_grad),
-then compares every parameter with ``torch.equal``; the last one does the same with a
-:class:`~tests.helpers.tiny_mlp.TinyMLP` on in-memory batches.
+loop that does what the step's order says (loss / k, backward, clip, step, schedulers, zero_grad:
+docs/architecture.md, "The step"), then compares every parameter with ``torch.equal``; the last one
+does the same with a :class:`~tests.helpers.tiny_mlp.TinyMLP` on in-memory batches.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _is_optimizer(value: Any) -> bool:
 def parse_optimizers(
     returned: Any, automatic: bool = True
 ) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
-    """Accept every form DESIGN.md lists; otherwise raise naming what was returned.
+    """Accept every form Lightning's ``configure_optimizers`` may return; otherwise raise naming what was returned.
 
     Under automatic optimisation (the trainer steps the schedulers) a scheduler needs ``step()`` and a
     ``ReduceLROnPlateau`` a ``monitor``; under manual optimisation the user steps them, so they do not

@@ -1,7 +1,7 @@
 """Checkpoint state: what a checkpoint of a run holds, writing it, reading it back, and where it is.
 
 The file format and the writing itself (atomic, asynchronous) are :mod:`trainer.checkpoint.files`'s; this
-room decides the content (DESIGN.md, "Checkpoints"), restores a run from it, resolves
+room decides the content (docs/checkpoints.md), restores a run from it, resolves
 ``ckpt_path="last"``/``"best"``, and is the one owner of where ``last.ckpt`` lives.
 """
 
@@ -144,7 +144,7 @@ class CheckpointConnector:
         return t.progress.batch_in_epoch
 
     def state(self, weights_only: bool = False, sharded: bool = False) -> dict[str, Any]:
-        """The one place where a checkpoint's content is assembled (DESIGN.md, "Checkpoints").
+        """The one place where a checkpoint's content is assembled (docs/checkpoints.md).
 
         ``sharded``: model and optimizer state as this rank holds them (a sharded directory's content).
         """

@@ -1,4 +1,4 @@
-"""The training step: one function for every strategy, precision and option (DESIGN.md, "The step").
+"""The training step: one function for every strategy, precision and option (docs/architecture.md, "The step").
 
 :func:`make_train_batch` is called once per epoch. It binds every seam of the step (the strategy's and
 precision's methods, the hooks, the options) to a local, and returns the function that trains one

@@ -1,6 +1,6 @@
 """Epoch values on several processes: every rank makes the same collectives, in the same order.
 
-Evaluation shards are not padded (DESIGN.md, "Strategies"), so one rank may see fewer batches than
+Evaluation shards are not padded (docs/architecture.md, "Processes"), so one rank may see fewer batches than
 another, or none: with one validation sample on two ranks, rank 1 never logs ``val/loss`` and never
 updates a torchmetrics object. Reducing only what each rank logged would then have rank 0 wait in an
 all-reduce that rank 1 never makes (gloo aborts, or the run hangs until the collective timeout).
