@@ -56,6 +56,10 @@ class Strategy:
     #: lazy layers (``nn.LazyLinear``) are then given theirs by one forward before it. Where False, a lazy
     #: layer the trainer cannot run forward on gets its shape in the first training step, as in plain PyTorch.
     wraps_module: ClassVar[bool] = False
+    #: What starts more processes of this strategy on a machine without GPUs, where ``devices="auto"``
+    #: is one process: the ``geartrain`` command names it then. ``None``: the strategy runs in one
+    #: process (or, as ``model_parallel``, needs more than a device count to run on several).
+    more_processes: ClassVar[str | None] = None
 
     def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None

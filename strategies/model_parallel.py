@@ -11,7 +11,7 @@ that live on several meshes. Everything else (launch, evaluation, sharded or ful
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -59,6 +59,8 @@ class ModelParallelStrategy(FSDPStrategy):
     """
 
     name = "model_parallel"
+    #: Several processes need a model whose ``configure_model`` parallelises it, not a device count only.
+    more_processes: ClassVar[str | None] = None
 
     def __init__(
         self,

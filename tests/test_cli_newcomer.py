@@ -81,6 +81,9 @@ CASES = {
         "callbacks.model_checkpoint.mode=min",
         "strategy=ddp",
     ],
+    # What the one-process note says to add (trainer.devices=2, checked below), followed.
+    "ddp_as_hinted": [*OWN, "strategy=ddp", "trainer.devices=2"],
+    "fsdp_as_hinted": [*OWN, "strategy=fsdp", "trainer.devices=2"],
     "error_in_own_code": [*OWN, "data.cache=missing.pt"],
     "error_in_own_code_ddp": [*OWN, "data.cache=missing.pt", "strategy=ddp", "trainer.devices=2"],
 }
@@ -147,8 +150,55 @@ def test_ddp_without_devices_on_a_cpu_says_it_is_one_process(outcomes: dict[str,
     if torch.cuda.is_available():
         pytest.skip("with a GPU, devices=auto is every GPU")
     _, output, _ = outcomes["ranked_by_own_metric"]
-    notes = [line for line in output.splitlines() if line.startswith("strategy=ddp:")]
-    assert len(notes) == 1 and "one process" in notes[0] and "trainer.devices=2" in notes[0], output[:2000]
+    lines = [line for line in output.splitlines() if line.startswith("strategy=ddp:")]
+    assert lines == [
+        "strategy=ddp: 1 process on cpu, precision 32-true; no GPU here, so devices=auto is one process: "
+        "add trainer.devices=2 for two processes on this CPU"
+    ], output[:2000]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_the_one_process_hint_trains_two_processes_when_followed(
+    outcomes: dict[str, tuple[int, str, Path]], name: str
+) -> None:
+    from omegaconf import OmegaConf
+
+    from trainer.cli.advice import one_process_note
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU, devices=auto is every GPU")
+    note = one_process_note(OmegaConf.create({"strategy": {"name": name}, "trainer": {}}), 1, name)
+    assert note is not None and "add trainer.devices=2 for two processes" in note, note
+    assert CASES[f"{name}_as_hinted"] == [*OWN, f"strategy={name}", "trainer.devices=2"]
+    code, output, _ = outcomes[f"{name}_as_hinted"]
+    assert code == 0, output[-3000:]
+    assert f"strategy={name}: 2 processes on cpu, precision 32-true\n" in output, output[:2000]
+
+
+@pytest.mark.parametrize("name", ["single", "single_device", "amp", "dp", "model_parallel"])
+def test_no_hint_where_more_devices_would_not_run(name: str) -> None:
+    """A one-process strategy refuses trainer.devices=2; model_parallel needs a model made for it too."""
+    from omegaconf import OmegaConf
+
+    from trainer.cli.advice import one_process_note
+
+    assert one_process_note(OmegaConf.create({"strategy": {"name": name}, "trainer": {}}), 1, name) is None
+
+
+def test_the_run_says_the_precision_it_uses_and_records_it() -> None:
+    from omegaconf import OmegaConf
+
+    from trainer.cli.advice import record_precision, run_line
+
+    trainer = Trainer(strategy="amp", accelerator="cpu", logger=False, enable_checkpointing=False)
+    config = OmegaConf.create({"strategy": {"name": "amp", "precision": None}, "trainer": {"precision": None}})
+    assert run_line(config, trainer, "amp") == "strategy=amp: 1 process on cpu, precision bf16-mixed"
+    recorded = record_precision(config, trainer.precision)
+    assert recorded.trainer.precision == recorded.strategy.precision == "bf16-mixed"
+    assert config.trainer.precision is None  # the run's own config is left as composed
+    chosen = OmegaConf.create({"trainer": {"precision": "bf16-true"}})
+    assert record_precision(chosen, "bf16-true") is chosen
 
 
 @pytest.mark.slow

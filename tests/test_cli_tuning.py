@@ -118,7 +118,13 @@ def test_optuna_study_under_ddp_spawn_returns_each_trials_metric(tmp_path: Path)
     assert len(trials) == 2
     assert len(list(tmp_path.glob("multirun/*/*"))) == 1 and not (tmp_path / "outputs").exists()  # no stray runs
     values = []
+    said = [line for line in result.stdout.splitlines() if line.startswith("strategy=ddp_spawn: 2 processes")]
+    assert len(said) == 2, result.stdout[-3000:]
     for trial in trials:
+        # The trial said what it trained with, the swept values among it.
+        (line,) = [line for line in said if f"; trial {trial.name}: optim.lr=" in line]
+        assert float(line.split("optim.lr=")[1].split()[0]) == pytest.approx(float(_swept_lr(trial)), rel=1e-3)
+        assert "model.hidden=" in line and "data.batch_size=" in line, line
         # Both ranks trained this trial, with its values, in its one folder.
         assert {p.name: p.read_text() for p in trial.glob("rank-*")} == dict.fromkeys(
             ["rank-0", "rank-1"], _swept_lr(trial)

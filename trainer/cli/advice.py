@@ -10,8 +10,9 @@ Three kinds of choices are read against what the user typed on the command line:
 - a ``monitor`` the user set on a callback is held to: a name that is never logged ends the run
   naming the logged keys (the packaged defaults stay lenient: they monitor the digits job's names,
   which an own project may not log);
-- a parallel strategy left at ``devices=auto`` on a machine without GPUs runs one process: said in
-  one line, with the override that starts more;
+- what the run uses (strategy, processes, device, precision, a trial's parameters) is said in one
+  line as it starts; a strategy of several processes left at ``devices=auto`` on a machine without
+  GPUs runs one process: said in that line, with the override that starts more;
 - ``ckpt_path=last`` that continues training an earlier run continues it in that run's directory;
 - ``hydra/launcher=local`` runs each job in a process of its own whose output goes to a file: said
   in one line as the sweep starts (:class:`LauncherNote`), as the console stays quiet until it ends.
@@ -31,14 +32,15 @@ __all__ = [
     "LauncherNote",
     "explicit_keys",
     "hold_explicit_monitors",
+    "one_process_note",
     "optim_is_used",
+    "record_precision",
     "recorded_config",
     "refuse_unused_optim",
     "resume_dir_overrides",
+    "run_line",
+    "trial_params",
 ]
-
-#: The strategies that start (or join) one process per device.
-PARALLEL = ("DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "build_strategy")
 
 
 def explicit_keys(overrides: Sequence[str]) -> dict[str, str]:
@@ -119,13 +121,58 @@ def hold_explicit_monitors(node: Any, group: str, explicit: dict[str, str]) -> N
                 entry.strict = True
 
 
+def run_line(cfg: Any, trainer: Any, name: str) -> str:
+    """What the run uses, said once as it starts (rank 0): strategy, processes, device, precision.
+
+    ``strategy=amp: 1 process on cpu, precision bf16-mixed``. The one-process note
+    (:func:`one_process_note`) follows it on the same line, and a trial of a sweep adds its parameters
+    (:func:`trial_params`), so every job's output says which values it trained with.
+    """
+    count = int(trainer.world_size)
+    line = f"strategy={name}: {count} process{'es' if count != 1 else ''} on {trainer.strategy.root_device.type}"
+    line += f", precision {trainer.precision}"
+    note = one_process_note(cfg, count, name)
+    if note is not None:
+        line += f"; {note}"
+    trial = trial_params(cfg)
+    if trial:
+        line += "; " + trial
+    return line
+
+
+def trial_params(cfg: Any) -> str:
+    """``trial 3: optim.lr=0.0017 model.hidden=32`` in a sweep whose sweeper lists its ``params``; else ``""``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return ""
+    hydra = HydraConfig.get()
+    swept = hydra.sweeper.get("params") or {}
+    shown = []
+    for key in swept:
+        value = OmegaConf.select(cfg, str(key), default=None)
+        shown.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return f"trial {hydra.job.num}: {' '.join(shown)}" if shown else ""
+
+
 def one_process_note(cfg: Any, world_size: int, name: str) -> str | None:
-    """The line to print when a parallel strategy at ``devices=auto`` finds no GPU and runs one process."""
+    """What to add when a strategy of several processes finds no GPU at ``devices=auto`` and runs one.
+
+    Only a strategy that says what starts more of its processes (:attr:`Strategy.more_processes`:
+    ``ddp`` and its aliases, ``fsdp``) gets the note, and the note names that override, which the tests
+    run (``tests/test_cli_newcomer.py``). A one-process strategy (``single``, ``amp``, ``dp``) gets
+    none: ``trainer.devices=2`` is refused there.
+    """
     strategy = cfg.get("strategy")
     if strategy is None or world_size > 1:
         return None
-    target = str(strategy.get("_target_", ""))
-    if not target.endswith(PARALLEL):
+    from strategies.registry import find_strategy
+
+    found = find_strategy(str(strategy.get("name", name)))
+    more = found[0].more_processes if found is not None else None
+    if more is None:
         return None
     devices = [cfg.get("trainer", {}).get("devices", "auto"), strategy.get("devices", "auto")]
     if any(d not in ("auto", None) for d in devices):
@@ -134,10 +181,33 @@ def one_process_note(cfg: Any, world_size: int, name: str) -> str | None:
 
     if torch.cuda.is_available():
         return None
-    return (
-        f"strategy={name}: no GPU here, so devices=auto is one process; "
-        f"for N processes on this CPU add trainer.devices=N (e.g. trainer.devices=2)"
-    )
+    return f"no GPU here, so devices=auto is one process: add {more} for two processes on this CPU"
+
+
+def record_precision(config: Any, precision: str) -> Any:
+    """The recorded config with the precision the run used where the config left it to the strategy.
+
+    ``trainer.precision: null`` (and ``strategy.precision: null``) mean "the strategy's" (``amp``:
+    bf16-mixed on a CPU); TensorBoard's HPARAMS and the checkpoint then show the value in force
+    rather than ``None``.
+    """
+    if config is None:
+        return config
+    nodes = [name for name in ("trainer", "strategy") if _left_to_strategy(config.get(name))]
+    if not nodes:
+        return config
+    from omegaconf import DictConfig, OmegaConf, open_dict
+
+    copy = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    assert isinstance(copy, DictConfig)
+    with open_dict(copy):
+        for name in nodes:
+            copy[name].precision = precision
+    return copy
+
+
+def _left_to_strategy(node: Any) -> bool:
+    return node is not None and "precision" in node and node.get("precision") is None
 
 
 def resume_dir_overrides(args: Sequence[str], base: Path) -> list[str]:

@@ -56,7 +56,7 @@ def run_task(cfg: Any) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from trainer import Trainer, seed_everything
-    from trainer.cli.advice import command_line_keys, one_process_note, recorded_config, refuse_unused_optim
+    from trainer.cli.advice import command_line_keys, record_precision, recorded_config, refuse_unused_optim, run_line
 
     check_config(cfg)
     explicit = command_line_keys()
@@ -71,9 +71,6 @@ def run_task(cfg: Any) -> dict[str, float]:
     else:
         ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir, fresh_if_no_last=fresh_if_no_last)
     choice = HydraConfig.get().runtime.choices.get("strategy") if HydraConfig.initialized() else None
-    note = one_process_note(cfg, group_position()[1], str(choice or "ddp"))
-    if note is not None:
-        print(note)
     seed_everything(int(cfg.seed))
     module = instantiate(cfg.model)
     datamodule = instantiate(cfg.data)
@@ -93,6 +90,9 @@ def run_task(cfg: Any) -> dict[str, float]:
     except (TypeError, ValueError) as err:
         # Every argument comes from the config's trainer node (or objects built from their groups).
         raise ConfigError(f"trainer: {err}") from err
+    trainer.config = record_precision(trainer.config, trainer.precision)
+    if trainer.is_global_zero and not started_by_rerun():
+        print(run_line(cfg, trainer, str(choice or cfg.strategy.get("name", "custom"))), flush=True)
     metrics: dict[str, float] = {}
     if cfg.task in TUNER_TASKS:
         return run_tuner_task(cfg, trainer, module, datamodule)
