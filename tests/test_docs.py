@@ -12,6 +12,7 @@ Two HTML comments right before a fence change what happens to it:
   reported as skipped with REASON, so ``pytest -ra`` lists each one.
 - ``<!-- file: PATH -->``: the block is written to PATH in the page's folder instead of run.
 - ``<!-- expect: TEXT -->`` (any number): the block's output (stdout and stderr) must hold TEXT;
+  ``<!-- expect-once: TEXT -->``: exactly once (a script whose ranks all print shows it once per rank);
   ``<!-- expect-not: TEXT -->``: it must not. A block is checked for what matters, not only its exit code.
 - ``<!-- folder: NAME -->``: the block runs in (or writes to) a folder NAME of its own, outside any
   checkout: no links to the repository, no ``PYTHONPATH``; what a newcomer's own project folder has
@@ -39,7 +40,9 @@ PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("**/*.md"))]
 RUN = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
 TIMEOUT_S = 240
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
-MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip-test|file|expect|expect-not|folder):\s*(?P<value>.*?)\s*-->\s*$")
+MARK = re.compile(
+    r"^\s*<!--\s*(?P<kind>skip-test|file|expect|expect-once|expect-not|folder):\s*(?P<value>.*?)\s*-->\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Block:
     expect: tuple[str, ...] = ()
     expect_not: tuple[str, ...] = ()
     folder: str | None = None
+    expect_once: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -89,6 +93,7 @@ def blocks(page: Path) -> list[Block]:
                 tuple(marks.get("expect", [])),
                 tuple(marks.get("expect-not", [])),
                 one.get("folder"),
+                tuple(marks.get("expect-once", [])),
             )
         )
         i = end + 1
@@ -201,6 +206,10 @@ def test_block_runs(block: Block, folders: dict[Any, Path], tmp_path_factory: py
     output = result.stdout + result.stderr
     for text in block.expect:
         assert text in output, f"{block.name}: the output lacks {text!r}:\n{output[-3000:]}"
+    for text in block.expect_once:
+        assert output.count(text) == 1, (
+            f"{block.name}: the output holds {text!r} {output.count(text)} times:\n{output[-3000:]}"
+        )
     for text in block.expect_not:
         assert text not in output, f"{block.name}: the output holds {text!r}:\n{output[-3000:]}"
 
@@ -238,7 +247,7 @@ def test_the_readme_script_trains_with_every_strategy_its_sentence_names(tmp_pat
         running[name] = command_server.start(["train.py"], folder, environment(outside=True), merge=True)
     for name, proc in running.items():
         output, _ = proc.communicate(timeout=TIMEOUT_S)
-        assert proc.returncode == 0 and "val/loss 0." in output, f"strategy {name}:\n{output[-3000:]}"
+        assert proc.returncode == 0 and output.count("val/loss 0.") == 1, f"strategy {name}:\n{output[-3000:]}"
 
 
 def test_make_test_ends_with_a_line_a_newcomer_can_read(tmp_path: Path) -> None:
