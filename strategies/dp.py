@@ -53,10 +53,22 @@ class DataParallelStrategy(Strategy):
 
     @override
     def configure(self, *, devices: int | str = "auto", num_nodes: int = 1) -> None:
+        """Take ``devices`` GPUs; more than this machine has is refused, as one-device strategies refuse two.
+
+        ``"auto"`` is every visible GPU, and one device (the CPU, said once at set-up) without CUDA.
+        """
         if num_nodes != 1:
             raise ValueError(f"DataParallelStrategy runs on one machine; got num_nodes={num_nodes}")
-        if devices != "auto":
-            self._devices = int(devices)
+        if devices == "auto":
+            return
+        count, visible = int(devices), torch.cuda.device_count()
+        if count > max(visible, 1):
+            raise ValueError(
+                f"strategy='dp' replicates the module over GPUs; got devices={devices!r}, and {visible} GPU(s) "
+                "are visible here: leave devices out to train on one device, or use strategy='ddp' for one "
+                "process per device (on a CPU too)"
+            )
+        self._devices = count
 
     @property
     def device_ids(self) -> list[int]:

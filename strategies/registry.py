@@ -171,6 +171,7 @@ def resolve_strategy(
     of a named strategy; an instance already on another kind of device is refused.
     """
     if isinstance(strategy, Strategy):
+        _check_device_kind(type(strategy), strategy.name, accelerator)
         strategy.configure(devices=devices, num_nodes=num_nodes)
         if accelerator is not None and strategy.root_device.type != accelerator:
             raise ValueError(
@@ -197,11 +198,9 @@ def resolve_strategy(
     kwargs: dict[str, Any] = dict(extra)
     if precision is not None:
         kwargs["precision"] = precision
-    if accelerator is not None:
-        if "device" in params:
-            kwargs["device"] = accelerator
-        elif accelerator != "cuda":
-            raise ValueError(f"strategy={name!r} runs on CUDA GPUs only; got accelerator={accelerator!r}")
+    _check_device_kind(cls, name, accelerator)
+    if accelerator is not None and "device" in params:
+        kwargs["device"] = accelerator
     if "devices" in params:
         kwargs["devices"] = devices
     elif devices not in ("auto", 1, "1"):
@@ -216,3 +215,16 @@ def resolve_strategy(
     built = cls(**kwargs)
     built.name = name
     return built
+
+
+def _check_device_kind(cls: type[Strategy], name: str, accelerator: str | None) -> None:
+    """A strategy without a ``device`` argument (``dp``) runs on CUDA GPUs: another kind asked for is refused.
+
+    The one rule for a name (``Trainer(strategy="dp")``) and an instance (``geartrain strategy=dp``).
+    """
+    if accelerator is None or accelerator == "cuda" or "device" in inspect.signature(cls.__init__).parameters:
+        return
+    raise ValueError(
+        f"strategy={name!r} runs on CUDA GPUs only; got accelerator={accelerator!r}: leave accelerator out "
+        f"(without GPUs it trains on one device), or use strategy='single' or 'ddp' on the {accelerator}"
+    )

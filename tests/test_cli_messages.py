@@ -49,6 +49,18 @@ MISTAKES = {
     ),
     "checkpoint_missing_an_entry": Mistake(("ckpt_path=no_progress.ckpt",), ("no_progress.ckpt", "'progress'")),
     "class_not_found": Mistake(("model._target_=my_project.Net",), ("model", "my_project", "folder")),
+    # A class of the user's (here one of the tests') given without dropping the group's default keys.
+    "target_keeping_the_groups_keys": Mistake(
+        ("model._target_=tests.helpers.tiny_mlp.TinyMLP",),
+        ("model._target_=tests.helpers.tiny_mlp.TinyMLP", "(hidden, dropout", "'~model' +model._target_=tests."),
+    ),
+    "model_argument_of_the_wrong_type": Mistake(
+        ("model.dropout=abc",), ("model.dropout=abc", "DigitsClassifier takes dropout: float", "model.dropout=0.1")
+    ),
+    "own_argument_of_the_wrong_type": Mistake(
+        ("~model", "+model._target_=tests.helpers.tiny_mlp.TinyMLP", "+model.log_loss=3"),
+        ("model.log_loss=3", "TinyMLP takes log_loss: bool", "true or false"),
+    ),
     "monitor_never_logged": Mistake(
         ("trainer.max_epochs=1", "callbacks.early_stopping.monitor=val/los", "callbacks.early_stopping.strict=true"),
         ("EarlyStopping(monitor='val/los')", "logged: ", "callbacks.early_stopping.monitor=val/loss"),
@@ -67,6 +79,13 @@ MISTAKES = {
         before_training=False,
     ),
 }
+if torch.cuda.device_count() < 2:  # DataParallel asked for more GPUs than there are, or for the CPU: one rule
+    MISTAKES["dp_with_more_devices_than_gpus"] = Mistake(
+        ("strategy=dp", "trainer.devices=2"), ("strategy='dp'", "devices=2", "strategy='ddp'")
+    )
+    MISTAKES["dp_on_the_cpu"] = Mistake(
+        ("strategy=dp", "trainer.accelerator=cpu"), ("strategy='dp' runs on CUDA GPUs only", "accelerator='cpu'")
+    )
 #: The same mistake with HYDRA_FULL_ERROR=1: the traceback is back.
 FULL = Mistake(("task=test", "ckpt_path=last"), ("Traceback", "ckpt_path=last"), env=(("HYDRA_FULL_ERROR", "1"),))
 

@@ -62,10 +62,13 @@ def test_hydra_built_instance_learns_trainer_devices(clean_distributed_env: None
         with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
             return compose("config", overrides=[f"strategy={name}"]).strategy
 
+    # dp takes as many devices as there are GPUs (more are refused: test_data_parallel_refuses_alike_...).
+    dp_devices = 2 if torch.cuda.device_count() >= 2 else 1
     for name, cls in (("ddp", DDPStrategy), ("fsdp", FSDPStrategy), ("dp", DataParallelStrategy)):
         strategy = instantiate(composed(name))
         assert type(strategy) is cls
-        trainer = Trainer(strategy=strategy, devices=2, precision="bf16-mixed", logger=False)
+        devices = dp_devices if name == "dp" else 2
+        trainer = Trainer(strategy=strategy, devices=devices, precision="bf16-mixed", logger=False)
         assert trainer.strategy is strategy and strategy.precision.name == "bf16-mixed"
         if name != "dp":
             assert strategy.world_size == 2 and strategy.is_global_zero
@@ -220,3 +223,15 @@ def test_the_schema_of_a_strategy_is_derived_from_its_constructor() -> None:
         if implied is not None:  # a name's implied arguments are left to the name
             alias_schema = {f.name: f.default for f in dataclasses.fields(strategy_schema(cls, *implied))}
             assert all(alias_schema[key] is None for key in implied[1])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="with two GPUs, devices=2 is what dp runs on")
+@pytest.mark.parametrize("given", [{"devices": 2}, {"accelerator": "cpu"}], ids=["devices=2", "accelerator=cpu"])
+def test_data_parallel_refuses_alike_by_name_and_as_the_commands_instance(given: dict[str, object]) -> None:
+    """``Trainer(strategy="dp")`` and ``geartrain strategy=dp`` (an instance built by Hydra): one rule, one message."""
+    with pytest.raises(ValueError, match="strategy='dp'") as by_name:
+        Trainer(strategy="dp", logger=False, **given)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="strategy='dp'") as as_instance:
+        Trainer(strategy=DataParallelStrategy(), logger=False, **given)  # type: ignore[arg-type]
+    assert str(by_name.value) == str(as_instance.value)
+    assert "strategy='ddp'" in str(by_name.value) or "'single'" in str(by_name.value)

@@ -57,10 +57,14 @@ def run_task(cfg: Any) -> dict[str, float]:
 
     from trainer import Trainer, seed_everything
     from trainer.cli.advice import command_line_keys, record_precision, recorded_config, refuse_unused_optim, run_line
+    from trainer.cli.checks import check_model_arguments
 
     check_config(cfg)
     explicit = command_line_keys()
     refuse_unused_optim(cfg, explicit)
+    if HydraConfig.initialized():
+        choices = HydraConfig.get().runtime.choices
+        check_model_arguments(cfg, list(HydraConfig.get().overrides.task), choices.get("model"))
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
     from strategies.relaunch import started_by_rerun
 

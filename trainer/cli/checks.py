@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer.errors import ConfigError
 
-__all__ = ["check_before_start", "check_tuner_options"]
+__all__ = ["check_before_start", "check_model_arguments", "check_tuner_options"]
 
 #: What each tuner task accepts from ``tuner.<task>.*`` (Tuner.lr_find / Tuner.scale_batch_size).
 _TUNER_KEYS = {
@@ -114,3 +114,97 @@ def _joined(env: Any) -> bool:
     from strategies.launch import slurm_environment
 
     return "TORCHELASTIC_RUN_ID" in env or slurm_environment(dict(env)) is not None
+
+
+def check_model_arguments(cfg: Any, overrides: list[str], choice: str | None) -> None:
+    """The model group's keys against the model class's ``__init__``, before it is built.
+
+    Two mistakes would otherwise end in an error from deep inside the user's or torch's code:
+
+    - ``model._target_=my_project.Net`` without ``~model`` keeps the keys of the group's default
+      (``hidden``, ``dropout`` of ``model=digits``), which ``Net`` does not take: said naming the keys
+      and the form that replaces the group;
+    - a value of the wrong type for an argument annotated ``int``, ``float`` or ``bool``
+      (``model.lr=abc`` for ``lr: float``, which torch would refuse as ``'<=' not supported``): said
+      naming the key and the type.
+
+    A class that cannot be found is left to Hydra's instantiation, which names it.
+    """
+    import inspect
+
+    from omegaconf import DictConfig, OmegaConf
+
+    model = cfg.get("model")
+    if not isinstance(model, DictConfig) or not isinstance(model.get("_target_"), str):
+        return
+    target = str(model._target_)
+    try:
+        from hydra.utils import get_object
+
+        cls = get_object(target)
+        params = inspect.signature(cls).parameters
+    except Exception:
+        return
+    keys = [str(k) for k in model if not str(k).startswith("_")]
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    extra = [k for k in keys if k not in params]
+    retargeted = any(o.lstrip("+").startswith("model._target_=") for o in overrides) and "~model" not in overrides
+    if extra and not open_ended and retargeted:
+        name = getattr(cls, "__name__", target)
+        raise ConfigError(
+            f"model._target_={target}: the other keys of model={choice or 'its default'} ({', '.join(extra)}) are "
+            f"still passed, and {name} takes no {extra[0]!r}. Replace the whole group: "
+            f"'~model' +model._target_={target} (and +model.<argument>=... for its own arguments)"
+        )
+    hints = _init_hints(cls)
+    values = OmegaConf.to_container(model, resolve=True)
+    assert isinstance(values, dict)
+    for key in keys:
+        expected = _simple_type(hints.get(key))
+        value = values.get(key)
+        if expected is None or value is None or _fits(value, expected):
+            continue
+        name = getattr(cls, "__name__", target)
+        raise ConfigError(
+            f"model.{key}={value}: {name} takes {key}: {expected.__name__}; give {_WORDS[expected]} "
+            f"(e.g. model.{key}={_example(params[key].default, expected)})"
+        )
+
+
+_WORDS = {int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def _init_hints(cls: Any) -> dict[str, Any]:
+    """The resolved annotations of ``cls.__init__`` (or of a function); empty when they cannot be resolved."""
+    import typing
+
+    try:
+        return typing.get_type_hints(cls.__init__ if isinstance(cls, type) else cls)
+    except Exception:
+        return {}
+
+
+def _simple_type(hint: Any) -> type | None:
+    """``int``, ``float`` or ``bool`` for such an annotation (``float | None`` too); None for anything else."""
+    import typing
+
+    if hint in _WORDS:
+        return typing.cast(type, hint)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) == 1 and args[0] in _WORDS and type(None) in typing.get_args(hint):
+        return typing.cast(type, args[0])
+    return None
+
+
+def _fits(value: Any, expected: type) -> bool:
+    if expected is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (expected is float and isinstance(value, float))
+
+
+def _example(default: Any, expected: type) -> str:
+    if _fits(default, expected):
+        return str(default).lower() if expected is bool else str(default)
+    return {int: "2", float: "0.01", bool: "true"}[expected]
