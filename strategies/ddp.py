@@ -55,6 +55,7 @@ class DDPStrategy(ParallelStrategy):
 
     name = "ddp"
     wraps_module: ClassVar[bool] = True
+    more_processes: ClassVar[str | None] = "trainer.devices=2"
     aliases: ClassVar[dict[str, dict[str, Any]]] = {
         "ddp_spawn": {"start_method": "spawn"},
         "ddp_fork": {"start_method": "fork"},

@@ -64,6 +64,7 @@ class FSDPStrategy(ParallelStrategy):
 
     name = "fsdp"
     wraps_module: ClassVar[bool] = True
+    more_processes: ClassVar[str | None] = "trainer.devices=2"
     aliases: ClassVar[dict[str, dict[str, Any]]] = {"fsdp_cpu_offload": {"cpu_offload": True}}
     # FSDP gathers and frees parameters around evaluation forwards; under inference_mode the gathered
     # tensors would be inference tensors it cannot reshard, so evaluation runs under no_grad.

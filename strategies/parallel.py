@@ -111,7 +111,6 @@ class ParallelStrategy(Strategy):
 
     name = "parallel"
     base_only: ClassVar[bool] = True
-    more_processes: ClassVar[str | None] = "trainer.devices=2"
 
     def __init__(
         self,

@@ -123,6 +123,8 @@ def test_an_unused_optim_group_is_not_recorded_as_applied(outcomes: dict[str, tu
     (last,) = cwd.glob("outputs/*/*/checkpoints/last.ckpt")
     recorded = torch.load(last, weights_only=True)["config"]
     assert "optim" not in recorded and recorded["model"]["_target_"] == "my_project.net.Line", recorded.keys()
+    # trainer.precision: null in the config means the strategy's: the precision in force is recorded.
+    assert recorded["trainer"]["precision"] == recorded["strategy"]["precision"] == "32-true"
 
 
 @pytest.mark.slow

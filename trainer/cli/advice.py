@@ -185,17 +185,16 @@ def one_process_note(cfg: Any, world_size: int, name: str) -> str | None:
 
 
 def record_precision(config: Any, precision: str) -> Any:
-    """The recorded config with the precision the run used where the config left it to the strategy.
+    """The recorded config with the precision the run uses, where the config left it to the strategy.
 
     ``trainer.precision: null`` (and ``strategy.precision: null``) mean "the strategy's" (``amp``:
-    bf16-mixed on a CPU); TensorBoard's HPARAMS and the checkpoint then show the value in force
-    rather than ``None``.
+    bf16-mixed on a CPU): ``precision`` is then the built strategy's, and TensorBoard's HPARAMS and
+    the checkpoint show it rather than ``None``. A ``trainer.precision`` the config sets is in force
+    as written: the config is returned as it is.
     """
-    if config is None:
+    if config is None or not _left_to_strategy(config.get("trainer")):
         return config
     nodes = [name for name in ("trainer", "strategy") if _left_to_strategy(config.get(name))]
-    if not nodes:
-        return config
     from omegaconf import DictConfig, OmegaConf, open_dict
 
     copy = OmegaConf.create(OmegaConf.to_container(config, resolve=False))

@@ -89,12 +89,11 @@ def run_task(cfg: Any) -> dict[str, float]:
             strategy=strategy,
             callbacks=callbacks,
             default_root_dir=run_dir,
-            config=recorded_config(cfg),
+            config=record_precision(recorded_config(cfg), strategy.precision.name),
         )
     except (TypeError, ValueError) as err:
         # Every argument comes from the config's trainer node (or objects built from their groups).
         raise ConfigError(f"trainer: {err}") from err
-    trainer.config = record_precision(trainer.config, trainer.precision)
     if trainer.is_global_zero and not started_by_rerun():
         print(run_line(cfg, trainer, str(choice or cfg.strategy.get("name", "custom"))), flush=True)
     metrics: dict[str, float] = {}
