@@ -16,16 +16,21 @@ package exports) and the module Python found under that name is not geartrain's:
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, TracebackType
 
-__all__ = ["PACKAGES", "excepthook", "shadowing_message"]
+__all__ = ["PACKAGES", "excepthook", "shadowing_message", "shared_install"]
 
 #: geartrain's top-level packages, which a user's module of the same name hides.
 PACKAGES = ("trainer", "callbacks", "strategies")
+
+#: A file only geartrain's copy of each package has: present beside another distribution's files, the
+#: folder is a mix of the two (one installed over the other).
+_OWN_FILE = {"trainer": "run_state.py", "callbacks": "_checkpoint_files.py", "strategies": "rerun_command.py"}
 
 _Hook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
 
@@ -51,6 +56,10 @@ def shadowing_message(exc: BaseException) -> str | None:
     root = Path(__file__).resolve().parent  # beside geartrain's packages, installed or in a checkout
     for name in PACKAGES:
         missing, where = _missing_from(exc, name)
+        if where is not None and Path(where).name == "__init__.py":
+            shared = shared_install(name, Path(where).parent)
+            if shared is not None:  # another distribution's package of that name, or a mix of two
+                return shared
         if missing is None or where is None or Path(where).resolve().is_relative_to(root / name):
             continue
         if missing in _exported(root / name):
@@ -109,3 +118,65 @@ def _exported(package: Path) -> set[str]:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             names |= {e.value for e in getattr(node.value, "elts", []) if isinstance(getattr(e, "value", None), str)}
     return names - {"__init__"}
+
+
+def shared_install(name: str, package: Path) -> str | None:
+    """One line when an installed distribution other than geartrain also provides the import name ``name``.
+
+    ``package`` is the folder Python imports ``name`` from. Distributions record their top-level
+    names (``top_level.txt``, else their ``RECORD``) in the folder beside it: another one naming
+    ``name`` has written into ``package`` (Coqui TTS's ``trainer``, the index's ``callbacks``), so
+    ``package`` is that distribution's, or a mix of both when geartrain's files are there too. Both
+    cannot live in one environment. Returns None when no other distribution there claims ``name``
+    (a checkout, an editable install, an environment of geartrain's own).
+    """
+    others = _other_owners(package.parent, name)
+    if not others:
+        return None
+    shown = ", ".join(others)
+    advice = f"install geartrain and {shown} in separate environments (python -m venv; README.md, 'Two commands')"
+    if (package / _OWN_FILE.get(name, "")).is_file():
+        return (
+            f"{package} mixes geartrain's package {name!r} with {shown}'s ({name!r} is an import name of both, "
+            f"and one was installed over the other): {advice}"
+        )
+    return f"{package} is {shown}'s package {name!r}, not geartrain's ({name!r} is an import name of both): {advice}"
+
+
+def _other_owners(folder: Path, name: str) -> list[str]:
+    """``"<distribution> <version>"`` of each distribution in ``folder``, geartrain aside, that installs ``name``.
+
+    Reads ``top_level.txt`` where a distribution has one; a ``RECORD`` only for a distribution named like
+    the package (reading every ``RECORD`` of a large environment would cost every start-up).
+    """
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if not entry.endswith((".dist-info", ".egg-info")):
+            continue
+        dist, _, rest = entry.rpartition(".")[0].partition("-")
+        canonical = re.sub(r"[-_.]+", "-", dist).lower()
+        if canonical == "geartrain":
+            continue
+        meta = folder / entry
+        top = _read(meta / "top_level.txt")
+        if top is not None:
+            claims = name in top.split()
+        elif canonical == name:
+            record = _read(meta / "RECORD") or _read(meta / "installed-files.txt") or ""
+            claims = record.startswith(f"{name}/") or f"\n{name}/" in record
+        else:
+            claims = False
+        if claims:
+            found.append(f"{dist} {rest}".strip())
+    return found
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None

@@ -1,4 +1,4 @@
-"""A file of the user's that hides one of geartrain's top-level packages, named in one line.
+"""A file of the user's, or another distribution, that hides one of geartrain's top-level packages, named in one line.
 
 geartrain ships three top-level packages: ``trainer``, ``strategies`` and ``callbacks``. A
 ``callbacks.py`` or ``strategies.py`` next to a training script (a common habit) comes first on
@@ -22,8 +22,16 @@ class ShadowedPackageError(ImportError):
 
 
 def check_sibling_packages() -> None:
-    """Raise :class:`ShadowedPackageError` if ``strategies`` or ``callbacks`` would import something not geartrain's."""
+    """Raise :class:`ShadowedPackageError` if ``strategies`` or ``callbacks`` would import something not geartrain's.
+
+    Also when another installed distribution provides one of the three import names in the folder
+    geartrain's packages are in (``pip install trainer`` over geartrain): one line naming it
+    (:func:`_geartrain_excepthook.shared_install`, which the start-up line's error hook uses too).
+    """
     root = Path(__file__).resolve().parent.parent
+    shared = _shared_install(root)
+    if shared is not None:
+        raise ShadowedPackageError(shared)
     for name in SIBLINGS:
         module = sys.modules.get(name)
         if module is not None:
@@ -41,3 +49,16 @@ def check_sibling_packages() -> None:
         raise ShadowedPackageError(
             f"{where} hides geartrain's package {name!r}: rename it (e.g. my_{name}.py) and its imports"
         )
+
+
+def _shared_install(root: Path) -> str | None:
+    """The first of geartrain's packages under ``root`` that another distribution installs too, said in one line."""
+    try:
+        from _geartrain_excepthook import shared_install
+    except ImportError:  # a copy of the packages without the start-up module: nothing to compare with
+        return None
+    for name in ("trainer", *SIBLINGS):
+        said = shared_install(name, root / name)
+        if said is not None:
+            return said
+    return None
