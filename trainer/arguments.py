@@ -43,9 +43,9 @@ __all__ = [
 TRAINER_ARGS = """
     Args:
         accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``/``"cuda"``, ``"mps"``: the kind of device.
-        strategy: ``"auto"``, ``"single"``, ``"dp"``, ``"ddp"``, ``"amp"``, ``"fsdp"``, Lightning's
-            ``"ddp_spawn"``, ``"ddp_fork"``, ``"ddp_notebook"``, ``"ddp_find_unused_parameters_true"``,
-            ``"single_device"``, or an instance.
+        strategy: ``"auto"``, ``"single"``, ``"dp"``, ``"ddp"``, ``"amp"``, ``"fsdp"``, ``"model_parallel"``,
+            Lightning's ``"ddp_spawn"``, ``"ddp_fork"``, ``"ddp_notebook"``,
+            ``"ddp_find_unused_parameters_true"``, ``"single_device"``, or an instance.
         devices: processes per node: an int, ``-1`` (every GPU), ``"auto"``, ``"2"``, or indices
             ``[0, 1]``/``"0,1"`` (the first n devices).
         num_nodes: machines taking part.
