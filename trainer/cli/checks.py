@@ -179,7 +179,7 @@ def _init_hints(cls: Any) -> dict[str, Any]:
     import typing
 
     try:
-        return typing.get_type_hints(cls.__init__ if isinstance(cls, type) else cls)
+        return typing.get_type_hints(getattr(cls, "__init__") if isinstance(cls, type) else cls)  # noqa: B009
     except Exception:
         return {}
 
