@@ -157,7 +157,10 @@ def check_model_arguments(cfg: Any, overrides: list[str], choice: str | None) ->
             f"'~model' +model._target_={target} (and +model.<argument>=... for its own arguments)"
         )
     hints = _init_hints(cls)
-    values = OmegaConf.to_container(model, resolve=True)
+    try:
+        values = OmegaConf.to_container(model, resolve=True)
+    except Exception:  # an interpolation that does not resolve: Hydra's instantiation names it
+        return
     assert isinstance(values, dict)
     for key in keys:
         expected = _simple_type(hints.get(key))
