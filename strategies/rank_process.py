@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import traceback
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -25,9 +24,9 @@ __all__ = [
     "ERROR_FILE",
     "JOIN_TIMEOUT",
     "PARENT",
-    "collect_less_at_exit",
     "end_now",
     "ended_file",
+    "flush_files_at_exit",
     "hand_over",
     "join_group",
     "note_the_end",
@@ -157,40 +156,37 @@ def record_errors() -> None:
     sys.excepthook = hook
 
 
-#: The process whose exit :func:`collect_less_at_exit` has registered for (a forked child is another).
-_spared_in: int | None = None
+#: The process whose exit :func:`flush_files_at_exit` has registered for (a forked child is another).
+_flushing_in: int | None = None
 
 
-def collect_less_at_exit() -> None:
-    """At this rank's exit, spare the interpreter's cycle collections over the objects still alive.
+def flush_files_at_exit() -> None:
+    """At this rank's exit, flush every file still open, before the interpreter tears itself down.
 
-    While it tears itself down, the interpreter walks every object torch, ``torch._dynamo`` and the
-    script made with the cycle collector, several times over (``docs/strategies.md`` has the cost), and
-    the caller that started the ranks waits for the slowest to end. The hook, registered when the rank joins
-    its group, runs before the ``atexit`` hooks registered earlier (logging's, multiprocessing's,
-    ``weakref.finalize``'s, which still run): it flushes every open file (one left open in a reference
-    cycle, a callback's log say, would otherwise be flushed only by that collection), then moves the
-    objects alive to the permanent generation (``gc.freeze``). Destructors still run as references
-    drop; objects in cycles still alive at exit are left to the operating system, as Python allows.
+    A file left open in a reference cycle (a callback's log, say) is finalized, if at all, by the
+    interpreter's last collection, in an order that can close the raw file under a text layer before
+    that layer's buffer is written: its last lines are lost. Flushing first writes them. Nothing is
+    closed and nothing is kept alive: every finalizer still runs as the interpreter ends (a gzip file's
+    or zip archive's end is written by its own; ``tests/test_ddp_relaunch.py``). The hook looks at
+    each object's type only (``type(obj)``): asking an object for its class can run its code, as
+    ``torch.distributed.reduce_op``'s deprecation warning does.
     """
-    global _spared_in
+    global _flushing_in
     owner = os.getpid()
-    if _spared_in == owner:  # a later stage of the same process
+    if _flushing_in == owner:  # a later stage of the same process
         return
-    _spared_in = owner
+    _flushing_in = owner
 
-    def spare() -> None:
+    def flush() -> None:
         if os.getpid() != owner:  # a forked child running its parent's hooks (it registers its own)
             return
-        with warnings.catch_warnings():  # an isinstance check can warn (torch's deprecated reduce_op): not ours to say
-            warnings.simplefilter("ignore")
-            for obj in gc.get_objects():
-                if isinstance(obj, io.IOBase) and not obj.closed:
-                    with contextlib.suppress(Exception):
+        for obj in gc.get_objects():
+            if issubclass(type(obj), io.IOBase):
+                with contextlib.suppress(Exception):
+                    if not obj.closed:
                         obj.flush()
-        gc.freeze()
 
-    atexit.register(spare)
+    atexit.register(flush)
 
 
 def hand_over(err: BaseException) -> bool:
