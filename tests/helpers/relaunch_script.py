@@ -60,9 +60,11 @@ class Archives(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         rank = trainer.global_rank
         self.files["gz"] = gzip.open(self.root / f"steps-{rank}.gz", "wt")  # noqa: SIM115
-        self.files["zip"] = zipfile.ZipFile(self.root / f"steps-{rank}.zip", "w")  # noqa: SIM115
+        self.files["zip"] = zipfile.ZipFile(self.root / f"steps-{rank}.zip", "w")
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.files["gz"].write(f"step {trainer.global_step}\n")
         self.files["gz"].flush()  # compressed and on disk; only closing writes the stream's end
         self.files["zip"].writestr(f"step-{trainer.global_step}.txt", "done")
