@@ -197,9 +197,8 @@ def run_in_session(
     from tests.helpers.command_server import Started, start
 
     proc: Started
-    if (
-        command[0] == sys.executable and not fresh
-    ):  # ``python ...``: forked from the command server, in a session of its own
+    # ``python ...``: forked from the command server, in a session of its own
+    if command[0] == sys.executable and not fresh:
         proc = start(list(command[1:]), cwd, env, new_session=True)
     else:
         proc = subprocess.Popen(
