@@ -259,7 +259,7 @@ class ParallelStrategy(Strategy):
             record_errors()  # a rank's failure ends its process at once (and reaches rank 0)
             flush_files_at_exit()
             if relaunch.started_by_rerun():
-                return join_group(backend, self.timeout)
+                return join_group(backend, self.timeout, relaunch.joining_check())
             if "TORCHELASTIC_RUN_ID" not in os.environ:
                 check_slurm_launched()
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -15,7 +15,9 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -24,8 +26,10 @@ __all__ = [
     "ERROR_FILE",
     "JOIN_TIMEOUT",
     "PARENT",
+    "die_with_this_thread",
     "end_now",
     "ended_file",
+    "ending_by_error",
     "flush_files_at_exit",
     "hand_over",
     "join_group",
@@ -42,13 +46,15 @@ ERROR_FILE = "GEARTRAIN_RANK_ERROR_FILE"
 JOIN_TIMEOUT = timedelta(minutes=10)
 
 
-def join_group(backend: str, timeout: timedelta) -> None:
+def join_group(backend: str, timeout: timedelta, waiting: Callable[[], None] | None = None) -> None:
     """Form the process group of rank 0 and the ranks it started (in each of them).
 
     The ranks meet through a store rank 0 serves, waiting up to :data:`JOIN_TIMEOUT` for every rank to
     arrive: a rank that runs the script again takes a while to get there, and ``timeout`` (the
-    collectives' limit, which may be seconds) is not meant for that. A rank that dies on the way is
-    seen by rank 0's watcher, which ends the run with its traceback.
+    collectives' limit, which may be seconds) is not meant for that. Rank 0 waits in Python, calling
+    ``waiting`` every few milliseconds: a rank that ended on the way (its failure, or a Ctrl-C before
+    ``fit``) raises there at once, and a signal's handler runs at once (a wait inside the store's
+    constructor would hold both off until every rank arrived).
     """
     import torch.distributed as dist
 
@@ -64,9 +70,49 @@ def join_group(backend: str, timeout: timedelta) -> None:
         world,
         is_master=rank == 0,
         timeout=max(timeout, JOIN_TIMEOUT),
-        wait_for_workers=True,
+        wait_for_workers=False,
     )
+    store.add(_JOINED, 1)
+    if rank == 0:
+        deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
+        while store.add(_JOINED, 0) < world:
+            if waiting is not None:
+                waiting()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the ranks this process started did not reach fit within {JOIN_TIMEOUT}: "
+                    f"{store.add(_JOINED, 0)} of {world} joined"
+                )
+            time.sleep(0.02)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+#: The store's count of the ranks that have arrived (:func:`join_group`).
+_JOINED = "geartrain/joined"
+
+
+def die_with_this_thread() -> Callable[[], None] | None:
+    """What a started rank runs before the script: die when this process dies (Linux; elsewhere None).
+
+    ``PR_SET_PDEATHSIG`` survives the ``exec`` of the script and fires when the thread that started the
+    rank ends, so it is set only from the main thread (whose end is the process's).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def bind() -> None:
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # this process died before the line above: nothing to run for
+            os._exit(1)
+
+    return bind
 
 
 def _die_with_parent() -> None:
@@ -123,6 +169,14 @@ def end_now(message: str, code: int) -> None:
     os._exit(code)
 
 
+_failing = [False]  # set by record_errors' hook as an uncaught exception ends this process
+
+
+def ending_by_error() -> bool:
+    """Whether this process is ending by an uncaught exception (its exit hooks run from :func:`record_errors`)."""
+    return _failing[0]
+
+
 def record_errors() -> None:
     """Make the exception that ends a rank of a started group end it at once, and say it where it belongs.
 
@@ -137,6 +191,7 @@ def record_errors() -> None:
     path = os.environ.get(ERROR_FILE)
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        _failing[0] = True
         written = False
         if path:
             with contextlib.suppress(OSError):

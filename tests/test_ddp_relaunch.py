@@ -382,3 +382,56 @@ def test_lazy_layers_train_under_ddp_and_fsdp_and_equal_one_process(tmp_path: Pa
         assert result.returncode == 0, result.stderr  # plain DDP: "Modules with uninitialized parameters"
         assert json.loads((root / "report.json").read_text())["global_step"] == 16
         _assert_equal(_weights(root), expected)
+
+
+SWEEP_APP = textwrap.dedent(
+    """
+    from pathlib import Path
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    import torch
+    import torchmetrics
+    from torch.utils.data import DataLoader, TensorDataset
+    from tests.helpers.relaunch_script import LambdaNet
+    from trainer import Trainer
+
+    class Logging(LambdaNet):
+        def __init__(self):
+            super().__init__()
+            self.mean = torchmetrics.MeanMetric()  # synced by torchmetrics wherever a process group exists
+
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.mean(loss.detach())
+            self.log("mean_loss", self.mean, on_step=False, on_epoch=True)
+            return loss
+
+    @hydra.main(version_base=None, config_path=None, config_name=None)
+    def main(cfg):
+        out = Path(HydraConfig.get().runtime.output_dir)
+        x = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+        trainer = Trainer(strategy=cfg.s, accelerator="cpu", devices=2 if cfg.s == "ddp" else 1, max_epochs=1,
+                          logger=False, enable_progress_bar=False, enable_checkpointing=False, default_root_dir=out)
+        trainer.fit(Logging(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
+        (out / f"rank-{trainer.global_rank}").write_text(str(float(trainer.callback_metrics["mean_loss"])))
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_sweep_of_ddp_then_one_process_with_chdir_runs_each_job_in_its_own_group(tmp_path: Path) -> None:
+    # `python app.py` (a relative path) with hydra.job.chdir=True: the re-run rank must find the script from
+    # the folder the sweep started in, not from the job's folder. Job 1 (one process) must not sync its
+    # metric over job 0's process group, whose other rank has gone.
+    (tmp_path / "app.py").write_text(SWEEP_APP)
+    env = child_env(HYDRA_FULL_ERROR="1")
+    result = command_server.run(["app.py", "-m", "+s=ddp,single", "hydra.job.chdir=True"], tmp_path, env, 200)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    jobs = sorted(p for p in (tmp_path / "multirun").glob("*/*/*") if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]
+    assert sorted(p.name for p in jobs[0].glob("rank-*")) == ["rank-0", "rank-1"]
+    assert sorted(p.name for p in jobs[1].glob("rank-*")) == ["rank-0"]
+    assert float((jobs[1] / "rank-0").read_text()) > 0

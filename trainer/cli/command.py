@@ -133,7 +133,11 @@ def _main() -> None:
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)
     except KeyboardInterrupt:  # Ctrl-C outside training, or a second one during it: nothing more was saved
-        print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
+        run = sys.modules.get("trainer.run")
+        if run is None or not run.FITS_STARTED[0]:
+            print("geartrain: interrupted (Ctrl-C) before training started; nothing was saved", file=sys.stderr)
+        else:
+            print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
         sys.exit(130)
 
 
