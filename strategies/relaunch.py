@@ -335,12 +335,17 @@ class RankLauncher:
 
     def _unreported_failure(self) -> tuple[str, int, str] | None:
         """(message, rank, cause) of the first rank that ended with a failure, read from the work folder."""
-        if self.forwarder.signal is not None:  # they ended of the signal this process passed on
+        failed = self._first_failed()
+        return None if failed is None else (self.describe(*failed), failed[0], self._cause(failed[0]))
+
+    def _first_failed(self) -> tuple[int, int] | None:
+        """(rank, status) of the first rank that ended with a failure (not of a signal this process passed on)."""
+        if self.forwarder.signal is not None:
             return None
         for rank, proc in enumerate(self.procs, start=1):
             code = self._status(rank, proc.returncode) or 0
             if code != 0:
-                return self.describe(rank, code), rank, self._cause(rank)
+                return rank, code
         return None
 
     def _remove_workdir(self) -> None:
@@ -363,12 +368,12 @@ class RankLauncher:
                 time.sleep(0.05)
         except BaseException:  # a second Ctrl-C while waiting: end them
             self._kill_others()
-        unreported = None if self.stopping else self._unreported_failure()
+        failed = None if self.stopping else self._first_failed()
+        message = None if failed is None else self.describe(*failed)  # read before the work folder goes
         self.forwarder.restore()
-        self._remove_workdir()  # after its error files were read
-        if unreported is not None:
-            message, rank, _ = unreported
-            code = self._status(rank, self.procs[rank - 1].returncode) or 1
+        self._remove_workdir()
+        if failed is not None:
+            code = failed[1]
             end_now(f"WorkerFailedError: {message}", code if code > 0 else 1)
 
 
