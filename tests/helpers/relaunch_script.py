@@ -13,10 +13,8 @@ finalizers write the archives' ends).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, TensorBoardLogger
+from callbacks import TensorBoardLogger
+from tests.helpers.rank_marks import Archives
 from trainer import Trainer, TrainModule, seed_everything
 
 
@@ -48,26 +47,6 @@ class LambdaNet(TrainModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-class Archives(Callback):
-    """Writes each step to a gzip file and a zip archive it never closes: finalizing them writes their ends."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.files: dict[str, Any] = {"self": self}  # a reference cycle: freed only by the cycle collector
-
-    def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        rank = trainer.global_rank
-        self.files["gz"] = gzip.open(self.root / f"steps-{rank}.gz", "wt")  # noqa: SIM115
-        self.files["zip"] = zipfile.ZipFile(self.root / f"steps-{rank}.zip", "w")
-
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self.files["gz"].write(f"step {trainer.global_step}\n")
-        self.files["gz"].flush()  # compressed and on disk; only closing writes the stream's end
-        self.files["zip"].writestr(f"step-{trainer.global_step}.txt", "done")
 
 
 def main() -> None:
@@ -98,7 +77,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,
-        callbacks=[Archives(root)],
+        callbacks=[Archives()],
     )
     trainer.fit(module, loader)
     (root / f"rank-{trainer.global_rank}").write_text(str(os.getpid()))

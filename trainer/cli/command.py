@@ -57,7 +57,8 @@ def leave_group_process(code: Any) -> None:
     interpreter, CPython ends a thread that asks for the GIL with ``pthread_exit``; unwinding through
     the C++ destructor that asked calls ``std::terminate``, and the process aborts (SIGABRT, "terminate
     called without an active exception") after its work is done. Here the ``atexit`` handlers run
-    (files and logs are flushed and closed, and the GIL is still there for the threads to take),
+    (files and logs are flushed and closed, and the GIL is still there for the threads to take), a
+    collection finalizes what reference cycles hold (a callback's unclosed gzip file writes its end),
     then the process exits with its status at once, without the finalization. Anything else
     (one process, an exception on its way out) returns and exits as usual.
     """
@@ -65,6 +66,7 @@ def leave_group_process(code: Any) -> None:
     if dist is None or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return
     import atexit
+    import gc
 
     if code is None:
         status = 0
@@ -74,6 +76,10 @@ def leave_group_process(code: Any) -> None:
         print(code, file=sys.stderr)
         status = 1
     atexit._run_exitfuncs()
+    # What the finalization would do for the objects left in reference cycles: run their finalizers (a
+    # callback's gzip file writes its end). The objects imported before the user's code are frozen
+    # (freeze_startup_objects): this collection walks only what the run made.
+    gc.collect()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left
             stream.flush()
