@@ -12,8 +12,10 @@ import contextlib
 import gc
 import io
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -33,6 +35,7 @@ __all__ = [
     "flush_files_at_exit",
     "hand_over",
     "join_group",
+    "new_workdir",
     "note_the_end",
     "record_errors",
 ]
@@ -121,6 +124,29 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+#: The launch's work folder in the temporary folder: the prefix, then the process id of rank 0.
+_WORKDIR_PREFIX = "geartrain-ranks-"
+
+
+def new_workdir() -> str:
+    """A new work folder for a launch (the ranks' error files), after removing those whose rank 0 has gone.
+
+    A kill -9 of rank 0 leaves its folder behind: the next launch on the machine removes it.
+    """
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(tempfile.gettempdir()):
+            pid = entry.name.removeprefix(_WORKDIR_PREFIX).split("-")[0]
+            if not entry.name.startswith(_WORKDIR_PREFIX) or not pid.isdigit() or not entry.is_dir():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                pass
+    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
 
 
 def ended_file(error_file: str | os.PathLike[str]) -> Path:

@@ -28,7 +28,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from strategies.rank_process import (
     end_now,
     ended_file,
     ending_by_error,
+    new_workdir,
     record_errors,
 )
 from strategies.rerun_command import check_rerunnable, hydra_config, rerun_command
@@ -119,8 +119,7 @@ class RankLauncher:
 
     def __init__(self, nprocs: int, grace_period: float) -> None:
         self.nprocs = nprocs
-        _remove_stale_workdirs()
-        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        self.workdir = new_workdir()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.forwarder = RankZeroForwarder(self, grace_period, STUCK_SECONDS)
         #: The first rank that failed on its own: (rank, exit code), else None.
@@ -377,27 +376,8 @@ class RankLauncher:
             end_now(f"WorkerFailedError: {message}", code if code > 0 else 1)
 
 
-#: The launch's work folder in the temporary folder: the prefix, then the process id of rank 0.
-_WORKDIR_PREFIX = "geartrain-ranks-"
-
-
 class _RankEnded(RuntimeError):
     """A rank this process started ended before it joined the group (see :meth:`RankLauncher.check_joining`)."""
-
-
-def _remove_stale_workdirs() -> None:
-    """Remove the work folders of launches whose rank 0 has gone (a kill -9 leaves its folder behind)."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(tempfile.gettempdir()):
-            pid = entry.name.removeprefix(_WORKDIR_PREFIX).split("-")[0]
-            if not entry.name.startswith(_WORKDIR_PREFIX) or not pid.isdigit() or not entry.is_dir():
-                continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                shutil.rmtree(entry.path, ignore_errors=True)
-            except OSError:
-                pass
 
 
 def _job_key() -> str | None:
