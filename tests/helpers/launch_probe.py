@@ -1,6 +1,6 @@
 """A ``strategy="ddp"`` script whose ranks misbehave before or after ``fit``, one way per ``--mode``.
 
-    python tests/helpers/launch_probe.py --root OUT --mode MODE
+    python tests/helpers/launch_probe.py --root OUT --mode MODE[+MODE...]
 
 Before ``fit`` only a rank the caller started has ``RANK`` set (the caller is rank 0 from ``fit`` on).
 
@@ -34,15 +34,16 @@ def main() -> None:
     parser.add_argument("--root", required=True)
     parser.add_argument("--mode", required=True)
     args = parser.parse_args()
+    modes = set(args.mode.split("+"))
     root = Path(args.root)
     started = os.environ.get("RANK")  # "1" in the rank the caller started; unset in the caller before fit
-    if args.mode == "sleep1" and started == "1":
+    if "sleep1" in modes and started == "1":
         (root / "rank1-pid").write_text(str(os.getpid()))
         time.sleep(120)
-    if args.mode == "fail1" and started == "1":
+    if "fail1" in modes and started == "1":
         (root / "failed_at").write_text(repr(time.time()))
         raise RuntimeError("planned failure on rank 1 before fit")
-    if args.mode == "input":
+    if "input" in modes:
         rank = started or "0"
         (root / f"answer-{rank}").write_text(input(f"rank {rank}? "))
     before = dict(os.environ)
@@ -60,16 +61,16 @@ def main() -> None:
         default_root_dir=root,
     )
     trainer.fit(LambdaNet(), loader)
-    if args.mode == "env" and trainer.is_global_zero:
+    if "env" in modes and trainer.is_global_zero:
         after = dict(os.environ)
         changed = {k: after.get(k) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
         (root / "env.json").write_text(json.dumps(changed))
-    if args.mode == "raise0" and trainer.is_global_zero:
+    if "raise0" in modes and trainer.is_global_zero:
         (root / "failed_at").write_text(repr(time.time()))
         raise RuntimeError("planned failure on rank 0 after fit")
-    if args.mode == "raise1" and trainer.global_rank == 1:
+    if "raise1" in modes and trainer.global_rank == 1:
         raise RuntimeError("planned failure on rank 1 after fit")
-    if args.mode == "raise0":
+    if "raise0" in modes:
         trainer.strategy.barrier()  # rank 1: a collective rank 0 never joins (the group's timeout: 30 min)
 
 
