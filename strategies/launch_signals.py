@@ -11,6 +11,10 @@ Ctrl-C) are killed, and the launcher reports that nothing newer than the last ch
 Each worker writes its process id into the launch's work folder first thing (:func:`note_worker_pid`);
 the launcher reads them when a signal comes, so a worker that starts later is not missed for a
 signal that comes later.
+
+Under ``strategy="ddp"`` the caller is rank 0 and its forwarder (:class:`RankZeroForwarder`) passes
+signals on to the ranks it started (:mod:`strategies.relaunch`), except a terminal's Ctrl-C, which
+reached them itself: they share the caller's process group.
 """
 
 from __future__ import annotations
