@@ -28,6 +28,7 @@ __all__ = [
     "ERROR_FILE",
     "JOIN_TIMEOUT",
     "PARENT",
+    "close_files_in_cycles",
     "die_with_this_thread",
     "end_now",
     "ended_file",
@@ -242,15 +243,10 @@ _flushing_in: int | None = None
 
 
 def flush_files_at_exit() -> None:
-    """At this rank's exit, flush every file still open, before the interpreter tears itself down.
+    """At this rank's exit, finalize the files left open in reference cycles whole (:func:`close_files_in_cycles`).
 
-    A file left open in a reference cycle (a callback's log, say) is finalized, if at all, by the
-    interpreter's last collection, in an order that can close the raw file under a text layer before
-    that layer's buffer is written: its last lines are lost. Flushing first writes them. Nothing is
-    closed and nothing is kept alive: every finalizer still runs as the interpreter ends (a gzip file's
-    or zip archive's end is written by its own; ``tests/test_ddp_relaunch.py``). The hook looks at
-    each object's type only (``type(obj)``): asking an object for its class can run its code, as
-    ``torch.distributed.reduce_op``'s deprecation warning does.
+    Registered when the rank forms its group; it runs before the ``atexit`` hooks registered earlier
+    (logging's, multiprocessing's), which still run, and keeps nothing alive.
     """
     global _flushing_in
     owner = os.getpid()
@@ -259,15 +255,39 @@ def flush_files_at_exit() -> None:
     _flushing_in = owner
 
     def flush() -> None:
-        if os.getpid() != owner:  # a forked child running its parent's hooks (it registers its own)
-            return
-        for obj in gc.get_objects():
-            if issubclass(type(obj), io.IOBase):
-                with contextlib.suppress(Exception):
-                    if not obj.closed:
-                        obj.flush()
+        if os.getpid() == owner:  # not a forked child running its parent's hooks (it registers its own)
+            close_files_in_cycles()
 
     atexit.register(flush)
+
+
+#: The bottom layers of Python's files: what a gzip file, a zip archive or a text layer writes into.
+_RAW_FILES = (io.FileIO, io.BufferedWriter, io.BufferedRandom, io.BufferedReader, io.BufferedRWPair)
+
+
+def close_files_in_cycles() -> None:
+    """Flush every open file, then collect the reference cycles with every raw file kept open meanwhile.
+
+    A file left open in a reference cycle (a callback's ``gzip.open(..., "wt")``, its
+    ``zipfile.ZipFile(..., "w")``, a plain log) is finalized only by a collection, which finalizes the
+    cycle's objects in an order of its own: the raw file under a gzip file can be closed before the gzip
+    file writes its end, and the archive is truncated. Here every raw file and buffer alive is held by a
+    list while the cycles are collected, so each wrapper's finalizer writes into a file still open
+    (which it then closes); the raw files are let go afterwards and closed by their own finalizers.
+    Objects are looked at by ``type(obj)`` only: asking an object for its class can run its code (torch's
+    deprecated ``reduce_op`` warns).
+    """
+    held = []
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if issubclass(kind, io.IOBase):
+            with contextlib.suppress(Exception):
+                if not obj.closed:
+                    obj.flush()
+            if kind in _RAW_FILES:
+                held.append(obj)
+    gc.collect()
+    del held
 
 
 def hand_over(err: BaseException) -> bool:

@@ -66,7 +66,6 @@ def leave_group_process(code: Any) -> None:
     if dist is None or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return
     import atexit
-    import gc
 
     if code is None:
         status = 0
@@ -77,9 +76,11 @@ def leave_group_process(code: Any) -> None:
         status = 1
     atexit._run_exitfuncs()
     # What the finalization would do for the objects left in reference cycles: run their finalizers (a
-    # callback's gzip file writes its end). The objects imported before the user's code are frozen
-    # (freeze_startup_objects): this collection walks only what the run made.
-    gc.collect()
+    # callback's gzip file writes its end), with the raw files under them still open. The objects imported
+    # before the user's code are frozen (freeze_startup_objects): this walks only what the run made.
+    from strategies.rank_process import close_files_in_cycles
+
+    close_files_in_cycles()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left
             stream.flush()
