@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from strategies.precision import NULL_CONTEXT, Precision, make_precision
+from trainer.common.errors import UserError
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import move_to_device
 
@@ -121,8 +123,20 @@ class Strategy:
     def connect(self, module: TrainModule) -> None:
         """Hand ``module`` what its ``configure_model`` needs (a model-parallel strategy's ``device_mesh``).
 
-        Called before ``configure_model``, after :meth:`setup_environment`; the default does nothing.
+        Called before ``configure_model``, after :meth:`setup_environment`. The default (every strategy
+        whose parameters are plain tensors) refuses a module that an earlier ``fit`` with FSDP or model
+        parallelism sharded in place (its parameters are DTensors, as Lightning leaves them): torch would
+        fail deep inside the first forward with "mixed torch.Tensor and DTensor".
         """
+        sharded = _sharded_parameter(module)
+        if sharded is not None:
+            raise UserError(
+                f"the module's parameter {sharded!r} is sharded across processes (a DTensor): an earlier fit with "
+                f"strategy='fsdp' or 'model_parallel' sharded the module in place, and strategy={self.name!r} "
+                "cannot use it. Run this stage with the trainer that fit it, or build a new module and load the "
+                "full weights: the checkpoint (Module.load_from_checkpoint(path)), or "
+                "trainer.strategy.model_state_dict() called on every rank after fit"
+            )
 
     def setup(self, module: TrainModule) -> nn.Module:
         """Place ``module`` on the device (and wrap it where the strategy needs). Returns the module."""
@@ -355,3 +369,15 @@ def default_device() -> torch.device:
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _sharded_parameter(module: nn.Module) -> str | None:
+    """The name of ``module``'s first DTensor parameter, else None (no DTensor exists before torch's module is imported)."""
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(tensor_module, "DTensor", None)
+    if dtensor is None:
+        return None
+    for name, parameter in module.named_parameters():
+        if isinstance(parameter, dtensor):
+            return name
+    return None

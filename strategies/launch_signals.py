@@ -11,6 +11,10 @@ Ctrl-C) are killed, and the launcher reports that nothing newer than the last ch
 Each worker writes its process id into the launch's work folder first thing (:func:`note_worker_pid`);
 the launcher reads them when a signal comes, so a worker that starts later is not missed for a
 signal that comes later.
+
+Under ``strategy="ddp"`` the caller is rank 0 and its forwarder (:class:`RankZeroForwarder`) passes
+signals on to the ranks it started (:mod:`strategies.relaunch`), except a terminal's Ctrl-C, which
+reached them itself: they share the caller's process group.
 """
 
 from __future__ import annotations
@@ -19,10 +23,17 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["FORWARDED_SIGNALS", "SignalForwarder", "note_worker_pid"]
+from strategies.rank_process import end_now
+from trainer.common.errors import Interrupted
+
+if TYPE_CHECKING:
+    from strategies.relaunch import RankLauncher
+
+__all__ = ["FORWARDED_SIGNALS", "RankZeroForwarder", "SignalForwarder", "note_worker_pid"]
 
 #: The signals the launcher passes on: a scheduler's stop and warning, Ctrl-C, a closed terminal.
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = tuple(
@@ -69,6 +80,8 @@ class SignalForwarder:
         self.signal: signal.Signals | None = None
         #: True once workers were killed (grace period over, or a second Ctrl-C).
         self.killed = False
+        #: True when a second Ctrl-C killed them (not the grace period's end).
+        self.second_signal = False
         self._timer: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
 
@@ -91,6 +104,11 @@ class SignalForwarder:
         """Why the workers ended, for the launcher's error."""
         assert self.signal is not None
         name = self.signal.name
+        if self.killed and self.second_signal:
+            return (
+                f"the launcher received {name} twice; the second one stopped the workers before they had saved, "
+                "and the step in progress was lost"
+            )
         if self.killed:
             return (
                 f"the launcher received {name}; the workers had not saved and exited within the grace period "
@@ -102,6 +120,7 @@ class SignalForwarder:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
         if self.signal is not None and sig == signal.SIGINT:  # a second Ctrl-C: stop now
+            self.second_signal = not self.killed
             self._kill()
             return
         if self.signal is None:
@@ -132,3 +151,84 @@ class SignalForwarder:
     def _kill(self) -> None:
         self.killed = True
         self._send(signal.SIGKILL)
+
+
+class RankZeroForwarder(SignalForwarder):
+    """Signals that reach rank 0 are passed on to the ranks it started.
+
+    During ``fit`` the trainer notes the signal and calls :meth:`pass_on`: the ranks agree on a step,
+    save and return. Outside ``fit`` (or when the grace period ran out) the signal ends the stage here
+    with :class:`~trainer.common.errors.Interrupted`.
+    """
+
+    def __init__(self, launcher: RankLauncher, grace_period: float, stuck_seconds: float) -> None:
+        super().__init__(launcher.workdir, grace_period)
+        self.launcher = launcher
+        self.stuck_seconds = stuck_seconds
+
+    def _pids(self) -> list[int]:
+        return [proc.pid for proc in self.launcher.procs if proc.poll() is None]
+
+    def pass_on(self, signum: int) -> None:
+        """Called by the trainer's handler during ``fit``: pass the signal on, start the grace period."""
+        super()._on_signal(signum, None)
+        if self.killed:
+            raise Interrupted(self.explain(), signal.Signals(signum))
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        super()._on_signal(signum, frame)
+        sig = signal.Signals(signum)
+        raise Interrupted(self.explain() if self.killed else f"the launcher received {sig.name}", sig)
+
+    def _kill(self) -> None:
+        first = not self.killed
+        super()._kill()
+        self.launcher.stopping = True
+        if not first or threading.current_thread() is threading.main_thread():
+            return
+        # This process is a rank too: interrupt its step (a signal wakes a sleeping main thread).
+        if self.signal is not None:
+            with contextlib.suppress(Exception):
+                signal.pthread_kill(threading.main_thread().ident or 0, self.signal)
+
+        def stuck() -> None:
+            time.sleep(self.stuck_seconds)
+            if self.launcher._stages > 0:
+                self.launcher._remove_workdir()
+                end_now(f"Interrupted: {self.explain()}", 128 + int(self.signal or signal.SIGTERM))
+
+        threading.Thread(target=stuck, daemon=True).start()
+
+    def _send(self, sig: int) -> None:
+        if sig == signal.SIGINT and _terminal_reached_them():
+            return  # the terminal's Ctrl-C reached every rank of this process's group itself
+        super()._send(sig)
+
+    def explain(self) -> str:
+        assert self.signal is not None
+        if self.killed and self.second_signal:
+            return (
+                f"the launcher received {self.signal.name} twice; the second one stopped the ranks before they "
+                "had saved, and the step in progress was lost"
+            )
+        if self.killed:
+            return (
+                f"the launcher received {self.signal.name}; the ranks had not saved and exited within the grace "
+                f"period ({self.grace_period:g} s, the strategy's preemption_grace_period), so they were stopped "
+                "and the step in progress was lost"
+            )
+        return f"the launcher received {self.signal.name}"
+
+
+def _terminal_reached_them() -> bool:
+    """Whether this process's group (its ranks' too) is its terminal's foreground: a Ctrl-C there reached all."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:  # no terminal: the signal came from a kill, to this process alone
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

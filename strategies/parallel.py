@@ -28,7 +28,7 @@ from strategies import relaunch
 from strategies.base import Strategy
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
-from strategies.rank_process import collect_less_at_exit, join_group, record_errors
+from strategies.rank_process import flush_files_at_exit, join_group, record_errors
 from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
 from trainer.common.errors import UserError
@@ -257,9 +257,9 @@ class ParallelStrategy(Strategy):
             torch.cuda.set_device(self.root_device)
         if joined_environment():
             record_errors()  # a rank's failure ends its process at once (and reaches rank 0)
-            collect_less_at_exit()
+            flush_files_at_exit()
             if relaunch.started_by_rerun():
-                return join_group(backend, self.timeout)
+                return join_group(backend, self.timeout, relaunch.joining_check())
             if "TORCHELASTIC_RUN_ID" not in os.environ:
                 check_slurm_launched()
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -12,11 +12,14 @@ import contextlib
 import gc
 import io
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
+import time
 import traceback
-import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -25,11 +28,15 @@ __all__ = [
     "ERROR_FILE",
     "JOIN_TIMEOUT",
     "PARENT",
-    "collect_less_at_exit",
+    "close_files_in_cycles",
+    "die_with_this_thread",
     "end_now",
     "ended_file",
+    "ending_by_error",
+    "flush_files_at_exit",
     "hand_over",
     "join_group",
+    "new_workdir",
     "note_the_end",
     "record_errors",
 ]
@@ -43,13 +50,15 @@ ERROR_FILE = "GEARTRAIN_RANK_ERROR_FILE"
 JOIN_TIMEOUT = timedelta(minutes=10)
 
 
-def join_group(backend: str, timeout: timedelta) -> None:
+def join_group(backend: str, timeout: timedelta, waiting: Callable[[], None] | None = None) -> None:
     """Form the process group of rank 0 and the ranks it started (in each of them).
 
     The ranks meet through a store rank 0 serves, waiting up to :data:`JOIN_TIMEOUT` for every rank to
     arrive: a rank that runs the script again takes a while to get there, and ``timeout`` (the
-    collectives' limit, which may be seconds) is not meant for that. A rank that dies on the way is
-    seen by rank 0's watcher, which ends the run with its traceback.
+    collectives' limit, which may be seconds) is not meant for that. Rank 0 waits in Python, calling
+    ``waiting`` every few milliseconds: a rank that ended on the way (its failure, or a Ctrl-C before
+    ``fit``) raises there at once, and a signal's handler runs at once (a wait inside the store's
+    constructor would hold both off until every rank arrived).
     """
     import torch.distributed as dist
 
@@ -65,9 +74,49 @@ def join_group(backend: str, timeout: timedelta) -> None:
         world,
         is_master=rank == 0,
         timeout=max(timeout, JOIN_TIMEOUT),
-        wait_for_workers=True,
+        wait_for_workers=False,
     )
+    store.add(_JOINED, 1)
+    if rank == 0:
+        deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
+        while store.add(_JOINED, 0) < world:
+            if waiting is not None:
+                waiting()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the ranks this process started did not reach fit within {JOIN_TIMEOUT}: "
+                    f"{store.add(_JOINED, 0)} of {world} joined"
+                )
+            time.sleep(0.02)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+#: The store's count of the ranks that have arrived (:func:`join_group`).
+_JOINED = "geartrain/joined"
+
+
+def die_with_this_thread() -> Callable[[], None] | None:
+    """What a started rank runs before the script: die when this process dies (Linux; elsewhere None).
+
+    ``PR_SET_PDEATHSIG`` survives the ``exec`` of the script and fires when the thread that started the
+    rank ends, so it is set only from the main thread (whose end is the process's).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def bind() -> None:
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # this process died before the line above: nothing to run for
+            os._exit(1)
+
+    return bind
 
 
 def _die_with_parent() -> None:
@@ -76,6 +125,29 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+#: The launch's work folder in the temporary folder: the prefix, then the process id of rank 0.
+_WORKDIR_PREFIX = "geartrain-ranks-"
+
+
+def new_workdir() -> str:
+    """A new work folder for a launch (the ranks' error files), after removing those whose rank 0 has gone.
+
+    A kill -9 of rank 0 leaves its folder behind: the next launch on the machine removes it.
+    """
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(tempfile.gettempdir()):
+            pid = entry.name.removeprefix(_WORKDIR_PREFIX).split("-")[0]
+            if not entry.name.startswith(_WORKDIR_PREFIX) or not pid.isdigit() or not entry.is_dir():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                pass
+    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
 
 
 def ended_file(error_file: str | os.PathLike[str]) -> Path:
@@ -124,6 +196,14 @@ def end_now(message: str, code: int) -> None:
     os._exit(code)
 
 
+_failing = [False]  # set by record_errors' hook as an uncaught exception ends this process
+
+
+def ending_by_error() -> bool:
+    """Whether this process is ending by an uncaught exception (its exit hooks run from :func:`record_errors`)."""
+    return _failing[0]
+
+
 def record_errors() -> None:
     """Make the exception that ends a rank of a started group end it at once, and say it where it belongs.
 
@@ -138,6 +218,7 @@ def record_errors() -> None:
     path = os.environ.get(ERROR_FILE)
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        _failing[0] = True
         written = False
         if path:
             with contextlib.suppress(OSError):
@@ -157,40 +238,56 @@ def record_errors() -> None:
     sys.excepthook = hook
 
 
-#: The process whose exit :func:`collect_less_at_exit` has registered for (a forked child is another).
-_spared_in: int | None = None
+#: The process whose exit :func:`flush_files_at_exit` has registered for (a forked child is another).
+_flushing_in: int | None = None
 
 
-def collect_less_at_exit() -> None:
-    """At this rank's exit, spare the interpreter's cycle collections over the objects still alive.
+def flush_files_at_exit() -> None:
+    """At this rank's exit, finalize the files left open in reference cycles whole (:func:`close_files_in_cycles`).
 
-    While it tears itself down, the interpreter walks every object torch, ``torch._dynamo`` and the
-    script made with the cycle collector, several times over (``docs/strategies.md`` has the cost), and
-    the caller that started the ranks waits for the slowest to end. The hook, registered when the rank joins
-    its group, runs before the ``atexit`` hooks registered earlier (logging's, multiprocessing's,
-    ``weakref.finalize``'s, which still run): it flushes every open file (one left open in a reference
-    cycle, a callback's log say, would otherwise be flushed only by that collection), then moves the
-    objects alive to the permanent generation (``gc.freeze``). Destructors still run as references
-    drop; objects in cycles still alive at exit are left to the operating system, as Python allows.
+    Registered when the rank forms its group; it runs before the ``atexit`` hooks registered earlier
+    (logging's, multiprocessing's), which still run, and keeps nothing alive.
     """
-    global _spared_in
+    global _flushing_in
     owner = os.getpid()
-    if _spared_in == owner:  # a later stage of the same process
+    if _flushing_in == owner:  # a later stage of the same process
         return
-    _spared_in = owner
+    _flushing_in = owner
 
-    def spare() -> None:
-        if os.getpid() != owner:  # a forked child running its parent's hooks (it registers its own)
-            return
-        with warnings.catch_warnings():  # an isinstance check can warn (torch's deprecated reduce_op): not ours to say
-            warnings.simplefilter("ignore")
-            for obj in gc.get_objects():
-                if isinstance(obj, io.IOBase) and not obj.closed:
-                    with contextlib.suppress(Exception):
-                        obj.flush()
-        gc.freeze()
+    def flush() -> None:
+        if os.getpid() == owner:  # not a forked child running its parent's hooks (it registers its own)
+            close_files_in_cycles()
 
-    atexit.register(spare)
+    atexit.register(flush)
+
+
+#: The bottom layers of Python's files: what a gzip file, a zip archive or a text layer writes into.
+_RAW_FILES = (io.FileIO, io.BufferedWriter, io.BufferedRandom, io.BufferedReader, io.BufferedRWPair)
+
+
+def close_files_in_cycles() -> None:
+    """Flush every open file, then collect the reference cycles with every raw file kept open meanwhile.
+
+    A file left open in a reference cycle (a callback's ``gzip.open(..., "wt")``, its
+    ``zipfile.ZipFile(..., "w")``, a plain log) is finalized only by a collection, which finalizes the
+    cycle's objects in an order of its own: the raw file under a gzip file can be closed before the gzip
+    file writes its end, and the archive is truncated. Here every raw file and buffer alive is held by a
+    list while the cycles are collected, so each wrapper's finalizer writes into a file still open
+    (which it then closes); the raw files are let go afterwards and closed by their own finalizers.
+    Objects are looked at by ``type(obj)`` only: asking an object for its class can run its code (torch's
+    deprecated ``reduce_op`` warns).
+    """
+    held = []
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if issubclass(kind, io.IOBase):
+            with contextlib.suppress(Exception):
+                if not obj.closed:
+                    obj.flush()
+            if kind in _RAW_FILES:
+                held.append(obj)
+    gc.collect()
+    del held
 
 
 def hand_over(err: BaseException) -> bool:

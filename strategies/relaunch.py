@@ -28,16 +28,23 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any, TypeVar
 
-from strategies.launch_signals import SignalForwarder
-from strategies.rank_process import ERROR_FILE, PARENT, end_now, ended_file, record_errors
+from strategies.launch_signals import RankZeroForwarder
+from strategies.rank_process import (
+    ERROR_FILE,
+    PARENT,
+    die_with_this_thread,
+    end_now,
+    ended_file,
+    ending_by_error,
+    new_workdir,
+    record_errors,
+)
 from strategies.rerun_command import check_rerunnable, hydra_config, rerun_command
 from trainer.common.errors import CheckpointError, Interrupted, UserError
 
@@ -46,6 +53,7 @@ __all__ = [
     "RankLauncher",
     "check_rerunnable",
     "current_launcher",
+    "joining_check",
     "record_errors",
     "rerun_command",
     "start_ranks",
@@ -73,9 +81,18 @@ def current_launcher() -> RankLauncher | None:
     """
     global _current
     if _current is not None and (_current.job != _job_key() or not _current.alive()):
-        _current.finish()
-        _current = None
+        launcher, _current = _current, None
+        unreported = launcher.finish()
+        if unreported is not None:  # a rank failed after the last stage: said before anything goes on
+            from strategies.launch import WorkerFailedError
+
+            raise WorkerFailedError(*unreported)
     return _current
+
+
+def joining_check() -> Callable[[], None] | None:
+    """What rank 0 calls while it waits for the ranks it started to join: raises once one has ended."""
+    return _current.check_joining if _current is not None else None
 
 
 def start_ranks(nprocs: int, grace_period: float) -> RankLauncher:
@@ -102,15 +119,16 @@ class RankLauncher:
 
     def __init__(self, nprocs: int, grace_period: float) -> None:
         self.nprocs = nprocs
-        self.workdir = tempfile.mkdtemp(prefix="geartrain-ranks-")
+        self.workdir = new_workdir()
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.forwarder = _RankZeroForwarder(self, grace_period)
+        self.forwarder = RankZeroForwarder(self, grace_period, STUCK_SECONDS)
         #: The first rank that failed on its own: (rank, exit code), else None.
         self.failure: tuple[int, int] | None = None
         self.stopping = False  # the caller is ending the ranks itself: their exits are not failures
         self.job = _job_key()
         self._stages = 0  # stages (fit, test, ...) running now in this process
         self._saved_env: dict[str, str | None] = {}
+        self._env: dict[str, str] = {}  # the group's variables, set while a stage runs here
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
@@ -137,23 +155,17 @@ class RankLauncher:
             threads = max(1, (os.cpu_count() or 1) // self.nprocs)
             env["OMP_NUM_THREADS"] = str(threads)
             torch.set_num_threads(threads)
+        bind = die_with_this_thread()
         for rank in range(1, self.nprocs):
             command, cwd = rerun_command(rank)
             child = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank), PARENT: str(os.getpid())}
             child[ERROR_FILE] = os.path.join(self.workdir, f"rank-{rank}.err")
-            self.procs.append(
-                subprocess.Popen(
-                    command,
-                    env=child,
-                    cwd=cwd,
-                    # Their own process group: a terminal's Ctrl-C reaches this process alone, which
-                    # passes it on once (see _RankZeroForwarder). They die with this process (join_group).
-                    process_group=0,
-                )
-            )
-        for key, value in {**env, "RANK": "0", "LOCAL_RANK": "0"}.items():
-            self._saved_env.setdefault(key, os.environ.get(key))
-            os.environ[key] = value
+            # In this process's group, as Lightning's ranks: a terminal's Ctrl-C reaches every rank, and
+            # a rank reading the terminal (input() before fit) is not stopped as a background job. From
+            # their first instruction they die with this process (a kill -9 leaves no rank running).
+            self.procs.append(subprocess.Popen(command, env=child, cwd=cwd, preexec_fn=bind))
+        self._env = {**env, "RANK": "0", "LOCAL_RANK": "0"}
+        self._apply_env()
         self.forwarder.install()
         record_errors()  # an exception that ends this process ends it at once (see there)
         threading.Thread(target=self._watch, name="geartrain-rank-watch", daemon=True).start()
@@ -165,6 +177,7 @@ class RankLauncher:
         from strategies.launch import WorkerFailedError
 
         self._stages += 1
+        self._apply_env()
         try:
             return fn(*args)
         except BaseException as exc:
@@ -172,12 +185,40 @@ class RankLauncher:
             self.stop()
             if self.forwarder.killed and not isinstance(exc, Interrupted):
                 raise Interrupted(self.forwarder.explain(), self.forwarder.signal or signal.SIGTERM) from None
+            if self.forwarder.signal is not None and isinstance(exc, _RankEnded):  # it ended of the signal
+                raise Interrupted(self.forwarder.explain(), self.forwarder.signal) from None
             if failed is not None and not isinstance(exc, (UserError, CheckpointError)):  # else: its own mistake
                 rank, code = failed
                 raise WorkerFailedError(self.describe(rank, code), rank, self._cause(rank)) from None
             raise
         finally:
             self._stages -= 1
+            self._restore_env()  # the caller's environment between stages and after them is its own
+
+    def _apply_env(self) -> None:
+        """The group's variables (``RANK``, ``MASTER_PORT``, ...) in this process's environment, for a stage."""
+        for key, value in self._env.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def _restore_env(self) -> None:
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env = {}
+
+    def check_joining(self) -> None:
+        """Called by rank 0 while it waits for the others to join: raises once one of them has ended.
+
+        A rank that fails (or is ended by a Ctrl-C) while it runs the script's code before ``fit``
+        never joins; rank 0 learns it here at once, instead of after the join's time limit.
+        """
+        self._check_exits()
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                raise _RankEnded(f"rank {rank} ended before it joined the group")
 
     def alive(self) -> bool:
         """Whether every rank this process started still runs."""
@@ -246,7 +287,9 @@ class RankLauncher:
                 while self._stages > 0 and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if self._stages > 0:  # stuck where no error reaches it (a hang, a long computation)
-                    end_now(f"WorkerFailedError: {self.describe(rank, code)}", 1)
+                    message = self.describe(rank, code)
+                    self._remove_workdir()
+                    end_now(f"WorkerFailedError: {message}", 1)
                 return
             if all(proc.poll() is not None for proc in self.procs):
                 return
@@ -268,100 +311,76 @@ class RankLauncher:
             proc.wait()
         self.forwarder.restore()
 
-    def finish(self) -> None:
-        """After the ranks ended: leave the group, put the environment back, remove the work folder."""
+    def finish(self) -> tuple[str, int, str] | None:
+        """After the ranks ended: leave the group, put the environment back, remove the work folder.
+
+        Returns what :class:`~strategies.launch.WorkerFailedError` says of a rank that failed after
+        the last stage (nothing reported it yet), else None.
+        """
         import torch.distributed as dist
 
-        self.stopping = True
         for proc in self.procs:
             proc.wait()
+        unreported = None if self.stopping else self._unreported_failure()
+        self.stopping = True
         self.forwarder.restore()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._restore_env()
+        self._remove_workdir()
         with contextlib.suppress(ValueError):
             atexit.unregister(self.wait_at_exit)
+        return unreported
+
+    def _unreported_failure(self) -> tuple[str, int, str] | None:
+        """(message, rank, cause) of the first rank that ended with a failure, read from the work folder."""
+        failed = self._first_failed()
+        return None if failed is None else (self.describe(*failed), failed[0], self._cause(failed[0]))
+
+    def _first_failed(self) -> tuple[int, int] | None:
+        """(rank, status) of the first rank that ended with a failure (not of a signal this process passed on)."""
+        if self.forwarder.signal is not None:
+            return None
+        for rank, proc in enumerate(self.procs, start=1):
+            code = self._status(rank, proc.returncode) or 0
+            if code != 0:
+                return rank, code
+        return None
+
+    def _remove_workdir(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def wait_at_exit(self) -> None:
-        """At this process's exit: wait for the ranks it started; one that failed sets the exit status."""
+        """At this process's exit: wait for the ranks it started; one that failed sets the exit status.
+
+        When this process ends by an uncaught exception (rank 0's own code failed, after ``fit`` say),
+        the others cannot finish a stage without it: they get :data:`STUCK_SECONDS` to end, then are
+        ended, instead of waiting in a collective for the group's timeout.
+        """
+        deadline = time.monotonic() + STUCK_SECONDS if ending_by_error() else None
         try:
             while any(proc.poll() is None for proc in self.procs):
+                if deadline is not None and time.monotonic() > deadline:
+                    self.stopping = True  # this process failed: their end is not theirs to report
+                    self._kill_others()
+                    deadline = None
                 time.sleep(0.05)
         except BaseException:  # a second Ctrl-C while waiting: end them
             self._kill_others()
-        failed = [
-            (rank, code)
-            for rank, proc in enumerate(self.procs, start=1)
-            if (code := self._status(rank, proc.returncode) or 0) != 0
-        ]
+        failed = None if self.stopping else self._first_failed()
+        message = None if failed is None else self.describe(*failed)  # read before the work folder goes
         self.forwarder.restore()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        if failed and not self.stopping and self.forwarder.signal is None:
-            rank, code = failed[0]
-            end_now(f"WorkerFailedError: {self.describe(rank, code)}", code if code > 0 else 1)
+        self._remove_workdir()
+        if failed is not None:
+            code = failed[1]
+            end_now(f"WorkerFailedError: {message}", code if code > 0 else 1)
+
+
+class _RankEnded(RuntimeError):
+    """A rank this process started ended before it joined the group (see :meth:`RankLauncher.check_joining`)."""
 
 
 def _job_key() -> str | None:
     """Which Hydra job this process runs now (its run directory), else None."""
     hydra = hydra_config()
     return str(hydra.runtime.output_dir) if hydra is not None else None
-
-
-class _RankZeroForwarder(SignalForwarder):
-    """Signals that reach rank 0 are passed on to the ranks it started.
-
-    During ``fit`` the trainer notes the signal and calls :meth:`pass_on`: the ranks agree on a step,
-    save and return. Outside ``fit`` (or when the grace period ran out) the signal ends the stage here
-    with :class:`~trainer.common.errors.Interrupted`.
-    """
-
-    def __init__(self, launcher: RankLauncher, grace_period: float) -> None:
-        super().__init__(launcher.workdir, grace_period)
-        self.launcher = launcher
-
-    def _pids(self) -> list[int]:
-        return [proc.pid for proc in self.launcher.procs if proc.poll() is None]
-
-    def pass_on(self, signum: int) -> None:
-        """Called by the trainer's handler during ``fit``: pass the signal on, start the grace period."""
-        super()._on_signal(signum, None)
-        if self.killed:
-            raise Interrupted(self.explain(), signal.Signals(signum))
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        super()._on_signal(signum, frame)
-        sig = signal.Signals(signum)
-        raise Interrupted(self.explain() if self.killed else f"the launcher received {sig.name}", sig)
-
-    def _kill(self) -> None:
-        first = not self.killed
-        super()._kill()
-        self.launcher.stopping = True
-        if not first or threading.current_thread() is threading.main_thread():
-            return
-        # This process is a rank too: interrupt its step (a signal wakes a sleeping main thread).
-        if self.signal is not None:
-            with contextlib.suppress(Exception):
-                signal.pthread_kill(threading.main_thread().ident or 0, self.signal)
-
-        def stuck() -> None:
-            time.sleep(STUCK_SECONDS)
-            if self.launcher._stages > 0:
-                end_now(f"Interrupted: {self.explain()}", 128 + int(self.signal or signal.SIGTERM))
-
-        threading.Thread(target=stuck, daemon=True).start()
-
-    def explain(self) -> str:
-        assert self.signal is not None
-        if self.killed:
-            return (
-                f"the launcher received {self.signal.name}; the ranks had not saved and exited within the grace "
-                f"period ({self.grace_period:g} s, the strategy's preemption_grace_period), so they were stopped "
-                "and the step in progress was lost"
-            )
-        return f"the launcher received {self.signal.name}"

@@ -61,11 +61,16 @@ def rerun_command(rank: int) -> tuple[list[str], str | None]:
     import __main__
 
     spec = getattr(__main__, "__spec__", None)
+    hydra = hydra_config()
     if spec is not None and spec.name not in ("__main__", ""):
         command = [sys.executable, "-m", spec.name.removesuffix(".__main__")]
     else:
-        command = [sys.executable, os.path.abspath(sys.argv[0])]
-    hydra = hydra_config()
+        # The script as the interpreter found it (an absolute path), else a relative path taken from the
+        # folder the program started in: a Hydra job with hydra.job.chdir=True runs in its output folder by now.
+        main_file = getattr(__main__, "__file__", None)
+        started_in = str(hydra.runtime.cwd) if hydra is not None else os.getcwd()
+        script = main_file if isinstance(main_file, str) and os.path.isabs(main_file) else sys.argv[0]
+        command = [sys.executable, os.path.join(started_in, script)]
     if hydra is None:
         return command + sys.argv[1:], None
     run_dir = hydra.runtime.output_dir

@@ -8,11 +8,13 @@ job writes into the job's one run directory, also in a sweep.
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,7 +53,9 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Ten
 def test_ddp_reruns_the_script_with_lambdas_and_a_used_logger_and_equals_one_process(
     tmp_path: Path, one_process: dict[str, torch.Tensor]
 ) -> None:
-    result = run_python([SCRIPT, "--root", str(tmp_path), "--devices", "2", "--batch", "4"], timeout=150)
+    # A new interpreter, not a fork of the command server: how the caller's process ends is under test too.
+    command = [sys.executable, SCRIPT, "--root", str(tmp_path), "--devices", "2", "--batch", "4"]
+    result = run_in_session(command, REPO_ROOT, child_env(), timeout=150, fresh=True)
     assert result.returncode == 0, result.stderr
     assert result.leftovers == []
     report = json.loads((tmp_path / "report.json").read_text())
@@ -60,10 +64,16 @@ def test_ddp_reruns_the_script_with_lambdas_and_a_used_logger_and_equals_one_pro
     assert report["trained_here"] and report["module_matches_last_ckpt"]
     assert (tmp_path / "rank-0").read_text() != (tmp_path / "rank-1").read_text()  # two processes ran the script
     for rank in (0, 1):
-        # Each rank's exit spared the cycle collector the objects alive then, and flushed a file left open
-        # in a reference cycle (otherwise flushed only by that collection).
-        assert int((tmp_path / f"frozen-at-exit-{rank}").read_text()) > 0
+        # Files left open in reference cycles are finalized at each rank's exit, as in one process: a plain
+        # file is flushed, a callback's gzip file and zip archive are written whole (their ends included).
         assert (tmp_path / f"unclosed-{rank}.txt").read_text() == "line\n" * 50
+        steps = [f"step {step}" for step in range(1, 17)]
+        with gzip.open(tmp_path / f"steps-{rank}.gz", "rt") as archive:
+            assert archive.read().split("\n")[:-1] == steps
+        with zipfile.ZipFile(tmp_path / f"steps-{rank}.zip") as archive:
+            assert archive.namelist() == [f"step-{step}.txt" for step in range(1, 17)]
+    # Nothing of ours speaks at the end (a deprecation warning from an exit hook, say).
+    assert "Warning" not in result.stderr, result.stderr[-3000:]
     _assert_equal(_weights(tmp_path), one_process)
     assert not torch.equal(one_process["net.0.weight"], torch.zeros_like(one_process["net.0.weight"]))
 
@@ -186,12 +196,19 @@ def test_a_users_hydra_script_keeps_one_run_directory_and_a_sweep_one_per_job(tm
 def test_a_geartrain_ddp_run_keeps_one_folder_with_both_ranks(tmp_path: Path) -> None:
     # A sweep of such runs (one folder per job, both ranks in it): tests/test_cli_distributed.py.
     mark = ["+callbacks.rank_mark._target_=tests.helpers.rank_marks.RankMark"]
+    mark += ["+callbacks.archives._target_=tests.helpers.rank_marks.Archives"]  # files left to the collector
     one = ["task=fit", "trainer.max_steps=2", "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
-    result = run_geartrain("strategy=ddp", "trainer.devices=2", *one, *mark, cwd=tmp_path)
+    # A new interpreter: how the command's process ends is under test too.
+    result = run_geartrain("strategy=ddp", "trainer.devices=2", *one, *mark, cwd=tmp_path, fresh=True)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = run_dirs(tmp_path)
     assert len(runs) == 1 and sorted(p.name for p in runs[0].glob("rank-*")) == ["rank-0", "rank-1"]
     assert not (tmp_path / "multirun").exists()
+    for rank in (0, 1):  # each rank's gzip file and zip archive, left in a reference cycle, were written whole
+        with gzip.open(runs[0] / f"steps-{rank}.gz", "rt") as archive:
+            assert archive.read() == "step 1\nstep 2\n"
+        with zipfile.ZipFile(runs[0] / f"steps-{rank}.zip") as archive:
+            assert archive.namelist() == ["step-1.txt", "step-2.txt"]
 
 
 STUDY_APP = textwrap.dedent(
@@ -372,3 +389,56 @@ def test_lazy_layers_train_under_ddp_and_fsdp_and_equal_one_process(tmp_path: Pa
         assert result.returncode == 0, result.stderr  # plain DDP: "Modules with uninitialized parameters"
         assert json.loads((root / "report.json").read_text())["global_step"] == 16
         _assert_equal(_weights(root), expected)
+
+
+SWEEP_APP = textwrap.dedent(
+    """
+    from pathlib import Path
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    import torch
+    import torchmetrics
+    from torch.utils.data import DataLoader, TensorDataset
+    from tests.helpers.relaunch_script import LambdaNet
+    from trainer import Trainer
+
+    class Logging(LambdaNet):
+        def __init__(self):
+            super().__init__()
+            self.mean = torchmetrics.MeanMetric()  # synced by torchmetrics wherever a process group exists
+
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.mean(loss.detach())
+            self.log("mean_loss", self.mean, on_step=False, on_epoch=True)
+            return loss
+
+    @hydra.main(version_base=None, config_path=None, config_name=None)
+    def main(cfg):
+        out = Path(HydraConfig.get().runtime.output_dir)
+        x = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+        trainer = Trainer(strategy=cfg.s, accelerator="cpu", devices=2 if cfg.s == "ddp" else 1, max_epochs=1,
+                          logger=False, enable_progress_bar=False, enable_checkpointing=False, default_root_dir=out)
+        trainer.fit(Logging(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
+        (out / f"rank-{trainer.global_rank}").write_text(str(float(trainer.callback_metrics["mean_loss"])))
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_sweep_of_ddp_then_one_process_with_chdir_runs_each_job_in_its_own_group(tmp_path: Path) -> None:
+    # `python app.py` (a relative path) with hydra.job.chdir=True: the re-run rank must find the script from
+    # the folder the sweep started in, not from the job's folder. Job 1 (one process) must not sync its
+    # metric over job 0's process group, whose other rank has gone.
+    (tmp_path / "app.py").write_text(SWEEP_APP)
+    env = child_env(HYDRA_FULL_ERROR="1")
+    result = command_server.run(["app.py", "-m", "+s=ddp,single", "hydra.job.chdir=True"], tmp_path, env, 200)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    jobs = sorted(p for p in (tmp_path / "multirun").glob("*/*/*") if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]
+    assert sorted(p.name for p in jobs[0].glob("rank-*")) == ["rank-0", "rank-1"]
+    assert sorted(p.name for p in jobs[1].glob("rank-*")) == ["rank-0"]
+    assert float((jobs[1] / "rank-0").read_text()) > 0

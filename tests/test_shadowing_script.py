@@ -1,9 +1,11 @@
-"""A user's file named like one of geartrain's packages ends in one line naming it, even before geartrain runs.
+"""A user's file named like one of geartrain's packages is named in one line, even before geartrain runs.
 
 Before: ``python trainer.py`` with ``from trainer import Trainer`` in it ended in Python's "cannot
 import name 'Trainer' from partially initialized module 'trainer' (most likely due to a circular
 import)", six lines that never say the file's name is the trouble. The installed
-``geartrain-excepthook.pth`` chains ``sys.excepthook`` (``_geartrain_excepthook.py``).
+``geartrain-excepthook.pth`` chains ``sys.excepthook`` (``_geartrain_excepthook.py``): Python's
+traceback stays whole, and the line naming the file follows it. Programs that never meant geartrain
+keep their traceback alone, and the hook runs no file of the user's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ def test_the_start_up_line_is_installed() -> None:
     )
 
 
+def _traceback_then(stderr: str, line: str) -> None:
+    """``stderr`` is Python's whole traceback, then ``line``."""
+    lines = stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", stderr
+    assert lines[-1] == line, stderr
+    assert lines[-2].startswith(("ImportError", "AttributeError", "ModuleNotFoundError")), stderr
+
+
 def _one_line(folder: Path, package: str) -> str:
     """The whole message for ``folder/<package>.py`` hiding geartrain's ``package``."""
     return (
@@ -54,20 +64,23 @@ def _one_line(folder: Path, package: str) -> str:
 def test_a_script_named_trainer_py_is_named_in_one_line(tmp_path: Path, text: str) -> None:
     result = _run(tmp_path, "trainer.py", {"trainer.py": text})
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [_one_line(tmp_path, "trainer")]
+    _traceback_then(result.stderr, _one_line(tmp_path, "trainer"))
 
 
 def test_a_trainer_py_beside_the_script_is_named_in_one_line(tmp_path: Path) -> None:
     result = _run(tmp_path, "train.py", {"trainer.py": "steps = 10\n", "train.py": "from trainer import Trainer\n"})
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [_one_line(tmp_path, "trainer")]
+    _traceback_then(result.stderr, _one_line(tmp_path, "trainer"))
 
 
 @pytest.mark.parametrize("name", ["callbacks", "strategies"])
 def test_a_script_named_like_the_other_packages_is_named_in_one_line(tmp_path: Path, name: str) -> None:
     result = _run(tmp_path, f"{name}.py", {f"{name}.py": "from trainer import Trainer\n\nTrainer(max_epochs=1)\n"})
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [_one_line(tmp_path, name)]
+    # geartrain's own check found it (trainer.shadowing): its one line ends the traceback, said once.
+    assert result.stderr.startswith("Traceback"), result.stderr
+    assert result.stderr.splitlines()[-1].endswith(_one_line(tmp_path, name).removeprefix("geartrain: "))
+    assert result.stderr.count("hides geartrain's package") == 1
 
 
 def test_a_trainer_py_of_a_project_not_using_geartrain_keeps_pythons_traceback(tmp_path: Path) -> None:
@@ -82,3 +95,34 @@ def test_any_other_error_keeps_its_traceback(tmp_path: Path) -> None:
     result = _run(tmp_path, "train.py", {"train.py": "import trainer\n\nraise AttributeError('mine')\n"})
     assert result.returncode == 1
     assert result.stderr.startswith("Traceback") and result.stderr.rstrip().endswith("AttributeError: mine")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("strategies", "from strategies import base\n"), ("callbacks", "import callbacks\n\ncallbacks.progress\n")],
+    ids=["strategies-submodule", "callbacks-attribute"],
+)
+def test_an_unrelated_program_with_its_own_module_of_that_name_keeps_its_traceback_alone(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    # A program that never imports geartrain, whose own strategies.py lacks a name that happens to be a
+    # submodule of geartrain's package: its error is its own.
+    result = _run(tmp_path, "main.py", {f"{name}.py": "RULES = 1\n", "main.py": text})
+    assert result.returncode == 1
+    assert "geartrain" not in result.stderr, result.stderr
+    assert result.stderr.startswith("Traceback") and result.stderr.rstrip().splitlines()[-1].startswith(
+        ("ImportError", "AttributeError")
+    )
+
+
+def test_the_hook_runs_no_file_lying_beside_the_failing_program(tmp_path: Path) -> None:
+    # Standard modules a hook might import, each as a file that announces itself if it is ever run.
+    shadows = {f"{name}.py": f"print('RAN {name}')\n" for name in ("ast", "re", "pathlib", "types", "typing")}
+    for script, text in {"trainer.py": "from trainer import Trainer\n", "main.py": "raise ImportError('x')\n"}.items():
+        result = _run(tmp_path, script, {**shadows, script: text})
+        assert result.returncode == 1
+        assert "RAN" not in result.stdout + result.stderr, result.stdout + result.stderr
+    _traceback_then(
+        _run(tmp_path, "trainer.py", {"trainer.py": "from trainer import Trainer\n"}).stderr,
+        _one_line(tmp_path, "trainer"),
+    )

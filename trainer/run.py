@@ -33,14 +33,23 @@ if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["adopt", "final_state", "launch", "reload_loaders", "run_stage"]
+__all__ = ["FITS_STARTED", "adopt", "final_state", "launch", "reload_loaders", "run_stage"]
+
+#: How many ``fit`` calls this process has started (the ``geartrain`` command's Ctrl-C line reads it).
+FITS_STARTED = [0]
 
 
 def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any:
     """Run ``stage`` in every process the strategy uses; return rank 0's output."""
+    from strategies.relaunch import current_launcher
+
+    # Ranks started for another job (a sweep's previous one) or that have all ended: their group is left
+    # now, so this stage never syncs over it, whatever its strategy (a one-process job's metrics would).
+    current_launcher()
     state = trainer.run_state
     state.last_fn, state.status = stage, TrainerStatus.RUNNING
     if stage == "fit":
+        FITS_STARTED[0] += 1
         # A new fit: the state adopted from an earlier one, and where an earlier one stopped, are stale.
         trainer.checkpointing.adopted = trainer.checkpointing.resume_point = None
     try:

@@ -179,10 +179,14 @@ def session_members(sid: int) -> list[int]:
     return _live_with(3, sid)
 
 
-def run_in_session(command: Sequence[str], cwd: Path, env: dict[str, str], timeout: float) -> Finished:
+def run_in_session(
+    command: Sequence[str], cwd: Path, env: dict[str, str], timeout: float, fresh: bool = False
+) -> Finished:
     """Run ``command`` in a session of its own; ``leftovers`` lists its processes alive 5 s after it exited.
 
     Whatever is left (or everything, when it runs over ``timeout``) is killed, so no rank outlives a test.
+    ``fresh``: a ``python`` command starts a new interpreter instead of a fork of the command server, whose
+    processes end without the interpreter's finalization (for tests of what a process does as it ends).
     """
 
     def kill_session(sid: int) -> None:
@@ -193,7 +197,8 @@ def run_in_session(command: Sequence[str], cwd: Path, env: dict[str, str], timeo
     from tests.helpers.command_server import Started, start
 
     proc: Started
-    if command[0] == sys.executable:  # ``python ...``: forked from the command server, in a session of its own
+    # ``python ...``: forked from the command server, in a session of its own
+    if command[0] == sys.executable and not fresh:
         proc = start(list(command[1:]), cwd, env, new_session=True)
     else:
         proc = subprocess.Popen(

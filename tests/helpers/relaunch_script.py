@@ -4,16 +4,15 @@
     python tests/helpers/relaunch_script.py --root OUT --devices 1 --batch 8   # one process, same global batch
 
 Rank 0 (the caller) writes ``OUT/weights.pt`` and ``OUT/report.json``; every rank writes ``OUT/rank-R``,
-``OUT/unclosed-R.txt`` (a file it leaves open in a reference cycle) and, at exit, ``OUT/frozen-at-exit-R``
-(how many objects the cycle collector no longer walks by then).
+``OUT/unclosed-R.txt`` (a file it leaves open in a reference cycle) and, from a callback that never
+closes them, ``OUT/steps-R.gz`` and ``OUT/steps-R.zip`` (left to the garbage collector: their
+finalizers write the archives' ends).
 ``--lazy`` uses ``nn.LazyLinear`` layers (materialised before wrapping); ``--strategy`` picks the strategy.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
 import json
 import os
 from pathlib import Path
@@ -24,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import TensorBoardLogger
+from tests.helpers.rank_marks import Archives
 from trainer import Trainer, TrainModule, seed_everything
 
 
@@ -60,10 +60,6 @@ def main() -> None:
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
 
-    rank: list[int] = []
-    # Registered before fit, so it runs after the exit hooks the strategy registers.
-    # Only after a fit that ended: a failed one's traceback stays the last thing the rank says.
-    atexit.register(lambda: rank and (root / f"frozen-at-exit-{rank[0]}").write_text(str(gc.get_freeze_count())))
     seed_everything(0)
     logger = TensorBoardLogger(str(root), name="tb")
     logger.log_hyperparams({"batch": args.batch, "devices": args.devices})  # before fit: holds a writer and locks
@@ -81,9 +77,9 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,
+        callbacks=[Archives()],
     )
     trainer.fit(module, loader)
-    rank.append(trainer.global_rank)
     (root / f"rank-{trainer.global_rank}").write_text(str(os.getpid()))
     cycle: dict[str, Any] = {"file": open(root / f"unclosed-{trainer.global_rank}.txt", "w")}  # noqa: SIM115
     cycle["self"] = cycle  # garbage once main returns, freed only by the cycle collector

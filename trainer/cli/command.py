@@ -57,7 +57,8 @@ def leave_group_process(code: Any) -> None:
     interpreter, CPython ends a thread that asks for the GIL with ``pthread_exit``; unwinding through
     the C++ destructor that asked calls ``std::terminate``, and the process aborts (SIGABRT, "terminate
     called without an active exception") after its work is done. Here the ``atexit`` handlers run
-    (files and logs are flushed and closed, and the GIL is still there for the threads to take),
+    (files and logs are flushed and closed, and the GIL is still there for the threads to take), a
+    collection finalizes what reference cycles hold (a callback's unclosed gzip file writes its end),
     then the process exits with its status at once, without the finalization. Anything else
     (one process, an exception on its way out) returns and exits as usual.
     """
@@ -74,6 +75,12 @@ def leave_group_process(code: Any) -> None:
         print(code, file=sys.stderr)
         status = 1
     atexit._run_exitfuncs()
+    # What the finalization would do for the objects left in reference cycles: run their finalizers (a
+    # callback's gzip file writes its end), with the raw files under them still open. The objects imported
+    # before the user's code are frozen (freeze_startup_objects): this walks only what the run made.
+    from strategies.rank_process import close_files_in_cycles
+
+    close_files_in_cycles()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left
             stream.flush()
@@ -133,7 +140,11 @@ def _main() -> None:
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)
     except KeyboardInterrupt:  # Ctrl-C outside training, or a second one during it: nothing more was saved
-        print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
+        run = sys.modules.get("trainer.run")
+        if run is None or not run.FITS_STARTED[0]:
+            print("geartrain: interrupted (Ctrl-C) before training started; nothing was saved", file=sys.stderr)
+        else:
+            print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
         sys.exit(130)
 
 
