@@ -58,15 +58,18 @@ def _run(site: Path, code: str) -> subprocess.CompletedProcess[str]:
     ["from trainer import Trainer, TrainModule", "from callbacks import ModelCheckpoint"],
     ids=["from-trainer", "from-callbacks"],
 )
-def test_another_distributions_trainer_is_named_in_one_line(tmp_path: Path, code: str) -> None:
+def test_another_distributions_trainer_is_named_in_one_line_after_the_traceback(tmp_path: Path, code: str) -> None:
     # A stand-in for Coqui's trainer: a package of that name with a Trainer of its own and nothing else of ours.
     site = _site(tmp_path, "trainer", {"__init__.py": "class Trainer:\n    pass\n"})
     result = _run(site, code)
     assert result.returncode == 1, result.stderr
-    assert result.stderr.splitlines() == [
+    # The traceback stays whole; the one line follows it.
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", result.stderr
+    assert lines[-1] == (
         f"geartrain: {site / 'trainer'} is trainer 0.0.36's package 'trainer', not geartrain's ('trainer' is an "
         f"import name of both): {ADVICE.format(other='trainer 0.0.36')}"
-    ], result.stderr
+    ), result.stderr
 
 
 @pytest.mark.parametrize("name", ["trainer", "callbacks"])
@@ -78,10 +81,14 @@ def test_a_mix_of_geartrains_package_and_anothers_is_named_in_one_line(tmp_path:
     _site(tmp_path, name, {"logging_utils.py": "# the other distribution's own module\n"}, version="1.2")
     result = _run(site, "from trainer import Trainer")
     assert result.returncode == 1, result.stderr
-    assert result.stderr.splitlines() == [
-        f"geartrain: {site / name} mixes geartrain's package {name!r} with {name} 1.2's ({name!r} is an import "
+    # Found by geartrain itself as its package is first used: the error's own message is the traceback's last line.
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", result.stderr
+    assert lines[-1].endswith(
+        f": {site / name} mixes geartrain's package {name!r} with {name} 1.2's ({name!r} is an import "
         f"name of both, and one was installed over the other): {ADVICE.format(other=f'{name} 1.2')}"
-    ], result.stderr
+    ), result.stderr
+    assert not any(line.startswith("geartrain: ") for line in lines), result.stderr  # said once
 
 
 def test_geartrains_own_install_and_other_distributions_say_nothing(tmp_path: Path) -> None:
