@@ -146,7 +146,13 @@ class Recording(LightningCLI):
 
 
 def test_subcommands_hooks_links_run_false_and_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # an earlier test's seed_everything set it
+    # An earlier test in this process may have seeded (both variables) or run as another rank.
+    from trainer.common.env import SEED
+    from trainer.common.rank_zero import rank_zero_only
+
+    for name in (SEED, "PL_GLOBAL_SEED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
     with pytest.warns(UserWarning, match="No seed found, seed set to 0"):  # --seed_everything=true, as Lightning
         cli = Recording(
             Net, Data, args=["validate", "--data.batch_size=3", "--trainer.logger=false", *_quiet(tmp_path)]

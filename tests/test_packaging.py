@@ -147,7 +147,8 @@ def test_wheel_builds_quietly_and_installed_trains_the_default_job(tmp_path: Pat
     assert "val/acc" in ran.stdout and list(elsewhere.glob("outputs/*/*/checkpoints/last.ckpt")), ran.stdout[-2000:]
     (elsewhere / "trainer.py").write_text("from trainer import Trainer\n")
     hidden = subprocess.run([str(python), "trainer.py"], cwd=elsewhere, env=env, capture_output=True, text=True)
-    assert hidden.stderr.splitlines() == [
+    lines = hidden.stderr.splitlines()  # the traceback whole, then the one line
+    assert lines[0] == "Traceback (most recent call last):" and lines[-1] == (
         f"geartrain: {elsewhere / 'trainer.py'} hides geartrain's package 'trainer': rename it (e.g. my_trainer.py) "
         "and its imports"
-    ]
+    ), hidden.stderr
