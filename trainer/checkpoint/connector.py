@@ -21,7 +21,7 @@ from trainer.checkpoint.files import (
 )
 from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.checkpoint.reader import read_any
-from trainer.checkpoint.sharded import PendingSave, complete_path, param_names
+from trainer.checkpoint.sharded import PendingSave, param_names
 from trainer.common.errors import CheckpointError
 from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
 from trainer.common.rng import rng_state, set_rng_state
@@ -85,22 +85,19 @@ class CheckpointConnector:
         cb = self._trainer.checkpoint_callback
         attr = "last_model_path" if str(ckpt_path) == "last" else "best_model_path"
         found = getattr(cb, attr, None) if cb is not None else None
-        if str(ckpt_path) == "last" and (not found or not is_complete_checkpoint(found)) and cb is not None:
-            # last.ckpt, else what a kill left: its set-aside .old, or the newest complete checkpoint
-            # when last.ckpt is a link to an evicted one or a directory never completed.
+        find = getattr(cb, "_find_last_checkpoints", None)
+        if str(ckpt_path) == "last" and (not found or not is_complete_checkpoint(found)) and find is not None:
+            # Lightning's meaning: the newest last file (last.ckpt, last-v1.ckpt, ...) of this Trainer's folder.
+            files = [Path(p) for p in find(self._trainer) if is_complete_checkpoint(p)]
+            found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
+        if str(ckpt_path) == "last" and not found and cb is not None:
+            # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
+            # last.ckpt is a link to an evicted one or a directory never completed.
             newest, notices = newest_complete_checkpoint(self.last_path().parent)
             for notice in notices:
                 if self._trainer.is_global_zero:
                     print(f"ckpt_path='last': {notice}")
             found = str(newest) if newest is not None else None
-        find = getattr(cb, "_find_last_checkpoints", None)
-        if not found and str(ckpt_path) == "last" and find is not None:
-            # The newest last file of the logger's earlier versions (Lightning's default folders).
-            files = [Path(p) for p in find(self._trainer) if complete_path(Path(p)).exists()]
-            if files:
-                found = str(max(files, key=lambda p: complete_path(p).stat().st_mtime))
-                if self._trainer.is_global_zero:
-                    print(f'ckpt_path="last": using {found}')
         if not found and str(ckpt_path) == "last":
             if stage is not None and self._trainer.is_global_zero:
                 fresh = " Training starts from scratch." if stage == "fit" else ""
@@ -270,9 +267,10 @@ class CheckpointConnector:
 
     def save_last(self) -> Path:
         """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it (the preemption checkpoint)."""
-        path = self.last_path()
-        self._trainer.save_checkpoint(path)
         cb = self._trainer.checkpoint_callback
+        own_last = getattr(cb, "_last_path", None)  # ModelCheckpoint's: a user's last.ckpt there is kept
+        path = Path(own_last(self._trainer)) if own_last is not None else self.last_path()
+        self._trainer.save_checkpoint(path)
         if cb is not None and hasattr(cb, "last_model_path"):
             cb.last_model_path = str(path)
         return path

@@ -21,6 +21,7 @@ from trainer.common.errors import CheckpointError
 __all__ = [
     "check_replaceable",
     "is_complete_checkpoint",
+    "is_geartrain_checkpoint",
     "is_our_checkpoint_dir",
     "newest_complete_checkpoint",
     "remove_checkpoint",
@@ -42,6 +43,31 @@ def _is_checkpoint_file(path: Path) -> bool:
         return zipfile.is_zipfile(path)
     except OSError:
         return False
+
+
+def is_geartrain_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """True for a checkpoint geartrain wrote: a sharded directory of ours, or a ``torch.save`` file whose
+    content opens with geartrain's format key (every file we write puts ``"format": "geartrain"`` first).
+
+    A file named by a checkpoint's bookkeeping is deleted only when this holds: a user's file (their
+    notes, their own or Lightning's checkpoint) is never ours to delete, whatever the bookkeeping says.
+    Reads the first bytes of the archive's pickle only, never the tensors.
+    """
+    path = Path(path)
+    if path.is_symlink():
+        return False
+    if path.is_dir():
+        return is_our_checkpoint_dir(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(pickles) != 1:
+                return False
+            with archive.open(pickles[0]) as data:
+                head = data.read(256)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+    return b"format" in head and b"geartrain" in head
 
 
 def check_replaceable(path: str | os.PathLike[str]) -> None:
