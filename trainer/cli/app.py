@@ -177,7 +177,7 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path, fresh_if_no_last: bo
     started in, among runs of the same experiment (in a sweep: the same job), see
     :func:`trainer.cli.run_dirs.resolve_last_checkpoint`; the choice is printed, so a resume never
     silently picks the wrong file. Any other value must name a file (or a sharded checkpoint's
-    folder) that exists. ``fresh_if_no_last`` (training): ``"last"`` with none yet warns, gives None.
+    folder) that exists, or a run folder (its ``checkpoints/``' ``last.ckpt``, else newest). ``fresh_if_no_last`` (training): ``"last"`` with none yet warns, gives None.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -191,6 +191,10 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path, fresh_if_no_last: bo
                 f"ckpt_path={ckpt_path}: no such file ({path}). Give the path of a .ckpt file, or "
                 "ckpt_path=last for the newest last.ckpt under outputs/ and multirun/"
             )
+        if path.is_dir() and (path / "checkpoints").is_dir():  # a run folder: that run's newest checkpoint
+            from trainer.cli.run_dirs import run_folder_checkpoint
+
+            return run_folder_checkpoint(path)
         return str(path)
     from hydra.types import RunMode
 

@@ -8,9 +8,10 @@ advisory lock on its folder while it runs (``flock``: released by the operating 
 process ends, kill -9 included), so two runs given the same ``hydra.run.dir`` cannot interleave.
 The lock file is removed as the run ends (a run killed with kill -9 leaves it, unheld: harmless).
 
-``ckpt_path=last`` looks for the newest ``last.ckpt`` of a run *like this one*: the same
-experiment, model and data choices, and inside a sweep the same overrides, so one job of a sweep
-never resumes another job's state, and one experiment never another experiment's.
+``ckpt_path=last`` looks for the newest ``last.ckpt`` of *the same job*: a run started with the
+same overrides, but for the budget (``max_epochs``, ``max_steps``, ``max_time``), the task and
+``ckpt_path``, so a run never continues another job's state (another strategy, another sweep job,
+another experiment); ``ckpt_path=<a run folder>`` takes that run's newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "open_lock",
     "release_lock",
     "resolve_last_checkpoint",
+    "run_folder_checkpoint",
     "same_file",
     "same_line",
     "unique_run_dir_overrides",
@@ -44,10 +46,9 @@ __all__ = [
 #: The file in a run directory that the live run holds an ``flock`` on.
 LOCK_FILE = ".geartrain.lock"
 
-#: Override keys that say *what* is trained: runs differing in one of them are different lines of work.
-_IDENTITY_KEYS = ("experiment", "model", "data")
-#: Override keys that never make two runs different lines (how far or from where they train).
-_RESUME_KEYS = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
+#: Override keys that never make two runs different jobs: how far to train, from where, and the task
+#: (``task=test ckpt_path=last`` evaluates the job a ``task=fit`` run trained).
+_RESUME_KEYS = ("ckpt_path", "task", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
 
 
 def claim_run_dir(base: Path) -> Path:
@@ -206,18 +207,19 @@ def _pairs(overrides: Sequence[str]) -> dict[str, str]:
     return pairs
 
 
-def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool) -> bool:
-    """Whether a run started with ``theirs`` continues the work of one started with ``mine``.
+def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool = False) -> bool:
+    """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
 
-    Outside a sweep: the same ``experiment``, ``model`` and ``data`` choices (and their ``model.*``
-    / ``data.*`` values). Inside a sweep: every override equal, except those that only say how far
-    to train or where from (``ckpt_path``, ``trainer.max_epochs``, ...), so job 1 never takes job 0's.
+    Every override equal, except those that only say how far to train, from where, and the task
+    (``ckpt_path``, ``task``, ``trainer.max_epochs``, ...): another strategy, device count, seed
+    or learning rate is another job, whose state this run must never continue (in a sweep: job 1
+    never takes job 0's). ``sweep`` is kept for callers; the rule is the same.
     """
     a, b = _pairs(mine), _pairs(theirs)
-    if sweep:
-        keep = lambda k: k not in _RESUME_KEYS and not k.startswith("hydra.")  # noqa: E731
-    else:
-        keep = lambda k: k.split(".")[0] in _IDENTITY_KEYS  # noqa: E731
+
+    def keep(key: str) -> bool:
+        return key not in _RESUME_KEYS and not key.startswith("hydra.")
+
     return {k: v for k, v in a.items() if keep(k)} == {k: v for k, v in b.items() if keep(k)}
 
 
@@ -246,7 +248,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
         where = f"{base / 'outputs'} or {base / 'multirun'}"
         if found:
             other = max(found, key=lambda p: p.stat().st_mtime)
-            kind = "the same overrides" if sweep else "the same experiment, model and data"
+            kind = "the same overrides (other than the task, ckpt_path, max_epochs, max_steps, max_time)"
             raise ConfigError(
                 f"ckpt_path=last: no last.ckpt of a run with {kind} under {where} ({len(found)} of other "
                 f"runs, the newest {other}). To resume one of those, give it: ckpt_path={other}"
@@ -258,3 +260,19 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     newest = max(matching, key=lambda p: p.stat().st_mtime)
     print(f"ckpt_path=last: using {newest}", file=sys.stdout)
     return str(newest)
+
+
+def run_folder_checkpoint(run_dir: Path) -> str:
+    """``ckpt_path=<a run folder>``: that run's ``checkpoints/last.ckpt``, else its newest complete checkpoint."""
+    from trainer.common.fs_safety import newest_complete_checkpoint
+
+    found, notices = newest_complete_checkpoint(run_dir / "checkpoints")
+    for notice in notices:
+        print(f"ckpt_path={run_dir}: {notice}", file=sys.stdout)
+    if found is None:
+        raise ConfigError(
+            f"ckpt_path={run_dir}: the run folder's checkpoints/ holds no complete checkpoint. "
+            "Give a checkpoint file: ckpt_path=path/to/file.ckpt"
+        )
+    print(f"ckpt_path={run_dir}: using {found}", file=sys.stdout)
+    return str(found)
