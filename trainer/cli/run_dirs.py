@@ -202,6 +202,8 @@ def _overrides(run_dir: Path) -> list[str] | None:
 def _pairs(overrides: Sequence[str]) -> dict[str, str]:
     pairs = {}
     for item in overrides:
+        if "=" not in item:
+            continue  # not an override (a flag's value, such as --config-dir's folder)
         key, _, value = item.lstrip("+~").partition("=")
         pairs[key] = value
     return pairs
