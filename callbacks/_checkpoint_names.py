@@ -107,7 +107,7 @@ class CheckpointNaming:
             path = str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
         if not self.enable_version_counter or path in (self.last_model_path, *self._written):
             return path
-        stem, ext = os.path.splitext(path)
+        stem = os.path.splitext(path)[0]
         if os.path.dirname(self.last_model_path) == os.path.dirname(path) and self.last_model_path.startswith(
             f"{stem}{self.CHECKPOINT_JOIN_CHAR}v"
         ):
@@ -116,7 +116,9 @@ class CheckpointNaming:
         def taken(p: str) -> bool:
             return p not in self._written and os.path.lexists(p)
 
-        free = free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR) if trainer.is_global_zero else ""
+        free = (
+            free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR) if trainer.is_global_zero else ""
+        )
         if trainer.world_size > 1:
             free = trainer.strategy.broadcast(free)
         if free != path and trainer.is_global_zero:

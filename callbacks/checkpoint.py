@@ -320,9 +320,9 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
         # names the earlier run's file, which is that run's to keep.
         ours = bool(previous_last) and Path(previous_last).parent == Path(self._last_path(trainer)).parent
-        if moved and ours and previous_last not in self._best_k and previous_last != path:
-            if self._removable(trainer, previous_last):
-                replaces.append(previous_last)
+        kept = previous_last in self._best_k or previous_last == path
+        if moved and ours and not kept and self._removable(trainer, previous_last):
+            replaces.append(previous_last)
         # "link": a symbolic link to the file just written, below; with async_save the writer thread
         # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
         link_only = own_name and not (keep or exception_file)

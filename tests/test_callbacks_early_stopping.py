@@ -125,7 +125,5 @@ def test_best_score_is_stored_as_lightning_stores_it(tmp_path: Path) -> None:
     assert isinstance(best, torch.Tensor) and best.dim() == 0
     assert best.to(torch.device("cpu")).item() == es.best_score  # Lightning's use of it; our float, exactly
     resumed = EarlyStopping(monitor="val/score", patience=3, verbose=False)
-    quiet_trainer(callbacks=[resumed], max_epochs=2).fit(
-        Scripted([0.1, 2.0]), train, val, ckpt_path=ck.last_model_path
-    )
+    quiet_trainer(callbacks=[resumed], max_epochs=2).fit(Scripted([0.1, 2.0]), train, val, ckpt_path=ck.last_model_path)
     assert (resumed.best_score, resumed.wait_count) == (es.best_score, 1)

@@ -18,7 +18,9 @@ from tests.helpers.callback_tools import Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
 
 
-def _fit(root: Path, cb: ModelCheckpoint, scores: list[float], ckpt_path: str | Path | None = None, **kw: object) -> None:
+def _fit(
+    root: Path, cb: ModelCheckpoint, scores: list[float], ckpt_path: str | Path | None = None, **kw: object
+) -> None:
     train, val = loaders()
     trainer = quiet_trainer(root, [cb], max_epochs=len(scores), enable_checkpointing=True, **kw)
     trainer.fit(Scripted(scores), train, val, ckpt_path=ckpt_path)
@@ -54,7 +56,6 @@ def test_resumed_run_still_evicts_its_own_earlier_files(tmp_path: Path) -> None:
     _fit(tmp_path, ModelCheckpoint(**options, save_last=True), [0.1])
     _fit(tmp_path, ModelCheckpoint(**options, save_last=True), [0.1, 0.8], ckpt_path=ck / "last.ckpt")
     assert sorted(p.name for p in ck.iterdir()) == ["epoch=1.ckpt", "last.ckpt"]
-
 
 
 def test_a_users_last_ckpt_is_kept_and_this_run_writes_last_v1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,8 +102,9 @@ def rank_dirpath_job(root: str) -> dict[str, object]:
     """One rank of an FSDP fit whose ``default_root_dir`` differs per rank (a time stamp taken twice)."""
     import os
 
-    from tests.helpers import jobs
     from torch.utils.data import DataLoader
+
+    from tests.helpers import jobs
 
     own_root = Path(root) / f"run-{os.environ['RANK']}"
     trainer = quiet_trainer(own_root, strategy="fsdp", enable_checkpointing=True, max_steps=2)
