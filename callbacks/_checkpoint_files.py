@@ -6,7 +6,6 @@ import math
 import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +21,6 @@ __all__ = [
     "default_dirpath",
     "fill_template",
     "free_path",
-    "last_files",
     "plan_top_k",
     "rank_key",
     "save_message",
@@ -167,10 +165,3 @@ def default_dirpath(trainer: Trainer) -> str:
     version = logger.version
     version = version if isinstance(version, str) else f"version_{version}"
     return os.path.join(save_dir, str(logger.name), version, "checkpoints")
-
-
-def last_files(dirpath: str, name: str, extension: str) -> set[str]:
-    """The last files (``<name>.ckpt``, ``<name>-v1.ckpt``, ...) in ``dirpath``."""
-    pattern = re.compile(rf"^{re.escape(name)}(-v?\d+)?{re.escape(extension)}$")
-    folder = Path(dirpath)
-    return {str(p) for p in folder.iterdir() if pattern.match(p.name)} if folder.is_dir() else set()

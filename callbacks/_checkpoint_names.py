@@ -8,12 +8,13 @@ override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` 
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from callbacks._checkpoint_files import fill_template, free_path, last_files, rank_key
+from callbacks._checkpoint_files import fill_template, free_path, rank_key
 
 if TYPE_CHECKING:
     from callbacks._monitor import Monitor
@@ -45,9 +46,11 @@ class CheckpointNaming:
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,
         ``last-v1.ckpt``, ... in ``dirpath``, this run's folder only."""
-        if not self.dirpath:
+        folder = Path(self.dirpath or "")
+        if not self.dirpath or not folder.is_dir():
             return set()
-        return last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
+        pattern = re.compile(rf"^{re.escape(self.CHECKPOINT_NAME_LAST)}(-v?\d+)?{re.escape(self.FILE_EXTENSION)}$")
+        return {str(p) for p in folder.iterdir() if pattern.match(p.name)}
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
         """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
@@ -116,11 +119,9 @@ class CheckpointNaming:
         def taken(p: str) -> bool:
             return p not in self._written and os.path.lexists(p)
 
-        free = (
-            free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR) if trainer.is_global_zero else ""
-        )
+        free = free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR)
         if trainer.world_size > 1:
-            free = trainer.strategy.broadcast(free)
+            free = trainer.strategy.broadcast(free)  # rank 0's view of the folder holds everywhere
         if free != path and trainer.is_global_zero:
             warnings.warn(
                 f"ModelCheckpoint: {path} was not written by this run; it is kept, and this run's last "

@@ -319,7 +319,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         moved = self.save_last and previous_last and previous_last != self.last_model_path
         # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
         # names the earlier run's file, which is that run's to keep.
-        ours = bool(previous_last) and Path(previous_last).parent == Path(self._last_path(trainer)).parent
+        ours = bool(previous_last) and Path(previous_last).parent == Path(self.last_model_path).parent
         kept = previous_last in self._best_k or previous_last == path
         if moved and ours and not kept and self._removable(trainer, previous_last):
             replaces.append(previous_last)

@@ -121,10 +121,8 @@ def run_stage(
                 _configure_optimizers(t, module)
         if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             ckpt_path = t.checkpointing.restart_path()
-        resolved = t.checkpointing.resolve(ckpt_path, stage) if ckpt_path is not None else None
-        if resolved is not None:  # None: "last" before any checkpoint exists (warned: starts from scratch)
-            state.ckpt_path = str(resolved)
-            t.checkpointing.restore(state.ckpt_path, full=(stage == "fit"))
+        if ckpt_path is not None:  # resolved and recorded in state.ckpt_path; "last" with none yet: nothing
+            t.checkpointing.restore(ckpt_path, full=(stage == "fit"), stage=stage)
         if stage == "fit":
             t.preemption.install(t.strategy)
             state.given_loaders = {"fit": loader, "validate": val_loader}

@@ -304,18 +304,30 @@ class CheckpointConnector:
             print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
         return path
 
-    def restore(self, ckpt_path: str | os.PathLike[str], full: bool) -> None:
+    def restore(self, ckpt_path: str | os.PathLike[str], full: bool, stage: str | None = None) -> Path | None:
         """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
 
+        ``ckpt_path`` is resolved here (:meth:`resolve`, ``stage`` as there) and recorded as the run
+        state's ``ckpt_path`` before anything is loaded; returns it. With ``stage``, ``"last"`` before
+        any checkpoint exists loads nothing and returns None (warned: training starts from scratch).
         A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
         and all) sets the weights only: for evaluation, or to start training from them. A checkpoint
         written by Lightning 2.x resumes too (weights, optimizers, schedulers, epoch and step).
         """
         t = self._trainer
         self.wait()
-        path = self.resolve(ckpt_path)
+        path = self.resolve(ckpt_path, stage)
         if path is None:
+            if stage is not None:
+                return None
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
+        t.run_state.ckpt_path = str(path)
+        self._read(path, full)
+        return path
+
+    def _read(self, path: Path, full: bool) -> None:
+        """Read ``path`` once and load what it holds (see :meth:`restore`)."""
+        t = self._trainer
         state = read_any(path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
