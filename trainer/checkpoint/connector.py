@@ -21,9 +21,9 @@ from trainer.checkpoint.files import (
 )
 from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.checkpoint.reader import read_any
+from trainer.checkpoint.resolve import last_of_folder
 from trainer.checkpoint.sharded import PendingSave, param_names
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
 from trainer.data.resumable import ResumableBatchSampler
@@ -83,21 +83,12 @@ class CheckpointConnector:
         if str(ckpt_path) not in ("last", "best"):
             return Path(ckpt_path)
         cb = self._trainer.checkpoint_callback
-        attr = "last_model_path" if str(ckpt_path) == "last" else "best_model_path"
-        found = getattr(cb, attr, None) if cb is not None else None
-        find = getattr(cb, "_find_last_checkpoints", None)
-        if str(ckpt_path) == "last" and (not found or not is_complete_checkpoint(found)) and find is not None:
-            # Lightning's meaning: the newest last file (last.ckpt, last-v1.ckpt, ...) of this Trainer's folder.
-            files = [Path(p) for p in find(self._trainer) if is_complete_checkpoint(p)]
-            found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
-        if str(ckpt_path) == "last" and not found and cb is not None:
-            # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
-            # last.ckpt is a link to an evicted one or a directory never completed.
-            newest, notices = newest_complete_checkpoint(self.last_path().parent)
-            for notice in notices:
-                if self._trainer.is_global_zero:
-                    print(f"ckpt_path='last': {notice}")
-            found = str(newest) if newest is not None else None
+        if str(ckpt_path) == "best":
+            found = getattr(cb, "best_model_path", None) if cb is not None else None
+        else:
+            dirpath = getattr(cb, "dirpath", None)
+            folder = Path(dirpath) if dirpath else self.default_directory()
+            found = last_of_folder(self._trainer, cb, folder) if cb is not None else None
         if not found and str(ckpt_path) == "last":
             if stage is not None and self._trainer.is_global_zero:
                 fresh = " Training starts from scratch." if stage == "fit" else ""

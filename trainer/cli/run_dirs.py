@@ -8,10 +8,8 @@ advisory lock on its folder while it runs (``flock``: released by the operating 
 process ends, kill -9 included), so two runs given the same ``hydra.run.dir`` cannot interleave.
 The lock file is removed as the run ends (a run killed with kill -9 leaves it, unheld: harmless).
 
-``ckpt_path=last`` looks for the newest ``last.ckpt`` of *the same job*: a run started with the
-same overrides, but for the budget (``max_epochs``, ``max_steps``, ``max_time``), the task and
-``ckpt_path``, so a run never continues another job's state (another strategy, another sweep job,
-another experiment); ``ckpt_path=<a run folder>`` takes that run's newest complete checkpoint.
+``ckpt_path=last`` (the newest ``last.ckpt`` of the same job) is resolved by the one resolver,
+:mod:`trainer.checkpoint.resolve`, whose names are importable from here too.
 """
 
 from __future__ import annotations
@@ -19,11 +17,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from trainer.common.errors import ConfigError
 
@@ -35,20 +32,13 @@ __all__ = [
     "locked_run_dir",
     "open_lock",
     "release_lock",
-    "resolve_last_checkpoint",
-    "run_folder_checkpoint",
     "same_file",
-    "same_line",
     "unique_run_dir_overrides",
     "unwritable",
 ]
 
 #: The file in a run directory that the live run holds an ``flock`` on.
 LOCK_FILE = ".geartrain.lock"
-
-#: Override keys that never make two runs different jobs: how far to train, from where, and the task
-#: (``task=test ckpt_path=last`` evaluates the job a ``task=fit`` run trained).
-_RESUME_KEYS = ("ckpt_path", "task", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
 
 
 def claim_run_dir(base: Path) -> Path:
@@ -185,96 +175,11 @@ def locked_run_dir(run_dir: Path) -> Iterator[None]:
         release_lock(lock, handle)
 
 
-def _overrides(run_dir: Path) -> list[str] | None:
-    """The task overrides a run was started with (``.hydra/overrides.yaml``); None if it kept none."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
-    try:
-        from omegaconf import OmegaConf
+def __getattr__(name: str) -> Any:
+    """``resolve_last_checkpoint`` and ``run_folder_checkpoint`` under their earlier home, imported on first
+    use (the resolver's package imports torch, which the command's start-up does not need)."""
+    if name in ("resolve_last_checkpoint", "run_folder_checkpoint"):
+        from trainer.checkpoint import resolve
 
-        loaded = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception:
-        return None
-    return [str(x) for x in loaded] if isinstance(loaded, list) else None
-
-
-def _pairs(overrides: Sequence[str]) -> dict[str, str]:
-    pairs = {}
-    for item in overrides:
-        if "=" not in item:
-            continue  # not an override (a flag's value, such as --config-dir's folder)
-        key, _, value = item.lstrip("+~").partition("=")
-        pairs[key] = value
-    return pairs
-
-
-def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool = False) -> bool:
-    """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
-
-    Every override equal, except those that only say how far to train, from where, and the task
-    (``ckpt_path``, ``task``, ``trainer.max_epochs``, ...): another strategy, device count, seed
-    or learning rate is another job, whose state this run must never continue (in a sweep: job 1
-    never takes job 0's). ``sweep`` is kept for callers; the rule is the same.
-    """
-    a, b = _pairs(mine), _pairs(theirs)
-
-    def keep(key: str) -> bool:
-        return key not in _RESUME_KEYS and not key.startswith("hydra.")
-
-    return {k: v for k, v in a.items() if keep(k)} == {k: v for k, v in b.items() if keep(k)}
-
-
-def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str], sweep: bool) -> str:
-    """The ``last.ckpt`` that ``ckpt_path=last`` means for a run in ``run_dir`` started with ``overrides``.
-
-    This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
-    that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
-    """
-    from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
-
-    own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
-    for notice in notices:
-        print(f"ckpt_path=last: {notice}", file=sys.stdout)
-    if own is not None:
-        return str(own)
-    if notices:  # this run saved checkpoints, none complete: never another run's in their place
-        raise ConfigError(
-            f"ckpt_path=last: {run_dir / 'checkpoints'} holds no complete checkpoint (see above). "
-            "Give one: ckpt_path=path/to/file.ckpt"
-        )
-    found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
-    found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
-    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
-    if not matching:
-        where = f"{base / 'outputs'} or {base / 'multirun'}"
-        if found:
-            other = max(found, key=lambda p: p.stat().st_mtime)
-            kind = "the same overrides (other than the task, ckpt_path, max_epochs, max_steps, max_time)"
-            raise ConfigError(
-                f"ckpt_path=last: no last.ckpt of a run with {kind} under {where} ({len(found)} of other "
-                f"runs, the newest {other}). To resume one of those, give it: ckpt_path={other}"
-            )
-        raise ConfigError(
-            f"ckpt_path=last: no last.ckpt under {where}. "
-            "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
-        )
-    newest = max(matching, key=lambda p: p.stat().st_mtime)
-    print(f"ckpt_path=last: using {newest}", file=sys.stdout)
-    return str(newest)
-
-
-def run_folder_checkpoint(run_dir: Path) -> str:
-    """``ckpt_path=<a run folder>``: that run's ``checkpoints/last.ckpt``, else its newest complete checkpoint."""
-    from trainer.common.fs_safety import newest_complete_checkpoint
-
-    found, notices = newest_complete_checkpoint(run_dir / "checkpoints")
-    for notice in notices:
-        print(f"ckpt_path={run_dir}: {notice}", file=sys.stdout)
-    if found is None:
-        raise ConfigError(
-            f"ckpt_path={run_dir}: the run folder's checkpoints/ holds no complete checkpoint. "
-            "Give a checkpoint file: ckpt_path=path/to/file.ckpt"
-        )
-    print(f"ckpt_path={run_dir}: using {found}", file=sys.stdout)
-    return str(found)
+        return getattr(resolve, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
