@@ -19,13 +19,16 @@ import os
 import pickle
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import torch
 
 from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION
 from trainer.checkpoint.layout import upgrade
-from trainer.checkpoint.reader import read_checkpoint
+from trainer.checkpoint.reader import LIGHTNING_SAFE_GLOBALS, read_checkpoint
+from trainer.checkpoint.safety import check_checkpoint_file
+from trainer.common.errors import CheckpointError
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
 
@@ -37,7 +40,7 @@ class _LightningUnpickler(pickle.Unpickler):
     so a Lightning file loads whether or not Lightning is installed."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if any(f"{module}.{name}" == qualified for _, qualified in _LIGHTNING_SAFE_GLOBALS):
+        if any(f"{module}.{name}" == qualified for _, qualified in LIGHTNING_SAFE_GLOBALS):
             return dict
         return super().find_class(module, name)
 
@@ -75,7 +78,7 @@ def _read_safely(path: str | os.PathLike[str] | IO[bytes], map_location: Any, cl
             objects = [
                 name
                 for name in torch.serialization.get_unsafe_globals_in_checkpoint(path)
-                if all(name != qualified for _, qualified in _LIGHTNING_SAFE_GLOBALS)
+                if all(name != qualified for _, qualified in LIGHTNING_SAFE_GLOBALS)
             ]
         except Exception:
             objects = []

@@ -25,11 +25,11 @@ from trainer.checkpoint.sharded import complete_path, read_directory
 from trainer.common.errors import CheckpointError
 from trainer.common.state_dict import plain_state_dict
 
-__all__ = ["read_any", "read_checkpoint"]
+__all__ = ["LIGHTNING_SAFE_GLOBALS", "read_any", "read_checkpoint"]
 
 
 #: The names Lightning's ``AttributeDict`` is pickled under (Lightning 2.x), each read as a plain dict.
-_LIGHTNING_SAFE_GLOBALS: list[Any] = [
+LIGHTNING_SAFE_GLOBALS: list[Any] = [
     (dict, "lightning_fabric.utilities.data.AttributeDict"),
     (dict, "lightning.fabric.utilities.data.AttributeDict"),
     (dict, "pytorch_lightning.utilities.parsing.AttributeDict"),
@@ -44,7 +44,7 @@ def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any 
     if isinstance(path, (str, os.PathLike)):
         check_checkpoint_file(Path(path))
     try:
-        with torch.serialization.safe_globals(_LIGHTNING_SAFE_GLOBALS):
+        with torch.serialization.safe_globals(LIGHTNING_SAFE_GLOBALS):
             state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
         if isinstance(path, (str, os.PathLike)):
