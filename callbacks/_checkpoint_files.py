@@ -6,7 +6,6 @@ import math
 import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +21,6 @@ __all__ = [
     "default_dirpath",
     "fill_template",
     "free_path",
-    "last_files",
     "plan_top_k",
     "rank_key",
     "save_message",
@@ -156,26 +154,14 @@ def plan_top_k(
     return False, []
 
 
-def default_dirpath(trainer: Trainer) -> tuple[str, str | None]:
+def default_dirpath(trainer: Trainer) -> str:
     """Lightning's default folder: ``<save_dir>/<name>/<version>/checkpoints`` of the first logger
-    (``version_N`` for a number), else ``<default_root_dir>/checkpoints``; and the folder of the
-    logger's versions (``<save_dir>/<name>``, None without a logger)."""
+    (``version_N`` for a number), else ``<default_root_dir>/checkpoints``: each run its own folder."""
     loggers = list(getattr(trainer, "loggers", None) or [])
     if not loggers:
-        return str(trainer.checkpointing.default_directory()), None
+        return str(trainer.checkpointing.default_directory())
     logger = loggers[0]
     save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
     version = logger.version
     version = version if isinstance(version, str) else f"version_{version}"
-    versions = os.path.join(save_dir, str(logger.name))
-    return os.path.join(versions, version, "checkpoints"), versions
-
-
-def last_files(dirpath: str, versions_dir: str | None, name: str, extension: str) -> set[str]:
-    """The last files (``<name>.ckpt``, ``<name>-v1.ckpt``, ...) in ``dirpath``, and in the
-    ``checkpoints`` folder of every version under ``versions_dir`` (a logger's ``<save_dir>/<name>``)."""
-    pattern = re.compile(rf"^{re.escape(name)}(-v?\d+)?{re.escape(extension)}$")
-    folders = [Path(dirpath)]
-    if versions_dir is not None and os.path.isdir(versions_dir):
-        folders += [p / "checkpoints" for p in Path(versions_dir).iterdir() if p.is_dir()]
-    return {str(p) for f in folders if f.is_dir() for p in f.iterdir() if pattern.match(p.name)}
+    return os.path.join(save_dir, str(logger.name), version, "checkpoints")

@@ -8,11 +8,13 @@ override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` 
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from callbacks._checkpoint_files import fill_template, free_path, last_files, rank_key
+from callbacks._checkpoint_files import fill_template, free_path, rank_key
 
 if TYPE_CHECKING:
     from callbacks._monitor import Monitor
@@ -38,18 +40,17 @@ class CheckpointNaming:
     enable_version_counter: bool
     _best_k: dict[str, float]
     _monitor: Monitor | None
-    _versions_dir: str | None
+    _written: set[str]
+    last_model_path: str
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
-        """The last files ``ckpt_path="last"`` may mean (Lightning's method): in ``dirpath``, and, when
-        that is the logger's default folder, in its other versions' folders too.
-
-        Lightning looks in the new run's ``version_N`` only, where nothing was saved yet, so a default
-        ``Trainer`` never finds the previous run's ``last.ckpt``; geartrain resumes the newest of them.
-        """
-        if not self.dirpath:
+        """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,
+        ``last-v1.ckpt``, ... in ``dirpath``, this run's folder only."""
+        folder = Path(self.dirpath or "")
+        if not self.dirpath or not folder.is_dir():
             return set()
-        return last_files(self.dirpath, self._versions_dir, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
+        pattern = re.compile(rf"^{re.escape(self.CHECKPOINT_NAME_LAST)}(-v?\d+)?{re.escape(self.FILE_EXTENSION)}$")
+        return {str(p) for p in folder.iterdir() if pattern.match(p.name)}
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
         """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
@@ -96,14 +97,40 @@ class CheckpointNaming:
     def _last_path(self, trainer: Trainer) -> str:
         """Where ``save_last`` writes: ``CHECKPOINT_NAME_LAST`` (a template too) + ``FILE_EXTENSION`` in ``dirpath``.
 
-        ``last.ckpt`` by default, the file ``ckpt_path="last"`` resumes from. Unlike Lightning's, the
-        name is never versioned: each save replaces the previous last file (atomically).
+        ``last.ckpt`` by default, the file ``ckpt_path="last"`` resumes from; each save replaces this
+        run's last file (atomically). A file already there that this run did not write (a user's
+        own ``last.ckpt``, another run's) is kept, as Lightning keeps it: this run's is
+        ``last-v1.ckpt`` (the first free version), said once. Rank 0 looks, every rank follows.
         """
         if self.CHECKPOINT_NAME_LAST == "last" and self.FILE_EXTENSION == ".ckpt":
-            return str(trainer.checkpointing.last_path(self.dirpath))
-        metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
-        name = self._fill(self.CHECKPOINT_NAME_LAST, metrics)
-        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+            path = str(trainer.checkpointing.last_path(self.dirpath))
+        else:
+            metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
+            name = self._fill(self.CHECKPOINT_NAME_LAST, metrics)
+            path = str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+        if not self.enable_version_counter or path in (self.last_model_path, *self._written):
+            return path
+        stem = os.path.splitext(path)[0]
+        if os.path.dirname(self.last_model_path) == os.path.dirname(path) and self.last_model_path.startswith(
+            f"{stem}{self.CHECKPOINT_JOIN_CHAR}v"
+        ):
+            return self.last_model_path  # already moved past another's file by an earlier save
+
+        def taken(p: str) -> bool:
+            return p not in self._written and os.path.lexists(p)
+
+        free = free_path(path, taken, self.STARTING_VERSION, self.CHECKPOINT_JOIN_CHAR)
+        if trainer.world_size > 1:
+            free = trainer.strategy.broadcast(free)  # rank 0's view of the folder holds everywhere
+        if free != path and trainer.is_global_zero:
+            warnings.warn(
+                f"ModelCheckpoint: {path} was not written by this run; it is kept, and this run's last "
+                f"checkpoint is {free} (as Lightning). Resume this run with ckpt_path={free!r} or "
+                f'ckpt_path="last" (the newest last file of {self.dirpath})',
+                UserWarning,
+                stacklevel=3,
+            )
+        return free
 
     def _fill(self, template: str, metrics: dict[str, Any]) -> str:
         return fill_template(template, metrics, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)

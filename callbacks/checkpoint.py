@@ -25,7 +25,7 @@ from callbacks._checkpoint_names import CheckpointNaming
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError
-from trainer.common.fs_safety import remove_checkpoint
+from trainer.common.fs_safety import is_geartrain_checkpoint, remove_checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -182,8 +182,8 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self._restored_elapsed = None
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
-        #: The logger's folder of versions, when ``dirpath`` defaulted to one of them.
-        self._versions_dir: str | None = None
+        #: The files this callback wrote in this process: removable without looking inside them.
+        self._written: set[str] = set()
 
     @property
     @override
@@ -201,7 +201,11 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     @override
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath, self._versions_dir = default_dirpath(trainer)
+            self.dirpath = default_dirpath(trainer)
+        if trainer.world_size > 1:
+            # Rank 0's folder on every rank, as Lightning: a folder named after the time or the rank
+            # (a time-stamped default_root_dir) would scatter one checkpoint's shards over several.
+            self.dirpath = trainer.strategy.broadcast(self.dirpath)
 
     @override
     def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -315,8 +319,9 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         moved = self.save_last and previous_last and previous_last != self.last_model_path
         # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
         # names the earlier run's file, which is that run's to keep.
-        ours = bool(previous_last) and Path(previous_last).parent == Path(self._last_path(trainer)).parent
-        if moved and ours and previous_last not in self._best_k and previous_last != path:
+        ours = bool(previous_last) and Path(previous_last).parent == Path(self.last_model_path).parent
+        kept = previous_last in self._best_k or previous_last == path
+        if moved and ours and not kept and self._removable(trainer, previous_last):
             replaces.append(previous_last)
         # "link": a symbolic link to the file just written, below; with async_save the writer thread
         # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
@@ -326,7 +331,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             also_at = []
             # Relinked before anything is evicted: a kill in between leaves last.ckpt naming a checkpoint.
             stale = self._link_only_path
-            if stale and stale != path and stale not in self._best_k:
+            if stale and stale != path and stale not in self._best_k and self._removable(trainer, stale):
                 replaces.append(stale)
         try:
             if keep or exception_file or link_only:
@@ -350,6 +355,8 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         except BaseException:
             self.load_state_dict(previous)
             raise
+        self._written.update([path] if keep or exception_file or link_only else [])
+        self._written.update([self.last_model_path] if self.save_last else [])
         if exception_file:
             self._exception_path = path
         self._notify_loggers(trainer)
@@ -440,12 +447,23 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         }
 
     def _removable(self, trainer: Trainer, old: str) -> bool:
-        """Whether an evicted top-k file may be deleted: as Lightning, only inside this callback's folder,
-        and never the checkpoint this run resumed from (a user's file, not this run's to delete)."""
+        """Whether a file the bookkeeping names may be deleted: only a checkpoint this run wrote.
+
+        As Lightning: inside this callback's folder, and never the checkpoint this run resumed from.
+        Beyond Lightning: the bookkeeping comes from a checkpoint file, which anyone can write, so it
+        is not trusted: a file this callback wrote in this process, or else one that is on disk a
+        geartrain checkpoint (a resumed run's earlier files), a link in the folder (removing it
+        removes no data); never a user's file, checkpoint of Lightning's or not.
+        """
         resumed = trainer.ckpt_path
         if resumed is not None and os.path.realpath(old) == os.path.realpath(resumed):
             return False
-        return self.dirpath is None or Path(os.path.realpath(self.dirpath)) in Path(os.path.realpath(old)).parents
+        if self.dirpath is None:
+            return False
+        folder = Path(os.path.realpath(self.dirpath))
+        if folder not in Path(os.path.realpath(os.path.dirname(old) or ".")).joinpath("x").parents:
+            return False
+        return old in self._written or os.path.islink(old) or is_geartrain_checkpoint(old)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -218,7 +218,9 @@ class EarlyStopping(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {
             "wait_count": self.wait_count,
-            "best_score": self.best_score,
+            # A 0-d tensor, as Lightning stores it (its resume calls best_score.to(device)); float64 keeps
+            # our float exactly, so a resumed run compares as the uninterrupted one.
+            "best_score": torch.tensor(self.best_score, dtype=torch.float64),
             "stopped_epoch": self.stopped_epoch,
             "patience": self.patience,
             "stopping_reason": self.stopping_reason.value,

@@ -112,3 +112,18 @@ def test_every_rank_judges_rank_zeros_value() -> None:
     assert _run(es, [5.0, 4.0, 3.0, 2.0, 1.0], strategy=strategy) == 3
     assert es.best_score == 1.0
     assert [vote for vote, _ in strategy.reduce_calls] == [0.0, 0.0, 1.0]
+
+
+def test_best_score_is_stored_as_lightning_stores_it(tmp_path: Path) -> None:
+    """A 0-d tensor: Lightning's resume calls ``best_score.to(device)`` (a float crashed it); exact in float64."""
+    ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=0, save_last=True)
+    es = EarlyStopping(monitor="val/score", patience=3, verbose=False)
+    train, val = loaders()
+    quiet_trainer(callbacks=[es, ck], max_epochs=2).fit(Scripted([0.1 + 1e-12, 2.0]), train, val)
+    saved = torch.load(ck.last_model_path, weights_only=True)["callbacks"]
+    best = saved["EarlyStopping{'monitor': 'val/score', 'mode': 'min'}"]["best_score"]
+    assert isinstance(best, torch.Tensor) and best.dim() == 0
+    assert best.to(torch.device("cpu")).item() == es.best_score  # Lightning's use of it; our float, exactly
+    resumed = EarlyStopping(monitor="val/score", patience=3, verbose=False)
+    quiet_trainer(callbacks=[resumed], max_epochs=2).fit(Scripted([0.1, 2.0]), train, val, ckpt_path=ck.last_model_path)
+    assert (resumed.best_score, resumed.wait_count) == (es.best_score, 1)

@@ -142,3 +142,16 @@ def test_leaf_imports_only_the_standard_library_and_torch() -> None:
                     continue
                 bad.append(f"{path.name}:{node.lineno} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_core_never_imports_the_loops() -> None:
+    """The loops import the core (the module, the data room, the run state), never the other way round:
+    ``manual_backward`` reaches the loops' policy through the run state, ``Window`` is run state."""
+    core = [REPO_ROOT / "trainer" / name for name in ("module.py", "run_state.py", "data/loaders.py")]
+    bad = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {name}"
+        for path in core
+        for line, name in _runtime_imports(path)
+        if name.startswith("trainer.loops")
+    ]
+    assert not bad, "\n".join(bad)

@@ -8,6 +8,7 @@ event files), two runs given the same ``hydra.run.dir`` interleaved without a wo
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -202,3 +203,26 @@ def test_a_resumed_sweep_resumes_each_job_from_its_own_state(tmp_path: Path) -> 
             if f"optim.lr={lr}" in (last.parents[1] / ".hydra" / "overrides.yaml").read_text()
         ]
         assert max(steps) == 4, (lr, steps)
+
+
+def test_ckpt_path_last_never_continues_another_jobs_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-process run never takes a finished DDP run's last.ckpt (same model and data, other settings)."""
+    from trainer.cli.app import resolve_ckpt_path
+
+    ddp = _fake_run(tmp_path / "outputs" / "d" / "2", ["strategy=ddp", "trainer.devices=2", "trainer.max_epochs=3"])
+    here = tmp_path / "outputs" / "d" / "3"
+    with pytest.raises(ConfigError, match=rf"no last\.ckpt of a run with the same overrides.*{ddp.parent.parent}"):
+        resolve_last_checkpoint(tmp_path, here, ["trainer.max_epochs=6", "ckpt_path=last"], sweep=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match=r"training starts from scratch.*outputs"):
+        assert resolve_ckpt_path("last", here, fresh_if_no_last=True) is None
+    same = _fake_run(tmp_path / "outputs" / "d" / "1", ["trainer.max_epochs=2"])  # the same job, older budget
+    os.utime(ddp, (time.time() + 60, time.time() + 60))  # the other job's file is the newest
+    assert resolve_last_checkpoint(tmp_path, here, ["ckpt_path=last", "trainer.max_epochs=6"], sweep=False) == str(same)
+
+
+def test_ckpt_path_naming_a_run_folder_takes_that_runs_last(tmp_path: Path) -> None:
+    from trainer.cli.app import resolve_ckpt_path
+
+    last = _fake_run(tmp_path / "outputs" / "d" / "1", ["strategy=ddp"])
+    assert resolve_ckpt_path(str(last.parent.parent), tmp_path / "outputs" / "d" / "2") == str(last)

@@ -222,9 +222,11 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
         The trainer's ``on_nonfinite`` policy applies: a non-finite loss raises, warns, or (``"skip"``)
         is not backpropagated and the next ``opt.step()`` is dropped.
         """
-        from trainer.loops.step import manual_backward
-
-        manual_backward(self.trainer, loss, *args, **kwargs)
+        backward = self.trainer.run_state.manual_backward
+        if backward is None:  # before fit set up the optimizers: no policy to apply yet
+            self.trainer.strategy.manual_backward(loss, *args, **kwargs)
+        else:
+            backward(loss, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward of the training loss (automatic optimisation); override to change how it runs."""

@@ -215,7 +215,9 @@ def default_callbacks(
     if logger and not any(getattr(k, "is_logger", False) for k in kinds):
         defaults.append(cbs.TensorBoardLogger(save_dir=root))
     if checkpointing and not any(issubclass(k, cbs.ModelCheckpoint) for k in kinds):
-        defaults.append(cbs.ModelCheckpoint(dirpath=root / "checkpoints", save_last=True))
+        # No dirpath: the logger's version folder, else <root>/checkpoints (Lightning's default), so two runs
+        # in one root never share one last.ckpt.
+        defaults.append(cbs.ModelCheckpoint(save_last=True))
     if max_time is not None:
         defaults.append(cbs.Timer(max_time, interval="step"))
     chosen = defaults + given

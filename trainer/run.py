@@ -9,6 +9,7 @@ caller's trainer and module, so code after ``fit`` reads the same on every strat
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.data.loaders import resolve_loaders, results_per_loader
 from trainer.lazy import materialize_lazy
-from trainer.loops.step import ManualOptimizer
+from trainer.loops.step import ManualOptimizer, manual_backward
 from trainer.optim import parse_optimizers
 from trainer.options import check_checkpoint_folders
 from trainer.state import TrainerStatus
@@ -129,10 +130,8 @@ def run_stage(
                 _configure_optimizers(t, module)
         if ckpt_path is None and stage == "fit" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             ckpt_path = t.checkpointing.restart_path()
-        resolved = t.checkpointing.resolve(ckpt_path, stage) if ckpt_path is not None else None
-        if resolved is not None:  # None: "last" before any checkpoint exists (warned: starts from scratch)
-            state.ckpt_path = str(resolved)
-            t.checkpointing.restore(state.ckpt_path, full=(stage == "fit"))
+        if ckpt_path is not None:  # resolved and recorded in state.ckpt_path; "last" with none yet: nothing
+            t.checkpointing.restore(ckpt_path, full=(stage == "fit"), stage=stage)
         if stage == "fit":
             t.preemption.install(t.strategy)
             state.given_loaders = {"fit": loader, "validate": val_loader}
@@ -312,3 +311,4 @@ def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
     state.lr_scheduler_configs = schedulers
     state.window.has_loss = state.window.nonfinite = False
     state.optimizer_handles = [ManualOptimizer(trainer, opt, state.window) for opt in state.optimizers]
+    state.manual_backward = functools.partial(manual_backward, trainer)

@@ -20,21 +20,33 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from trainer.loops.step import ManualOptimizer, Window
 from trainer.options import LoopOptions
 from trainer.progress import Progress
 from trainer.state import TrainerStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from trainer.hooks import HookDispatch
+    from trainer.loops.step import ManualOptimizer
     from trainer.module import DataModule, TrainModule
     from trainer.optim import SchedulerConfig
 
 __all__ = ["Reads", "RunState"]
 
 T = TypeVar("T")
+
+
+@dataclass
+class Window:
+    """The accumulation window in progress (kept for a whole ``fit``, as a window may span a resume point)."""
+
+    #: A micro-batch of the window had a loss (so the window ends with an optimizer step).
+    has_loss: bool = False
+    #: ... had a non-finite loss under ``on_nonfinite="skip"`` (so the window's step is dropped).
+    nonfinite: bool = False
 
 
 @dataclass(eq=False)
@@ -79,6 +91,9 @@ class RunState:
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     lr_scheduler_configs: list[SchedulerConfig] = field(default_factory=list)
     optimizer_handles: list[ManualOptimizer] = field(default_factory=list)
+    #: ``TrainModule.manual_backward`` of this run (the loops' non-finite policy, then the strategy's
+    #: backward), set with the optimizers: the module calls it without importing the loops.
+    manual_backward: Callable[..., None] | None = None
     loaders: dict[str, Any] = field(default_factory=dict)
     given_loaders: dict[str, Any] = field(default_factory=dict)
     num_training_batches: float = math.inf

@@ -21,9 +21,9 @@ from trainer.checkpoint.files import (
 )
 from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.checkpoint.reader import read_any
-from trainer.checkpoint.sharded import PendingSave, complete_path, param_names
+from trainer.checkpoint.resolve import last_of_folder
+from trainer.checkpoint.sharded import PendingSave, param_names
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
 from trainer.data.resumable import ResumableBatchSampler
@@ -83,24 +83,12 @@ class CheckpointConnector:
         if str(ckpt_path) not in ("last", "best"):
             return Path(ckpt_path)
         cb = self._trainer.checkpoint_callback
-        attr = "last_model_path" if str(ckpt_path) == "last" else "best_model_path"
-        found = getattr(cb, attr, None) if cb is not None else None
-        if str(ckpt_path) == "last" and (not found or not is_complete_checkpoint(found)) and cb is not None:
-            # last.ckpt, else what a kill left: its set-aside .old, or the newest complete checkpoint
-            # when last.ckpt is a link to an evicted one or a directory never completed.
-            newest, notices = newest_complete_checkpoint(self.last_path().parent)
-            for notice in notices:
-                if self._trainer.is_global_zero:
-                    print(f"ckpt_path='last': {notice}")
-            found = str(newest) if newest is not None else None
-        find = getattr(cb, "_find_last_checkpoints", None)
-        if not found and str(ckpt_path) == "last" and find is not None:
-            # The newest last file of the logger's earlier versions (Lightning's default folders).
-            files = [Path(p) for p in find(self._trainer) if complete_path(Path(p)).exists()]
-            if files:
-                found = str(max(files, key=lambda p: complete_path(p).stat().st_mtime))
-                if self._trainer.is_global_zero:
-                    print(f'ckpt_path="last": using {found}')
+        if str(ckpt_path) == "best":
+            found = getattr(cb, "best_model_path", None) if cb is not None else None
+        else:
+            dirpath = getattr(cb, "dirpath", None)
+            folder = Path(dirpath) if dirpath else self.default_directory()
+            found = last_of_folder(self._trainer, cb, folder) if cb is not None else None
         if not found and str(ckpt_path) == "last":
             if stage is not None and self._trainer.is_global_zero:
                 fresh = " Training starts from scratch." if stage == "fit" else ""
@@ -270,9 +258,10 @@ class CheckpointConnector:
 
     def save_last(self) -> Path:
         """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it (the preemption checkpoint)."""
-        path = self.last_path()
-        self._trainer.save_checkpoint(path)
         cb = self._trainer.checkpoint_callback
+        own_last = getattr(cb, "_last_path", None)  # ModelCheckpoint's: a user's last.ckpt there is kept
+        path = Path(own_last(self._trainer)) if own_last is not None else self.last_path()
+        self._trainer.save_checkpoint(path)
         if cb is not None and hasattr(cb, "last_model_path"):
             cb.last_model_path = str(path)
         return path
@@ -306,18 +295,30 @@ class CheckpointConnector:
             print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
         return path
 
-    def restore(self, ckpt_path: str | os.PathLike[str], full: bool) -> None:
+    def restore(self, ckpt_path: str | os.PathLike[str], full: bool, stage: str | None = None) -> Path | None:
         """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
 
+        ``ckpt_path`` is resolved here (:meth:`resolve`, ``stage`` as there) and recorded as the run
+        state's ``ckpt_path`` before anything is loaded; returns it. With ``stage``, ``"last"`` before
+        any checkpoint exists loads nothing and returns None (warned: training starts from scratch).
         A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
         and all) sets the weights only: for evaluation, or to start training from them. A checkpoint
         written by Lightning 2.x resumes too (weights, optimizers, schedulers, epoch and step).
         """
         t = self._trainer
         self.wait()
-        path = self.resolve(ckpt_path)
+        path = self.resolve(ckpt_path, stage)
         if path is None:
+            if stage is not None:
+                return None
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
+        t.run_state.ckpt_path = str(path)
+        self._read(path, full)
+        return path
+
+    def _read(self, path: Path, full: bool) -> None:
+        """Read ``path`` once and load what it holds (see :meth:`restore`)."""
+        t = self._trainer
         state = read_any(path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None

@@ -1,6 +1,7 @@
 """Reading checkpoints into modules: ``load_from_checkpoint``, and checkpoints written by Lightning 2.x.
 
-Both geartrain's and Lightning's files are read with ``torch.load(weights_only=True)``: loading never
+Both geartrain's and Lightning's files are read with ``torch.load(weights_only=True)`` by the one
+reader (:func:`trainer.checkpoint.reader.read_checkpoint`, importable from here too): loading never
 runs pickled code. Lightning's files hold plain data plus, sometimes, Lightning's ``AttributeDict``
 (a dict subclass) among the hyperparameters; that one class name is allowed and read as a plain
 ``dict`` (torch's safe unpickler fills only real dicts), nothing else is. Only
@@ -25,40 +26,13 @@ import torch
 
 from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION
 from trainer.checkpoint.layout import upgrade
-from trainer.checkpoint.safety import check_checkpoint_file, first_reason, unreadable
+from trainer.checkpoint.reader import LIGHTNING_SAFE_GLOBALS, read_checkpoint
+from trainer.checkpoint.safety import check_checkpoint_file
 from trainer.common.errors import CheckpointError
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
 
 T = TypeVar("T")
-
-#: The names Lightning's ``AttributeDict`` is pickled under (Lightning 2.x), each read as a plain dict.
-_LIGHTNING_SAFE_GLOBALS: list[Any] = [
-    (dict, "lightning_fabric.utilities.data.AttributeDict"),
-    (dict, "lightning.fabric.utilities.data.AttributeDict"),
-    (dict, "pytorch_lightning.utilities.parsing.AttributeDict"),
-]
-
-
-def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
-    where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
-    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-        from trainer.checkpoint.sharded import read_directory
-
-        return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
-    if isinstance(path, (str, os.PathLike)):
-        check_checkpoint_file(Path(path))
-    try:
-        with torch.serialization.safe_globals(_LIGHTNING_SAFE_GLOBALS):
-            state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:
-        if isinstance(path, (str, os.PathLike)):
-            raise unreadable(Path(path), err) from err
-        raise CheckpointError(f"Cannot read checkpoint {where} with weights_only=True: {first_reason(err)}") from err
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
-    return state
 
 
 class _LightningUnpickler(pickle.Unpickler):
@@ -66,7 +40,7 @@ class _LightningUnpickler(pickle.Unpickler):
     so a Lightning file loads whether or not Lightning is installed."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if any(f"{module}.{name}" == qualified for _, qualified in _LIGHTNING_SAFE_GLOBALS):
+        if any(f"{module}.{name}" == qualified for _, qualified in LIGHTNING_SAFE_GLOBALS):
             return dict
         return super().find_class(module, name)
 
@@ -104,7 +78,7 @@ def _read_safely(path: str | os.PathLike[str] | IO[bytes], map_location: Any, cl
             objects = [
                 name
                 for name in torch.serialization.get_unsafe_globals_in_checkpoint(path)
-                if all(name != qualified for _, qualified in _LIGHTNING_SAFE_GLOBALS)
+                if all(name != qualified for _, qualified in LIGHTNING_SAFE_GLOBALS)
             ]
         except Exception:
             objects = []

@@ -5,23 +5,54 @@ directory (its trainer state; the tensors stay in the shards), or a file loaded 
 ``weights_only=True`` and then recognised from what it holds, in this order: a geartrain checkpoint
 (its format version checked, older layouts upgraded), a Lightning 2.x checkpoint (turned into
 geartrain's dict), a plain PyTorch state dict (weights only). Anything else is refused naming what
-the file holds. The safety checks (what is at the path, why ``torch.load`` refused it) are
-:mod:`trainer.checkpoint.safety`'s, called from the loaders used here.
+the file holds. The one ``torch.load`` of a checkpoint file (:func:`read_checkpoint`, also
+``load_from_checkpoint``'s) is here; the safety checks (what is at the path, why ``torch.load``
+refused it) are :mod:`trainer.checkpoint.safety`'s.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import torch
 
 from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION, check_version
 from trainer.checkpoint.layout import upgrade
-from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state, read_checkpoint
+from trainer.checkpoint.safety import check_checkpoint_file, first_reason, unreadable
 from trainer.checkpoint.sharded import complete_path, read_directory
 from trainer.common.errors import CheckpointError
 from trainer.common.state_dict import plain_state_dict
 
-__all__ = ["read_any"]
+__all__ = ["LIGHTNING_SAFE_GLOBALS", "read_any", "read_checkpoint"]
+
+
+#: The names Lightning's ``AttributeDict`` is pickled under (Lightning 2.x), each read as a plain dict.
+LIGHTNING_SAFE_GLOBALS: list[Any] = [
+    (dict, "lightning_fabric.utilities.data.AttributeDict"),
+    (dict, "lightning.fabric.utilities.data.AttributeDict"),
+    (dict, "pytorch_lightning.utilities.parsing.AttributeDict"),
+]
+
+
+def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
+    where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
+    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+        return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
+    if isinstance(path, (str, os.PathLike)):
+        check_checkpoint_file(Path(path))
+    try:
+        with torch.serialization.safe_globals(LIGHTNING_SAFE_GLOBALS):
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        if isinstance(path, (str, os.PathLike)):
+            raise unreadable(Path(path), err) from err
+        raise CheckpointError(f"Cannot read checkpoint {where} with weights_only=True: {first_reason(err)}") from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
 
 
 def read_any(path: str | Path) -> dict[str, Any]:
@@ -37,6 +68,9 @@ def read_any(path: str | Path) -> dict[str, Any]:
     if state.get("format") == FORMAT_NAME:
         check_version(path, state.get("version"))
         return upgrade(state)
+    # Imported here: lightning_format imports this module (its load_from_checkpoint reads through it).
+    from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state
+
     if is_lightning_checkpoint(state):
         return lightning_resume_state(state)
     weights = plain_state_dict(state)

@@ -7,7 +7,7 @@
 | :mod:`~trainer.cli.config` | dataclass schemas behind the config groups (Hydra's ConfigStore) |
 | :mod:`~trainer.cli.errors` | a user's mistake as a short message, exit code 1, nothing left behind |
 | :mod:`~trainer.cli.run_dir_guard` | the run folder locked before Hydra writes; clean-up of only what a run created |
-| :mod:`~trainer.cli.run_dirs` | one run directory per run, and ``ckpt_path=last`` within a run |
+| :mod:`~trainer.cli.run_dirs` | one run directory per run, locked while it runs |
 | :mod:`~trainer.cli.sweep_summary` | a study goes on past failed trials and says how many failed and why |
 | :mod:`~trainer.cli.tuning` | ``task=lr_find``, ``task=scale_batch_size``, the optimised metric of a sweep |
 """

@@ -215,7 +215,7 @@ def resume_dir_overrides(args: Sequence[str], base: Path) -> list[str]:
     A resumed fit continues the run in its own directory: the checkpoints next to the earlier ones,
     and TensorBoard's curves in the same ``tensorboard/`` folder, so the run shows as one curve from
     step 0 to its end rather than as two runs. The run is the one ``ckpt_path=last`` would resume
-    (:func:`trainer.cli.run_dirs.resolve_last_checkpoint`: the newest ``last.ckpt`` of a run with the same
+    (:func:`trainer.checkpoint.resolve.resolve_last_checkpoint`: the newest ``last.ckpt`` of a run with the same
     experiment, model and data). Returns ``[]`` (a fresh folder, as usual) for a sweep, a task that
     does not train, a folder the user chose, or when there is nothing to resume.
     """
@@ -229,7 +229,7 @@ def resume_dir_overrides(args: Sequence[str], base: Path) -> list[str]:
     import contextlib
     import io
 
-    from trainer.cli.run_dirs import resolve_last_checkpoint
+    from trainer.checkpoint.resolve import resolve_last_checkpoint
 
     overrides = [a for a in args if not a.startswith("-")]
     nowhere = base / "outputs" / ".geartrain-no-run"  # has no last.ckpt of its own

@@ -8,9 +8,8 @@ advisory lock on its folder while it runs (``flock``: released by the operating 
 process ends, kill -9 included), so two runs given the same ``hydra.run.dir`` cannot interleave.
 The lock file is removed as the run ends (a run killed with kill -9 leaves it, unheld: harmless).
 
-``ckpt_path=last`` looks for the newest ``last.ckpt`` of a run *like this one*: the same
-experiment, model and data choices, and inside a sweep the same overrides, so one job of a sweep
-never resumes another job's state, and one experiment never another experiment's.
+``ckpt_path=last`` (the newest ``last.ckpt`` of the same job) is resolved by the one resolver,
+:mod:`trainer.checkpoint.resolve`, whose names are importable from here too.
 """
 
 from __future__ import annotations
@@ -18,11 +17,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from trainer.common.errors import ConfigError
 
@@ -34,20 +32,13 @@ __all__ = [
     "locked_run_dir",
     "open_lock",
     "release_lock",
-    "resolve_last_checkpoint",
     "same_file",
-    "same_line",
     "unique_run_dir_overrides",
     "unwritable",
 ]
 
 #: The file in a run directory that the live run holds an ``flock`` on.
 LOCK_FILE = ".geartrain.lock"
-
-#: Override keys that say *what* is trained: runs differing in one of them are different lines of work.
-_IDENTITY_KEYS = ("experiment", "model", "data")
-#: Override keys that never make two runs different lines (how far or from where they train).
-_RESUME_KEYS = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
 
 
 def claim_run_dir(base: Path) -> Path:
@@ -184,77 +175,11 @@ def locked_run_dir(run_dir: Path) -> Iterator[None]:
         release_lock(lock, handle)
 
 
-def _overrides(run_dir: Path) -> list[str] | None:
-    """The task overrides a run was started with (``.hydra/overrides.yaml``); None if it kept none."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
-    try:
-        from omegaconf import OmegaConf
+def __getattr__(name: str) -> Any:
+    """``resolve_last_checkpoint`` and ``run_folder_checkpoint`` under their earlier home, imported on first
+    use (the resolver's package imports torch, which the command's start-up does not need)."""
+    if name in ("resolve_last_checkpoint", "run_folder_checkpoint"):
+        from trainer.checkpoint import resolve
 
-        loaded = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception:
-        return None
-    return [str(x) for x in loaded] if isinstance(loaded, list) else None
-
-
-def _pairs(overrides: Sequence[str]) -> dict[str, str]:
-    pairs = {}
-    for item in overrides:
-        key, _, value = item.lstrip("+~").partition("=")
-        pairs[key] = value
-    return pairs
-
-
-def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool) -> bool:
-    """Whether a run started with ``theirs`` continues the work of one started with ``mine``.
-
-    Outside a sweep: the same ``experiment``, ``model`` and ``data`` choices (and their ``model.*``
-    / ``data.*`` values). Inside a sweep: every override equal, except those that only say how far
-    to train or where from (``ckpt_path``, ``trainer.max_epochs``, ...), so job 1 never takes job 0's.
-    """
-    a, b = _pairs(mine), _pairs(theirs)
-    if sweep:
-        keep = lambda k: k not in _RESUME_KEYS and not k.startswith("hydra.")  # noqa: E731
-    else:
-        keep = lambda k: k.split(".")[0] in _IDENTITY_KEYS  # noqa: E731
-    return {k: v for k, v in a.items() if keep(k)} == {k: v for k, v in b.items() if keep(k)}
-
-
-def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str], sweep: bool) -> str:
-    """The ``last.ckpt`` that ``ckpt_path=last`` means for a run in ``run_dir`` started with ``overrides``.
-
-    This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
-    that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
-    """
-    from trainer.common.fs_safety import is_complete_checkpoint, newest_complete_checkpoint
-
-    own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
-    for notice in notices:
-        print(f"ckpt_path=last: {notice}", file=sys.stdout)
-    if own is not None:
-        return str(own)
-    if notices:  # this run saved checkpoints, none complete: never another run's in their place
-        raise ConfigError(
-            f"ckpt_path=last: {run_dir / 'checkpoints'} holds no complete checkpoint (see above). "
-            "Give one: ckpt_path=path/to/file.ckpt"
-        )
-    found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
-    found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
-    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
-    if not matching:
-        where = f"{base / 'outputs'} or {base / 'multirun'}"
-        if found:
-            other = max(found, key=lambda p: p.stat().st_mtime)
-            kind = "the same overrides" if sweep else "the same experiment, model and data"
-            raise ConfigError(
-                f"ckpt_path=last: no last.ckpt of a run with {kind} under {where} ({len(found)} of other "
-                f"runs, the newest {other}). To resume one of those, give it: ckpt_path={other}"
-            )
-        raise ConfigError(
-            f"ckpt_path=last: no last.ckpt under {where}. "
-            "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
-        )
-    newest = max(matching, key=lambda p: p.stat().st_mtime)
-    print(f"ckpt_path=last: using {newest}", file=sys.stdout)
-    return str(newest)
+        return getattr(resolve, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,29 +19,46 @@ from pathlib import Path
 from trainer.common.errors import CheckpointError
 
 __all__ = [
+    "SHARDED_MARKERS",
     "check_replaceable",
-    "is_complete_checkpoint",
+    "is_geartrain_checkpoint",
     "is_our_checkpoint_dir",
-    "newest_complete_checkpoint",
     "remove_checkpoint",
 ]
 
 #: The files that mark a sharded checkpoint directory as ours (DCP's metadata, our trainer state).
-_MARKERS = (".metadata", "trainer.pt")
+SHARDED_MARKERS = (".metadata", "trainer.pt")
 
 
 def is_our_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
     """True for a real directory (not a link) that a geartrain sharded save wrote: it holds both markers."""
     path = Path(path)
-    return path.is_dir() and not path.is_symlink() and all((path / m).is_file() for m in _MARKERS)
+    return path.is_dir() and not path.is_symlink() and all((path / m).is_file() for m in SHARDED_MARKERS)
 
 
-def _is_checkpoint_file(path: Path) -> bool:
-    """A regular file in torch's format (a zip archive; every ``torch.save`` since torch 1.6 writes one)."""
-    try:
-        return zipfile.is_zipfile(path)
-    except OSError:
+def is_geartrain_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """True for a checkpoint geartrain wrote: a sharded directory of ours, or a ``torch.save`` file whose
+    content opens with geartrain's format key (every file we write puts ``"format": "geartrain"`` first).
+
+    A file named by a checkpoint's bookkeeping is deleted only when this holds: a user's file (their
+    notes, their own or Lightning's checkpoint) is never ours to delete, whatever the bookkeeping says.
+    Reads the first bytes of the archive's pickle only, never the tensors.
+    """
+    path = Path(path)
+    if path.is_symlink():
         return False
+    if path.is_dir():
+        return is_our_checkpoint_dir(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(pickles) != 1:
+                return False
+            with archive.open(pickles[0]) as data:
+                head = data.read(256)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+    return b"format" in head and b"geartrain" in head
 
 
 def check_replaceable(path: str | os.PathLike[str]) -> None:
@@ -92,48 +109,3 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> bool:
         path.unlink(missing_ok=True)
         return True
     return not os.path.lexists(path)
-
-
-def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """A torch checkpoint file, or a sharded directory with both markers (followed through links)."""
-    path = Path(path)
-    if path.is_dir():
-        return all((path / m).is_file() for m in _MARKERS)
-    return path.is_file() and _is_checkpoint_file(path)
-
-
-def newest_complete_checkpoint(
-    folder: str | os.PathLike[str], name: str = "last.ckpt"
-) -> tuple[Path | None, list[str]]:
-    """``folder/name`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
-
-    Returns the path to load (None when the folder holds no complete checkpoint) and one-line
-    notices for what was recovered or skipped: ``name`` missing after a kill between a save's two
-    renames (its ``.<name>.old`` is the checkpoint that was there), a link to a deleted checkpoint,
-    a directory that was never completed.
-    """
-    folder = Path(folder)
-    wanted = folder / name
-    if is_complete_checkpoint(wanted):
-        return wanted, []
-    notices: list[str] = []
-    if wanted.is_symlink():
-        notices.append(f"{wanted} links to {os.readlink(wanted)}, which is gone")
-    elif wanted.is_dir():
-        notices.append(f"{wanted} is a directory that was never completed (no .metadata or trainer.pt); skipped")
-    elif wanted.exists():
-        notices.append(f"{wanted} is not a complete checkpoint; skipped")
-    aside = folder / f".{name}.old"
-    if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
-        notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
-        return aside, notices
-    try:
-        entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name.endswith(".ckpt")]
-    except OSError:
-        entries = []
-    complete = [p for p in entries if p != wanted and is_complete_checkpoint(p)]
-    if not complete:
-        return None, notices
-    newest = max(complete, key=lambda p: p.stat().st_mtime)
-    notices.append(f"using the newest complete checkpoint of this run instead: {newest}")
-    return newest, notices

@@ -35,6 +35,7 @@ __all__ = [
     "refuse_dataloader_iter",
     "resolve_loaders",
     "results_per_loader",
+    "set_sampler_epoch",
     "split_datamodule",
     "with_last_arg",
 ]
@@ -101,10 +102,24 @@ class ZipLoaders:
 
     def set_epoch(self, epoch: int) -> None:
         """Tell every loader's epoch-aware sampler and dataset which epoch it is."""
-        from trainer.loops.iteration import set_sampler_epoch
-
         for loader in self.loaders:
             set_sampler_epoch(loader, epoch)
+
+
+def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
+    """Tell a distributed (or any epoch-aware) sampler and dataset which epoch it is (each once)."""
+    targets = (
+        loader if not hasattr(loader, "dataset") else None,  # a combination of loaders
+        getattr(loader, "dataset", None),
+        getattr(loader, "sampler", None),
+        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    )
+    for i, target in enumerate(targets):
+        if any(target is earlier for earlier in targets[:i]):
+            continue  # a loader's sampler is also its batch sampler's
+        set_epoch = getattr(target, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
 
 
 #: The name :class:`ZipLoaders` had when it knew Lightning's default mode only.

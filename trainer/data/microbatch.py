@@ -25,7 +25,7 @@ from torch import nn
 from trainer.common.tree import apply_to_tensors, batch_size_of
 
 if TYPE_CHECKING:
-    from trainer.loops.step import Window
+    from trainer.run_state import Window
     from trainer.trainer import Trainer
 
 __all__ = ["MicroBatcher", "micro_batches", "split_batch"]

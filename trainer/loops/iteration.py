@@ -12,9 +12,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from trainer.common.rng import rng_state, set_rng_state
+from trainer.data.loaders import set_sampler_epoch
 from trainer.data.resumable import ResumableBatchSampler
 
-__all__ = ["iterate", "last_batch_share", "num_batches", "set_sampler_epoch"]
+__all__ = ["iterate", "last_batch_share", "num_batches", "set_sampler_epoch"]  # the last: the data room's
 
 
 def num_batches(loader: Iterable[Any], limit: int | float | None) -> float:
@@ -71,22 +72,6 @@ def _look_ahead(iterator: Iterator[Any], start: int) -> Iterator[tuple[int, Any,
         following = next(iterator, sentinel)
         yield idx, current, following is sentinel
         current, idx = following, idx + 1
-
-
-def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
-    """Tell a distributed (or any epoch-aware) sampler and dataset which epoch it is (each once)."""
-    targets = (
-        loader if not hasattr(loader, "dataset") else None,  # a combination of loaders
-        getattr(loader, "dataset", None),
-        getattr(loader, "sampler", None),
-        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
-    )
-    for i, target in enumerate(targets):
-        if any(target is earlier for earlier in targets[:i]):
-            continue  # a loader's sampler is also its batch sampler's
-        set_epoch = getattr(target, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
 
 
 def last_batch_share(loader: Iterable[Any], num: float) -> float | None:

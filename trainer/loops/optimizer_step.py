@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.common.errors import MetricNotLoggedError
+from trainer.run_state import Window
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -27,16 +27,6 @@ __all__ = [
     "step_schedulers",
     "zero_grad_hook",
 ]
-
-
-@dataclass
-class Window:
-    """The accumulation window in progress (kept for a whole ``fit``, as a window may span a resume point)."""
-
-    #: A micro-batch of the window had a loss (so the window ends with an optimizer step).
-    has_loss: bool = False
-    #: ... had a non-finite loss under ``on_nonfinite="skip"`` (so the window's step is dropped).
-    nonfinite: bool = False
 
 
 class StepOptimizer:

@@ -1,0 +1,207 @@
+"""The one resolver: which checkpoint ``ckpt_path="last"`` means, for the ``Trainer`` and the ``geartrain`` command.
+
+The ``Trainer`` (:meth:`~trainer.checkpoint.connector.CheckpointConnector.resolve`, Lightning's
+meaning): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of this Trainer's checkpoint
+folder, else what a kill left there (:func:`newest_complete_checkpoint`). The ``geartrain`` command
+(:func:`resolve_last_checkpoint`): this run's own, else the newest ``last.ckpt`` of *the same job*, a
+run started with the same overrides but for the budget (``max_epochs``, ``max_steps``,
+``max_time``), the task and ``ckpt_path``, so a run never continues another job's state (another
+strategy, another sweep job, another experiment); ``ckpt_path=<a run folder>`` takes that run's
+newest complete checkpoint (:func:`run_folder_checkpoint`). A checkpoint is *complete* when it is a
+torch file, or a sharded directory holding both markers; a set-aside ``.<name>.old``, a dangling link
+and a half-written directory are recovered or skipped with a one-line notice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.common.errors import ConfigError
+from trainer.common.fs_safety import SHARDED_MARKERS
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = [
+    "is_complete_checkpoint",
+    "last_of_folder",
+    "newest_complete_checkpoint",
+    "resolve_last_checkpoint",
+    "run_folder_checkpoint",
+    "same_line",
+]
+
+#: Override keys that never make two runs different jobs: how far to train, from where, and the task
+#: (``task=test ckpt_path=last`` evaluates the job a ``task=fit`` run trained).
+_RESUME_KEYS = ("ckpt_path", "task", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
+
+
+def is_checkpoint_file(path: Path) -> bool:
+    """A regular file in torch's format (a zip archive; every ``torch.save`` since torch 1.6 writes one)."""
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """A torch checkpoint file, or a sharded directory with both markers (followed through links)."""
+    path = Path(path)
+    if path.is_dir():
+        return all((path / m).is_file() for m in SHARDED_MARKERS)
+    return path.is_file() and is_checkpoint_file(path)
+
+
+def newest_complete_checkpoint(
+    folder: str | os.PathLike[str], name: str = "last.ckpt"
+) -> tuple[Path | None, list[str]]:
+    """``folder/name`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
+
+    Returns the path to load (None when the folder holds no complete checkpoint) and one-line
+    notices for what was recovered or skipped: ``name`` missing after a kill between a save's two
+    renames (its ``.<name>.old`` is the checkpoint that was there), a link to a deleted checkpoint,
+    a directory that was never completed.
+    """
+    folder = Path(folder)
+    wanted = folder / name
+    if is_complete_checkpoint(wanted):
+        return wanted, []
+    notices: list[str] = []
+    if wanted.is_symlink():
+        notices.append(f"{wanted} links to {os.readlink(wanted)}, which is gone")
+    elif wanted.is_dir():
+        notices.append(f"{wanted} is a directory that was never completed (no .metadata or trainer.pt); skipped")
+    elif wanted.exists():
+        notices.append(f"{wanted} is not a complete checkpoint; skipped")
+    aside = folder / f".{name}.old"
+    if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
+        notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
+        return aside, notices
+    try:
+        entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name.endswith(".ckpt")]
+    except OSError:
+        entries = []
+    complete = [p for p in entries if p != wanted and is_complete_checkpoint(p)]
+    if not complete:
+        return None, notices
+    newest = max(complete, key=lambda p: p.stat().st_mtime)
+    notices.append(f"using the newest complete checkpoint of this run instead: {newest}")
+    return newest, notices
+
+
+def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
+    """``"last"`` for a ``Trainer``: the callback's newest complete last file, else what a kill left in ``folder``.
+
+    ``callback`` is the trainer's checkpoint callback (its ``last_model_path`` once it saved, its
+    ``_find_last_checkpoints``: Lightning's hook); notices about a recovered file are printed on rank 0.
+    """
+    found = getattr(callback, "last_model_path", None)
+    find = getattr(callback, "_find_last_checkpoints", None)
+    if (not found or not is_complete_checkpoint(found)) and find is not None:
+        files = [Path(p) for p in find(trainer) if is_complete_checkpoint(p)]
+        found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
+    if not found:
+        # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
+        # last.ckpt is a link to an evicted one or a directory never completed.
+        newest, notices = newest_complete_checkpoint(folder)
+        for notice in notices:
+            if trainer.is_global_zero:
+                print(f"ckpt_path='last': {notice}")
+        found = str(newest) if newest is not None else None
+    return found
+
+
+def _overrides(run_dir: Path) -> list[str] | None:
+    """The task overrides a run was started with (``.hydra/overrides.yaml``); None if it kept none."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    try:
+        from omegaconf import OmegaConf
+
+        loaded = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:
+        return None
+    return [str(x) for x in loaded] if isinstance(loaded, list) else None
+
+
+def _pairs(overrides: Sequence[str]) -> dict[str, str]:
+    pairs = {}
+    for item in overrides:
+        if "=" not in item:
+            continue  # not an override (a flag's value, such as --config-dir's folder)
+        key, _, value = item.lstrip("+~").partition("=")
+        pairs[key] = value
+    return pairs
+
+
+def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool = False) -> bool:
+    """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
+
+    Every override equal, except those that only say how far to train, from where, and the task
+    (``ckpt_path``, ``task``, ``trainer.max_epochs``, ...): another strategy, device count, seed
+    or learning rate is another job, whose state this run must never continue (in a sweep: job 1
+    never takes job 0's). ``sweep`` is kept for callers; the rule is the same.
+    """
+    a, b = _pairs(mine), _pairs(theirs)
+
+    def keep(key: str) -> bool:
+        return key not in _RESUME_KEYS and not key.startswith("hydra.")
+
+    return {k: v for k, v in a.items() if keep(k)} == {k: v for k, v in b.items() if keep(k)}
+
+
+def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str], sweep: bool) -> str:
+    """The ``last.ckpt`` that ``ckpt_path=last`` means for a run in ``run_dir`` started with ``overrides``.
+
+    This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
+    that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
+    """
+    own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
+    for notice in notices:
+        print(f"ckpt_path=last: {notice}", file=sys.stdout)
+    if own is not None:
+        return str(own)
+    if notices:  # this run saved checkpoints, none complete: never another run's in their place
+        raise ConfigError(
+            f"ckpt_path=last: {run_dir / 'checkpoints'} holds no complete checkpoint (see above). "
+            "Give one: ckpt_path=path/to/file.ckpt"
+        )
+    found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
+    found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
+    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
+    if not matching:
+        where = f"{base / 'outputs'} or {base / 'multirun'}"
+        if found:
+            other = max(found, key=lambda p: p.stat().st_mtime)
+            kind = "the same overrides (other than the task, ckpt_path, max_epochs, max_steps, max_time)"
+            raise ConfigError(
+                f"ckpt_path=last: no last.ckpt of a run with {kind} under {where} ({len(found)} of other "
+                f"runs, the newest {other}). To resume one of those, give it: ckpt_path={other}"
+            )
+        raise ConfigError(
+            f"ckpt_path=last: no last.ckpt under {where}. "
+            "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
+        )
+    newest = max(matching, key=lambda p: p.stat().st_mtime)
+    print(f"ckpt_path=last: using {newest}", file=sys.stdout)
+    return str(newest)
+
+
+def run_folder_checkpoint(run_dir: Path) -> str:
+    """``ckpt_path=<a run folder>``: that run's ``checkpoints/last.ckpt``, else its newest complete checkpoint."""
+    found, notices = newest_complete_checkpoint(run_dir / "checkpoints")
+    for notice in notices:
+        print(f"ckpt_path={run_dir}: {notice}", file=sys.stdout)
+    if found is None:
+        raise ConfigError(
+            f"ckpt_path={run_dir}: the run folder's checkpoints/ holds no complete checkpoint. "
+            "Give a checkpoint file: ckpt_path=path/to/file.ckpt"
+        )
+    print(f"ckpt_path={run_dir}: using {found}", file=sys.stdout)
+    return str(found)
