@@ -359,3 +359,21 @@ def test_log_dir_is_a_string_and_stages_name_their_dataloader_prefix(tmp_path: A
         "test": "test",
         "predict": "predict",
     }
+
+
+def test_fast_dev_run_puts_a_dummy_logger_where_the_loggers_were(tmp_path: Any) -> None:
+    from trainer.lightning.loggers.logger import DummyLogger
+
+    class UsesItsLogger(Line):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.logger.experiment.add_scalar("x", 1.0, self.global_step)  # TensorBoard-style call
+            self.logger[0].log_metrics({"y": 2.0}, step=self.global_step)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.warns(UserWarning, match="fast_dev_run: leaving out TensorBoardLogger"):
+        trainer = quiet_trainer(tmp_path, fast_dev_run=2, logger=True)
+    trainer.fit(UsesItsLogger(), *_loaders(4))
+    assert isinstance(trainer.logger, DummyLogger) and trainer.loggers == [trainer.logger]
+    assert (trainer.logger.name, trainer.logger.version) == ("", "")
+    assert trainer.global_step == 2 and not any(tmp_path.iterdir())  # nothing written
+    assert quiet_trainer(tmp_path, fast_dev_run=True, logger=False).logger is None

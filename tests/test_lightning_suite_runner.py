@@ -99,6 +99,11 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         ("failed", "E   assert 3 == 2\nE    +  where 3 = f()", (cls.BEHAVIOUR, "assert N == N")),
         (
             "failed",
+            '    @patch("lightning.fabric.utilities.data._num_cpus_available", return_value=4)\nE   Failed: DID NOT WARN',
+            (cls.INTERNALS, "patches internal lightning.fabric.utilities.data._num_cpus_available"),
+        ),
+        (
+            "failed",
             "E   CheckpointError: /tmp/pytest-9/x/epoch=1.ckpt is missing, fit/validate said",
             (cls.BEHAVIOUR, "CheckpointError: <path> is missing, fit/validate said"),
         ),

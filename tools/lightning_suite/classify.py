@@ -44,8 +44,10 @@ _MODULE_ATTR = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 _OBJECT_ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'")
 _MOCK_ATTR = re.compile(r"does not have the attribute '(\w+)'")
 _INTERRUPTED = "a KeyboardInterrupt left this test"
+#: A test that patches a private name of Lightning's (``@patch("lightning.fabric.utilities.data._num_cpus_available")``).
+_PATCHES_PRIVATE = re.compile(r"[\"'](?:lightning|pytorch_lightning)\.[\w.]*?\._\w+[\"']")
 _PLACEHOLDER_TYPE = re.compile(r"got 'Placeholder'")
-_TIMEOUT = re.compile(r"Failed: Timeout >|\+{5} Timeout \+{5}")
+_TIMEOUT = re.compile(r"Failed: Timeout \(?>|\+{5} Timeout \+{5}")
 #: Classes whose missing attributes are Lightning public API when the name is public.
 _API_CLASSES = frozenset(
     {
@@ -138,6 +140,9 @@ def classify(outcome: str, text: str, nodeid: str = "", documented: list[Documen
     found = _INTERNAL_USED.search(text)
     if found:
         return INTERNALS, f"internal {_short(found.group(1))}"
+    found = _PATCHES_PRIVATE.search(text)
+    if found:
+        return INTERNALS, f"patches internal {_short(found.group(0).strip(chr(34) + chr(39)))}"
     if _PLACEHOLDER_TYPE.search(line):
         return INTERNALS, "internal used as an exception type"
     found = _MISSING_USED.search(text)
