@@ -377,3 +377,26 @@ def test_fast_dev_run_puts_a_dummy_logger_where_the_loggers_were(tmp_path: Any) 
     assert (trainer.logger.name, trainer.logger.version) == ("", "")
     assert trainer.global_step == 2 and not any(tmp_path.iterdir())  # nothing written
     assert quiet_trainer(tmp_path, fast_dev_run=True, logger=False).logger is None
+
+
+def test_configure_optimizers_returning_none_trains_with_no_optimizer() -> None:
+    # Lightning warns and runs the fit with a stand-in optimizer: every step and hook runs, no weight moves.
+    class NoOptim(Line):
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps = 0
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.steps += 1
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self) -> Any:
+            return None
+
+    module = NoOptim()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    trainer = quiet_trainer(max_epochs=2, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="will run with no optimizer"):
+        trainer.fit(module, _loaders(3)[0])
+    assert module.steps == 6 and trainer.global_step == 6
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
