@@ -183,6 +183,7 @@ def test_a_part_runs_past_a_test_that_kills_its_process_and_reports_every_test(t
     (suite / "demo" / "test_broken.py").write_text(
         "from lightning.pytorch.no_such_module import y\n\n\ndef test_x():\n    y()\n"
     )
+    (suite / "demo" / "test_unimportable.py").write_text("raise RuntimeError('no')\n\n\ndef test_y():\n    pass\n")
     out = tmp_path / "out"
     settings = run.Settings(checkout=checkout, work=out / "work", test_timeout=30, part_timeout=300, nice=0)
     run.run(settings, out)
@@ -194,5 +195,6 @@ def test_a_part_runs_past_a_test_that_kills_its_process_and_reports_every_test(t
     assert rows["test_b_dies"]["klass"] == cls.CRASH and "exit code 3" in rows["test_b_dies"]["cause"]
     assert rows["test_c_fails"]["klass"] == cls.BEHAVIOUR
     assert rows["test_x"]["klass"] == cls.MISSING  # the import works; the call names the missing module
-    assert "| demo | 5 | 0 | 2 | 0 | 1 | 0 | 1 | 1 | 40% (2/5) |" in table
+    assert rows["test_y"]["outcome"] == "collect error"  # once, though the part was collected twice
+    assert "| demo | 6 | 0 | 2 | 0 | 1 | 0 | 2 | 1 | 33% (2/6) |" in table
     assert "test_c_fails" in (out / "causes.md").read_text()

@@ -4,10 +4,12 @@ Classes, in the order they are decided:
 
 * ``passed`` (an expected failure that failed, ``xfailed``, is Lightning's outcome too: passed);
 * ``crash or hang``: the per-test timeout, or the process died or was interrupted in the test;
+* ``needs Lightning internals``: the test used a private name, the loops, a connector, patched a
+  private name, or used a fixture that fakes hardware by patching Lightning (see
+  ``harness/gt_suite_rules.py``): such a test says nothing about a program's behaviour, whatever
+  else it meets;
 * ``documented difference``: the test or its error matches a row of ``data/documented.csv``, which
   names the difference documented in docs/lightning.md;
-* ``needs Lightning internals``: the test used a private name, the loops, a connector, or a fixture
-  that fakes hardware by patching Lightning (see ``harness/gt_suite_rules.py``);
 * ``missing public name``: the test used a public Lightning name geartrain does not map;
 * ``behaviour difference``: everything else; its cause is the error line with numbers and paths
   blanked, so equal reasons group together.
@@ -132,19 +134,12 @@ def classify(outcome: str, text: str, nodeid: str = "", documented: list[Documen
     if outcome == "crashed" or _TIMEOUT.search(text):
         return CRASH, "timeout" if _TIMEOUT.search(text) else error_line(text)
     line = error_line(text)
+    internal = _internal(text, line)
+    if internal:
+        return INTERNALS, internal
     for row in documented or ():
         if row.matches(nodeid, text):
             return DOCUMENTED, row.cause
-    if _FIXTURE in text:
-        return INTERNALS, "fixture that fakes hardware (cuda_count_N, tpu_available, ...)"
-    found = _INTERNAL_USED.search(text)
-    if found:
-        return INTERNALS, f"internal {_short(found.group(1))}"
-    found = _PATCHES_PRIVATE.search(text)
-    if found:
-        return INTERNALS, f"patches internal {_short(found.group(0).strip(chr(34) + chr(39)))}"
-    if _PLACEHOLDER_TYPE.search(line):
-        return INTERNALS, "internal used as an exception type"
     found = _MISSING_USED.search(text)
     if found:
         return MISSING, f"missing {found.group(1)}"
@@ -154,15 +149,37 @@ def classify(outcome: str, text: str, nodeid: str = "", documented: list[Documen
             verdict = _lightning_name(found.group(module_group), found.group(name_group) if name_group else None)
             if verdict:
                 return verdict
-    found = _OBJECT_ATTR.search(line) or _MOCK_ATTR.search(line)
-    if found:
-        attr = found.group(found.lastindex or 1)
-        owner = found.group(1) if found.lastindex == 2 else ""
-        if rules.is_private(attr) or attr in rules.INTERNAL_ATTRS:
-            return INTERNALS, f"internal {owner}.{attr}".replace(" .", " ")
-        if owner in _API_CLASSES:
-            return MISSING, f"missing {owner}.{attr}"
+    found = _OBJECT_ATTR.search(line)
+    if found and found.group(1) in _API_CLASSES:
+        return MISSING, f"missing {found.group(1)}.{found.group(2)}"
     return BEHAVIOUR, normalise(line)
+
+
+def _internal(text: str, line: str) -> str | None:
+    """The Lightning internal a failed test needed (its cause), or None."""
+    if _FIXTURE in text:
+        return "fixture that fakes hardware (cuda_count_N, tpu_available, ...)"
+    found = _INTERNAL_USED.search(text)
+    if found:
+        return f"internal {_short(found.group(1))}"
+    found = _PATCHES_PRIVATE.search(text)
+    if found:
+        return f"patches internal {_short(found.group(0).strip(chr(34) + chr(39)))}"
+    if _PLACEHOLDER_TYPE.search(line):
+        return "internal used as an exception type"
+    for pattern, module_group, name_group in ((_NO_MODULE, 1, None), (_CANNOT_IMPORT, 2, 1), (_MODULE_ATTR, 1, 2)):
+        found = pattern.search(line)
+        if found:
+            verdict = _lightning_name(found.group(module_group), found.group(name_group) if name_group else None)
+            if verdict and verdict[0] == INTERNALS:
+                return verdict[1]
+    found = _OBJECT_ATTR.search(line)
+    if found and (rules.is_private(found.group(2)) or found.group(2) in rules.INTERNAL_ATTRS):
+        return f"internal {found.group(1)}.{found.group(2)}"
+    found = _MOCK_ATTR.search(line)
+    if found and (rules.is_private(found.group(1)) or found.group(1) in rules.INTERNAL_ATTRS):
+        return f"internal {found.group(1)}"
+    return None
 
 
 def _short(name: str) -> str:

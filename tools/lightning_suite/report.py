@@ -74,9 +74,9 @@ def rows_of(out: Path, documented: list[cls.Documented]) -> list[Row]:
             klass, cause = cls.classify(result["outcome"], result["longrepr"], nodeid, documented)
             error = cls.error_line(result["longrepr"]) if klass != cls.PASSED else ""
             rows.append(Row(part, nodeid, result["outcome"], klass, cause, error[:300], result["duration"]))
-        for record in records:
-            if record["event"] != "collect_error":
-                continue
+        # A restarted part collects its files again: one collection error per file.
+        collect_errors = {r["nodeid"]: r for r in records if r["event"] == "collect_error"}
+        for record in collect_errors.values():
             klass, cause = cls.classify("failed", record["longrepr"], record["nodeid"], documented)
             error = cls.error_line(record["longrepr"])[:300]
             for name in tests_in_file(tests_root / record["nodeid"]) or ["<file>"]:
