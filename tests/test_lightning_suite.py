@@ -400,3 +400,18 @@ def test_configure_optimizers_returning_none_trains_with_no_optimizer() -> None:
         trainer.fit(module, _loaders(3)[0])
     assert module.steps == 6 and trainer.global_step == 6
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_evaluating_without_a_module_is_lightnings_type_error(stage: str) -> None:
+    with pytest.raises(TypeError, match=rf"`Trainer.{stage}\(\)` requires a `LightningModule`"):
+        getattr(quiet_trainer(), stage)()
+
+
+def test_a_sanity_check_of_every_batch_reads_as_infinity() -> None:
+    trainer = quiet_trainer(num_sanity_val_steps=-1, max_epochs=1)
+    assert trainer.num_sanity_val_steps == float("inf")
+    assert quiet_trainer(num_sanity_val_steps=3).num_sanity_val_steps == 3
+    module = Line()
+    trainer.fit(module, *_loaders(2))  # the sanity check still runs every validation batch
+    assert trainer.global_step == 2

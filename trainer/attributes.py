@@ -67,9 +67,6 @@ class TrainerAttributes:
     )
     #: ``limit_*_batches`` by stage (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``).
     limits: Reads[dict[str, int | float | None]] = Reads("loop", "limits", doc="``limit_*_batches`` by stage.")
-    num_sanity_val_steps: Reads[int] = Reads(
-        "loop", "num_sanity_val_steps", doc="Validation batches of the sanity check."
-    )
     log_every_n_steps: Reads[int] = Reads("loop", "log_every_n_steps", doc="Step values reach the loggers this often.")
     fast_dev_run: Reads[int] = Reads("loop", "fast_dev_run", doc="Batches of the quick check run (0: off).")
     overfit_batches: Reads[int | float] = Reads(
@@ -191,6 +188,12 @@ class TrainerAttributes:
     def global_rank(self) -> int:
         """This process's rank."""
         return self.strategy.global_rank
+
+    @property
+    def num_sanity_val_steps(self) -> int | float:
+        """Validation batches of the sanity check: ``float("inf")`` for all of them (``-1`` given), as Lightning's."""
+        steps = self.run_state.loop.num_sanity_val_steps
+        return float("inf") if steps == -1 else steps
 
     @property
     def log_dir(self) -> str:
