@@ -152,6 +152,7 @@ def test_scope_keeps_the_parts_in_order_and_lists_each_exclusion_with_its_reason
         "accelerators/test_xla.py",
     }
     assert list(scope.in_scope_files(tmp_path, only=["zzz"])) == ["zzz"]
+    assert {p.name for ps in scope.in_scope_files(tmp_path, files=["flags/"]).values() for p in ps} == {"test_a.py"}
 
 
 def test_a_part_runs_past_a_test_that_kills_its_process_and_reports_every_test(tmp_path: Path) -> None:

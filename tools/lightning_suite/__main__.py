@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("--out", type=Path, required=True, help="where outcomes and tables go")
     go.add_argument("--work", type=Path, help="the scratch folder (default: OUT/work)")
     go.add_argument("--part", action="append", help="a top-level folder or file of tests_pytorch (repeatable)")
+    go.add_argument("--file", action="append", help="only test files whose path contains this (repeatable)")
     go.add_argument("--timeout", type=int, default=60, help="seconds one test may take (default 60)")
     go.add_argument("--part-timeout", type=int, default=3600, help="seconds one part may take (default 3600)")
     go.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers per part (default 0)")
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             nice=args.nice,
         )
-        run.run(settings, args.out.resolve(), args.part, fresh=not args.keep)
+        run.run(settings, args.out.resolve(), args.part, fresh=not args.keep, files=args.file)
     print(report.write(args.out.resolve()))
     return 0
 

@@ -121,16 +121,19 @@ def run_part(settings: Settings, name: str, files: list[Path], results: Path, lo
     return time.monotonic() - began
 
 
-def run(settings: Settings, out: Path, only: list[str] | None = None, fresh: bool = True) -> dict[str, float]:
-    """Build the scratch folder and run every in-scope part (or ``only`` those); results go to ``out/raw``."""
+def run(
+    settings: Settings, out: Path, only: list[str] | None = None, fresh: bool = True, files: list[str] | None = None
+) -> dict[str, float]:
+    """Build the scratch folder and run every in-scope part (or ``only`` those, or the ``files`` matching);
+    results go to ``out/raw``."""
     suite = alias.build(settings.checkout, settings.work)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
-    for name, files in scope.in_scope_files(suite, only).items():
+    for name, paths in scope.in_scope_files(suite, only, files).items():
         results = raw / f"{name}.jsonl"
         if fresh and results.exists():
             results.unlink()
-        times[name] = run_part(settings, name, files, results, out / "pytest.log")
+        times[name] = run_part(settings, name, paths, results, out / "pytest.log")
         (out / "times.json").write_text(json.dumps(times, indent=1), encoding="utf-8")
     return times

@@ -54,16 +54,17 @@ def _names(key: str, part: str) -> bool:
     return key in stem.split("_") or ("_" in key and key in stem)
 
 
-def in_scope_files(suite: Path, only: list[str] | None = None) -> dict[str, list[Path]]:
+def in_scope_files(suite: Path, only: list[str] | None = None, files: list[str] | None = None) -> dict[str, list[Path]]:
     """The in-scope test files of ``suite`` (a ``tests_pytorch`` folder) by part, in :data:`FOLDER_ORDER`.
 
     A part is a top-level folder or a top-level test file; parts not in the order come last,
-    alphabetically. ``only`` keeps the parts named there.
+    alphabetically. ``only`` keeps the parts named there; ``files`` the files whose path below
+    ``suite`` contains one of its strings.
     """
     parts: dict[str, list[Path]] = {}
     for path in sorted(suite.rglob("test_*.py")):
         relative = path.relative_to(suite).as_posix()
-        if exclusion_reason(relative) is not None:
+        if exclusion_reason(relative) is not None or (files and not any(f in relative for f in files)):
             continue
         part = relative.split("/")[0]
         parts.setdefault(part, []).append(path)
