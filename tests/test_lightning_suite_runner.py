@@ -73,6 +73,11 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         ),
         (
             "failed",
+            "E   AttributeError: type object 'EarlyStopping' has no attribute '_log_info'",
+            (cls.INTERNALS, "internal EarlyStopping._log_info"),
+        ),
+        (
+            "failed",
             "E   AttributeError: <module 'x'> does not have the attribute '_run_stage'",
             (cls.INTERNALS, "internal _run_stage"),
         ),

@@ -43,7 +43,7 @@ _FIXTURE = "harness: this fixture fakes hardware by patching Lightning internals
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 _CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")
 _MODULE_ATTR = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
-_OBJECT_ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'")
+_OBJECT_ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'|type object '(\w+)' has no attribute '(\w+)'")
 _MOCK_ATTR = re.compile(r"does not have the attribute '(\w+)'")
 _INTERRUPTED = "a KeyboardInterrupt left this test"
 #: A test that patches a private name of Lightning's (``@patch("lightning.fabric.utilities.data._num_cpus_available")``).
@@ -149,9 +149,9 @@ def classify(outcome: str, text: str, nodeid: str = "", documented: list[Documen
             verdict = _lightning_name(found.group(module_group), found.group(name_group) if name_group else None)
             if verdict:
                 return verdict
-    found = _OBJECT_ATTR.search(line)
-    if found and found.group(1) in _API_CLASSES:
-        return MISSING, f"missing {found.group(1)}.{found.group(2)}"
+    owner, attr = _owner_attr(line)
+    if owner in _API_CLASSES:
+        return MISSING, f"missing {owner}.{attr}"
     return BEHAVIOUR, normalise(line)
 
 
@@ -173,13 +173,21 @@ def _internal(text: str, line: str) -> str | None:
             verdict = _lightning_name(found.group(module_group), found.group(name_group) if name_group else None)
             if verdict and verdict[0] == INTERNALS:
                 return verdict[1]
-    found = _OBJECT_ATTR.search(line)
-    if found and (rules.is_private(found.group(2)) or found.group(2) in rules.INTERNAL_ATTRS):
-        return f"internal {found.group(1)}.{found.group(2)}"
+    owner, attr = _owner_attr(line)
+    if owner and (rules.is_private(attr) or attr in rules.INTERNAL_ATTRS):
+        return f"internal {owner}.{attr}"
     found = _MOCK_ATTR.search(line)
     if found and (rules.is_private(found.group(1)) or found.group(1) in rules.INTERNAL_ATTRS):
         return f"internal {found.group(1)}"
     return None
+
+
+def _owner_attr(line: str) -> tuple[str, str]:
+    """(class, attribute) of an ``AttributeError`` about an object's or a class's attribute, else ("", "")."""
+    found = _OBJECT_ATTR.search(line)
+    if not found:
+        return "", ""
+    return (found.group(1), found.group(2)) if found.group(1) else (found.group(3), found.group(4))
 
 
 def _short(name: str) -> str:
