@@ -65,6 +65,11 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         ("xfailed", "", (cls.PASSED, "")),
         ("skipped", "Requires: [2 CUDA GPUs]", (cls.SKIPPED, "Requires: [2 CUDA GPUs]")),
         ("failed", "E   Failed: Timeout >60.0s", (cls.CRASH, "timeout")),
+        (
+            "failed",
+            "E   socket.gaierror: [Errno -2] Name or service not known",
+            (cls.SKIPPED, "needs the network (downloads a data set): not measured"),
+        ),
         ("crashed", run.CRASHED.format(code=-11), (cls.CRASH, run.CRASHED.format(code=-11))),
         (
             "failed",

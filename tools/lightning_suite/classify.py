@@ -14,7 +14,8 @@ Classes, in the order they are decided:
 * ``behaviour difference``: everything else; its cause is the error line with numbers and paths
   blanked, so equal reasons group together.
 
-Skipped tests are counted apart (not in scope of the pass rate).
+Skipped tests are counted apart (not in scope of the pass rate), and so are tests that fail for
+want of the network (Lightning's MNIST helpers download their data).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")
 _MODULE_ATTR = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 _OBJECT_ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'|type object '(\w+)' has no attribute '(\w+)'")
 _MOCK_ATTR = re.compile(r"does not have the attribute '(\w+)'")
+_NETWORK = re.compile(r"socket\.gaierror|Name or service not known|Temporary failure in name resolution")
 _INTERRUPTED = "a KeyboardInterrupt left this test"
 #: A test that patches a private name of Lightning's (``@patch("lightning.fabric.utilities.data._num_cpus_available")``).
 _PATCHES_PRIVATE = re.compile(r"[\"'](?:lightning|pytorch_lightning)\.[\w.]*?\._\w+[\"']")
@@ -126,6 +128,8 @@ def classify(outcome: str, text: str, nodeid: str = "", documented: list[Documen
         return PASSED, ""
     if outcome == "skipped":
         return SKIPPED, error_line(text)
+    if _NETWORK.search(text):
+        return SKIPPED, "needs the network (downloads a data set): not measured"
     if outcome == "crashed" and _INTERRUPTED in text:
         return (
             BEHAVIOUR,
