@@ -415,3 +415,21 @@ def test_a_sanity_check_of_every_batch_reads_as_infinity() -> None:
     module = Line()
     trainer.fit(module, *_loaders(2))  # the sanity check still runs every validation batch
     assert trainer.global_step == 2
+
+
+def test_a_dataloader_that_cannot_be_iterated_is_lightnings_type_error() -> None:
+    loader = _loaders()[0]
+    with pytest.raises(TypeError, match=r"invalid dataloader was passed to `Trainer.fit\(train_dataloaders=\.\.\.\)`"):
+        quiet_trainer(max_epochs=1).fit(Line(), object())
+    with pytest.raises(TypeError, match=r"invalid dataloader was passed to `Trainer.validate\(dataloaders=.*Found 1"):
+        quiet_trainer().validate(Line(), [loader, 1])
+
+    class Returns5(Line):
+        def val_dataloader(self) -> Any:
+            return 5
+
+    with pytest.raises(TypeError, match=r"invalid object was returned from `Returns5.val_dataloader\(\)`. Found 5"):
+        quiet_trainer().validate(Returns5())
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(Line(), [(torch.ones(1, 2),), (torch.ones(1, 2),)])  # a list of batches is still one loader
+    assert trainer.global_step == 2

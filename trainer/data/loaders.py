@@ -196,16 +196,18 @@ def resolve_loaders(
     ``use_distributed_sampler=False``) and seeded for workers. None: no data and not ``required``.
     """
     method = LOADER_METHODS[stage]
-    given = explicit
+    given, returned_by = explicit, None
     for source in (trainer.datamodule, trainer.module):
         if given is not None:
             break
         fn = getattr(source, method, None) if source is not None else None
         if fn is not None:
             try:
-                given = fn()
+                given, returned_by = fn(), f"{type(source).__name__}.{method}()"
             except NotImplementedError:
                 given = None
+    if given is not None:
+        _check_iterable(given, stage, returned_by)
     if given is None:
         if required:
             raise UserError(
@@ -318,6 +320,27 @@ def refuse_dataloader_iter(fn: Callable[..., Any], name: str) -> None:
             f"{name}(self, batch, batch_idx), and to look ahead (prefetching), do it in the DataLoader "
             "(num_workers, prefetch_factor)"
         )
+
+
+def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
+    """Refuse, as Lightning does, a dataloader (or an entry of a list or dict of them) that cannot be iterated."""
+    if isinstance(given, CombinedLoader):
+        given = given.iterables
+    if isinstance(given, Mapping):
+        entries = list(given.values())
+    elif isinstance(given, (list, tuple)):
+        entries = [item for item in given if not isinstance(item, torch.Tensor)]  # a list of batches is one loader
+    else:
+        entries = [given]
+    for entry in entries:
+        if isinstance(entry, DataLoader) or hasattr(entry, "__iter__") or hasattr(entry, "__getitem__"):
+            continue
+        where = (
+            f"An invalid object was returned from `{returned_by}`"
+            if returned_by
+            else f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}dataloaders=...)`"
+        )
+        raise TypeError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
 
 
 def _is_loader(obj: Any) -> bool:
