@@ -40,7 +40,7 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         assert pl is trainer.lightning and pytorch_lightning is pl and lightning.pytorch is pl
         assert pl.callbacks is sys.modules["trainer.lightning.callbacks"]
         assert ModelCheckpoint is callbacks.ModelCheckpoint and lightning.Trainer is pl.Trainer
-        assert bool(_TORCH_GREATER_EQUAL_2_1) is True
+        assert bool(_TORCH_GREATER_EQUAL_2_1) is True and str(_TORCH_GREATER_EQUAL_2_1) == "True"
         for used in (lambda: _FitLoop(), lambda: load_hparams_from_yaml("x")):
             try:
                 used()

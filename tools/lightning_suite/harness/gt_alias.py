@@ -78,6 +78,12 @@ class Placeholder:
             self._gt_raise()
         return bool(answer)
 
+    def __str__(self) -> str:
+        flag = _flag(object.__getattribute__(self, "_gt_name").rpartition(".")[2])
+        if flag is None:
+            self._gt_raise()
+        return str(flag)
+
     __call__ = _gt_raise
     __setattr__ = _gt_raise
     __iter__ = _gt_raise
@@ -85,7 +91,6 @@ class Placeholder:
     __enter__ = _gt_raise
     __mro_entries__ = _gt_raise
     __instancecheck__ = _gt_raise
-    __str__ = _gt_raise
     __fspath__ = _gt_raise
 
 
