@@ -433,3 +433,14 @@ def test_a_dataloader_that_cannot_be_iterated_is_lightnings_type_error() -> None
     trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
     trainer.fit(Line(), [(torch.ones(1, 2),), (torch.ones(1, 2),)])  # a list of batches is still one loader
     assert trainer.global_step == 2
+
+
+def test_the_batch_limits_in_force_read_as_lightnings_attributes() -> None:
+    names = ["limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"]
+    assert [getattr(quiet_trainer(), name) for name in names] == [1.0, 1.0, 1.0, 1.0]
+    given = quiet_trainer(limit_train_batches=3, limit_val_batches=0.25)
+    assert (given.limit_train_batches, given.limit_val_batches, given.limit_test_batches) == (3, 0.25, 1.0)
+    quick = quiet_trainer(fast_dev_run=2)
+    assert [getattr(quick, name) for name in names] == [2, 2, 2, 2]
+    overfit = quiet_trainer(overfit_batches=4)
+    assert (overfit.limit_train_batches, overfit.limit_val_batches) == (4, 4)

@@ -189,6 +189,30 @@ class TrainerAttributes:
         """This process's rank."""
         return self.strategy.global_rank
 
+    def _limit(self, stage: str) -> int | float:
+        limit = self.run_state.loop.limits[stage]
+        return 1.0 if limit is None else limit
+
+    @property
+    def limit_train_batches(self) -> int | float:
+        """Training batches per epoch in force: a count, or a fraction (1.0: all), as Lightning's attribute."""
+        return self._limit("fit")
+
+    @property
+    def limit_val_batches(self) -> int | float:
+        """Validation batches in force: a count, or a fraction (1.0: all)."""
+        return self._limit("validate")
+
+    @property
+    def limit_test_batches(self) -> int | float:
+        """Test batches in force: a count, or a fraction (1.0: all)."""
+        return self._limit("test")
+
+    @property
+    def limit_predict_batches(self) -> int | float:
+        """Prediction batches in force: a count, or a fraction (1.0: all)."""
+        return self._limit("predict")
+
     @property
     def num_sanity_val_steps(self) -> int | float:
         """Validation batches of the sanity check: ``float("inf")`` for all of them (``-1`` given), as Lightning's."""
