@@ -208,6 +208,7 @@ def resolve_loaders(
                 given = None
     if given is not None:
         _check_iterable(given, stage, returned_by)
+        _refuse_nested(given.iterables if isinstance(given, CombinedLoader) else given, stage)
     if given is None:
         if required:
             raise UserError(
@@ -341,6 +342,19 @@ def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
             else f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}dataloaders=...)`"
         )
         raise TypeError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
+
+
+def _refuse_nested(given: Any, stage: str) -> None:
+    """A collection of collections of loaders (``{"a": [loader, loader]}``) is refused, not read as batches."""
+    items = given.values() if isinstance(given, Mapping) else given if isinstance(given, (list, tuple)) else ()
+    for item in items:
+        inner = list(item.values()) if isinstance(item, Mapping) else item if isinstance(item, (list, tuple)) else ()
+        if inner and all(_is_loader(loader) for loader in inner):
+            raise NotImplementedError(
+                f"trainer.{stage} got nested collections of dataloaders ({type(given).__name__} of "
+                f"{type(item).__name__}s of loaders): not supported yet. Pass one flat list or dict of "
+                "loaders (or a CombinedLoader of one); each batch is then a list or dict of their batches."
+            )
 
 
 def _is_loader(obj: Any) -> bool:
