@@ -108,8 +108,11 @@ def _line(part: str, count: Counter[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def causes(rows: list[Row], top: int = 40) -> str:
-    """Failures by cause (markdown), most tests first, with two example tests and an error line each."""
+def causes(rows: list[Row], top: int | None = 40) -> str:
+    """Failures by cause (markdown), most tests first, with two example tests and an error line each.
+
+    ``top`` causes per class (None: every cause).
+    """
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for row in rows:
         if row.klass not in (cls.PASSED, cls.SKIPPED):
@@ -124,7 +127,7 @@ def causes(rows: list[Row], top: int = 40) -> str:
             lines.append(f"- **{len(members)}** `{cause}`")
             for row in members[:2]:
                 lines.append(f"  - `{row.nodeid}`: `{row.error[:200]}`")
-        if len(ranked) > top:
+        if top is not None and len(ranked) > top:
             lines.append(f"- ... {len(ranked) - top} more causes, {sum(len(v) for _, v in ranked[top:])} tests")
     return "\n".join(lines) + "\n"
 
@@ -142,4 +145,5 @@ def write(out: Path) -> str:
     table = part_table(rows)
     (out / "table.md").write_text(table, encoding="utf-8")
     (out / "causes.md").write_text("# Failures by cause\n" + causes(rows), encoding="utf-8")
+    (out / "causes-all.md").write_text("# Failures by cause\n" + causes(rows, top=None), encoding="utf-8")
     return table
