@@ -461,3 +461,19 @@ def test_nested_collections_of_dataloaders_are_refused_not_read_as_batches(neste
     trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
     trainer.fit(Combined(), {"a": loader, "b": loader})  # a flat dict still trains, one batch of each per step
     assert trainer.global_step == 2
+
+
+def test_simple_profiler_records_every_calls_duration() -> None:
+    from trainer.profilers import SimpleProfiler
+
+    profiler = SimpleProfiler()
+    for _ in range(3):
+        with profiler.profile("load"):
+            pass
+    durations = profiler.recorded_durations["load"]
+    assert len(durations) == 3 and all(d >= 0 for d in durations)
+    assert sum(durations) == pytest.approx(profiler.stats["load"].total)
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0, profiler=profiler)
+    trainer.fit(Line(), _loaders(4)[0])
+    assert len(profiler.recorded_durations["run_training_batch"]) == 4  # a new stage starts a new record
+    assert "load" not in profiler.recorded_durations
