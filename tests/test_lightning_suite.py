@@ -477,3 +477,16 @@ def test_simple_profiler_records_every_calls_duration() -> None:
     trainer.fit(Line(), _loaders(4)[0])
     assert len(profiler.recorded_durations["run_training_batch"]) == 4  # a new stage starts a new record
     assert "load" not in profiler.recorded_durations
+
+
+@pytest.mark.parametrize("stage", ["validate", "test"])
+def test_best_without_a_best_checkpoint_is_lightnings_value_error(tmp_path: Any, stage: str) -> None:
+    class Logs(Line):
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("t", 1.0)
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(monitor="val_loss", save_top_k=0)])
+    trainer.fit(module := Logs(), *_loaders())
+    with pytest.raises(ValueError, match=r"`ModelCheckpoint` is not configured to save the best model") as caught:
+        getattr(trainer, stage)(module, _loaders()[1], ckpt_path="best")
+    assert f'`.{stage}(ckpt_path="best")` is set' in str(caught.value)
