@@ -6,6 +6,7 @@ Layout of ``<work>`` (``build(checkout, work)``)::
     site/pytorch_lightning/__init__.py alias: pytorch_lightning -> trainer.lightning
     site/gt_alias.py, gt_suite_rules.py, suite_plugin.py   copied from harness/
     tests/tests_pytorch/              Lightning's tests, conftest.py and helpers/runif.py replaced by ours
+    tests/legacy/                     Lightning's list of released versions, read by some tests
     tests/pytest.ini                  Lightning's pytest options that change outcomes (strict xfail, FutureWarning)
 """
 
@@ -69,6 +70,9 @@ def copy_tests(checkout: Path, tests: Path) -> Path:
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
     for relative, ours in REPLACED.items():
         shutil.copyfile(HARNESS / ours, target / relative)
+    legacy = checkout / "tests" / "legacy"  # the versions list and scripts some tests read beside the suite
+    if legacy.is_dir() and not (tests / "legacy").exists():
+        shutil.copytree(legacy, tests / "legacy", ignore=shutil.ignore_patterns("__pycache__", "checkpoints"))
     (tests / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
     return target
 
