@@ -67,6 +67,11 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         ("failed", "E   Failed: Timeout >60.0s", (cls.CRASH, "timeout")),
         (
             "failed",
+            "E   ModuleNotFoundError: No module named 'onnxruntime'",
+            (cls.SKIPPED, "a test requirement is not installed here: onnxruntime"),
+        ),
+        (
+            "failed",
             "E   socket.gaierror: [Errno -2] Name or service not known",
             (cls.SKIPPED, "needs the network (downloads a data set): not measured"),
         ),

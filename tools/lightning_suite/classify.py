@@ -15,7 +15,8 @@ Classes, in the order they are decided:
   blanked, so equal reasons group together.
 
 Skipped tests are counted apart (not in scope of the pass rate), and so are tests that fail for
-want of the network (Lightning's MNIST helpers download their data).
+want of the network (Lightning's MNIST helpers download their data) or of a test requirement not
+installed in the scratch environment (a third-party ``ModuleNotFoundError``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ _MODULE_ATTR = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 _OBJECT_ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'|type object '(\w+)' has no attribute '(\w+)'")
 _MOCK_ATTR = re.compile(r"does not have the attribute '(\w+)'")
 _NETWORK = re.compile(r"socket\.gaierror|Name or service not known|Temporary failure in name resolution")
+_OURS = ("trainer", "callbacks", "strategies", "lightning", "tests_pytorch")
+#: Lightning's migration tests assert that no ``pytorch_lightning`` module exists: the alias is one.
+_ALIAS_IS_STANDALONE = "Should not import standalone package"
 _INTERRUPTED = "a KeyboardInterrupt left this test"
 #: A test that patches a private name of Lightning's (``@patch("lightning.fabric.utilities.data._num_cpus_available")``).
 _PATCHES_PRIVATE = re.compile(r"[\"'](?:lightning|pytorch_lightning)\.[\w.]*?\._\w+[\"']")
@@ -130,6 +134,9 @@ def classify(outcome: str, text: str, nodeid: str = "", documented: list[Documen
         return SKIPPED, error_line(text)
     if _NETWORK.search(text):
         return SKIPPED, "needs the network (downloads a data set): not measured"
+    found = _NO_MODULE.search(error_line(text))
+    if found and rules.canonical(found.group(1)) is None and not found.group(1).startswith(_OURS):
+        return SKIPPED, f"a test requirement is not installed here: {found.group(1).split('.')[0]}"
     if outcome == "crashed" and _INTERRUPTED in text:
         return (
             BEHAVIOUR,
@@ -163,6 +170,8 @@ def _internal(text: str, line: str) -> str | None:
     """The Lightning internal a failed test needed (its cause), or None."""
     if _FIXTURE in text:
         return "fixture that fakes hardware (cuda_count_N, tpu_available, ...)"
+    if _ALIAS_IS_STANDALONE in text:
+        return "Lightning's checkpoint migration (its test sees the alias's pytorch_lightning module)"
     found = _INTERNAL_USED.search(text)
     if found:
         return f"internal {_short(found.group(1))}"
