@@ -35,13 +35,17 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         import lightning.pytorch as pl, pytorch_lightning, lightning, trainer.lightning, callbacks
         from lightning.pytorch.callbacks import ModelCheckpoint
         from lightning.pytorch.loops import _FitLoop                      # internal: imports, fails when used
-        from lightning.pytorch.core.saving import load_hparams_from_yaml  # public, not mapped
+        from lightning.pytorch.no_such_module import load_hparams_from_yaml  # not mapped, not refused
         from lightning.pytorch.utilities import _TORCH_GREATER_EQUAL_2_1  # an environment flag
         assert pl is trainer.lightning and pytorch_lightning is pl and lightning.pytorch is pl
         assert pl.callbacks is sys.modules["trainer.lightning.callbacks"]
         assert ModelCheckpoint is callbacks.ModelCheckpoint and lightning.Trainer is pl.Trainer
         assert bool(_TORCH_GREATER_EQUAL_2_1) is True and str(_TORCH_GREATER_EQUAL_2_1) == "True"
-        for used in (lambda: _FitLoop(), lambda: load_hparams_from_yaml("x")):
+        import importlib
+        key = next(k for k in trainer.lightning.REFUSED if k.rpartition(".")[0] in trainer.lightning.TREE)
+        module, _, name = key.rpartition(".")
+        refused = getattr(importlib.import_module(f"lightning.pytorch.{module}"), name)  # imports; use fails
+        for used in (lambda: _FitLoop(), lambda: load_hparams_from_yaml("x"), lambda: refused()):
             try:
                 used()
             except AttributeError as error:
@@ -50,11 +54,12 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    internal, missing = done.stdout.splitlines()
+    internal, missing, refused = done.stdout.splitlines()
+    assert cls.classify("failed", f"E   {refused}")[0] == cls.DOCUMENTED
     assert cls.classify("failed", f"E   {internal}") == (cls.INTERNALS, "internal lightning.pytorch.loops")
     assert cls.classify("failed", f"E   {missing}") == (
         cls.MISSING,
-        "missing lightning.pytorch.core.saving.load_hparams_from_yaml",
+        "missing lightning.pytorch.no_such_module.load_hparams_from_yaml",
     )
 
 

@@ -41,6 +41,9 @@ DOCUMENTED_CSV = Path(__file__).parent / "data" / "documented.csv"
 
 _INTERNAL_USED = re.compile(r"harness: the test uses Lightning internal (\S+)")
 _MISSING_USED = re.compile(r"harness: the test uses a public name geartrain lacks: (\S+)")
+_REFUSED_USED = re.compile(
+    r"harness: the test uses a name geartrain refuses by name: \S+ \((.*?)(; see docs/lightning\.md)?\)$", re.M
+)
 _FIXTURE = "harness: this fixture fakes hardware by patching Lightning internals"
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 _CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")
@@ -151,6 +154,12 @@ def classify(outcome: str, text: str, nodeid: str = "", documented: list[Documen
     for row in documented or ():
         if row.matches(nodeid, text):
             return DOCUMENTED, row.cause
+    found = _REFUSED_USED.search(text)
+    if found:
+        return (
+            DOCUMENTED,
+            f"refused by name in trainer.lightning.REFUSED: {found.group(1)} (docs/lightning.md, module tree)",
+        )
     found = _MISSING_USED.search(text)
     if found:
         return MISSING, f"missing {found.group(1)}"

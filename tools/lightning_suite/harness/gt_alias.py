@@ -41,6 +41,7 @@ _PREFIXES = ("lightning.pytorch", "pytorch_lightning")
 used_stand_ins: set[str] = set()
 INTERNAL_USED = "harness: the test uses Lightning internal"
 MISSING_USED = "harness: the test uses a public name geartrain lacks:"
+REFUSED_USED = "harness: the test uses a name geartrain refuses by name:"
 
 
 class PlaceholderUsed(AttributeError):
@@ -64,6 +65,9 @@ class Placeholder:
         path = rules.canonical(name.rpartition(".")[0]) if "." in name else None
         attr = name.rpartition(".")[2]
         internal = path is None or rules.is_internal_module(path) or rules.is_private(attr)
+        reason = None if internal else _refusal(f"{path}.{attr}" if path else attr)
+        if reason is not None:
+            raise PlaceholderUsed(f"{REFUSED_USED} {name} ({reason})")
         raise PlaceholderUsed(f"{INTERNAL_USED if internal else MISSING_USED} {name}")
 
     def __getattr__(self, attr: str) -> Any:
@@ -92,6 +96,19 @@ class Placeholder:
     __mro_entries__ = _gt_raise
     __instancecheck__ = _gt_raise
     __fspath__ = _gt_raise
+
+
+def _refusal(path: str) -> str | None:
+    """Why ``trainer.lightning`` refuses ``path`` (below ``lightning.pytorch``) or a module above it, else None."""
+    import trainer.lightning as root
+
+    refused: dict[str, str] = getattr(root, "REFUSED", {})
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        reason = refused.get(".".join(parts[:end]))
+        if reason is not None:
+            return reason
+    return None
 
 
 def _flag(name: str) -> bool | None:
@@ -140,7 +157,7 @@ def _placeholders_for_missing_names(module: types.ModuleType, path: str) -> None
     def __getattr__(name: str) -> Any:
         try:
             return original(name)
-        except AttributeError:
+        except (AttributeError, ImportError):  # ImportError: a name geartrain refuses (its REFUSED table)
             if name.startswith("__") and name != "__version__":
                 raise
             return Placeholder(f"{full}.{name}")
