@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["Logger", "NoOpExperiment"]
+__all__ = ["DummyLogger", "Logger", "NoOpExperiment"]
 
 _VERSION_DIR = re.compile(r"version_(\d+)$")
 
@@ -204,6 +204,55 @@ class Logger(Callback):
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         if self._writes:
             self.finalize("failed")
+
+
+class DummyLogger(Logger):
+    """The logger a ``fast_dev_run`` puts where the run's loggers were (Lightning's ``DummyLogger``).
+
+    Lightning's rule: a quick check run writes no logs, yet code that logs through ``self.logger``
+    (``self.logger.experiment.add_image(...)``, ``self.logger.log_metrics(...)``) still runs. Every
+    logging method does nothing, ``experiment`` takes any call, ``name`` and ``version`` are ``""``.
+    Unlike Lightning's, calling a method no logger has (``self.logger.foo()``) is an ``AttributeError``:
+    the trainer asks its callbacks what they are by their attributes.
+    """
+
+    runs_in_fast_dev_run = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._writes = False
+        self._experiment = NoOpExperiment()
+
+    @property
+    def experiment(self) -> NoOpExperiment:
+        """An object whose every method does nothing."""
+        return self._experiment
+
+    @property
+    @override
+    def name(self) -> str:
+        return ""
+
+    @property
+    @override
+    def version(self) -> str:
+        return ""
+
+    @override
+    def log_metrics(self, *args: Any, **kwargs: Any) -> None:
+        """Does nothing."""
+
+    @override
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        """Does nothing."""
+
+    @override
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        self._writes = False  # nothing to write, on any rank
+
+    def __getitem__(self, index: int) -> DummyLogger:
+        """``self.logger[0]`` is this logger (Lightning code written for a list of loggers)."""
+        return self
 
 
 def _launcher_rank() -> int:

@@ -359,3 +359,134 @@ def test_log_dir_is_a_string_and_stages_name_their_dataloader_prefix(tmp_path: A
         "test": "test",
         "predict": "predict",
     }
+
+
+def test_fast_dev_run_puts_a_dummy_logger_where_the_loggers_were(tmp_path: Any) -> None:
+    from trainer.lightning.loggers.logger import DummyLogger
+
+    class UsesItsLogger(Line):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.logger.experiment.add_scalar("x", 1.0, self.global_step)  # TensorBoard-style call
+            self.logger[0].log_metrics({"y": 2.0}, step=self.global_step)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.warns(UserWarning, match="fast_dev_run: leaving out TensorBoardLogger"):
+        trainer = quiet_trainer(tmp_path, fast_dev_run=2, logger=True)
+    trainer.fit(UsesItsLogger(), *_loaders(4))
+    assert isinstance(trainer.logger, DummyLogger) and trainer.loggers == [trainer.logger]
+    assert (trainer.logger.name, trainer.logger.version) == ("", "")
+    assert trainer.global_step == 2 and not any(tmp_path.iterdir())  # nothing written
+    assert quiet_trainer(tmp_path, fast_dev_run=True, logger=False).logger is None
+
+
+def test_configure_optimizers_returning_none_trains_with_no_optimizer() -> None:
+    # Lightning warns and runs the fit with a stand-in optimizer: every step and hook runs, no weight moves.
+    class NoOptim(Line):
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps = 0
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.steps += 1
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self) -> Any:
+            return None
+
+    module = NoOptim()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    trainer = quiet_trainer(max_epochs=2, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="will run with no optimizer"):
+        trainer.fit(module, _loaders(3)[0])
+    assert module.steps == 6 and trainer.global_step == 6
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_evaluating_without_a_module_is_lightnings_type_error(stage: str) -> None:
+    with pytest.raises(TypeError, match=rf"`Trainer.{stage}\(\)` requires a `LightningModule`"):
+        getattr(quiet_trainer(), stage)()
+
+
+def test_a_sanity_check_of_every_batch_reads_as_infinity() -> None:
+    trainer = quiet_trainer(num_sanity_val_steps=-1, max_epochs=1)
+    assert trainer.num_sanity_val_steps == float("inf")
+    assert quiet_trainer(num_sanity_val_steps=3).num_sanity_val_steps == 3
+    module = Line()
+    trainer.fit(module, *_loaders(2))  # the sanity check still runs every validation batch
+    assert trainer.global_step == 2
+
+
+def test_a_dataloader_that_cannot_be_iterated_is_lightnings_type_error() -> None:
+    loader = _loaders()[0]
+    with pytest.raises(TypeError, match=r"invalid dataloader was passed to `Trainer.fit\(train_dataloaders=\.\.\.\)`"):
+        quiet_trainer(max_epochs=1).fit(Line(), object())
+    with pytest.raises(TypeError, match=r"invalid dataloader was passed to `Trainer.validate\(dataloaders=.*Found 1"):
+        quiet_trainer().validate(Line(), [loader, 1])
+
+    class Returns5(Line):
+        def val_dataloader(self) -> Any:
+            return 5
+
+    with pytest.raises(TypeError, match=r"invalid object was returned from `Returns5.val_dataloader\(\)`. Found 5"):
+        quiet_trainer().validate(Returns5())
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(Line(), [(torch.ones(1, 2),), (torch.ones(1, 2),)])  # a list of batches is still one loader
+    assert trainer.global_step == 2
+
+
+def test_the_batch_limits_in_force_read_as_lightnings_attributes() -> None:
+    names = ["limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"]
+    assert [getattr(quiet_trainer(), name) for name in names] == [1.0, 1.0, 1.0, 1.0]
+    given = quiet_trainer(limit_train_batches=3, limit_val_batches=0.25)
+    assert (given.limit_train_batches, given.limit_val_batches, given.limit_test_batches) == (3, 0.25, 1.0)
+    quick = quiet_trainer(fast_dev_run=2)
+    assert [getattr(quick, name) for name in names] == [2, 2, 2, 2]
+    overfit = quiet_trainer(overfit_batches=4)
+    assert (overfit.limit_train_batches, overfit.limit_val_batches) == (4, 4)
+
+
+@pytest.mark.parametrize("nested", ["dict of lists", "list of dicts"])
+def test_nested_collections_of_dataloaders_are_refused_not_read_as_batches(nested: str) -> None:
+    # Lightning combines any nesting; geartrain does not yet, and must not train on DataLoader objects as batches.
+    loader = _loaders()[0]
+    given = {"a_b": [loader, loader], "c": [loader]} if nested == "dict of lists" else [{"a": loader}, {"b": loader}]
+    with pytest.raises(NotImplementedError, match="nested collections of dataloaders"):
+        quiet_trainer(max_epochs=1).fit(Line(), given)
+
+    class Combined(Line):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.w(batch["a"][0]).pow(2).mean() + self.w(batch["b"][0]).pow(2).mean()
+
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(Combined(), {"a": loader, "b": loader})  # a flat dict still trains, one batch of each per step
+    assert trainer.global_step == 2
+
+
+def test_simple_profiler_records_every_calls_duration() -> None:
+    from trainer.profilers import SimpleProfiler
+
+    profiler = SimpleProfiler()
+    for _ in range(3):
+        with profiler.profile("load"):
+            pass
+    durations = profiler.recorded_durations["load"]
+    assert len(durations) == 3 and all(d >= 0 for d in durations)
+    assert sum(durations) == pytest.approx(profiler.stats["load"].total)
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0, profiler=profiler)
+    trainer.fit(Line(), _loaders(4)[0])
+    assert len(profiler.recorded_durations["run_training_batch"]) == 4  # a new stage starts a new record
+    assert "load" not in profiler.recorded_durations
+
+
+@pytest.mark.parametrize("stage", ["validate", "test"])
+def test_best_without_a_best_checkpoint_is_lightnings_value_error(tmp_path: Any, stage: str) -> None:
+    class Logs(Line):
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("t", 1.0)
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(monitor="val_loss", save_top_k=0)])
+    trainer.fit(module := Logs(), *_loaders())
+    with pytest.raises(ValueError, match=r"`ModelCheckpoint` is not configured to save the best model") as caught:
+        getattr(trainer, stage)(module, _loaders()[1], ckpt_path="best")
+    assert f'`.{stage}(ckpt_path="best")` is set' in str(caught.value)

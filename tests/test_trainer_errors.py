@@ -50,7 +50,6 @@ def test_missing_evaluation_step_is_named(make_trainer: Any) -> None:
     ("returned", "pattern"),
     [
         (lambda m: "adam", r"got str$"),
-        (lambda m: None, r"got NoneType$"),
         (lambda m: [sgd(m), 3], r"got list of \[SGD, int\]"),
         (lambda m: {"lr": 0.1}, r"got a dict with keys \['lr'\] \(expected 'optimizer'"),
         (lambda m: {"optimizer": m.parameters()}, r"'optimizer' is a generator"),

@@ -67,9 +67,6 @@ class TrainerAttributes:
     )
     #: ``limit_*_batches`` by stage (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``).
     limits: Reads[dict[str, int | float | None]] = Reads("loop", "limits", doc="``limit_*_batches`` by stage.")
-    num_sanity_val_steps: Reads[int] = Reads(
-        "loop", "num_sanity_val_steps", doc="Validation batches of the sanity check."
-    )
     log_every_n_steps: Reads[int] = Reads("loop", "log_every_n_steps", doc="Step values reach the loggers this often.")
     fast_dev_run: Reads[int] = Reads("loop", "fast_dev_run", doc="Batches of the quick check run (0: off).")
     overfit_batches: Reads[int | float] = Reads(
@@ -191,6 +188,36 @@ class TrainerAttributes:
     def global_rank(self) -> int:
         """This process's rank."""
         return self.strategy.global_rank
+
+    def _limit(self, stage: str) -> int | float:
+        limit = self.run_state.loop.limits[stage]
+        return 1.0 if limit is None else limit
+
+    @property
+    def limit_train_batches(self) -> int | float:
+        """Training batches per epoch in force: a count, or a fraction (1.0: all), as Lightning's attribute."""
+        return self._limit("fit")
+
+    @property
+    def limit_val_batches(self) -> int | float:
+        """Validation batches in force: a count, or a fraction (1.0: all)."""
+        return self._limit("validate")
+
+    @property
+    def limit_test_batches(self) -> int | float:
+        """Test batches in force: a count, or a fraction (1.0: all)."""
+        return self._limit("test")
+
+    @property
+    def limit_predict_batches(self) -> int | float:
+        """Prediction batches in force: a count, or a fraction (1.0: all)."""
+        return self._limit("predict")
+
+    @property
+    def num_sanity_val_steps(self) -> int | float:
+        """Validation batches of the sanity check: ``float("inf")`` for all of them (``-1`` given), as Lightning's."""
+        steps = self.run_state.loop.num_sanity_val_steps
+        return float("inf") if steps == -1 else steps
 
     @property
     def log_dir(self) -> str:

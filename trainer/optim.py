@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["SchedulerConfig", "parse_optimizers"]
+__all__ = ["NoOptimizer", "SchedulerConfig", "parse_optimizers"]
 
 _ACCEPTED = (
     "configure_optimizers() must return an optimizer, a list/tuple of optimizers, "
@@ -64,6 +65,25 @@ def _scheduler_config(value: Any, monitor: str | None = None) -> SchedulerConfig
     return SchedulerConfig(scheduler=value, monitor=monitor)
 
 
+class NoOptimizer(torch.optim.Optimizer):
+    """What a fit trains with when ``configure_optimizers()`` returned None (Lightning's rule): no updates.
+
+    Its ``step`` runs the closure it is given (the forward and backward still happen, hooks and
+    callbacks still run, ``global_step`` still counts) and changes no weight; ``zero_grad`` does
+    nothing, as Lightning's stand-in optimizer.
+    """
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {})
+
+    def step(self, closure: Any = None) -> Any:
+        """Run ``closure`` (when given) and update nothing."""
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to clear."""
+
+
 def _is_optimizer(value: Any) -> bool:
     return isinstance(value, torch.optim.Optimizer)
 
@@ -98,6 +118,14 @@ def parse_optimizers(
 
 
 def _parse(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    if returned is None:
+        warnings.warn(
+            "configure_optimizers() returned None: this fit will run with no optimizer (the weights do not "
+            "change), as in Lightning. Return an optimizer to train.",
+            UserWarning,
+            stacklevel=4,
+        )
+        return [NoOptimizer()], []
     if _is_optimizer(returned):
         return [returned], []
     if isinstance(returned, Mapping):

@@ -227,10 +227,17 @@ def default_callbacks(
         cb for cb in chosen if isinstance(cb, cbs.Checkpoint)
     ]
     if fast_dev_run:
-        dropped = [type(cb).__name__ for cb in chosen if not cb.runs_in_fast_dev_run]
+        dropped = [cb for cb in chosen if not cb.runs_in_fast_dev_run]
         if dropped:
-            warnings.warn(f"fast_dev_run: leaving out {', '.join(dropped)}", stacklevel=3)
-        chosen = [cb for cb in chosen if cb.runs_in_fast_dev_run]
+            names = ", ".join(type(cb).__name__ for cb in dropped)
+            warnings.warn(f"fast_dev_run: leaving out {names}", stacklevel=3)
+        kept = [cb for cb in chosen if cb.runs_in_fast_dev_run]
+        if any(getattr(cb, "is_logger", False) for cb in dropped):
+            # As Lightning: the loggers become one DummyLogger, so code using self.logger still runs.
+            from callbacks._logger import DummyLogger
+
+            kept.insert(0, DummyLogger())
+        chosen = kept
     return chosen
 
 

@@ -289,7 +289,7 @@ class Trainer(TrainerAttributes):
         """
         dataloaders, datamodule = split_datamodule(dataloaders, datamodule, "predict")
         keep = return_predictions is None or bool(return_predictions)
-        module = self._module_for(model)
+        module = self._module_for(model, "predict")
         outputs = run.launch(self, "predict", module, dataloaders, None, datamodule, ckpt_path, keep)
         if not keep or outputs is None:
             return None
@@ -305,7 +305,7 @@ class Trainer(TrainerAttributes):
         datamodule: DataModule | None,
     ) -> list[dict[str, float]]:
         dataloaders, datamodule = split_datamodule(dataloaders, datamodule, stage)
-        module = self._module_for(model)
+        module = self._module_for(model, stage)
         results: list[dict[str, float]] = run.launch(self, stage, module, dataloaders, None, datamodule, ckpt_path)
         if verbose and results is not None and self.is_global_zero:
             print(results_table(stage, results))
@@ -369,8 +369,11 @@ class Trainer(TrainerAttributes):
     def _is_sanity_checking(self) -> bool:
         return self.run_state.sanity_checking
 
-    def _module_for(self, module: TrainModule | None) -> TrainModule:
+    def _module_for(self, module: TrainModule | None, stage: str) -> TrainModule:
         module = module if module is not None else self.module
-        if module is None:
-            raise ValueError("Pass a module: this trainer has not been fitted on one")
+        if module is None:  # Lightning's error and words, so code catching its TypeError catches this
+            raise TypeError(
+                f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run: "
+                f"pass the module, trainer.{stage}(model, ...)"
+            )
         return module

@@ -40,6 +40,10 @@ __all__ = ["LAST_CHECKPOINT", "CheckpointConnector"]
 LAST_CHECKPOINT = "last.ckpt"
 
 
+class BestCheckpointMissing(CheckpointError, ValueError):
+    """``ckpt_path="best"`` with no best checkpoint: a ``ValueError`` as Lightning's, a ``CheckpointError`` as before."""
+
+
 class CheckpointConnector:
     """Dumps and restores one trainer's run (see the module docstring)."""
 
@@ -99,7 +103,12 @@ class CheckpointConnector:
                 )
             return None
         if not found:
-            raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
+            call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
+            raise BestCheckpointMissing(
+                f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
+                "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
+                "and save_top_k != 0)"
+            )
         return Path(found)
 
     # ----------------------------------------------------------------- dump

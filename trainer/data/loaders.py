@@ -211,16 +211,19 @@ def resolve_loaders(
     ``use_distributed_sampler=False``) and seeded for workers. None: no data and not ``required``.
     """
     method = LOADER_METHODS[stage]
-    given = explicit
+    given, returned_by = explicit, None
     for source in (trainer.datamodule, trainer.module):
         if given is not None:
             break
         fn = getattr(source, method, None) if source is not None else None
         if fn is not None:
             try:
-                given = fn()
+                given, returned_by = fn(), f"{type(source).__name__}.{method}()"
             except NotImplementedError:
                 given = None
+    if given is not None:
+        _check_iterable(given, stage, returned_by)
+        _refuse_nested(given.iterables if isinstance(given, CombinedLoader) else given, stage)
     if given is None:
         if required:
             raise UserError(
@@ -333,6 +336,40 @@ def refuse_dataloader_iter(fn: Callable[..., Any], name: str) -> None:
             f"{name}(self, batch, batch_idx), and to look ahead (prefetching), do it in the DataLoader "
             "(num_workers, prefetch_factor)"
         )
+
+
+def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
+    """Refuse, as Lightning does, a dataloader (or an entry of a list or dict of them) that cannot be iterated."""
+    if isinstance(given, CombinedLoader):
+        given = given.iterables
+    if isinstance(given, Mapping):
+        entries = list(given.values())
+    elif isinstance(given, (list, tuple)):
+        entries = [item for item in given if not isinstance(item, torch.Tensor)]  # a list of batches is one loader
+    else:
+        entries = [given]
+    for entry in entries:
+        if isinstance(entry, DataLoader) or hasattr(entry, "__iter__") or hasattr(entry, "__getitem__"):
+            continue
+        where = (
+            f"An invalid object was returned from `{returned_by}`"
+            if returned_by
+            else f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}dataloaders=...)`"
+        )
+        raise TypeError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
+
+
+def _refuse_nested(given: Any, stage: str) -> None:
+    """A collection of collections of loaders (``{"a": [loader, loader]}``) is refused, not read as batches."""
+    items = given.values() if isinstance(given, Mapping) else given if isinstance(given, (list, tuple)) else ()
+    for item in items:
+        inner = list(item.values()) if isinstance(item, Mapping) else item if isinstance(item, (list, tuple)) else ()
+        if inner and all(_is_loader(loader) for loader in inner):
+            raise NotImplementedError(
+                f"trainer.{stage} got nested collections of dataloaders ({type(given).__name__} of "
+                f"{type(item).__name__}s of loaders): not supported yet. Pass one flat list or dict of "
+                "loaders (or a CombinedLoader of one); each batch is then a list or dict of their batches."
+            )
 
 
 def _is_loader(obj: Any) -> bool:

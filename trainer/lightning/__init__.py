@@ -251,7 +251,11 @@ TREE: dict[str, dict[str, str]] = {
             for sub in ("logger", "tensorboard", "csv_logs", "comet", "litlogger", "mlflow", "neptune", "wandb")
         },
     },
-    "loggers.logger": {"Logger": "callbacks", **_from(_UTIL, ["DummyExperiment", "rank_zero_experiment"])},
+    "loggers.logger": {
+        "Logger": "callbacks",
+        "DummyLogger": "callbacks._logger",
+        **_from(_UTIL, ["DummyExperiment", "rank_zero_experiment"]),
+    },
     "loggers.comet": {"CometLogger": "callbacks"},
     "loggers.litlogger": {"LitLogger": "callbacks"},
     "loggers.mlflow": {"MLFlowLogger": "callbacks"},

@@ -1,7 +1,7 @@
 """The Lightning paths ``trainer.lightning`` refuses, each with the reason and what to use instead.
 
 A key is a module path below ``lightning.pytorch`` (the module and everything below it is refused) or
-a module path and a name (``"loggers.logger.DummyLogger"``). Importing a refused module, or a refused
+a module path and a name (``"loggers.csv_logs.ExperimentWriter"``). Importing a refused module, or a refused
 name from a mapped one, raises an ``ImportError`` with the text here; docs/lightning.md lists them all
 ("Lightning's module tree"), and ``tests/test_lightning_module_tree.py`` walks Lightning 2.6.5's public
 module tree to check that every path either resolves or is refused here.
@@ -98,7 +98,6 @@ REFUSED: dict[str, str] = {
     "callbacks.progress.tqdm_progress.Tqdm": "Lightning's tqdm subclass, internal to TQDMProgressBar",
     "callbacks.progress.tqdm_progress.convert_inf": "an internal helper of Lightning's TQDMProgressBar",
     "loggers.csv_logs.ExperimentWriter": "CSVLogger writes its files itself: use CSVLogger(save_dir) and its log_dir",
-    "loggers.logger.DummyLogger": _NOT_YET + ": Trainer(logger=False) runs without a logger",
     "loggers.logger.merge_dicts": _NOT_YET,
     "profilers.pytorch.RegisterRecordFunction": "an internal helper of Lightning's PyTorchProfiler",
     "profilers.pytorch.ScheduleWrapper": "an internal helper of Lightning's PyTorchProfiler",

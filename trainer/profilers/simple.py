@@ -10,6 +10,7 @@ so its percentages add up to more than 100.
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class SimpleProfiler(Profiler):
         self.extended = extended
         #: Per action: calls, total seconds, self seconds (total less nested actions).
         self.stats: dict[str, ActionStats] = {}
+        #: Per action, every call's seconds in order (Lightning's ``recorded_durations``).
+        self.recorded_durations: defaultdict[str, list[float]] = defaultdict(list)
         # Actions in progress, innermost last: [name, start time, seconds spent in nested actions].
         self._open: list[list[object]] = []
         self._began = time.perf_counter()
@@ -59,6 +62,7 @@ class SimpleProfiler(Profiler):
         """Start a new report for ``stage``: its wall time counts from here."""
         super().setup(stage, local_rank, log_dir)
         self.stats, self._open, self._title = {}, [], stage
+        self.recorded_durations = defaultdict(list)
         self._began, self._ended = time.perf_counter(), None
 
     def describe(self) -> None:
@@ -91,6 +95,7 @@ class SimpleProfiler(Profiler):
         stats = self.stats.setdefault(action_name, ActionStats())
         stats.count += 1
         stats.total += duration
+        self.recorded_durations[action_name].append(duration)
         stats.self_time += duration - nested  # type: ignore[operator]
         if i > 0:
             self._open[i - 1][2] += duration  # type: ignore[operator]
