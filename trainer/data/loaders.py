@@ -11,8 +11,7 @@ Lightning's :class:`CombinedLoader` chooses another of its modes (``"min_size"``
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,14 +29,11 @@ __all__ = [
     "CombinedLoader",
     "MaxSizeCycle",
     "ZipLoaders",
-    "check_takes_dataloader_idx",
     "is_datamodule",
-    "refuse_dataloader_iter",
     "resolve_loaders",
     "results_per_loader",
     "set_sampler_epoch",
     "split_datamodule",
-    "with_last_arg",
 ]
 
 LOADER_METHODS = {
@@ -270,72 +266,6 @@ def results_per_loader(metrics: Mapping[str, float], count: int) -> list[dict[st
         {k: v for k, v in metrics.items() if k.endswith(f"/dataloader_idx_{i}") or "/dataloader_idx_" not in k}
         for i in range(count)
     ]
-
-
-def with_last_arg(fn: Callable[..., Any] | None, value: Any) -> Any:
-    """``fn`` with ``value`` appended to its arguments (``dataloader_idx``); None stays None."""
-    if fn is None:
-        return None
-
-    def call(*args: Any) -> Any:
-        return fn(*args, value)
-
-    return call
-
-
-class DataloaderIdxError(RuntimeError, TypeError):
-    """A step or batch hook whose ``dataloader_idx`` does not fit the number of loaders.
-
-    A ``RuntimeError`` as Lightning's; also a ``TypeError``, the type this refusal had before.
-    """
-
-
-def check_takes_dataloader_idx(module: Any, prefix: str, several: bool) -> None:
-    """Lightning's rule for ``dataloader_idx`` in ``<prefix>_step`` and the module's ``on_<prefix>_batch_start/end``.
-
-    Several loaders: each must name ``dataloader_idx`` (or take ``*args``), as it is passed as the last
-    argument. One loader: a ``dataloader_idx`` without a default would never be given. Both are said
-    before the first batch instead of a ``TypeError`` from the call.
-
-    Raises:
-        DataloaderIdxError: naming the method and the fix (a ``RuntimeError``, as Lightning's).
-    """
-    loader = "val_dataloader" if prefix == "validation" else f"{prefix}_dataloader"
-    for name in (f"{prefix}_step", f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"):
-        fn = getattr(module, name, None)
-        if fn is None:
-            continue
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            continue
-        named = params.get("dataloader_idx")
-        if several and named is None and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
-            args = "outputs, batch, batch_idx" if name.endswith("_end") else "batch, batch_idx"
-            raise DataloaderIdxError(
-                f"You provided multiple `{loader}`, but no `dataloader_idx` argument in "
-                f"`{type(module).__name__}.{name}()`: it is called as {name}({args}, dataloader_idx) with several "
-                "dataloaders (as in Lightning). Try adding `dataloader_idx=0` to its signature."
-            )
-        if not several and named is not None and named.default is inspect.Parameter.empty:
-            raise DataloaderIdxError(
-                f"You provided only a single `{loader}`, but have included `dataloader_idx` in "
-                f"`{type(module).__name__}.{name}()`. Either remove the argument or give it a default value of 0."
-            )
-
-
-def refuse_dataloader_iter(fn: Callable[..., Any], name: str) -> None:
-    """Lightning's experimental ``def training_step(self, dataloader_iter)`` form is refused, by name."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return
-    if "dataloader_iter" in params:
-        raise NotImplementedError(
-            f"{name}(self, dataloader_iter) is not supported: geartrain hands each step one batch; define "
-            f"{name}(self, batch, batch_idx), and to look ahead (prefetching), do it in the DataLoader "
-            "(num_workers, prefetch_factor)"
-        )
 
 
 def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:

@@ -22,7 +22,6 @@ import torch
 from strategies.base import Strategy
 from strategies.precision import Precision
 from trainer.common.tree import device_mover
-from trainer.data.loaders import check_takes_dataloader_idx, refuse_dataloader_iter, with_last_arg
 from trainer.data.microbatch import micro_batches
 from trainer.loops.optimizer_step import (
     ManualOptimizer,
@@ -34,6 +33,7 @@ from trainer.loops.optimizer_step import (
     step_schedulers,
     zero_grad_hook,
 )
+from trainer.loops.signatures import check_takes_dataloader_idx, refuse_dataloader_iter, with_last_arg
 from trainer.module import TrainModule
 from trainer.profilers.base import profiled
 
