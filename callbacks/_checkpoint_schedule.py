@@ -46,13 +46,13 @@ class SaveSchedule(Checkpoint):
         raise NotImplementedError
 
     @override
-    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         # A resumed run goes on with the interval where the checkpoint left it.
         self._last_time = self._clock() - (self._restored_elapsed or 0.0)
         self._restored_elapsed = None
 
     @override
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if trainer.sanity_checking or trainer.stage != "fit":
             return
         if self._monitor is not None:
@@ -63,7 +63,7 @@ class SaveSchedule(Checkpoint):
 
     @override
     def on_train_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if not (self._deferred or self.every_n_train_steps or self.train_time_interval is not None):
             return  # nothing falls due by step or time (the default): the per-step cost is this test
@@ -86,7 +86,7 @@ class SaveSchedule(Checkpoint):
                 self._save(trainer)
 
     @override
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._stale = True
         if not self._saves_after_validation(trainer) and self._epoch_due(trainer):
             self._save(trainer)

@@ -165,7 +165,7 @@ class Logger(Callback):
 
     # ----------------------------------------------------------------- as a callback
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if self._save_dir is None:
             self._save_dir = Path(trainer.default_root_dir)
         self._writes = trainer.is_global_zero
@@ -173,12 +173,12 @@ class Logger(Callback):
         # validate-, test- or predict-only run has its hparams.yaml too. After a fit that recorded
         # them, they are not written again (TensorBoard would get a second hparams session).
         if stage != "fit" and not getattr(self, "hparams", None):
-            self._log_module_hparams(module)
+            self._log_module_hparams(pl_module)
 
     @override
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         # As Lightning's trainer does: the module's hyperparameters go to every logger when fitting starts.
-        self._log_module_hparams(module)
+        self._log_module_hparams(pl_module)
 
     def _log_module_hparams(self, module: TrainModule) -> None:
         """``log_hyperparams(module.hparams)`` on rank 0, unless there are none or the module said
@@ -189,19 +189,19 @@ class Logger(Callback):
 
     @override
     def on_log_metrics(
-        self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+        self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
         if self._writes:
             # By keyword, as Lightning calls it: a subclass (or a test's mock) reading them by name sees the same.
             self.log_metrics(metrics={key: float(value) for key, value in metrics.items()}, step=step)
 
     @override
-    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if self._writes:
             self.finalize("success")
 
     @override
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
         if self._writes:
             self.finalize("failed")
 
@@ -247,7 +247,7 @@ class DummyLogger(Logger):
         """Does nothing."""
 
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         self._writes = False  # nothing to write, on any rank
 
     def __getitem__(self, index: int) -> DummyLogger:

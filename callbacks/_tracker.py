@@ -197,7 +197,7 @@ class TrackerLogger(Logger):
 
     # ----------------------------------------------------------------- as a callback
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         self._writes = trainer.is_global_zero
         if trainer.config is not None:
             self._run_dir = os.path.abspath(trainer.default_root_dir)
@@ -210,7 +210,7 @@ class TrackerLogger(Logger):
         return self._run_dir if relative.startswith("..") else relative
 
     @override
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._writes:
             return
         if self._resumed:
@@ -218,13 +218,15 @@ class TrackerLogger(Logger):
         context, config = run_context(trainer)
         self._record_run_context(context, config)
         if config is None:
-            hparams = dict(getattr(module, "hparams", None) or {}) if getattr(module, "_log_hyperparams", True) else {}
+            hparams = (
+                dict(getattr(pl_module, "hparams", None) or {}) if getattr(pl_module, "_log_hyperparams", True) else {}
+            )
             if hparams:
                 self.log_hyperparams(hparams)
 
     @override
     def on_log_metrics(
-        self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+        self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
         if not self._writes:
             return
@@ -236,13 +238,13 @@ class TrackerLogger(Logger):
         self.log_metrics(metrics=values, step=step)
 
     @override
-    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._replay = None
 
     @override
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
         self._replay = None
-        super().on_exception(trainer, module, exception)
+        super().on_exception(trainer, pl_module, exception)
 
 
 def run_context(trainer: Trainer) -> tuple[dict[str, str], dict[str, Any] | None]:

@@ -199,7 +199,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         return f"{type(self).__qualname__}{options!r}"
 
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = default_dirpath(trainer)
         if trainer.world_size > 1:
@@ -208,7 +208,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             self.dirpath = trainer.strategy.broadcast(self.dirpath)
 
     @override
-    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         # The final state is always recoverable as last.ckpt, whatever the saving schedule; also
         # when only a validation pass or an epoch's end (early stopping's count) came after the last save.
         if self.save_last and (trainer.global_step != self._last_saved_step or self._stale):
@@ -218,7 +218,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             self._monitor.warn_if_never_seen(trainer, "no best checkpoint was kept")
 
     @override
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
         # The run failed with a write in flight: settle the bookkeeping, and report (not raise) a
         # failed write so that the run's own exception is the one that propagates.
         try:

@@ -151,7 +151,7 @@ class CSVLogger(Logger):
     # ----------------------------------------------------------------- as a callback
     @override
     def on_log_metrics(
-        self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+        self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
         if self._writes:
             values = {k: float(v) for k, v in metrics.items() if k != "epoch"}

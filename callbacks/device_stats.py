@@ -83,7 +83,7 @@ class DeviceStatsMonitor(Callback):
         return stats
 
     @override
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self.peaks = {}
         self._last_step = -1
         device = trainer.strategy.root_device
@@ -92,7 +92,7 @@ class DeviceStatsMonitor(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: object, batch: object, batch_idx: int
+        self, trainer: Trainer, pl_module: TrainModule, outputs: object, batch: object, batch_idx: int
     ) -> None:
         step = trainer.global_step
         if step == self._last_step or step == 0 or step % self.every_n_steps:
@@ -106,7 +106,7 @@ class DeviceStatsMonitor(Callback):
             trainer.log_metrics(stats, step - 1)
 
     @override
-    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         device = trainer.strategy.root_device
         stats = self.measure(device)
         mine = [stats["device_stats/cpu_rss_peak"], stats.get("device_stats/cuda_peak_allocated", -1.0)]

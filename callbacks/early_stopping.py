@@ -171,21 +171,21 @@ class EarlyStopping(Callback):
         return False, ""
 
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         once_an_epoch = trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
         self._after_validation = self.check_on_train_epoch_end is False or (
             self.check_on_train_epoch_end is None and not once_an_epoch
         )
 
     @override
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not trainer.sanity_checking and trainer.stage == "fit":
             self._monitor.validated = True
             if self._after_validation:
                 self._check(trainer)
 
     @override
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._after_validation:
             self._check(trainer)
 

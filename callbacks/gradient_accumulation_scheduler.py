@@ -96,6 +96,6 @@ class GradientAccumulationScheduler(Callback):
                 stacklevel=2,
             )
 
-    def on_train_epoch_start(self, trainer: Trainer, *_: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Set this epoch's factor (the step reads it when it binds its seams, right after this hook)."""
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)

@@ -18,7 +18,7 @@ class LambdaCallback(Callback):
 
     Example:
         >>> seen = []
-        >>> cb = LambdaCallback(on_train_epoch_end=lambda trainer, module: seen.append(trainer.current_epoch))
+        >>> cb = LambdaCallback(on_train_epoch_end=lambda trainer, pl_module: seen.append(trainer.current_epoch))
         >>> "on_train_epoch_end" in vars(cb)
         True
     """

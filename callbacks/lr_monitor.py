@@ -132,7 +132,7 @@ class LearningRateMonitor(Callback):
         return out
 
     @override
-    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         # Checked once, before any value is logged: a bad configuration fails before the first step.
         self.learning_rates(trainer)
         if self.log_momentum:
@@ -146,16 +146,18 @@ class LearningRateMonitor(Callback):
                 )
 
     @override
-    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if self._interval(trainer) == "epoch":
             self._log(trainer)
 
     @override
-    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
         self._batch_logged = False
 
     @override
-    def on_before_optimizer_step(self, trainer: Trainer, module: TrainModule, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: TrainModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         # Same steps as the trainer's own step logging: the step with index i is logged when
         # (i + 1) is a multiple of log_every_n_steps. Every optimizer's values are logged together, once
         # a batch, also where several optimizers step in one batch (manual optimisation), as Lightning does.

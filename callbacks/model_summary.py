@@ -195,9 +195,9 @@ class ModelSummary(Callback):
         self.stream = stream
 
     @override
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if trainer.is_global_zero:
-            print(summarize(module, self.max_depth), file=self.stream or sys.stdout, flush=True)
+            print(summarize(pl_module, self.max_depth), file=self.stream or sys.stdout, flush=True)
 
 
 class RichModelSummary(ModelSummary):

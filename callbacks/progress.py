@@ -215,7 +215,7 @@ class ProgressBar(Callback):
 
     # ----------------------------------------------------------------- training
     @override
-    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._plain_lines = False
         if not self._shows(trainer):
             return
@@ -232,7 +232,7 @@ class ProgressBar(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # Runs every batch, so the rank and terminal tests were done once, in on_train_epoch_start.
         done = batch_idx + 1
@@ -248,7 +248,7 @@ class ProgressBar(Callback):
             self._line(trainer, done, final=False)  # the epoch's last batch gets the epoch-end line instead
 
     @override
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._shows(trainer):
             return
         done = trainer.progress.batch_in_epoch
@@ -281,7 +281,7 @@ class ProgressBar(Callback):
 
     # ----------------------------------------------------------------- validation
     @override
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._shows(trainer):
             return
         self._val_batches = 0
@@ -295,7 +295,7 @@ class ProgressBar(Callback):
     def on_validation_batch_end(
         self,
         trainer: Trainer,
-        module: TrainModule,
+        pl_module: TrainModule,
         outputs: Any,
         batch: Any,
         batch_idx: int,
@@ -306,7 +306,7 @@ class ProgressBar(Callback):
             self._progress.update(self._val_task, completed=self._val_batches)
 
     @override
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._shows(trainer):
             return
         if self._progress is not None and self._val_task is not None:
@@ -324,7 +324,7 @@ class ProgressBar(Callback):
             )
 
     @override
-    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

@@ -200,7 +200,7 @@ class TensorBoardLogger(Logger):
 
     # ----------------------------------------------------------------- as a callback
     @override
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._writes:
             return
         writer = self.experiment
@@ -213,7 +213,7 @@ class TensorBoardLogger(Logger):
             writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
         # The resolved config already holds the module's arguments; without one, the module's hparams.
         # save_hyperparameters(logger=False) keeps the module's hyperparameters out of the loggers.
-        logged = module.hparams if getattr(module, "_log_hyperparams", True) else {}
+        logged = pl_module.hparams if getattr(pl_module, "_log_hyperparams", True) else {}
         self._session = flat_params(config or _config_dict(logged))
         self.hparams.update(self._session)
         if self._session:
@@ -222,19 +222,19 @@ class TensorBoardLogger(Logger):
             _, start, _ = hparams(self._session, {})
             writer._get_file_writer().add_summary(start)
         if self._log_graph:
-            self.log_graph(module)
+            self.log_graph(pl_module)
 
     @override
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._in_validation = not trainer.sanity_checking
 
     @override
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._in_validation = False
 
     @override
     def on_log_metrics(
-        self, trainer: Trainer, module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+        self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
         if not self._writes:
             return
@@ -249,7 +249,7 @@ class TensorBoardLogger(Logger):
         self.log_metrics(metrics=numbers, step=step)
 
     @override
-    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._writes or not self._session:
             return
         from torch.utils.tensorboard.summary import hparams
@@ -262,7 +262,7 @@ class TensorBoardLogger(Logger):
         self.experiment.flush()
 
     @override
-    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if self._writes:
             self.save()
 

@@ -114,49 +114,49 @@ class Timer(Callback):
         self._spans.setdefault(stage, [None, None])[1] = self.clock()
 
     @override
-    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._start = self.clock()
         self._begin("train")
 
     @override
-    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._offset = self.time_elapsed()
         self._start = None
         self._finish("train")
 
     @override
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._begin("validate")
 
     @override
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._finish("validate")
 
     @override
-    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_test_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._begin("test")
 
     @override
-    def on_test_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_test_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._finish("test")
 
     @override
-    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_predict_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._begin("predict")
 
     @override
-    def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_predict_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._finish("predict")
 
     @override
     def on_train_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.interval == "step":
             self._check(trainer)
 
     @override
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self._check(trainer)
 
     def _check(self, trainer: Trainer) -> None:

@@ -142,8 +142,8 @@ class WandbLogger(TrackerLogger):
         return self._experiment.id if self._experiment is not None else self._run_id
 
     @override
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        super().setup(trainer, module, stage)
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         if self._wandb_dir is None:
             self._wandb_dir = os.path.abspath(trainer.default_root_dir)
             self._wandb_init["dir"] = self._wandb_dir
