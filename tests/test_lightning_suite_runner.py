@@ -41,6 +41,9 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         assert pl.callbacks is sys.modules["trainer.lightning.callbacks"]
         assert ModelCheckpoint is callbacks.ModelCheckpoint and lightning.Trainer is pl.Trainer
         assert bool(_TORCH_GREATER_EQUAL_2_1) is True and str(_TORCH_GREATER_EQUAL_2_1) == "True"
+        # A Lightning module that is a file of its own in trainer.lightning (the CLI), not a row of the tree:
+        from lightning.pytorch.cli import LightningCLI, _NOT_OURS_EITHER  # a name it lacks: a placeholder
+        assert LightningCLI is sys.modules["trainer.lightning.cli"].LightningCLI
         import importlib
         key = next(k for k in trainer.lightning.REFUSED if k.rpartition(".")[0] in trainer.lightning.TREE)
         module, _, name = key.rpartition(".")

@@ -24,6 +24,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import pkgutil
 import sys
 import types
 from collections.abc import Sequence
@@ -139,6 +140,22 @@ def install(prefix: str) -> types.ModuleType:
         if path:
             sys.modules[f"{prefix}.{path}"] = module
         _placeholders_for_missing_names(module, path)
+    # Lightning modules that are files of trainer.lightning of their own (``cli.py``), not rows of the tree.
+    for info in pkgutil.iter_modules(root.__path__):
+        if info.name.startswith("_") or info.name in root.TREE:
+            continue
+        try:
+            module = importlib.import_module(f"trainer.lightning.{info.name}")
+        except ImportError:  # its optional requirement is missing here: the name stays a placeholder
+            continue
+        sys.modules[f"{prefix}.{info.name}"] = module
+        if "__getattr__" not in module.__dict__:  # a name it lacks is a placeholder, as in the tree's modules
+
+            def _lacks(name: str) -> Any:
+                raise AttributeError(name)
+
+            module.__getattr__ = _lacks  # type: ignore[method-assign]
+        _placeholders_for_missing_names(module, info.name)
     sys.modules[prefix] = root
     if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
