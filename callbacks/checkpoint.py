@@ -452,8 +452,9 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         As Lightning: inside this callback's folder, and never the checkpoint this run resumed from.
         Beyond Lightning: the bookkeeping comes from a checkpoint file, which anyone can write, so it
         is not trusted: a file this callback wrote in this process, or else one that is on disk a
-        geartrain checkpoint (a resumed run's earlier files), a link in the folder (removing it
-        removes no data); never a user's file, checkpoint of Lightning's or not.
+        geartrain checkpoint of this run (its run id, which a resume takes over: the earlier attempts'
+        files), a link in the folder (removing it removes no data); never a user's file, checkpoint
+        of Lightning's or of another run, or not.
         """
         resumed = trainer.ckpt_path
         if resumed is not None and os.path.realpath(old) == os.path.realpath(resumed):
@@ -463,7 +464,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         folder = Path(os.path.realpath(self.dirpath))
         if folder not in Path(os.path.realpath(os.path.dirname(old) or ".")).joinpath("x").parents:
             return False
-        return old in self._written or os.path.islink(old) or is_geartrain_checkpoint(old)
+        return old in self._written or os.path.islink(old) or is_geartrain_checkpoint(old, trainer.checkpointing.run_id)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:

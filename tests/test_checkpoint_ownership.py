@@ -50,6 +50,24 @@ def test_crafted_bookkeeping_never_gets_a_users_file_deleted(tmp_path: Path) -> 
     assert {"epoch=1.ckpt", "epoch=2.ckpt"} <= {p.name for p in ck.iterdir()}
 
 
+def test_crafted_bookkeeping_never_gets_another_runs_checkpoint_deleted(tmp_path: Path) -> None:
+    """A geartrain checkpoint of another run in the same folder is not this run's to delete (its run id differs)."""
+    ck = tmp_path / "ck"
+    options = {"dirpath": ck, "filename": "{epoch}", "monitor": "val/score", "mode": "max", "save_top_k": 2}
+    _fit(tmp_path / "other", ModelCheckpoint(dirpath=tmp_path / "other", save_last=True), [0.1])
+    _fit(tmp_path, ModelCheckpoint(**options, save_last=True), [0.1])
+    theirs = ck / "another-run.ckpt"
+    theirs.write_bytes((tmp_path / "other" / "last.ckpt").read_bytes())
+    state = torch.load(ck / "last.ckpt", weights_only=True)
+    assert torch.load(theirs, weights_only=True)["run_id"] != state["run_id"]
+    (key,) = [k for k in state["callbacks"] if k.startswith("ModelCheckpoint")]
+    state["callbacks"][key].update(best_k_models={str(theirs): 0.0}, kth_best_model_path=str(theirs), kth_value=0.0)
+    crafted = ck / "crafted.ckpt"
+    torch.save(state, crafted)
+    _fit(tmp_path, ModelCheckpoint(**options), [0.1, 0.8, 0.9], ckpt_path=crafted)
+    assert theirs.is_file()
+
+
 def test_resumed_run_still_evicts_its_own_earlier_files(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     options = {"dirpath": ck, "filename": "{epoch}", "monitor": "val/score", "mode": "max", "save_top_k": 1}

@@ -133,6 +133,8 @@ def run_stage(
         if ckpt_path is not None:  # resolved and recorded in state.ckpt_path; "last" with none yet: nothing
             t.checkpointing.restore(ckpt_path, full=(stage == "fit"), stage=stage)
         if stage == "fit":
+            if t.strategy.world_size > 1:  # each rank made its own: rank 0's names the run's files
+                t.checkpointing.run_id = t.strategy.broadcast(t.checkpointing.run_id)
             t.preemption.install(t.strategy)
             state.given_loaders = {"fit": loader, "validate": val_loader}
             reload_loaders(t, first=True)
@@ -193,6 +195,7 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
             if stage == "fit" and launched and t.checkpointing.resume_point is not None
             else None
         ),
+        "run_id": t.checkpointing.run_id,
         "progress": state.progress.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
         "metrics": [
@@ -213,6 +216,7 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
         trainer.checkpointing.adopted = final["training_state"]
         trainer.checkpointing.resume_point = final["resume_point"]
         _adopt_optimizers(trainer, module, final["training_state"])
+    trainer.checkpointing.run_id = final["run_id"]
     trainer.preemption.preempted = final["preempted"]
     state.progress.load_state_dict(final["progress"])
     for cb in trainer.callbacks:

@@ -8,6 +8,7 @@ room decides the content (docs/checkpoints.md), restores a run from it, resolves
 from __future__ import annotations
 
 import os
+import uuid
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,9 @@ class CheckpointConnector:
         self._resume_batches: tuple[Path, dict[str, Any] | None] | None = None
         #: Where a fit that stopped inside an epoch stood (:meth:`mark_resume_point`); None otherwise.
         self.resume_point: dict[str, Any] | None = None
+        #: This run's identity, written near the start of every checkpoint; a resume takes it from the
+        #: file, so a run deletes only checkpoints of its own (``ModelCheckpoint``'s eviction).
+        self.run_id: str = uuid.uuid4().hex
 
     # ----------------------------------------------------------------- where
     def default_directory(self) -> Path:
@@ -158,6 +162,7 @@ class CheckpointConnector:
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
+            "run_id": self.run_id,  # among the first bytes of the file (fs_safety.is_geartrain_checkpoint)
             "epoch": t.current_epoch if point is None else progress["epoch"],
             "global_step": t.global_step,
             "pytorch-lightning_version": LIGHTNING_LAYOUT_VERSION,
@@ -354,6 +359,7 @@ class CheckpointConnector:
         resume_checks.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
+        self.run_id = str(state.get("run_id") or self.run_id)  # the run goes on (an older file: a new one)
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
         saved = state.get("callbacks", {})

@@ -36,9 +36,12 @@ def is_our_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
     return path.is_dir() and not path.is_symlink() and all((path / m).is_file() for m in SHARDED_MARKERS)
 
 
-def is_geartrain_checkpoint(path: str | os.PathLike[str]) -> bool:
+def is_geartrain_checkpoint(path: str | os.PathLike[str], run_id: str | None = None) -> bool:
     """True for a checkpoint geartrain wrote: a sharded directory of ours, or a ``torch.save`` file whose
     content opens with geartrain's format key (every file we write puts ``"format": "geartrain"`` first).
+    With ``run_id``, a file must also name that run among its first keys (``"run_id"``, third): a
+    checkpoint of another run is then not this run's to delete. (A sharded directory is told by its
+    markers alone.)
 
     A file named by a checkpoint's bookkeeping is deleted only when this holds: a user's file (their
     notes, their own or Lightning's checkpoint) is never ours to delete, whatever the bookkeeping says.
@@ -58,7 +61,7 @@ def is_geartrain_checkpoint(path: str | os.PathLike[str]) -> bool:
                 head = data.read(256)
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
-    return b"format" in head and b"geartrain" in head
+    return b"format" in head and b"geartrain" in head and (run_id is None or run_id.encode() in head)
 
 
 def check_replaceable(path: str | os.PathLike[str]) -> None:
