@@ -110,3 +110,16 @@ def test_a_resume_with_another_limit_train_batches_goes_on_from_the_batch_it_sto
     fit(tmp_path / "low", limit_train_batches=6, max_steps=9)
     with pytest.warns(UserWarning, match=r"stopped after batch 3 of epoch 1, and this run trains 2 batches"):
         assert fit(tmp_path / "low", tmp_path / "low" / "last.ckpt", max_epochs=2, limit_train_batches=2) == []
+
+
+def test_a_finders_trial_inside_the_fit_leaves_no_resume_point_behind(tmp_path: Path) -> None:
+    """LearningRateFinder's trial stops inside an epoch; the hosting fit's own checkpoints must not take its place."""
+    from callbacks import LearningRateFinder, ModelCheckpoint
+    from tests.helpers.trainers import quiet_trainer
+
+    finder = LearningRateFinder(num_training_steps=5, update_attr=False)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_top_k=0, save_last=True)
+    trainer = quiet_trainer(tmp_path, [finder, ckpt], enable_checkpointing=True, max_epochs=2)
+    trainer.fit(stop_jobs.Net(), **stop_jobs._loaders(8))
+    progress = torch.load(tmp_path / "last.ckpt", weights_only=True)["progress"]
+    assert (progress["global_step"], progress["epoch"], progress["epoch_finished"]) == (20, 1, True)

@@ -87,6 +87,8 @@ def save_run(trainer: Trainer, weights: bool = False) -> dict[str, Any]:
         "rng": rng_state(),
         # A resumed run's epoch order is replayed by its own first epoch, not by the trial.
         "resume_epoch_rng": trainer.checkpointing.take_resume_epoch_rng(),
+        # A trial ends inside an epoch: where it stopped is not where the hosting run stands.
+        "resume_point": trainer.checkpointing.resume_point,
     }
 
 
@@ -97,3 +99,4 @@ def restore_run(trainer: Trainer, saved: dict[str, Any]) -> None:
     trainer.metric_router.restore(saved["metrics"])
     set_rng_state(saved["rng"])
     trainer.checkpointing.resume_epoch_rng = saved["resume_epoch_rng"]
+    trainer.checkpointing.resume_point = saved["resume_point"]
