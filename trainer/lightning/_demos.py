@@ -134,7 +134,23 @@ class ManualOptimBoringModel(BoringModel):
         return loss
 
 
-class BoringDataModule(DataModule):
+class _OneLoaderPerStage(DataModule):
+    """A loader over ``random_<stage>`` per stage, which the subclass's ``setup`` builds."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_train)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_val)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_test)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_predict)
+
+
+class BoringDataModule(_OneLoaderPerStage):
     """256 random vectors of 32 numbers, drawn when it is made: 64 each for train, val, test and predict."""
 
     def __init__(self) -> None:
@@ -151,20 +167,8 @@ class BoringDataModule(DataModule):
         if stage == "predict":
             self.random_predict = Subset(self.random_full, indices=range(64 * 3, 64 * 4))
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_train)
 
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_predict)
-
-
-class BoringDataModuleNoLen(DataModule):
+class BoringDataModuleNoLen(_OneLoaderPerStage):
     """:class:`BoringDataModule` over iterable data sets without a length (512, 128, 256, 64 vectors)."""
 
     def setup(self, stage: str) -> None:
@@ -176,18 +180,6 @@ class BoringDataModuleNoLen(DataModule):
             self.random_test = RandomIterableDataset(32, 256)
         if stage == "predict":
             self.random_predict = RandomIterableDataset(32, 64)
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_train)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_predict)
 
 
 class IterableBoringDataModule(DataModule):
