@@ -223,3 +223,14 @@ def test_a_part_runs_past_a_test_that_kills_its_process_and_reports_every_test(t
     assert rows["test_y"]["outcome"] == "collect error"  # once, though the part was collected twice
     assert "| demo | 6 | 0 | 2 | 0 | 1 | 0 | 2 | 1 | 33% (2/6) |" in table
     assert "test_c_fails" in (out / "causes.md").read_text()
+
+
+def test_a_callers_pythonpath_follows_the_alias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout named on PYTHONPATH is what the part imports, after the alias (which must win)."""
+    settings = run.Settings(checkout=tmp_path / "pl", work=tmp_path / "work")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere/geartrain")
+    paths = run.environment(settings, tmp_path / "r.jsonl")["PYTHONPATH"].split(os.pathsep)
+    assert paths[0] == str(tmp_path / "work" / "site")
+    assert paths[-1] == "/elsewhere/geartrain"
+    monkeypatch.delenv("PYTHONPATH")
+    assert "" not in run.environment(settings, tmp_path / "r.jsonl")["PYTHONPATH"].split(os.pathsep)

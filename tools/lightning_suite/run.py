@@ -74,10 +74,15 @@ def command(settings: Settings, files: list[Path], deselect: list[str]) -> list[
 
 
 def environment(settings: Settings, results: Path) -> dict[str, str]:
-    """The part's environment: the alias first on the path, where results go, the demos' source."""
+    """The part's environment: the alias first on the path, where results go, the demos' source.
+
+    A ``PYTHONPATH`` the caller set comes after the alias, so a checkout of geartrain other than the
+    installed one can be measured (``PYTHONPATH=/path/to/checkout python -m tools.lightning_suite ...``).
+    """
     env = dict(os.environ)
     tests = settings.work / "tests"
-    env["PYTHONPATH"] = os.pathsep.join([str(settings.work / "site"), str(tests)])
+    paths = [str(settings.work / "site"), str(tests)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
     env["GT_SUITE_RESULTS"] = str(results)
     env["GT_SUITE_DEMOS"] = str(alias.demos_source(settings.checkout))
     env.setdefault("OMP_NUM_THREADS", "1")
