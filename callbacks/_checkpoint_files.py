@@ -32,15 +32,26 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...)
 
 
 def check_lightning_options(
-    save_last: Any, every_n_train_steps: int | None, every_n_epochs: int | None, train_time_interval: Any
+    save_last: Any,
+    every_n_train_steps: int | None,
+    every_n_epochs: int | None,
+    train_time_interval: Any,
+    monitor: str | None,
+    save_top_k: int,
 ) -> None:
-    """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at once.
+    """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at
+    once, a top k above one with nothing to rank by.
 
     Raises:
         UserError: naming the option(s) (a ``ValueError`` and Lightning's ``MisconfigurationException``).
     """
     if save_last not in (None, True, False, "link"):
         raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
+    if monitor is None and save_top_k not in (-1, 0, 1):
+        raise UserError(
+            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No quantity "
+            "for top_k to track: pass monitor= a logged metric, or save_top_k=-1 (keep every save) or 1 (the newest)."
+        )
     schedules = {"every_n_train_steps": every_n_train_steps, "every_n_epochs": every_n_epochs}
     given = [name for name, value in {**schedules, "train_time_interval": train_time_interval}.items() if value]
     if len(given) > 1:

@@ -25,6 +25,7 @@ import torch
 from typing_extensions import override
 
 from callbacks.base import Callback
+from trainer.common.errors import refuse_url
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -71,6 +72,7 @@ class Logger(Callback):
         version: int | str | None = None,
         prefix: str = "",
     ) -> None:
+        refuse_url(save_dir, f"{type(self).__name__}(save_dir)")
         self._save_dir = Path(save_dir) if save_dir is not None else None
         self._name = name or ""
         self._version = version

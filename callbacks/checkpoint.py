@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 import torch
 from typing_extensions import override
@@ -24,7 +24,7 @@ from callbacks._checkpoint_files import (
 from callbacks._checkpoint_names import CheckpointNaming
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
-from trainer.common.errors import UserError
+from trainer.common.errors import UserError, refuse_url
 from trainer.common.fs_safety import is_geartrain_checkpoint, remove_checkpoint
 
 if TYPE_CHECKING:
@@ -133,9 +133,12 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         ):
             if value is not None and value < least:
                 raise UserError(f"ModelCheckpoint: invalid value for {name}={value}. Must be >= {least}")
-        check_lightning_options(save_last, every_n_train_steps, every_n_epochs, train_time_interval)
+        check_lightning_options(
+            save_last, every_n_train_steps, every_n_epochs, train_time_interval, monitor, save_top_k
+        )
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
+        refuse_url(dirpath, "ModelCheckpoint(dirpath)")
         # As Lightning: ``~`` expanded, links resolved, kept as a str.
         self.dirpath: str | None = os.path.realpath(os.path.expanduser(dirpath)) if dirpath is not None else None
         self.filename = filename
@@ -395,7 +398,10 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     # ----------------------------------------------------------------- Lightning's scores: 0-d tensors
     @property
     def best_k_models(self) -> dict[str, torch.Tensor]:
-        """Kept checkpoint files and their scores (NaN without a monitor), oldest first."""
+        """Kept checkpoint files and their scores, oldest first; empty without a monitor, as Lightning's
+        (nothing is ranked: ``best_model_path`` is the newest save)."""
+        if self.monitor is None:
+            return {}
         return {path: torch.tensor(score) for path, score in self._best_k.items()}
 
     @best_k_models.setter
@@ -432,16 +438,20 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     # ----------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
-        # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's.
+        # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's. Scores are
+        # 0-d tensors, as Lightning's: a float32 metric keeps its dtype and compares as it was logged.
+        def score(value: float | None) -> torch.Tensor | None:
+            return None if value is None else torch.tensor(value)
+
         return {
             "monitor": self.monitor,
-            "best_model_score": self._best_score,
+            "best_model_score": score(self._best_score),
             "best_model_path": self.best_model_path,
-            "current_score": self._current_score,
+            "current_score": score(self._current_score),
             "dirpath": str(self.dirpath),
-            "best_k_models": dict(self._best_k),
+            "best_k_models": {path: torch.tensor(value) for path, value in self._best_k.items()},
             "kth_best_model_path": self.kth_best_model_path,
-            "kth_value": self._kth_value,
+            "kth_value": score(self._kth_value),
             "last_model_path": self.last_model_path,
             **self.schedule_state(),
         }
@@ -488,3 +498,8 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             )
         self.best_model_path = state.get("best_model_path", "")
         self.load_schedule_state(state)
+
+
+# Types, not strings, in the constructor's signature (this module postpones annotations): tools that
+# build a parser from it, as Lightning's CLI does for ``save_last``, get the union itself.
+ModelCheckpoint.__init__.__annotations__.update(get_type_hints(ModelCheckpoint.__init__))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from callbacks import ModelCheckpoint
 from tests.helpers.callback_tools import NotRankZero, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.files import load_checkpoint
+from trainer.common.errors import MisconfigurationException
 
 SCORES = [0.5, 0.8, 0.6, 0.9, 0.7, 0.85]  # val/score per epoch; 4 steps per epoch
 
@@ -74,10 +77,24 @@ def test_save_top_k_all_and_none(tmp_path: Path) -> None:
 
 
 def test_without_monitor_keeps_the_newest_and_every_n_train_steps(tmp_path: Path) -> None:
-    cb = ModelCheckpoint(dirpath=tmp_path, filename="{step}", save_top_k=2, every_n_train_steps=3)
+    cb = ModelCheckpoint(dirpath=tmp_path, filename="{step}", save_top_k=-1, every_n_train_steps=3)
     _fit(tmp_path, cb, scores=[0.0, 0.0])  # 8 steps: saves at 3 and 6
     assert _names(tmp_path) == {"step=3.ckpt", "step=6.ckpt"}
     assert cb.best_model_path.endswith("step=6.ckpt")
+    assert cb.best_k_models == {}  # nothing ranked, as Lightning's
+    newest = ModelCheckpoint(dirpath=tmp_path / "one", filename="{step}", every_n_train_steps=3)
+    _fit(tmp_path, newest, scores=[0.0, 0.0])
+    assert _names(tmp_path / "one") == {"step=6.ckpt"}
+
+
+def test_a_top_k_without_a_monitor_is_refused_as_in_lightning(tmp_path: Path) -> None:
+    # Lightning refuses it (nothing to rank by); -1 (every save) and 1 (the newest) are the choices.
+    with pytest.raises(MisconfigurationException, match=r"save_top_k=3, monitor=None\) is not a valid"):
+        ModelCheckpoint(dirpath=tmp_path, save_top_k=3)
+    # The signature holds types, not strings: a parser can build save_last's choices from it.
+    annotation = inspect.signature(ModelCheckpoint).parameters["save_last"].annotation
+    assert not isinstance(annotation, str)
+    assert bool in get_args(annotation)
 
 
 def test_filename_template_gives_valid_names() -> None:
@@ -139,3 +156,20 @@ def test_only_rank_zero_writes(tmp_path: Path) -> None:
     trainer.fit(Scripted([0.1, 0.2]), train, val)
     assert not (tmp_path / "ck").exists()
     assert cb.best_model_score == pytest.approx(0.2)  # the bookkeeping is the same on every rank
+
+
+@pytest.mark.parametrize("where", ["dirpath", "default_root_dir", "save_dir"])
+def test_a_url_is_refused_where_files_are_written(tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given to os.path, "s3://bucket/runs" became a local folder named "s3:" and the run wrote there.
+    from callbacks import TensorBoardLogger
+    from trainer import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    build = {
+        "dirpath": lambda: ModelCheckpoint(dirpath="s3://bucket/runs"),
+        "default_root_dir": lambda: Trainer(default_root_dir="s3://bucket/runs"),
+        "save_dir": lambda: TensorBoardLogger(save_dir="s3://bucket/runs"),
+    }[where]
+    with pytest.raises(MisconfigurationException, match=r"'s3://bucket/runs' is a URL: geartrain writes local files"):
+        build()
+    assert list(tmp_path.iterdir()) == []

@@ -24,6 +24,7 @@ from trainer import arguments, options, run
 from trainer.attributes import TrainerAttributes
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.common.env import STARTED_BY_LAUNCHER
+from trainer.common.errors import refuse_url
 from trainer.data.loaders import split_datamodule
 from trainer.data.microbatch import MicroBatcher
 from trainer.hooks import HookDispatch
@@ -161,6 +162,7 @@ class Trainer(TrainerAttributes):
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         self.on_nonfinite, self.max_nonfinite_in_a_row = on_nonfinite, max_nonfinite_in_a_row
+        refuse_url(default_root_dir, "Trainer(default_root_dir)")
         self.default_root_dir = Path(default_root_dir if default_root_dir is not None else os.getcwd())
         self.deterministic = deterministic
         self.config = config

@@ -23,6 +23,7 @@ __all__ = [
     "UserError",
     "closest",
     "disable_possible_user_warnings",
+    "refuse_url",
 ]
 
 
@@ -86,6 +87,31 @@ def disable_possible_user_warnings(module: str = "") -> None:
     import warnings
 
     warnings.filterwarnings("ignore", category=PossibleUserWarning, module=module)
+
+
+def refuse_url(path: object, what: str) -> None:
+    """Refuse a URL (``s3://...``, ``memory://...``) where geartrain writes or reads local files.
+
+    Lightning hands such paths to fsspec; geartrain's files are local, and a URL given to ``os.path``
+    would silently become a local folder named ``s3:``.
+
+    Raises:
+        UserError: naming the argument, the URL and what to use instead.
+
+    Example:
+        >>> refuse_url("/tmp/runs", "dirpath")
+        >>> refuse_url("s3://bucket/runs", "dirpath")
+        Traceback (most recent call last):
+        ...
+        trainer.common.errors.UserError: dirpath='s3://bucket/runs' is a URL: geartrain writes local files only. Mount the store as a folder (s3fs, gcsfuse) or write locally and copy the files.
+    """
+    text = str(path)
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme.isidentifier() and scheme != "file":
+        raise UserError(
+            f"{what}={text!r} is a URL: geartrain writes local files only. Mount the store as a folder "
+            "(s3fs, gcsfuse) or write locally and copy the files."
+        )
 
 
 def closest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
