@@ -25,12 +25,21 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import os
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
+from trainer.common.errors import disable_possible_user_warnings
 from trainer.lightning._refused import REFUSED
+
+#: The Lightning release whose public API this tree follows (programs compare it to pick features).
+__version__ = "2.6.6"
+
+# As Lightning's package: POSSIBLE_USER_WARNINGS=0 (or off) silences PossibleUserWarning.
+if os.environ.get("POSSIBLE_USER_WARNINGS", "").lower() in ("0", "off"):
+    disable_possible_user_warnings()
 
 __all__ = ["REFUSED", "TREE", "Callback", "LightningDataModule", "LightningModule", "Trainer", "seed_everything"]
 
@@ -101,6 +110,18 @@ _STRATEGIES = {
 
 _UTIL = "trainer.lightning._utilities"
 _DEMOS = "trainer.lightning._demos"
+_TOOLS = "trainer.lightning._tools"
+_ENUMS = ["GradClipAlgorithmType", "LightningEnum"]
+_TYING = ["find_shared_parameters", "set_shared_parameters"]
+_EPSILONS = ["FLOAT16_EPSILON", "FLOAT32_EPSILON", "FLOAT64_EPSILON"]
+_MEMORY = [
+    "garbage_collection_cuda",
+    "is_cuda_out_of_memory",
+    "is_cudnn_snafu",
+    "is_oom_error",
+    "is_out_of_cpu_memory",
+    "recursive_detach",
+]
 _BORING = [
     "BoringDataModule",
     "BoringDataModuleNoLen",
@@ -281,6 +302,7 @@ TREE: dict[str, dict[str, str]] = {
         "is_overridden": "trainer.hooks",
         "isolate_rng": "trainer.common.rng",
         "move_data_to_device": "trainer.common.tree:move_to_device",
+        **_from(_TOOLS, [*_ENUMS, *_TYING, *_EPSILONS, "is_picklable", "measure_flops", "suggested_max_num_workers"]),
         **{
             sub: "/"
             for sub in [
@@ -295,9 +317,15 @@ TREE: dict[str, dict[str, str]] = {
                 "model_helpers",
                 "parsing",
                 "imports",
+                "enums",
+                "memory",
+                "parameter_tying",
             ]
         },
     },
+    "utilities.enums": _from(_TOOLS, _ENUMS),
+    "utilities.memory": _from(_TOOLS, _MEMORY),
+    "utilities.parameter_tying": _from(_TOOLS, _TYING),
     "utilities.rank_zero": {
         **_from("trainer.common.rank_zero", _RANK_ZERO),
         **_from("lightning_utilities.core.rank_zero", ["WarningCache", "rank_prefixed_message"]),
@@ -321,7 +349,7 @@ TREE: dict[str, dict[str, str]] = {
     "utilities.seed": {"isolate_rng": "trainer.common.rng", "seed_everything": "trainer.utils"},
     "utilities.grads": {"grad_norm": "trainer.common.grad_norm"},
     "utilities.model_helpers": {"is_overridden": "trainer.hooks", "get_torchvision_model": _UTIL},
-    "utilities.parsing": {"AttributeDict": "trainer.hparams"},
+    "utilities.parsing": {"AttributeDict": "trainer.hparams", "is_picklable": _TOOLS},
 }
 
 
