@@ -237,9 +237,10 @@ class Strategy:
     ) -> torch.Tensor | None:
         """Unscale gradients (exactly once) and clip them by total ``"norm"`` or by ``"value"``.
 
-        Returns the total norm before clipping for ``"norm"``, else ``None``.
+        Returns the total norm before clipping for ``"norm"``, else ``None``. A ``value`` of ``None``
+        or ``0`` clips nothing, as Lightning's.
         """
-        if value is None:
+        if not value:
             return None
         self.precision.unscale_gradients(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

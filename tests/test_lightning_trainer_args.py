@@ -648,3 +648,20 @@ def test_hydra_config_takes_the_new_arguments_and_lightning_strategy_names() -> 
     assert trainer.strategy.precision.name == "64-true" and trainer.check_val_every_n_epoch is None
     assert not trainer.inference_mode and trainer.reload_dataloaders_every_n_epochs == 1
     assert [cb.max_time for cb in trainer.callbacks if isinstance(cb, cbs.Timer)] == [timedelta(hours=1)]
+
+
+def test_gradient_clip_val_zero_clips_nothing_as_in_lightning() -> None:
+    # Lightning reads 0 as "no clipping"; clip_grad_norm_(params, 0) would zero every gradient instead.
+    from trainer.lightning.demos.boring_classes import BoringModel
+
+    weights = []
+    for clip in (None, 0, 0.0):
+        torch.manual_seed(0)
+        module = BoringModel()
+        quiet_trainer(max_steps=3, gradient_clip_val=clip).fit(module)
+        weights.append([p.detach().clone() for p in module.parameters()])
+    torch.manual_seed(0)
+    fresh = [p.detach().clone() for p in BoringModel().parameters()]
+    assert not all(torch.equal(a, b) for a, b in zip(weights[0], fresh))  # it trained
+    for other in weights[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(weights[0], other))

@@ -111,7 +111,11 @@ def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: An
         ({"log_every_n_steps": 0}, ValueError, "log_every_n_steps must be a positive int, got 0"),
         ({"check_val_every_n_epoch": 1.5}, ValueError, "check_val_every_n_epoch must be a positive int, got 1.5"),
         ({"gradient_clip_algorithm": "l2"}, ValueError, "must be 'norm' or 'value', got 'l2'"),
-        ({"gradient_clip_val": 0.0}, ValueError, "gradient_clip_val must be > 0 or None, got 0.0"),
+        (
+            {"gradient_clip_val": -1.0},
+            ValueError,
+            r"gradient_clip_val must be >= 0 or None \(0: no clipping, as None\), got -1.0",
+        ),
         ({"limit_train_batches": 1.5}, ValueError, r"limit_train_batches as a fraction must be in \[0, 1\], got 1.5"),
         ({"limit_val_batches": -2}, ValueError, "limit_val_batches as a batch count must be >= 0, got -2"),
         ({"limit_test_batches": "all"}, TypeError, "limit_test_batches must be an int .* got 'all'"),

@@ -75,7 +75,7 @@ TRAINER_ARGS = """
         enable_progress_bar: add a ProgressBar unless one is given (``None``: True).
         enable_model_summary: add a ModelSummary unless one is given (``None``: True).
         accumulate_grad_batches: micro-batches per optimizer step; the loss is divided by it.
-        gradient_clip_val: clip gradients to this total norm (or value); ``None`` disables.
+        gradient_clip_val: clip gradients to this total norm (or value); ``None`` or ``0`` disables (as in Lightning).
         gradient_clip_algorithm: ``"norm"`` (also for ``None``) or ``"value"``.
         deterministic: ``True``: torch's deterministic algorithms; ``"warn"``: warn where none exists.
         benchmark: set ``torch.backends.cudnn.benchmark`` (``None`` leaves it).

@@ -177,8 +177,8 @@ def check_step_options(
     check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
     if gradient_clip_algorithm not in ("norm", "value"):
         raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}")
-    if gradient_clip_val is not None and gradient_clip_val <= 0:
-        raise ValueError(f"gradient_clip_val must be > 0 or None, got {gradient_clip_val}")
+    if gradient_clip_val is not None and gradient_clip_val < 0:
+        raise ValueError(f"gradient_clip_val must be >= 0 or None (0: no clipping, as None), got {gradient_clip_val}")
     if on_nonfinite not in (None, "raise", "skip", "warn"):
         raise ValueError(f"on_nonfinite must be 'raise', 'skip', 'warn' or None, got {on_nonfinite!r}")
     check_positive_int("max_nonfinite_in_a_row", max_nonfinite_in_a_row)

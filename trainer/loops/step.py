@@ -136,7 +136,7 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     module = state.module
     assert module is not None
     clip: Callable[[torch.optim.Optimizer, float | None, str], Any] | None = (
-        strategy.clip_gradients if clip_val is not None else None
+        strategy.clip_gradients if clip_val else None  # 0 clips nothing, as in Lightning
     )
     if not _keeps(module, TrainModule, "configure_gradient_clipping"):
         clip = module.configure_gradient_clipping  # called at every step, as in Lightning
