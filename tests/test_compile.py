@@ -63,3 +63,24 @@ def test_compile_trains_like_eager_and_checkpoints_have_plain_keys(tmp_path: Pat
     trainer.save_checkpoint(tmp_path / "c.ckpt")
     state = load_checkpoint(tmp_path / "c.ckpt")
     assert list(state["state_dict"]) == keys  # no "_orig_mod." prefixes
+
+
+@pytest.mark.timeout(240)
+def test_fit_takes_a_torch_compiled_module_as_lightning_does(tmp_path: Path) -> None:
+    # Lightning trains trainer.fit(torch.compile(model)); the wrapper is no TrainModule and was refused.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ours, theirs = Net(), Net()
+    theirs.load_state_dict(ours.state_dict())
+    keys = list(theirs.state_dict())
+    settings: dict[str, Any] = {"backend": "aot_eager", "dynamic": False}
+    quiet_trainer(max_epochs=1, compile=True, compile_kwargs=settings).fit(ours, train_dataloaders=Batches())
+    trainer = quiet_trainer(max_epochs=1)
+    torch._dynamo.reset()  # the graph of the same class's forward would be reused
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    trainer.fit(torch.compile(theirs, **settings), train_dataloaders=Batches())
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > before  # with the wrapper's compiler
+    assert trainer.module is theirs  # the user's module itself trained, its keys plain
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    assert list(load_checkpoint(tmp_path / "c.ckpt")["state_dict"]) == keys

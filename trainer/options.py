@@ -284,6 +284,25 @@ def check_limit(name: str, value: Any) -> None:
         raise ValueError(f"{name} as a batch count must be >= 0, got {value}")
 
 
+def unwrap_compiled(module: Any) -> Any:
+    """The module inside ``torch.compile(module)``, compiled in place with the same settings.
+
+    Lightning trains ``trainer.fit(torch.compile(model))``; the wrapper is not a TrainModule and its
+    ``state_dict`` keys carry an ``_orig_mod.`` prefix. So the user's module itself is trained, its
+    ``__call__`` compiled by the wrapper's own compiler context (what ``nn.Module.compile`` does with
+    the same ``torch.compile`` arguments); its checkpoints hold its plain keys. Anything else is
+    returned as it is.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if not isinstance(module, OptimizedModule):
+        return module
+    inner = module._orig_mod
+    if getattr(inner, "_compiled_call_impl", None) is None:
+        inner._compiled_call_impl = module.dynamo_ctx(inner._call_impl)
+    return inner
+
+
 def check_module(module: Any) -> None:
     """``fit`` needs a TrainModule that defines ``training_step``."""
     from trainer.module import TrainModule

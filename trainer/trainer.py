@@ -241,6 +241,7 @@ class Trainer(TrainerAttributes):
         ``"max_size_cycle"`` mode), or a :class:`~trainer.DataModule`. ``weights_only`` is accepted
         for Lightning's sake: checkpoints are always loaded with ``weights_only=True``.
         """
+        model = options.unwrap_compiled(model)
         options.check_module(model)
         options.warn_max_epochs_defaulted(self.run_state.loop)
         train_dataloaders, datamodule = split_datamodule(train_dataloaders, datamodule, "fit")
@@ -372,7 +373,7 @@ class Trainer(TrainerAttributes):
         return self.run_state.sanity_checking
 
     def _module_for(self, module: TrainModule | None, stage: str) -> TrainModule:
-        module = module if module is not None else self.module
+        module = options.unwrap_compiled(module) if module is not None else self.module
         if module is None:  # Lightning's error and words, so code catching its TypeError catches this
             raise TypeError(
                 f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run: "
