@@ -42,7 +42,7 @@ def test_grad_norm_equals_vector_norms_of_the_gradients_by_hand(norm_type: float
 
 
 def test_grad_norm_refuses_a_non_positive_norm_and_is_empty_without_gradients() -> None:
-    with pytest.raises(ValueError, match="norm_type must be a positive number"):
+    with pytest.raises(ValueError, match=r"`norm_type` must be a positive number or .inf."):
         grad_norm(_with_grads(), 0)
     assert grad_norm(nn.Linear(2, 2), 2) == {}
     assert set(grad_norm(_with_grads(), 2, group_separator="_")) >= {"grad_2.0_norm_0.weight"}

@@ -33,7 +33,7 @@ def grad_norm(module: nn.Module, norm_type: float | int | str, group_separator: 
     """
     p = float(norm_type)
     if p <= 0:
-        raise ValueError(f"grad_norm: norm_type must be a positive number or 'inf', got {norm_type!r}")
+        raise ValueError(f"`norm_type` must be a positive number or 'inf' (infinity norm). Got norm_type={norm_type!r}")
     norms = {
         f"grad_{p}_norm{group_separator}{name}": full_tensor(torch.linalg.vector_norm(param.grad.detach(), ord=p))
         for name, param in module.named_parameters()
