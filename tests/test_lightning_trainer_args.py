@@ -665,3 +665,42 @@ def test_gradient_clip_val_zero_clips_nothing_as_in_lightning() -> None:
     assert not all(torch.equal(a, b) for a, b in zip(weights[0], fresh))  # it trained
     for other in weights[1:]:
         assert all(torch.equal(a, b) for a, b in zip(weights[0], other))
+
+
+def test_pl_trainer_environment_variables_are_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_GRADIENT_CLIP_ALGORITHM", "value")  # not a literal: the string
+    monkeypatch.setenv("PL_TRAINER_ACCUMULATE_GRAD_BATCHES", "")  # empty: not set
+    trainer = Trainer()
+    assert trainer.logger is None and trainer.max_steps == 7
+    assert trainer.gradient_clip_algorithm == "value" and trainer.accumulate_grad_batches == 1
+    # What the code says wins, by keyword or by position (logger is Lightning's sixth argument).
+    assert Trainer(max_steps=3).max_steps == 3
+    assert Trainer("auto", "auto", "auto", 1, None, True).logger is not None
+
+
+def test_loggers_can_be_assigned_and_callbacks_appended_later(tmp_path: Path) -> None:
+    class Counting(cbs.Callback):
+        def __init__(self) -> None:
+            self.batches = 0
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.batches += 1
+
+    trainer = quiet_trainer(tmp_path, logger=True, max_steps=2, log_every_n_steps=1)
+    first = trainer.logger
+    assert isinstance(first, cbs.TensorBoardLogger)
+    csv = cbs.CSVLogger(tmp_path)
+    trainer.logger = csv
+    assert trainer.loggers == [csv] and first not in trainer.callbacks
+    trainer.loggers = None
+    assert trainer.logger is None and trainer.loggers == []
+    trainer.loggers = [csv]
+    with pytest.raises(TypeError, match=r"trainer\.loggers takes loggers"):
+        trainer.loggers = [Counting()]
+    counting = Counting()
+    trainer.callbacks.append(counting)  # after Trainer(...): its hooks were never called
+    trainer.fit(TinyMLP(log_loss=True), make_batches(4))
+    assert counting.batches == 2
+    assert "train/loss" in (Path(csv.log_dir) / "metrics.csv").read_text()  # the assigned logger took part

@@ -10,19 +10,26 @@ flags of ``deterministic``/``benchmark``/``detect_anomaly``).
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import inspect
 import os
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from callbacks.base import Callback
     from strategies.base import Strategy
+
+_Init = TypeVar("_Init", bound="Callable[..., None]")
 
 __all__ = [
     "TRAINER_ARGS",
@@ -31,6 +38,7 @@ __all__ = [
     "check_sync_batchnorm",
     "check_unsupported",
     "convert_sync_batchnorm",
+    "defaults_from_env",
     "overfit_loader",
     "resolve_devices",
     "resolve_logger",
@@ -316,3 +324,28 @@ def overfit_loader(loader: Iterable[Any]) -> Iterable[Any]:
         stacklevel=3,
     )
     return rebuild_dataloader(loader, sampler=SequentialSampler(loader.dataset))  # type: ignore[arg-type]
+
+
+def defaults_from_env(init: _Init) -> _Init:
+    """Lightning's ``PL_TRAINER_<NAME>`` environment variables as defaults of ``Trainer(...)``.
+
+    An argument not given takes the variable's value when it is set and not empty, read as a Python
+    literal where it is one (``PL_TRAINER_MAX_STEPS=7`` is ``7``, ``PL_TRAINER_LOGGER=False`` is
+    ``False``) and as the string otherwise (``PL_TRAINER_STRATEGY=ddp``). An argument given in the
+    code wins over the variable, as in Lightning.
+    """
+    names = list(inspect.signature(init).parameters)[1:]
+
+    @functools.wraps(init)
+    def with_env(self: Any, *args: Any, **kwargs: Any) -> None:
+        given = set(names[: len(args)]) | set(kwargs)
+        for name in names:
+            raw = os.environ.get(f"PL_TRAINER_{name.upper()}", "")
+            if raw and name not in given:
+                try:
+                    kwargs[name] = ast.literal_eval(raw)
+                except (ValueError, SyntaxError):
+                    kwargs[name] = raw
+        init(self, *args, **kwargs)
+
+    return with_env  # type: ignore[return-value]

@@ -252,11 +252,29 @@ class TrainerAttributes:
         """The logger callbacks (TensorBoard, CSV, ...), in order."""
         return [cb for cb in self.callbacks if getattr(cb, "is_logger", False)]
 
+    @loggers.setter
+    def loggers(self, loggers: Iterable[Callback] | None) -> None:
+        """Replace the loggers (Lightning lets code assign them): they take the first one's place
+        among the callbacks (the front when there was none); ``None`` or ``[]`` removes them."""
+        new = list(loggers or [])
+        wrong = [type(lg).__name__ for lg in new if not getattr(lg, "is_logger", False)]
+        if wrong:
+            raise TypeError(f"trainer.loggers takes loggers (subclasses of Logger); got {', '.join(wrong)}")
+        old = [i for i, cb in enumerate(self.callbacks) if getattr(cb, "is_logger", False)]
+        at = old[0] if old else 0
+        rest = [cb for cb in self.callbacks if not getattr(cb, "is_logger", False)]
+        # In place: the hook dispatch holds this list.
+        self.callbacks[:] = rest[:at] + new + rest[at:]
+
     @property
     def logger(self) -> Callback | None:
         """The first logger callback, or None."""
         loggers = self.loggers
         return loggers[0] if loggers else None
+
+    @logger.setter
+    def logger(self, logger: Callback | None) -> None:
+        self.loggers = [logger] if logger else []
 
     @property
     def checkpoint_callbacks(self) -> list[Callback]:

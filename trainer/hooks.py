@@ -50,6 +50,8 @@ class HookDispatch:
     def bind(self, module: TrainModule) -> None:
         """Dispatch to ``module`` from now on (once per ``fit``/``validate``/... call)."""
         check_hooks(self.callbacks)  # again: callbacks may have been added since (configure_callbacks)
+        # ... to the list itself too (``trainer.callbacks.append(cb)``, as Lightning users do): look again.
+        self._by_hook = overridden_hooks(self.callbacks)
         self._module = module
         for cb in self.callbacks:
             # Lightning's ``self.log`` in a callback: the module's, attached for the run (a class's own wins).

@@ -59,6 +59,7 @@ class Trainer(TrainerAttributes):
 
     __doc__ = (__doc__ or "") + arguments.TRAINER_ARGS
 
+    @arguments.defaults_from_env
     def __init__(
         self,
         accelerator: str = "auto",
