@@ -154,11 +154,23 @@ REMOVED_HOOKS: dict[str, str] = {
 
 
 def check_hooks(callbacks: list[Callback]) -> None:
-    """Refuse callbacks defining a hook that is never called (Lightning 1.x names removed in 2.0).
+    """Refuse callbacks defining a hook that is never called (Lightning 1.x names removed in 2.0), and
+    two stateful callbacks under one ``state_key`` (a checkpoint would keep only one's state).
 
     Raises:
         TypeError: naming the callback, the hook and the hook to override instead.
+        RuntimeError: naming the callbacks' type and the key, in Lightning's words.
     """
+    seen: set[str] = set()
+    for cb in (cb for cb in callbacks if type(cb).state_dict is not Callback.state_dict):
+        if cb.state_key in seen:
+            raise RuntimeError(
+                f"Found more than one stateful callback of type `{type(cb).__name__}`. In the current configuration, "
+                "this callback does not support being saved alongside other instances of the same type. HINT: The "
+                f"`callback.state_key` must be unique among all callbacks in the Trainer (two are {cb.state_key!r}): "
+                "give them different arguments or a state_key property of their own."
+            )
+        seen.add(cb.state_key)
     for cb in callbacks:
         for name, instead in REMOVED_HOOKS.items():
             if callable(getattr(type(cb), name, None)) or name in getattr(cb, "__dict__", {}):

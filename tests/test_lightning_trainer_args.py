@@ -704,3 +704,19 @@ def test_loggers_can_be_assigned_and_callbacks_appended_later(tmp_path: Path) ->
     trainer.fit(TinyMLP(log_loss=True), make_batches(4))
     assert counting.batches == 2
     assert "train/loss" in (Path(csv.log_dir) / "metrics.csv").read_text()  # the assigned logger took part
+
+
+def test_two_stateful_callbacks_under_one_state_key_are_refused() -> None:
+    # A checkpoint keeps callback states by state_key: the second would overwrite the first's, and a
+    # resume would give both the same state.
+    class Counter(cbs.Callback):
+        def state_dict(self) -> dict[str, Any]:
+            return {"n": 1}
+
+    with pytest.raises(RuntimeError, match="more than one stateful callback of type `Counter`"):
+        Trainer(callbacks=[Counter(), Counter()], logger=False)
+    trainer = Trainer(callbacks=[Counter()], logger=False)
+    trainer.callbacks.append(Counter())
+    with pytest.raises(RuntimeError, match="unique among all callbacks"):
+        trainer.fit(TinyMLP(), make_batches(2))
+    Trainer(callbacks=[cbs.EarlyStopping("a"), cbs.EarlyStopping("b")], logger=False)  # distinct keys: fine
