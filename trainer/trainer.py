@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
+from strategies.environments import SLURMEnvironment
 from strategies.precision import normalize_precision
 from strategies.registry import resolve_accelerator, resolve_strategy
 from trainer import arguments, options, run
@@ -32,6 +33,7 @@ from trainer.metrics.results import results_table
 from trainer.metrics.routing import MetricRouter
 from trainer.module import DataModule, TrainModule
 from trainer.preemption import Preemption
+from trainer.plugins import split_plugins, use_plugins
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.run_state import RunState
 
@@ -114,7 +116,9 @@ class Trainer(TrainerAttributes):
         compile: bool = False,
         compile_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        arguments.check_unsupported(plugins, model_registry, enable_autolog_hparams, barebones)
+        arguments.check_unsupported(model_registry, enable_autolog_hparams, barebones)
+        given = split_plugins(plugins, precision, sync_batchnorm)
+        sync_batchnorm = sync_batchnorm or given.layer_sync is not None
         switches = arguments.resolve_switches(
             barebones=barebones,
             logger=logger,
@@ -155,6 +159,7 @@ class Trainer(TrainerAttributes):
             precision=normalize_precision(precision) if precision is not None else None,
             accelerator=resolve_accelerator(accelerator),
         )
+        use_plugins(self.strategy, given)
         arguments.check_sync_batchnorm(sync_batchnorm, self.strategy)
         self.barebones, self.detect_anomaly, self.sync_batchnorm = barebones, detect_anomaly, sync_batchnorm
         #: ``False``: multi-process strategies leave the dataloaders as given (no sharding sampler).
@@ -200,6 +205,8 @@ class Trainer(TrainerAttributes):
         self.checkpointing = CheckpointConnector(self)
         #: SIGTERM/SIGUSR1 handling (``preemption_exit_code``, ``slurm_requeue``).
         self.preemption = Preemption(preemption_exit_code, slurm_requeue)
+        if isinstance(given.cluster_environment, SLURMEnvironment):  # its requeue settings are the run's
+            self.preemption.use_slurm_environment(given.cluster_environment)
 
     # ----------------------------------------------------------------- public state
     @property

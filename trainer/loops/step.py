@@ -126,9 +126,13 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     # Contexts that do nothing are not entered (a ``with`` costs as much as a small kernel launch).
     no_backward_sync = None if _keeps(strategy, Strategy, "no_backward_sync") else strategy.no_backward_sync
     forward_context = _forward_context(strategy)
-    plain_backward = _keeps(strategy, Strategy, "backward") and _keeps(precision, Precision, "backward")
+    plain_backward = _keeps(strategy, Strategy, "backward") and all(
+        _keeps(precision, Precision, name) for name in ("pre_backward", "backward", "post_backward")
+    )
     backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward if plain_backward else strategy.backward
-    plain_step = _keeps(strategy, Strategy, "optimizer_step") and _keeps(precision, Precision, "optimizer_step")
+    plain_step = _keeps(strategy, Strategy, "optimizer_step") and all(
+        _keeps(precision, Precision, name) for name in ("optimizer_step", "step_taken")
+    )
     # Called without arguments: the optimizer's own (instance-bound: schedulers patch it) ``step``, whose
     # None counts as a step taken, or the strategy's, which returns False for a skipped step (fp16).
     optimizer_step = optimizer.step if plain_step else functools.partial(strategy.optimizer_step, optimizer)
