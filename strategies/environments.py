@@ -27,6 +27,7 @@ from strategies.launch import first_host, slurm_environment
 
 __all__ = [
     "ClusterEnvironment",
+    "EnvironmentSlot",
     "KubeflowEnvironment",
     "LSFEnvironment",
     "LightningEnvironment",
@@ -334,6 +335,26 @@ def detect_environment() -> ClusterEnvironment:
         if cls.detect():
             return cls()
     return LightningEnvironment()
+
+
+class EnvironmentSlot:
+    """A strategy's ``cluster_environment``: the environment given to it, else the one detected now.
+
+    Its answers are the variables the strategy reads its ranks from (torchrun's, Slurm's, or those of
+    the processes the strategy starts itself).
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._key = f"_{name}"
+
+    def __get__(self, strategy: Any, owner: type | None = None) -> Any:
+        if strategy is None:
+            return self
+        given = strategy.__dict__.get(self._key)
+        return given if given is not None else detect_environment()
+
+    def __set__(self, strategy: Any, env: ClusterEnvironment | None) -> None:
+        strategy.__dict__[self._key] = env
 
 
 def _free_port() -> int:

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from strategies.precision import DtypeContext, MixedPrecision, Precision
+from strategies.precision import MixedPrecision, Precision
+from strategies.precision_true import DtypeContext
 from trainer.common.tree import apply_to_tensors
 
 __all__ = [

@@ -14,19 +14,11 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import (
-    DataLoader,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from typing_extensions import override
 
-from strategies import relaunch
+from strategies import environments, relaunch
 from strategies.base import Strategy
-from strategies.environments import ClusterEnvironment, detect_environment
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
 from strategies.rank_process import flush_files_at_exit, join_group, record_errors
@@ -206,17 +198,7 @@ class ParallelStrategy(Strategy):
     def local_rank(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
 
-    @property
-    def cluster_environment(self) -> ClusterEnvironment:
-        """Lightning's view of where this process stands: the environment given (``Trainer(plugins=...)``),
-        else the one detected (torchrun, Slurm, Kubeflow, or processes this strategy starts itself).
-        Its answers are the variables this strategy reads its ranks from."""
-        given: ClusterEnvironment | None = getattr(self, "_cluster_environment", None)
-        return given if given is not None else detect_environment()
-
-    @cluster_environment.setter
-    def cluster_environment(self, env: ClusterEnvironment | None) -> None:
-        self._cluster_environment = env
+    cluster_environment = environments.EnvironmentSlot()  # Lightning's: the one given, else the one detected
 
     # ----------------------------------------------------------------- lifecycle
     @override

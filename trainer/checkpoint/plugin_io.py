@@ -21,7 +21,7 @@ from trainer.checkpoint.files import save_checkpoint as write_atomically
 from trainer.checkpoint.files import snapshot_state
 from trainer.common.fs_safety import remove_checkpoint as remove_ours
 
-__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO", "is_default_io"]
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO", "is_default_io", "save_with", "teardown_io"]
 
 _INTERFACE = ("save_checkpoint", "load_checkpoint", "remove_checkpoint")
 
@@ -179,3 +179,18 @@ def is_default_io(io: Any) -> bool:
     """Whether ``io`` is geartrain's own writing (None, or a plain ``TorchCheckpointIO``): the connector
     then writes as it always does (links for ``last.ckpt``, asynchronous writes, sharded directories)."""
     return io is None or type(io) is TorchCheckpointIO
+
+
+def save_with(io: CheckpointIO, state: dict[str, Any], path: Any, also_at: Any, replaces: Any) -> None:
+    """A save through the user's IO: ``state`` written at ``path`` and at each ``also_at`` path (the
+    ``last`` copy), then each file in ``replaces`` removed through it, as Lightning's callbacks do."""
+    for target in (path, *also_at):
+        io.save_checkpoint(state, os.fspath(target))
+    for old in replaces:
+        io.remove_checkpoint(os.fspath(old))
+
+
+def teardown_io(io: Any) -> None:
+    """At the end of a run: the user's IO is torn down (an ``AsyncCheckpointIO`` waits for its last write)."""
+    if not is_default_io(io):
+        io.teardown()

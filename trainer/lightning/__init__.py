@@ -185,10 +185,9 @@ TREE: dict[str, dict[str, str]] = {
         "LIGHTNING_LOGO": _UTIL,
         "cli_lightning_logo": _UTIL,
         **{
-            sub: "/"
-            for sub in ("callbacks", "core", "demos", "loggers", "plugins", "profilers", "strategies", "trainer", "tuner")
+            sub: "/" for sub in ("callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer", "tuner")
         },
-        "utilities": "/",
+        **dict.fromkeys(("utilities", "plugins"), "/"),
         "cli": "/",  # a file of its own (trainer/lightning/cli.py): it needs jsonargparse, the extra `cli`
     },
     # ----------------------------------------------------------------- lightning.pytorch.demos
