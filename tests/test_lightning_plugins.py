@@ -147,6 +147,14 @@ def test_clip_gradients_of_a_plugin_clips_once_unscaled() -> None:
         MixedPrecision("16-mixed", "cpu").clip_gradients(fused, clip_val=1.0)
 
 
+def test_gradient_clip_val_zero_clips_nothing_as_lightning() -> None:
+    unclipped, zero = Tiny(), Tiny()
+    quiet_trainer(max_epochs=1, precision="bf16-mixed").fit(unclipped, _data())
+    quiet_trainer(max_epochs=1, precision="bf16-mixed", gradient_clip_val=0).fit(zero, _data())
+    for a, b in zip(_weights(unclipped), _weights(zero)):
+        assert torch.equal(a, b)
+
+
 def test_the_plugin_list_is_checked_as_lightning_checks_it() -> None:
     with pytest.raises(ValueError, match="Received both `precision=16-mixed`"):
         Trainer(precision="16-mixed", plugins=[DoublePrecision()])
