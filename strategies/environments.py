@@ -56,51 +56,59 @@ class ClusterEnvironment(metaclass=abc.ABCMeta):
         return all(any(name in vars(base) for base in other.__mro__) for name in _INTERFACE)
 
     @property
+    @abc.abstractmethod
     def creates_processes_externally(self) -> bool:
         """Whether a launcher (torchrun, srun) started the processes, rather than the strategy."""
         raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def main_address(self) -> str:
         """The address of the process of rank 0 (``MASTER_ADDR``)."""
         raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def main_port(self) -> int:
         """The port rank 0 listens on for the process group (``MASTER_PORT``)."""
         raise NotImplementedError
 
     @staticmethod
+    @abc.abstractmethod
     def detect() -> bool:
         """Whether this process runs in this kind of environment."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def world_size(self) -> int:
         """The number of processes of the run."""
         raise NotImplementedError
 
-    def set_world_size(self, size: int) -> None:
+    def set_world_size(self, size: int) -> None:  # noqa: B027 (a default that does nothing)
         """Lightning's strategies tell the environment the world size; fixed by the launcher here."""
 
+    @abc.abstractmethod
     def global_rank(self) -> int:
         """This process's rank among all processes."""
         raise NotImplementedError
 
-    def set_global_rank(self, rank: int) -> None:
+    def set_global_rank(self, rank: int) -> None:  # noqa: B027 (a default that does nothing)
         """Lightning's strategies tell the environment the rank; fixed by the launcher here."""
 
+    @abc.abstractmethod
     def local_rank(self) -> int:
         """This process's rank on its machine."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def node_rank(self) -> int:
         """The rank of this process's machine."""
         raise NotImplementedError
 
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:  # noqa: B027 (a default that does nothing)
         """Check ``devices``/``num_nodes`` against the environment (nothing to check by default)."""
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 (a default that does nothing)
         """Clean up at the end of a run (nothing by default)."""
 
 
@@ -279,7 +287,9 @@ class KubeflowEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect() -> bool:
-        return all(name in os.environ for name in ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+        return all(
+            name in os.environ for name in ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+        )
 
     def world_size(self) -> int:
         return int(os.environ["WORLD_SIZE"])
@@ -299,9 +309,9 @@ class _Unjoined(ClusterEnvironment):
 
     _how = ""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Unjoined:
         raise NotImplementedError(
-            f"{type(self).__name__} is not supported: geartrain does not join {self._how} jobs; start one process "
+            f"{cls.__name__} is not supported: geartrain does not join {cls._how} jobs; start one process "
             "per device with torchrun (or srun under Slurm), whose variables every strategy reads"
         )
 

@@ -16,8 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.common.tree import apply_to_tensors
-
 __all__ = [
     "NULL_CONTEXT",
     "PRECISIONS",

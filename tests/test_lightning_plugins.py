@@ -19,13 +19,6 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-import trainer.lightning as pl
-from callbacks import ModelCheckpoint
-from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from tests.helpers.trainers import quiet_trainer
-from trainer import Trainer, TrainModule
-from trainer.common.errors import MisconfigurationException
 from trainer.lightning.plugins import AsyncCheckpointIO, CheckpointIO, FSDPPrecision, TorchSyncBatchNorm
 from trainer.lightning.plugins.environments import (
     LightningEnvironment,
@@ -33,6 +26,13 @@ from trainer.lightning.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
+
+import trainer.lightning as pl
+from callbacks import ModelCheckpoint
+from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from tests.helpers.trainers import quiet_trainer
+from trainer import Trainer, TrainModule
+from trainer.common.errors import MisconfigurationException
 
 
 class Tiny(TrainModule):
@@ -139,7 +139,9 @@ def test_clip_gradients_of_a_plugin_clips_once_unscaled() -> None:
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     Precision().clip_gradients(optimizer, clip_val=0.0)  # 0: nothing clipped
     assert layer.weight.grad is not None and layer.weight.grad.abs().max() == 100
-    Precision().clip_gradients(optimizer, clip_val=0.5, gradient_clip_algorithm=pl.utilities.GradClipAlgorithmType.VALUE)
+    Precision().clip_gradients(
+        optimizer, clip_val=0.5, gradient_clip_algorithm=pl.utilities.GradClipAlgorithmType.VALUE
+    )
     assert layer.weight.grad.abs().max() == 0.5
     with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
         fused = torch.optim.SGD(layer.parameters(), lr=0.1)

@@ -32,8 +32,8 @@ from trainer.hooks import HookDispatch
 from trainer.metrics.results import results_table
 from trainer.metrics.routing import MetricRouter
 from trainer.module import DataModule, TrainModule
-from trainer.preemption import Preemption
 from trainer.plugins import split_plugins, use_plugins
+from trainer.preemption import Preemption
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.run_state import RunState
 

@@ -341,7 +341,9 @@ class CheckpointConnector:
         """Read ``path`` once and load what it holds (see :meth:`restore`)."""
         t = self._trainer
         io = t.strategy.checkpoint_io
-        state = read_any(path) if is_default_io(io) else recognise(io.load_checkpoint(str(path), weights_only=None), path)
+        state = (
+            read_any(path) if is_default_io(io) else recognise(io.load_checkpoint(str(path), weights_only=None), path)
+        )
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
         if state.get("plain_weights"):

@@ -51,7 +51,7 @@ class CheckpointIO(metaclass=abc.ABCMeta):
     def remove_checkpoint(self, path: Any) -> None:
         """Delete the checkpoint at ``path``."""
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 (a default that does nothing)
         """Release what the IO holds at the end of a run (nothing by default)."""
 
 
@@ -87,7 +87,7 @@ class _WrappingCheckpointIO(CheckpointIO):
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         self._checkpoint_io = checkpoint_io
-        self._base_checkpoint_io_configured = checkpoint_io is not None and (
+        self._base_checkpoint_io_configured: bool = checkpoint_io is not None and (
             not isinstance(checkpoint_io, _WrappingCheckpointIO) or checkpoint_io._base_checkpoint_io_configured
         )
 
