@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,15 @@ def test_gradient_clip_val_zero_clips_nothing_as_lightning() -> None:
     quiet_trainer(max_epochs=1, precision="bf16-mixed", gradient_clip_val=0).fit(zero, _data())
     for a, b in zip(_weights(unclipped), _weights(zero)):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("spelling", "warns"), [(16, True), ("bf16", True), (32, False), ("64", False)])
+def test_legacy_precision_spellings_warn_as_lightnings(spelling: Any, warns: bool) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(accelerator="cpu", precision=spelling, logger=False)
+    said = [str(w.message) for w in caught if "historical reasons" in str(w.message)]
+    assert bool(said) == warns
 
 
 def test_the_plugin_list_is_checked_as_lightning_checks_it() -> None:

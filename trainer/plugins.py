@@ -11,6 +11,7 @@ most, and a precision plugin together with ``precision=`` is refused, with Light
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +20,11 @@ from torch import nn
 
 from strategies.base import Strategy
 from strategies.environments import ClusterEnvironment
-from strategies.precision import Precision
+from strategies.precision import Precision, normalize_precision
 from trainer.checkpoint.plugin_io import CheckpointIO, TorchCheckpointIO, _WrappingCheckpointIO
 from trainer.common.errors import MisconfigurationException
 
-__all__ = ["LayerSync", "Plugins", "TorchSyncBatchNorm", "split_plugins", "use_plugins"]
+__all__ = ["LayerSync", "Plugins", "TorchSyncBatchNorm", "split_plugins", "trainer_precision", "use_plugins"]
 
 
 class LayerSync:
@@ -60,6 +61,22 @@ class Plugins:
     checkpoint_io: CheckpointIO | None = None
     cluster_environment: ClusterEnvironment | None = None
     layer_sync: LayerSync | None = None
+
+
+def trainer_precision(precision: str | int | None) -> str | None:
+    """``Trainer(precision=...)`` as its name in ``PRECISIONS``; Lightning's legacy half-precision spellings
+    (``16``, ``"16"``, ``"bf16"``) warn as Lightning warns, ``32``/``64`` do not."""
+    if precision is None:
+        return None
+    name = normalize_precision(precision)
+    if str(precision) in ("16", "bf16"):
+        warnings.warn(
+            f"`precision={precision}` is supported for historical reasons but its usage is discouraged. "
+            f"Please set your precision to {name} instead!",
+            UserWarning,
+            stacklevel=3,
+        )
+    return name
 
 
 def split_plugins(plugins: Any, precision: str | int | None, sync_batchnorm: bool) -> Plugins:

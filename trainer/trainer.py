@@ -19,7 +19,6 @@ import torch
 
 from callbacks.base import Callback
 from strategies.environments import SLURMEnvironment
-from strategies.precision import normalize_precision
 from strategies.registry import resolve_accelerator, resolve_strategy
 from trainer import arguments, options, run
 from trainer.attributes import TrainerAttributes
@@ -32,7 +31,7 @@ from trainer.hooks import HookDispatch
 from trainer.metrics.results import results_table
 from trainer.metrics.routing import MetricRouter
 from trainer.module import DataModule, TrainModule
-from trainer.plugins import split_plugins, use_plugins
+from trainer.plugins import split_plugins, trainer_precision, use_plugins
 from trainer.preemption import Preemption
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.run_state import RunState
@@ -156,7 +155,7 @@ class Trainer(TrainerAttributes):
             strategy,
             devices=arguments.resolve_devices(devices),
             num_nodes=num_nodes,
-            precision=normalize_precision(precision) if precision is not None else None,
+            precision=trainer_precision(precision),
             accelerator=resolve_accelerator(accelerator),
         )
         use_plugins(self.strategy, given)
