@@ -212,6 +212,7 @@ class RecordingIO(CheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         self.calls.append(("save", os.path.basename(path)))
+        self.storage_options = storage_options
         torch.save(checkpoint, path)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
@@ -234,6 +235,8 @@ def test_a_checkpoint_io_of_the_users_writes_reads_and_removes(tmp_path: Path) -
     assert ("remove", "epoch=0-step=4.ckpt") in io.calls
     trainer.test(ckpt_path=ck.last_model_path, dataloaders=_data(), verbose=False)
     assert io.calls[-1] == ("load", "last.ckpt")
+    trainer.save_checkpoint(tmp_path / "s.ckpt", storage_options={"bucket": "b"})
+    assert io.calls[-1] == ("save", "s.ckpt") and io.storage_options == {"bucket": "b"}
 
 
 def test_a_run_resumed_from_an_async_checkpoint_io_equals_an_uninterrupted_one(tmp_path: Path) -> None:

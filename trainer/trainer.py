@@ -341,13 +341,15 @@ class Trainer(TrainerAttributes):
         ``also_at``: the same file is also placed at these paths (hard link, else copy), and
         ``replaces``: these files are deleted, both only once the file is on disk, in that order
         (see :func:`~trainer.checkpoint.files.write_checkpoint`); a failed write deletes nothing.
+        ``storage_options`` go to a checkpoint IO of the user's (``Trainer(plugins=[io])``).
         """
-        if storage_options is not None:
+        if storage_options is not None and type(self.strategy.checkpoint_io).__name__ == "TorchCheckpointIO":
             raise ValueError(
-                "save_checkpoint(storage_options=...): geartrain writes checkpoints itself (atomically, "
-                "loadable with weights_only=True) and has no checkpoint IO plugins; leave it None"
+                "save_checkpoint(storage_options=...): geartrain's own checkpoint IO writes a local file "
+                "(atomically, loadable with weights_only=True) and takes no storage options; leave it None, or "
+                "give Trainer(plugins=[a CheckpointIO of yours]) that takes them"
             )
-        self.checkpointing.save(filepath, bool(weights_only), async_, also_at, replaces)
+        self.checkpointing.save(filepath, bool(weights_only), async_, also_at, replaces, storage_options)
 
     def wait_for_checkpoints(self) -> None:
         """Block until asynchronous checkpoint writes are on disk; re-raise a failed write's error."""

@@ -240,6 +240,7 @@ class CheckpointConnector:
         async_: bool,
         also_at: Iterable[str | os.PathLike[str]],
         replaces: Iterable[str | os.PathLike[str]],
+        storage_options: Any = None,
     ) -> None:
         """Write a checkpoint (rank 0 writes; every rank calls this). See ``Trainer.save_checkpoint``."""
         t = self._trainer
@@ -252,11 +253,8 @@ class CheckpointConnector:
                 "trainer.checkpointing.in_accumulation_window is False (in on_train_batch_end after the "
                 "window's optimizer step, or at an epoch's end), or pass weights_only=True"
             )
-        if not is_default_io(io := t.strategy.checkpoint_io):  # the user's IO writes (and removes)
-            if t.is_global_zero:
-                save_with(io, self.state(weights_only), path, also_at, replaces)
-            t.strategy.barrier("save_checkpoint")
-            return
+        if not is_default_io(t.strategy.checkpoint_io):  # the user's IO writes the full state (every rank gathers)
+            return save_with(t, self.state(weights_only), path, also_at, replaces, storage_options)
         if t.strategy.state_dict_type == "sharded" and self.adopted is None:
             self.wait()  # one save in flight at a time, in order
             pending = t.strategy.save_sharded(

@@ -181,11 +181,25 @@ def is_default_io(io: Any) -> bool:
     return io is None or type(io) is TorchCheckpointIO
 
 
-def save_with(io: CheckpointIO, state: dict[str, Any], path: Any, also_at: Any, replaces: Any) -> None:
-    """A save through the user's IO: ``state`` written at ``path`` and at each ``also_at`` path (the
-    ``last`` copy), then each file in ``replaces`` removed through it, as Lightning's callbacks do."""
+def save_with(
+    trainer: Any, state: dict[str, Any], path: Any, also_at: Any, replaces: Any, storage_options: Any = None
+) -> None:
+    """A save through the user's IO (``trainer.strategy.checkpoint_io``), on rank 0, then a barrier: ``state``
+    written at ``path`` and at each ``also_at`` path (the ``last`` copy), then each file in ``replaces``
+    removed through it, as Lightning's callbacks do."""
+    if trainer.is_global_zero:
+        _write_and_remove(trainer.strategy.checkpoint_io, state, path, also_at, replaces, storage_options)
+    trainer.strategy.barrier("save_checkpoint")
+
+
+def _write_and_remove(
+    io: CheckpointIO, state: dict[str, Any], path: Any, also_at: Any, replaces: Any, storage_options: Any
+) -> None:
     for target in (path, *also_at):
-        io.save_checkpoint(state, os.fspath(target))
+        if storage_options is None:  # Lightning's IO classes of two arguments are called as Lightning calls them
+            io.save_checkpoint(state, os.fspath(target))
+        else:
+            io.save_checkpoint(state, os.fspath(target), storage_options=storage_options)
     for old in replaces:
         io.remove_checkpoint(os.fspath(old))
 
