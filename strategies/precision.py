@@ -305,7 +305,8 @@ def normalize_precision(precision: str | int) -> str:
             f"precision={precision!r} is a Lightning plugin precision that geartrain does not support; "
             f"use one of {', '.join(PRECISIONS)} (or Lightning's spellings 32, 16, 'bf16', 64)"
         )
-    raise ValueError(f"Unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    allowed = ", ".join([*PRECISIONS, *(repr(a) for a in ALIASES)])
+    raise ValueError(f"Precision {precision!r} is invalid. Allowed precision values: {allowed}")
 
 
 def make_precision(precision: str | int | Precision | None, device_type: str) -> Precision:

@@ -168,6 +168,9 @@ def test_legacy_precision_spellings_warn_as_lightnings(spelling: Any, warns: boo
 
 
 def test_the_plugin_list_is_checked_as_lightning_checks_it() -> None:
+    for invalid in (1, 12, "invalid"):  # Lightning's message
+        with pytest.raises(ValueError, match=f"Precision {invalid!r} is invalid"):
+            Trainer(precision=invalid)
     with pytest.raises(ValueError, match="Received both `precision=16-mixed`"):
         Trainer(precision="16-mixed", plugins=[DoublePrecision()])
     with pytest.raises(MisconfigurationException, match="multiple values for Precision"):
