@@ -167,6 +167,27 @@ def test_legacy_precision_spellings_warn_as_lightnings(spelling: Any, warns: boo
     assert bool(said) == warns
 
 
+class ClipsByHalf(MixedPrecision):
+    """A user's plugin that clips in its own way (halves the gradients), as a Lightning plugin may."""
+
+    calls = 0
+
+    def clip_gradients(self, optimizer: Any, clip_val: float = 0.0, gradient_clip_algorithm: str = "norm") -> None:
+        ClipsByHalf.calls += 1
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad.mul_(0.5)
+
+
+def test_a_users_precision_plugin_clips_the_gradients_itself() -> None:
+    halved, plain = Tiny(), Tiny()
+    trainer = quiet_trainer(max_epochs=1, plugins=[ClipsByHalf("bf16-mixed", "cpu")], gradient_clip_val=1.0)
+    trainer.fit(halved, _data())
+    assert ClipsByHalf.calls == 4
+    quiet_trainer(max_epochs=1, precision="bf16-mixed").fit(plain, _data())
+    assert not all(torch.equal(a, b) for a, b in zip(_weights(halved), _weights(plain)))
+
+
 def test_the_plugin_list_is_checked_as_lightning_checks_it() -> None:
     for invalid in (1, 12, "invalid"):  # Lightning's message
         with pytest.raises(ValueError, match=f"Precision {invalid!r} is invalid"):

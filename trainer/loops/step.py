@@ -142,6 +142,8 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     clip: Callable[[torch.optim.Optimizer, float | None, str], Any] | None = (
         strategy.clip_gradients if clip_val else None  # 0 clips nothing, as in Lightning
     )
+    if clip is not None and type(precision).clip_gradients.__module__.split(".")[0] != "strategies":
+        clip = precision.clip_gradients  # a precision plugin of the user's clips itself, as in Lightning
     if not _keeps(module, TrainModule, "configure_gradient_clipping"):
         clip = module.configure_gradient_clipping  # called at every step, as in Lightning
     user_optimizer_step = None if _keeps(module, TrainModule, "optimizer_step") else module.optimizer_step
