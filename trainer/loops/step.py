@@ -139,7 +139,7 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     # The module's optimisation hooks, bound once; each keeps the plain path above when not overridden.
     module = state.module
     assert module is not None
-    clip: Callable[[torch.optim.Optimizer, float | None, str], Any] | None = (
+    clip: Callable[[torch.optim.Optimizer, Any, str], Any] | None = (
         strategy.clip_gradients if clip_val else None  # 0 clips nothing, as in Lightning
     )
     if clip is not None and type(precision).clip_gradients.__module__.split(".")[0] != "strategies":
