@@ -97,7 +97,10 @@ class ComplexBuffers(Tiny):
 
 def test_true_precision_makes_tensors_and_configure_model_layers_in_its_dtype() -> None:
     model = ComplexBuffers()
-    quiet_trainer(max_epochs=1, limit_train_batches=2, precision="64-true").fit(model, _data())
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, precision="64-true")
+    with trainer.init_module():
+        assert nn.Linear(2, 2).weight.dtype == torch.float64  # Lightning's init_module: the precision's dtype
+    trainer.fit(model, _data())
     assert model.seen == [torch.float64, torch.float64]  # torch.zeros(1) inside training_step
     assert model.late.weight.dtype == torch.float64 and model.net[0].weight.dtype == torch.float64
     assert model.made_early.dtype == torch.complex64  # module.double() keeps complex buffers whole
