@@ -211,6 +211,9 @@ def test_the_plugin_list_is_checked_as_lightning_checks_it() -> None:
     with pytest.raises(NotImplementedError, match="does not join LSF"):
         LSFEnvironment()
     assert Trainer(plugins=TorchSyncBatchNorm(), logger=False).sync_batchnorm is True
+    strategy = Trainer(plugins=[RecordingIO()], logger=False).strategy
+    with pytest.raises(MisconfigurationException, match="checkpoint_io set through both"):
+        Trainer(strategy=strategy, plugins=[RecordingIO()], logger=False)
 
 
 def test_slurm_environment_sets_the_requeue(monkeypatch: pytest.MonkeyPatch) -> None:

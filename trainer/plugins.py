@@ -21,7 +21,7 @@ from torch import nn
 from strategies.base import Strategy
 from strategies.environments import ClusterEnvironment
 from strategies.precision import Precision, normalize_precision
-from trainer.checkpoint.plugin_io import CheckpointIO, TorchCheckpointIO, _WrappingCheckpointIO
+from trainer.checkpoint.plugin_io import CheckpointIO, TorchCheckpointIO, _WrappingCheckpointIO, is_default_io
 from trainer.common.errors import MisconfigurationException
 
 __all__ = ["LayerSync", "Plugins", "TorchSyncBatchNorm", "split_plugins", "trainer_precision", "use_plugins"]
@@ -143,6 +143,11 @@ def use_plugins(strategy: Strategy, plugins: Plugins) -> None:
     """
     if plugins.precision is not None:
         strategy.precision = plugins.precision
+    if plugins.checkpoint_io is not None and not is_default_io(strategy.checkpoint_io):
+        raise MisconfigurationException("checkpoint_io set through both strategy class and plugins, choose one")
+    given_env = getattr(strategy, "__dict__", {}).get("_cluster_environment")
+    if plugins.cluster_environment is not None and given_env is not None:
+        raise MisconfigurationException("cluster_environment set through both strategy class and plugins, choose one")
     io = plugins.checkpoint_io if plugins.checkpoint_io is not None else strategy.checkpoint_io
     if io is None:
         io = TorchCheckpointIO()
