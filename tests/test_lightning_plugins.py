@@ -170,6 +170,33 @@ def test_legacy_precision_spellings_warn_as_lightnings(spelling: Any, warns: boo
     assert bool(said) == warns
 
 
+class OwnBackward(Tiny):
+    """Overrides ``backward`` (Lightning's hook): records the loss it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed: list[float] = []
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self.handed.append(float(loss))
+        loss.backward(*args, **kwargs)
+
+
+def test_a_modules_backward_gets_the_scaled_loss_under_fp16_as_lightnings() -> None:
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    model = OwnBackward()
+    plugin = MixedPrecision("16-mixed", "cpu", scaler)
+    quiet_trainer(max_epochs=1, limit_train_batches=1, plugins=[plugin]).fit(model, _data())
+    x, y = next(iter(_data()))
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.mse_loss(Tiny().net(x), y)
+    assert model.handed == [1024.0 * float(loss)]
+    own, plain = OwnBackward(), Tiny()  # bf16: the override is called, the weights are those without it
+    quiet_trainer(max_epochs=1, precision="bf16-mixed").fit(own, _data())
+    quiet_trainer(max_epochs=1, precision="bf16-mixed").fit(plain, _data())
+    assert len(own.handed) == 4 and all(torch.equal(a, b) for a, b in zip(_weights(own), _weights(plain)))
+
+
 class ClipsByHalf(MixedPrecision):
     """A user's plugin that clips in its own way (halves the gradients), as a Lightning plugin may."""
 

@@ -153,12 +153,15 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         else functools.partial(zero_grad_hook, module.optimizer_zero_grad, progress, optimizer)
     )
     if not _keeps(module, TrainModule, "backward"):
-        if not plain_backward:
+        if plain_backward:
+            backward = module.backward
+        elif _keeps(strategy, Strategy, "backward"):  # the precision scales, then calls it (Lightning's order)
+            backward = functools.partial(_backward_through, precision, module)
+        else:
             raise ValueError(
-                f"{type(module).__name__} overrides backward(), which {type(strategy).__name__} with "
-                f"{type(precision).__name__} cannot call (it scales or syncs the loss itself); remove the override"
+                f"{type(module).__name__} overrides backward(), which {type(strategy).__name__} "
+                "cannot call (it runs backward itself); remove the override"
             )
-        backward = module.backward
     nonfinite = NonFinite(trainer) if trainer.on_nonfinite is not None else None
     schedulers = any(cfg.interval == "step" for cfg in state.lr_scheduler_configs)
     before_backward, after_backward, before_optimizer_step, before_zero_grad = (
@@ -332,6 +335,14 @@ def _zero_grad_to_none(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
     except (KeyError, TypeError, ValueError):
         default = None
     return optimizer.zero_grad if default is True else functools.partial(optimizer.zero_grad, set_to_none=True)
+
+
+def _backward_through(precision: Precision, module: TrainModule, loss: torch.Tensor) -> None:
+    """The strategy's backward with the module's own ``backward`` at its heart, as Lightning runs it:
+    the precision prepares the loss (scales it under fp16) and calls ``module.backward`` with it."""
+    loss = precision.pre_backward(loss, module)
+    precision.backward(loss, module, None)
+    precision.post_backward(loss, module)
 
 
 def _keeps(obj: object, base: type, name: str) -> bool:
