@@ -62,12 +62,24 @@ class Strategy:
     #: is one process: the ``geartrain`` command names it then. ``None``: the strategy runs in one
     #: process (or, as ``model_parallel``, needs more than a device count to run on several).
     more_processes: ClassVar[str | None] = None
+    #: Lightning's ``strategy.checkpoint_io``: the IO that writes, reads and removes checkpoint files
+    #: (``trainer.checkpoint.plugin_io``); the Trainer sets it (geartrain's own unless one is given).
+    checkpoint_io: Any = None
 
     def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
         self._device = torch.device(device) if device is not None else None
         self.precision: Precision = make_precision(precision, self.root_device.type)
         self.module: nn.Module | None = None  # the user's module after setup
         self.model: nn.Module | None = None  # what forward runs through (a wrapper, or the module)
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """Lightning's name of :attr:`precision`, the precision plugin (settable: it replaces the plugin)."""
+        return self.precision
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision) -> None:
+        self.precision = plugin
 
     # ----------------------------------------------------------------- topology
     @property
@@ -230,7 +242,10 @@ class Strategy:
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backpropagate ``loss`` (scaled under fp16); ``args``/``kwargs`` go to ``loss.backward``."""
-        self.precision.backward(loss, *args, **kwargs)
+        precision = self.precision
+        loss = precision.pre_backward(loss, self.module)
+        precision.backward(loss, None, None, *args, **kwargs)
+        precision.post_backward(loss, self.module)
 
     def clip_gradients(
         self, optimizer: torch.optim.Optimizer, value: float | None, algorithm: str = "norm"
@@ -253,7 +268,7 @@ class Strategy:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         """Step ``optimizer``; False when the precision skipped it (fp16 overflow)."""
-        return self.precision.optimizer_step(optimizer, **kwargs)
+        return self.precision.step_taken(optimizer, **kwargs)
 
     # ----------------------------------------------------------------- collectives
     def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -16,13 +16,33 @@ and the sharded master weights, their gradients after reduction and the optimize
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import Any
 
 import torch
+from torch import nn
 
 from strategies.precision import MixedPrecision, Precision
+from strategies.precision_true import DtypeContext
+from trainer.common.tree import apply_to_tensors
 
-__all__ = ["PolicyPrecision", "ScaledPolicyPrecision", "as_sharded_precision", "mixed_precision_policy"]
+__all__ = [
+    "FSDPPrecision",
+    "PolicyPrecision",
+    "ScaledPolicyPrecision",
+    "as_sharded_precision",
+    "mixed_precision_policy",
+]
+
+#: The precisions ``FSDPPrecision`` takes, and the dtype each creates and converts modules and inputs in.
+_FSDP_DTYPES = {
+    "32-true": torch.float32,
+    "16-true": torch.float16,
+    "bf16-true": torch.bfloat16,
+    "16-mixed": torch.float32,
+    "bf16-mixed": torch.float32,
+}
 
 
 def _policy(dtype: torch.dtype) -> Any:
@@ -38,7 +58,7 @@ class PolicyPrecision(Precision):
     the plain operations (nothing is entered per step).
     """
 
-    name = "bf16-mixed"
+    precision = "bf16-mixed"
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
         self.dtype = dtype
@@ -75,3 +95,73 @@ def mixed_precision_policy(precision: Precision) -> Any:
     if isinstance(precision, (PolicyPrecision, ScaledPolicyPrecision)):
         return precision.policy()
     return MixedPrecisionPolicy()
+
+
+class FSDPPrecision(MixedPrecision):
+    """Lightning's ``FSDPPrecision(precision, scaler=None)``: a precision plugin for FSDP, given by hand.
+
+    ``"32-true"``, ``"16-true"``, ``"bf16-true"`` (the module converted, created and run in that dtype),
+    ``"16-mixed"`` (autocast float16 with a ``ShardedGradScaler``) or ``"bf16-mixed"`` (autocast
+    bfloat16). ``Trainer(strategy="fsdp", precision=...)`` does not build one: geartrain's FSDP2
+    strategy runs mixed precision as FSDP2's ``MixedPrecisionPolicy`` (see the module docstring).
+    :attr:`mixed_precision_config` is the FSDP1 ``MixedPrecision`` Lightning's ``FSDPStrategy`` reads.
+    """
+
+    def __init__(self, precision: str, scaler: Any = None) -> None:
+        if precision not in _FSDP_DTYPES:
+            raise ValueError(
+                f"`precision={precision!r})` is not supported in FSDP. `precision` must be one of: {tuple(_FSDP_DTYPES)}."
+            )
+        if scaler is not None and precision != "16-mixed":
+            raise ValueError(f"`precision={precision!r}` does not use a scaler, found {scaler}.")
+        if scaler is None and precision == "16-mixed":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            scaler = ShardedGradScaler()
+        self.precision = precision
+        self.scaler = scaler
+        self.dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16
+        self.device = self.device_type = "cuda"  # Lightning's FSDP autocasts on CUDA
+        self._desired_input_dtype = _FSDP_DTYPES[precision]
+        self._unscaled: set[int] = set()
+
+    @property
+    def mixed_precision_config(self) -> Any:
+        """FSDP1's ``torch.distributed.fsdp.MixedPrecision`` for this precision (as Lightning's plugin gives)."""
+        from torch.distributed.fsdp import MixedPrecision as TorchMixedPrecision
+
+        if self.precision in ("16-true", "bf16-true"):
+            warnings.warn(
+                f"FSDP with `{self.precision}` enables computation in lower precision. "
+                "FSDP will always retain a full-precision copy of the model parameters for sharding.",
+                UserWarning,
+                stacklevel=2,
+            )
+        dtype = {"16": torch.float16, "bf16": torch.bfloat16, "32": torch.float32}[self.precision.split("-")[0]]
+        return TorchMixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self._desired_input_dtype) if "true" in self.precision else module
+
+    def convert_input(self, data: Any) -> Any:
+        dtype = self._desired_input_dtype
+        return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+    def convert_output(self, data: Any) -> Any:
+        dtype = torch.get_default_dtype()
+        return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+    def tensor_init_context(self) -> contextlib.AbstractContextManager[Any]:
+        return DtypeContext(self._desired_input_dtype)
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        if "mixed" in self.precision:
+            return self.autocast_context_manager()
+        return DtypeContext(self._desired_input_dtype)
+
+    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+        raise ValueError(
+            f"`gradient_clip_algorithm='norm'` is not supported for `{type(self).__name__}` "
+            "(Lightning's FSDP plugin); use gradient_clip_algorithm='value', or strategy='fsdp' with "
+            "Trainer(precision=...), whose clipping by norm works on sharded gradients"
+        )

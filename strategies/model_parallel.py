@@ -200,7 +200,7 @@ class ModelParallelStrategy(FSDPStrategy):
         Tensor-parallel layers' gradients live on the 2-D mesh, the others' on the data-parallel one;
         ``clip_grad_norm_`` cannot stack their norms, so each mesh's norm is made whole first.
         """
-        if value is None or algorithm != "norm":
+        if not value or algorithm != "norm":
             return super().clip_gradients(optimizer, value, algorithm)
         from torch.distributed.tensor import DTensor
 

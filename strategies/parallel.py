@@ -14,17 +14,10 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import (
-    DataLoader,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from typing_extensions import override
 
-from strategies import relaunch
+from strategies import environments, relaunch
 from strategies.base import Strategy
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
 from strategies.precision import Precision
@@ -204,6 +197,8 @@ class ParallelStrategy(Strategy):
     @override
     def local_rank(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
+
+    cluster_environment = environments.EnvironmentSlot()  # Lightning's: the one given, else the one detected
 
     # ----------------------------------------------------------------- lifecycle
     @override

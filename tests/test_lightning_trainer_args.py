@@ -109,7 +109,10 @@ NON_DEFAULTS: dict[str, tuple[Any, str]] = {
     ),
     "detect_anomaly": (True, "test_detect_anomaly_runs_fit_under_anomaly_detection"),
     "barebones": (True, "test_barebones_turns_everything_off_and_refuses_what_it_turns_off"),
-    "plugins": (["x"], "refused"),
+    "plugins": (
+        "DoublePrecision()",
+        "tests/test_lightning_plugins.py::test_a_precision_plugin_trains_as_its_precision_string",
+    ),
     "sync_batchnorm": (True, "test_sync_batchnorm"),
     "reload_dataloaders_every_n_epochs": (2, "test_reload_dataloaders_every_n_epochs"),
     "default_root_dir": ("/tmp", "test_default_root_dir_none_is_the_working_directory"),
@@ -353,7 +356,6 @@ def test_default_root_dir_none_is_the_working_directory(tmp_path: Path, monkeypa
 @pytest.mark.parametrize(
     ("name", "value", "alternative"),
     [
-        ("plugins", ["anything"], "precision=..."),
         ("model_registry", "name", "save_checkpoint"),
         ("enable_autolog_hparams", False, "logger=False"),
     ],

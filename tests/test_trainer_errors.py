@@ -130,7 +130,11 @@ def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: An
             "Unknown strategy 'nope'; valid names: auto, amp, ddp, dp, fsdp, model_parallel, single",
         ),
         ({"strategy": 3}, TypeError, "strategy must be a name or a Strategy instance, got int"),
-        ({"strategy": "single", "precision": "8"}, ValueError, "Unknown precision '8'; expected one of 32-true"),
+        (
+            {"strategy": "single", "precision": "8"},
+            ValueError,
+            "Precision '8' is invalid. Allowed precision values: 32-true",
+        ),
         ({"strategy": "single", "devices": 2}, ValueError, "strategy='single' runs on one device; got devices=2"),
     ],
 )

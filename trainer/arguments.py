@@ -2,8 +2,8 @@
 
 :mod:`trainer.options` checks the loop arguments and adds the default callbacks; this room turns
 Lightning's other spellings into ours (``devices="0,1"``, ``logger=[...]``, ``None`` meaning "the
-default", ``barebones``), refuses what geartrain does not have (``plugins``,
-``model_registry``) with a message naming the alternative, and holds the few run-time pieces these
+default", ``barebones``), refuses what geartrain does not have (``model_registry``)
+with a message naming the alternative, and holds the few run-time pieces these
 arguments need (``overfit_batches``'s unshuffled loader, ``sync_batchnorm``'s conversion, the torch
 flags of ``deterministic``/``benchmark``/``detect_anomaly``).
 """
@@ -93,7 +93,8 @@ TRAINER_ARGS = """
             time per action (data fetch, step, backward, optimizer step, each hook); ``docs/profiling.md``.
         detect_anomaly: run fit under ``torch.autograd.set_detect_anomaly(True)``.
         barebones: no logger, checkpointing, progress bar, model summary or sanity check (refused if asked).
-        plugins: refused (precision, environments and checkpoint I/O are built in).
+        plugins: Lightning's plugin objects (a precision plugin, a checkpoint IO, a cluster environment,
+            ``TorchSyncBatchNorm``), one of each kind at most (:mod:`trainer.plugins`).
         sync_batchnorm: BatchNorm layers become SyncBatchNorm when several processes train (CUDA only).
         reload_dataloaders_every_n_epochs: ask the module/datamodule for new loaders every n epochs.
         default_root_dir: where default loggers and checkpoints write (``None``: the working directory).
@@ -114,14 +115,8 @@ TRAINER_ARGS = """
 """
 
 
-def check_unsupported(plugins: Any, model_registry: Any, enable_autolog_hparams: bool, barebones: bool) -> None:
+def check_unsupported(model_registry: Any, enable_autolog_hparams: bool, barebones: bool) -> None:
     """Refuse the Lightning arguments geartrain does not implement yet, naming what to use instead."""
-    if plugins is not None and plugins != []:
-        raise ValueError(
-            f"Trainer(plugins={plugins!r}) is not supported: geartrain has no Lightning plugins. Choose precision "
-            "with Trainer(precision=...), cluster environments are read from torchrun/Slurm, and checkpoint "
-            "I/O is built in"
-        )
     if model_registry is not None:
         raise ValueError(
             f"Trainer(model_registry={model_registry!r}) is not supported: geartrain does not upload models; "

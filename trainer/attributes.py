@@ -437,12 +437,13 @@ class TrainerAttributes:
 
     @contextlib.contextmanager
     def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
-        """Build modules inside this block directly on the strategy's device.
+        """Build modules inside this block directly on the strategy's device, in the precision's dtype
+        (``"bf16-true"``: bfloat16 parameters), as Lightning's ``init_module``.
 
         ``empty_init`` is accepted: geartrain always initialises weights (Lightning may skip it as a
         speed-up), so a module built here holds what it would hold built anywhere else.
         """
-        with torch.device(self.strategy.root_device):
+        with torch.device(self.strategy.root_device), self.strategy.precision.tensor_init_context():
             yield
 
 

@@ -278,7 +278,11 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
     ) -> None:
         """Clip ``optimizer``'s gradients by ``"norm"`` (default) or ``"value"``, unscaling first under fp16."""
         opt = getattr(optimizer, "optimizer", optimizer)
-        self.trainer.strategy.clip_gradients(opt, gradient_clip_val, gradient_clip_algorithm or "norm")
+        strategy, algorithm = self.trainer.strategy, gradient_clip_algorithm or "norm"
+        if type(strategy.precision).clip_gradients.__module__.split(".")[0] != "strategies":
+            strategy.precision.clip_gradients(opt, gradient_clip_val or 0.0, algorithm)  # the user's plugin
+            return
+        strategy.clip_gradients(opt, gradient_clip_val, algorithm)
 
 
 def _gather_with_grads(x: torch.Tensor) -> torch.Tensor:

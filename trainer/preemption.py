@@ -62,6 +62,14 @@ class Preemption:
         self._checked_at: tuple[float, int] | None = None  # (time, global step) of the last agreement
         self._strategy: Strategy | None = None
         self._previous: dict[int, Any] = {}
+        #: The signal that asks for a requeue (``SLURMEnvironment(requeue_signal=...)``; SIGUSR1 by default).
+        self.requeue_signal: int | None = getattr(signal, "SIGUSR1", None)
+
+    def use_slurm_environment(self, env: Any) -> None:
+        """Take a ``SLURMEnvironment`` plugin's ``auto_requeue`` and ``requeue_signal`` (Lightning's settings)."""
+        self.slurm_requeue = bool(env.auto_requeue)
+        if env.requeue_signal is not None:
+            self.requeue_signal = int(env.requeue_signal)
 
     def install(self, strategy: Strategy) -> None:
         """Note SIGTERM/SIGUSR1 from now on (only the main thread may set handlers)."""
@@ -86,7 +94,10 @@ class Preemption:
         # A Ctrl-C is noted too: the run stops after the step, saves and says how to resume. Under
         # several processes it must not stop one rank in the middle of a collective.
         names = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP") if self.agree else ("SIGTERM", "SIGUSR1", "SIGINT")
-        for sig in (getattr(signal, name) for name in names if hasattr(signal, name)):
+        signals = [getattr(signal, name) for name in names if hasattr(signal, name)]
+        if self.requeue_signal is not None and self.requeue_signal not in signals:
+            signals.append(self.requeue_signal)
+        for sig in signals:
             self._previous[sig] = signal.signal(sig, note)
 
     def restore(self) -> None:
@@ -122,8 +133,7 @@ class Preemption:
     def requeue(self, is_global_zero: bool) -> None:
         """After the checkpoint: on SIGUSR1 under Slurm, ``scontrol requeue`` the job (rank 0)."""
         job = os.environ.get("SLURM_JOB_ID")
-        usr1 = getattr(signal, "SIGUSR1", None)
-        if self.slurm_requeue and job and self.signal == usr1 and is_global_zero:
+        if self.slurm_requeue and job and self.signal == self.requeue_signal and is_global_zero:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 warnings.warn(f"scontrol requeue {job} failed: {result.stderr.strip()}", stacklevel=2)

@@ -117,8 +117,11 @@ def run_stage(
         t.profiler.global_rank = t.strategy.global_rank
         t.profiler.setup(stage, local_rank=t.strategy.local_rank, log_dir=t.log_dir)
         t.strategy.connect(module)  # a model-parallel strategy's device_mesh, for configure_model
-        module.configure_model()  # before the strategy wraps (or shards) the module, as Lightning
-        module.configure_sharded_model()
+        # Before the strategy wraps (or shards) the module, as Lightning; layers made here get the
+        # precision's dtype ("64-true": float64), as Lightning's module_init_context gives them.
+        with t.strategy.precision.module_init_context():
+            module.configure_model()
+            module.configure_sharded_model()
         materialize_lazy(t, module, loader)  # lazy layers get their shapes before the strategy wraps them
         _apply_memory_options(t, module, stage)
         arguments.convert_sync_batchnorm(module, t.sync_batchnorm, t.strategy.world_size)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from strategies.precision import normalize_precision
+from strategies.environments import SLURMEnvironment
 from strategies.registry import resolve_accelerator, resolve_strategy
 from trainer import arguments, options, run
 from trainer.attributes import TrainerAttributes
@@ -31,6 +31,7 @@ from trainer.hooks import HookDispatch
 from trainer.metrics.results import results_table
 from trainer.metrics.routing import MetricRouter
 from trainer.module import DataModule, TrainModule
+from trainer.plugins import split_plugins, trainer_precision, use_plugins
 from trainer.preemption import Preemption
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.run_state import RunState
@@ -114,7 +115,9 @@ class Trainer(TrainerAttributes):
         compile: bool = False,
         compile_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        arguments.check_unsupported(plugins, model_registry, enable_autolog_hparams, barebones)
+        arguments.check_unsupported(model_registry, enable_autolog_hparams, barebones)
+        given = split_plugins(plugins, precision, sync_batchnorm)
+        sync_batchnorm = sync_batchnorm or given.layer_sync is not None
         switches = arguments.resolve_switches(
             barebones=barebones,
             logger=logger,
@@ -152,9 +155,10 @@ class Trainer(TrainerAttributes):
             strategy,
             devices=arguments.resolve_devices(devices),
             num_nodes=num_nodes,
-            precision=normalize_precision(precision) if precision is not None else None,
+            precision=trainer_precision(precision),
             accelerator=resolve_accelerator(accelerator),
         )
+        use_plugins(self.strategy, given)
         arguments.check_sync_batchnorm(sync_batchnorm, self.strategy)
         self.barebones, self.detect_anomaly, self.sync_batchnorm = barebones, detect_anomaly, sync_batchnorm
         #: ``False``: multi-process strategies leave the dataloaders as given (no sharding sampler).
@@ -200,6 +204,8 @@ class Trainer(TrainerAttributes):
         self.checkpointing = CheckpointConnector(self)
         #: SIGTERM/SIGUSR1 handling (``preemption_exit_code``, ``slurm_requeue``).
         self.preemption = Preemption(preemption_exit_code, slurm_requeue)
+        if isinstance(given.cluster_environment, SLURMEnvironment):  # its requeue settings are the run's
+            self.preemption.use_slurm_environment(given.cluster_environment)
 
     # ----------------------------------------------------------------- public state
     @property
@@ -335,13 +341,15 @@ class Trainer(TrainerAttributes):
         ``also_at``: the same file is also placed at these paths (hard link, else copy), and
         ``replaces``: these files are deleted, both only once the file is on disk, in that order
         (see :func:`~trainer.checkpoint.files.write_checkpoint`); a failed write deletes nothing.
+        ``storage_options`` go to a checkpoint IO of the user's (``Trainer(plugins=[io])``).
         """
-        if storage_options is not None:
+        if storage_options is not None and type(self.strategy.checkpoint_io).__name__ == "TorchCheckpointIO":
             raise ValueError(
-                "save_checkpoint(storage_options=...): geartrain writes checkpoints itself (atomically, "
-                "loadable with weights_only=True) and has no checkpoint IO plugins; leave it None"
+                "save_checkpoint(storage_options=...): geartrain's own checkpoint IO writes a local file "
+                "(atomically, loadable with weights_only=True) and takes no storage options; leave it None, or "
+                "give Trainer(plugins=[a CheckpointIO of yours]) that takes them"
             )
-        self.checkpointing.save(filepath, bool(weights_only), async_, also_at, replaces)
+        self.checkpointing.save(filepath, bool(weights_only), async_, also_at, replaces, storage_options)
 
     def wait_for_checkpoints(self) -> None:
         """Block until asynchronous checkpoint writes are on disk; re-raise a failed write's error."""

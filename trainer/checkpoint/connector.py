@@ -21,7 +21,8 @@ from trainer.checkpoint.files import (
     write_checkpoint,
 )
 from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
-from trainer.checkpoint.reader import read_any
+from trainer.checkpoint.plugin_io import is_default_io, save_with, teardown_io
+from trainer.checkpoint.reader import read_any, recognise
 from trainer.checkpoint.resolve import last_of_folder
 from trainer.checkpoint.sharded import PendingSave, param_names
 from trainer.common.errors import CheckpointError
@@ -239,6 +240,7 @@ class CheckpointConnector:
         async_: bool,
         also_at: Iterable[str | os.PathLike[str]],
         replaces: Iterable[str | os.PathLike[str]],
+        storage_options: Any = None,
     ) -> None:
         """Write a checkpoint (rank 0 writes; every rank calls this). See ``Trainer.save_checkpoint``."""
         t = self._trainer
@@ -251,6 +253,8 @@ class CheckpointConnector:
                 "trainer.checkpointing.in_accumulation_window is False (in on_train_batch_end after the "
                 "window's optimizer step, or at an epoch's end), or pass weights_only=True"
             )
+        if not is_default_io(t.strategy.checkpoint_io):  # the user's IO writes the full state (every rank gathers)
+            return save_with(t, self.state(weights_only), path, also_at, replaces, storage_options)
         if t.strategy.state_dict_type == "sharded" and self.adopted is None:
             self.wait()  # one save in flight at a time, in order
             pending = t.strategy.save_sharded(
@@ -298,6 +302,7 @@ class CheckpointConnector:
         self.wait()
         if writer is not None:
             writer.close()
+        teardown_io(self._trainer.strategy.checkpoint_io)  # an AsyncCheckpointIO's last write lands
 
     # ----------------------------------------------------------------- restore
     def restart_path(self) -> Path | None:
@@ -333,7 +338,10 @@ class CheckpointConnector:
     def _read(self, path: Path, full: bool) -> None:
         """Read ``path`` once and load what it holds (see :meth:`restore`)."""
         t = self._trainer
-        state = read_any(path)
+        io = t.strategy.checkpoint_io
+        state = (
+            read_any(path) if is_default_io(io) else recognise(io.load_checkpoint(str(path), weights_only=None), path)
+        )
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
         if state.get("plain_weights"):

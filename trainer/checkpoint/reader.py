@@ -65,6 +65,12 @@ def read_any(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         return read_directory(path)
     state = read_checkpoint(path)  # one torch.load (weights_only; Lightning's AttributeDict allowed by name)
+    return recognise(state, path)
+
+
+def recognise(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A loaded checkpoint dict (ours, Lightning's, a plain state dict; from ``path``) as geartrain's."""
+    path = Path(path)
     if state.get("format") == FORMAT_NAME:
         check_version(path, state.get("version"))
         return upgrade(state)

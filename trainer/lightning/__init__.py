@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.common.errors import disable_possible_user_warnings
+from trainer.lightning._plugins import PLUGINS_TREE
 from trainer.lightning._refused import REFUSED
 
 #: The Lightning release whose public API this tree follows (programs compare it to pick features).
@@ -186,7 +187,7 @@ TREE: dict[str, dict[str, str]] = {
         **{
             sub: "/" for sub in ("callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer", "tuner")
         },
-        "utilities": "/",
+        **dict.fromkeys(("utilities", "plugins"), "/"),
         "cli": "/",  # a file of its own (trainer/lightning/cli.py): it needs jsonargparse, the extra `cli`
     },
     # ----------------------------------------------------------------- lightning.pytorch.demos
@@ -350,6 +351,7 @@ TREE: dict[str, dict[str, str]] = {
     "utilities.grads": {"grad_norm": "trainer.common.grad_norm"},
     "utilities.model_helpers": {"is_overridden": "trainer.hooks", "get_torchvision_model": _UTIL},
     "utilities.parsing": {"AttributeDict": "trainer.hparams", "is_picklable": _TOOLS},
+    **PLUGINS_TREE,  # lightning.pytorch.plugins
 }
 
 

@@ -9,6 +9,8 @@ module tree to check that every path either resolves or is refused here.
 
 from __future__ import annotations
 
+from trainer.lightning._plugins import PLUGINS_REFUSED
+
 __all__ = ["REFUSED"]
 
 _INTERNALS = (
@@ -19,10 +21,6 @@ _INTERNALS = (
 _ACCELERATORS = (
     "geartrain has no Accelerator objects: choose devices with Trainer(accelerator=..., devices=...); "
     "the device in use is trainer.strategy.root_device"
-)
-_PLUGINS = (
-    "geartrain has no plugin objects: precision is Trainer(precision=...), checkpoint writing is "
-    "ModelCheckpoint(async_save=...), the cluster (torchrun, Slurm) is read from the environment by the strategies"
 )
 _NOT_OFFERED = (
     "not offered by geartrain (no TPU/XLA, DeepSpeed or model serving): use strategy='ddp', 'fsdp' or 'model_parallel'"
@@ -37,7 +35,6 @@ _NOT_YET = "not yet in geartrain"
 REFUSED: dict[str, str] = {
     # ------------------------------------------------------------ whole modules
     "accelerators": _ACCELERATORS,
-    "plugins": _PLUGINS,
     "demos.lstm": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
     "demos.transformer": _NOT_YET
     + " (its WikiText2 downloads data): demos.boring_classes is mapped; write the model in the program",
@@ -126,4 +123,5 @@ REFUSED: dict[str, str] = {
     "utilities.model_summary.model_summary.get_formatted_model_size": _NOT_YET,
     "utilities.model_summary.model_summary.get_human_readable_count": _NOT_YET,
     "utilities.model_summary.model_summary.parse_batch_shape": _NOT_YET,
+    **PLUGINS_REFUSED,
 }

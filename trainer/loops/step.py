@@ -126,18 +126,24 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     # Contexts that do nothing are not entered (a ``with`` costs as much as a small kernel launch).
     no_backward_sync = None if _keeps(strategy, Strategy, "no_backward_sync") else strategy.no_backward_sync
     forward_context = _forward_context(strategy)
-    plain_backward = _keeps(strategy, Strategy, "backward") and _keeps(precision, Precision, "backward")
+    plain_backward = _keeps(strategy, Strategy, "backward") and all(
+        _keeps(precision, Precision, name) for name in ("pre_backward", "backward", "post_backward")
+    )
     backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward if plain_backward else strategy.backward
-    plain_step = _keeps(strategy, Strategy, "optimizer_step") and _keeps(precision, Precision, "optimizer_step")
+    plain_step = _keeps(strategy, Strategy, "optimizer_step") and all(
+        _keeps(precision, Precision, name) for name in ("optimizer_step", "step_taken")
+    )
     # Called without arguments: the optimizer's own (instance-bound: schedulers patch it) ``step``, whose
     # None counts as a step taken, or the strategy's, which returns False for a skipped step (fp16).
     optimizer_step = optimizer.step if plain_step else functools.partial(strategy.optimizer_step, optimizer)
     # The module's optimisation hooks, bound once; each keeps the plain path above when not overridden.
     module = state.module
     assert module is not None
-    clip: Callable[[torch.optim.Optimizer, float | None, str], Any] | None = (
+    clip: Callable[[torch.optim.Optimizer, Any, str], Any] | None = (
         strategy.clip_gradients if clip_val else None  # 0 clips nothing, as in Lightning
     )
+    if clip is not None and type(precision).clip_gradients.__module__.split(".")[0] != "strategies":
+        clip = precision.clip_gradients  # a precision plugin of the user's clips itself, as in Lightning
     if not _keeps(module, TrainModule, "configure_gradient_clipping"):
         clip = module.configure_gradient_clipping  # called at every step, as in Lightning
     user_optimizer_step = None if _keeps(module, TrainModule, "optimizer_step") else module.optimizer_step
@@ -147,12 +153,15 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         else functools.partial(zero_grad_hook, module.optimizer_zero_grad, progress, optimizer)
     )
     if not _keeps(module, TrainModule, "backward"):
-        if not plain_backward:
+        if plain_backward:
+            backward = module.backward
+        elif _keeps(strategy, Strategy, "backward"):  # the precision scales, then calls it (Lightning's order)
+            backward = functools.partial(_backward_through, precision, module)
+        else:
             raise ValueError(
-                f"{type(module).__name__} overrides backward(), which {type(strategy).__name__} with "
-                f"{type(precision).__name__} cannot call (it scales or syncs the loss itself); remove the override"
+                f"{type(module).__name__} overrides backward(), which {type(strategy).__name__} "
+                "cannot call (it runs backward itself); remove the override"
             )
-        backward = module.backward
     nonfinite = NonFinite(trainer) if trainer.on_nonfinite is not None else None
     schedulers = any(cfg.interval == "step" for cfg in state.lr_scheduler_configs)
     before_backward, after_backward, before_optimizer_step, before_zero_grad = (
@@ -326,6 +335,14 @@ def _zero_grad_to_none(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
     except (KeyError, TypeError, ValueError):
         default = None
     return optimizer.zero_grad if default is True else functools.partial(optimizer.zero_grad, set_to_none=True)
+
+
+def _backward_through(precision: Precision, module: TrainModule, loss: torch.Tensor) -> None:
+    """The strategy's backward with the module's own ``backward`` at its heart, as Lightning runs it:
+    the precision prepares the loss (scales it under fp16) and calls ``module.backward`` with it."""
+    loss = precision.pre_backward(loss, module)
+    precision.backward(loss, module, None)
+    precision.post_backward(loss, module)
 
 
 def _keeps(obj: object, base: type, name: str) -> bool:

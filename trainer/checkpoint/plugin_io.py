@@ -1,0 +1,210 @@
+"""Lightning's checkpoint IO plugins over geartrain's own writing and reading.
+
+``TorchCheckpointIO`` is what geartrain does anyway: an atomic write (:func:`files.save_checkpoint`),
+a ``weights_only=True`` read (:func:`reader.read_checkpoint`), and a removal of our own files only
+(:func:`fs_safety.remove_checkpoint`). ``AsyncCheckpointIO`` wraps another IO and writes in a
+background thread after a CPU snapshot taken in the caller (:func:`files.snapshot_state`, the
+copy ``ModelCheckpoint(async_save=True)`` also takes). A :class:`CheckpointIO` of the user's own
+(``Trainer(plugins=[MyIO()])``, or a strategy's ``checkpoint_io=``) writes, reads and removes the
+run's checkpoint files instead of geartrain (:mod:`trainer.checkpoint.connector` asks it); what it
+writes is then its business (atomicity included).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from trainer.checkpoint.files import save_checkpoint as write_atomically
+from trainer.checkpoint.files import snapshot_state
+from trainer.common.fs_safety import remove_checkpoint as remove_ours
+
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO", "is_default_io", "save_with", "teardown_io"]
+
+_INTERFACE = ("save_checkpoint", "load_checkpoint", "remove_checkpoint")
+
+
+class CheckpointIO(metaclass=abc.ABCMeta):
+    """Lightning's ``CheckpointIO``: how checkpoint files are written, read and removed.
+
+    ``isinstance(obj, CheckpointIO)`` holds for Lightning's own IO objects too (any object with
+    ``save_checkpoint``, ``load_checkpoint`` and ``remove_checkpoint``).
+    """
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        if cls is not CheckpointIO:
+            return NotImplemented
+        return all(any(name in vars(base) for base in other.__mro__) for name in _INTERFACE)
+
+    @abc.abstractmethod
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        """Write ``checkpoint`` to ``path``."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read the checkpoint at ``path``."""
+
+    @abc.abstractmethod
+    def remove_checkpoint(self, path: Any) -> None:
+        """Delete the checkpoint at ``path``."""
+
+    def teardown(self) -> None:  # noqa: B027 (a default that does nothing)
+        """Release what the IO holds at the end of a run (nothing by default)."""
+
+
+class TorchCheckpointIO(CheckpointIO):
+    """geartrain's own IO: atomic writes, ``weights_only=True`` reads, only our own files removed."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"TorchCheckpointIO.save_checkpoint takes no storage_options (got {storage_options!r}): "
+                "it writes a local file; give a CheckpointIO of your own for other storage"
+            )
+        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+        write_atomically(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read ``path`` with ``torch.load(weights_only=True)``; ``weights_only=False`` is refused (not safe)."""
+        if weights_only is False:
+            raise ValueError(
+                "TorchCheckpointIO.load_checkpoint(weights_only=False): geartrain reads checkpoints with "
+                "weights_only=True only; load a file you trust with torch.load yourself"
+            )
+        from trainer.checkpoint.reader import read_checkpoint
+
+        return read_checkpoint(path, map_location if map_location is not None else "cpu")
+
+    def remove_checkpoint(self, path: Any) -> None:
+        remove_ours(path)
+
+
+class _WrappingCheckpointIO(CheckpointIO):
+    """An IO that hands the work to another one (:attr:`checkpoint_io`), set now or by the strategy later."""
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        self._checkpoint_io = checkpoint_io
+        self._base_checkpoint_io_configured: bool = checkpoint_io is not None and (
+            not isinstance(checkpoint_io, _WrappingCheckpointIO) or checkpoint_io._base_checkpoint_io_configured
+        )
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO | None:
+        """The IO this one hands its work to."""
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
+        if self._checkpoint_io is None:
+            self._checkpoint_io, self._base_checkpoint_io_configured = checkpoint_io, True
+        elif isinstance(self._checkpoint_io, _WrappingCheckpointIO) and not self._base_checkpoint_io_configured:
+            self._checkpoint_io.checkpoint_io = checkpoint_io
+            self._base_checkpoint_io_configured = True
+
+    def _base(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            self._checkpoint_io, self._base_checkpoint_io_configured = TorchCheckpointIO(), True
+        return self._checkpoint_io
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self._base().save_checkpoint(checkpoint, path, storage_options)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        return self._base().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self._base().remove_checkpoint(path)
+
+
+class AsyncCheckpointIO(_WrappingCheckpointIO):
+    """Lightning's ``AsyncCheckpointIO``: the state copied into CPU memory in the caller, written in a thread.
+
+    Writes run one at a time, in order; :meth:`teardown` (the end of every run) waits for the last
+    one and re-raises a failed write's error, as does the next save.
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        super().__init__(checkpoint_io)
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+        self._error: BaseException | None = None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self._raise_error()
+        snapshot = snapshot_state(checkpoint)  # later training cannot change what is written
+        base = self._base()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geartrain-async-io")
+
+        def write() -> None:
+            try:
+                base.save_checkpoint(snapshot, path, storage_options)
+            except BaseException as err:  # kept for the caller: a thread's error would be lost
+                self._error = err
+
+        self._pending = [f for f in self._pending if not f.done()] + [self._executor.submit(write)]
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.wait()  # the file to remove may still be being written
+        super().remove_checkpoint(path)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        self.wait()
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def wait(self) -> None:
+        """Block until every write is done; re-raise a failed write's error."""
+        for future in self._pending:
+            future.result()
+        self._pending = []
+        self._raise_error()
+
+    def teardown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._pending = []
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+
+def is_default_io(io: Any) -> bool:
+    """Whether ``io`` is geartrain's own writing (None, or a plain ``TorchCheckpointIO``): the connector
+    then writes as it always does (links for ``last.ckpt``, asynchronous writes, sharded directories)."""
+    return io is None or type(io) is TorchCheckpointIO
+
+
+def save_with(
+    trainer: Any, state: dict[str, Any], path: Any, also_at: Any, replaces: Any, storage_options: Any = None
+) -> None:
+    """A save through the user's IO (``trainer.strategy.checkpoint_io``), on rank 0, then a barrier: ``state``
+    written at ``path`` and at each ``also_at`` path (the ``last`` copy), then each file in ``replaces``
+    removed through it, as Lightning's callbacks do."""
+    if trainer.is_global_zero:
+        _write_and_remove(trainer.strategy.checkpoint_io, state, path, also_at, replaces, storage_options)
+    trainer.strategy.barrier("save_checkpoint")
+
+
+def _write_and_remove(
+    io: CheckpointIO, state: dict[str, Any], path: Any, also_at: Any, replaces: Any, storage_options: Any
+) -> None:
+    for target in (path, *also_at):
+        if storage_options is None:  # Lightning's IO classes of two arguments are called as Lightning calls them
+            io.save_checkpoint(state, os.fspath(target))
+        else:
+            io.save_checkpoint(state, os.fspath(target), storage_options=storage_options)
+    for old in replaces:
+        io.remove_checkpoint(os.fspath(old))
+
+
+def teardown_io(io: Any) -> None:
+    """At the end of a run: the user's IO is torn down (an ``AsyncCheckpointIO`` waits for its last write)."""
+    if not is_default_io(io):
+        io.teardown()
