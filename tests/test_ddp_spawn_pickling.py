@@ -35,6 +35,7 @@ def test_every_callback_of_ours_survives_pickling(tmp_path: Path) -> None:
         "GradientAccumulationScheduler": ({0: 2},),
         "OnExceptionCheckpoint": (str(tmp_path),),
         "StochasticWeightAveraging": (0.01,),
+        "ModelPruning": ("l1_unstructured",),
         "TensorBoardLogger": (str(tmp_path / "tb2"),),
         "CSVLogger": (str(tmp_path / "csv2"),),
     }
