@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from callbacks.model_summary import ModelSummary, RichModelSummary
     from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from callbacks.prediction_writer import BasePredictionWriter, join_predictions
+    from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
     from callbacks.pruning import ModelPruning
     from callbacks.spike import SpikeDetection
-    from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
     from callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from functools import partial
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ _BY_NAME: dict[str, tuple[Callable[..., Any], type[torch_prune.BasePruningMethod
 }
 
 ParamList = Sequence[tuple[nn.Module, str]]
-Amount = Union[int, float]
+Amount = int | float
 
 
 def _containers() -> tuple[type[nn.Module], ...]:

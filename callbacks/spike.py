@@ -11,7 +11,6 @@ appended to a JSON list at ``exclude_batches_path`` (rank 0 writes it), then
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -38,13 +37,11 @@ def _exception_base() -> type[RuntimeError]:
     only Lightning path, ``lightning.fabric.utilities.spike``; deriving from it keeps its ``except``
     clauses catching ours.
     """
-    if importlib.util.find_spec("lightning_fabric") is not None:
-        try:
-            from lightning_fabric.utilities.spike import TrainingSpikeException as FabricSpike
-        except ImportError:  # an old or broken Fabric: ours stands alone
-            return RuntimeError
-        return FabricSpike  # type: ignore[no-any-return]
-    return RuntimeError
+    try:
+        from lightning_fabric.utilities.spike import TrainingSpikeException as FabricSpike
+    except ImportError:  # no Fabric (or one without it): ours stands alone
+        return RuntimeError
+    return FabricSpike
 
 
 class TrainingSpikeException(_exception_base()):  # type: ignore[misc]
@@ -89,7 +86,9 @@ class SpikeDetection(Callback):
         self.warmup = warmup
         self.atol = atol
         self.rtol = rtol
-        self.exclude_batches_path: str | None = None if exclude_batches_path is None else os.fspath(exclude_batches_path)
+        self.exclude_batches_path: str | None = (
+            None if exclude_batches_path is None else os.fspath(exclude_batches_path)
+        )
         self.finite_only = finite_only
         self.last_val: float = 0.0
         self.bad_batches: list[int] = []
@@ -102,7 +101,7 @@ class SpikeDetection(Callback):
 
     @override
     @torch.no_grad()
-    def on_train_batch_end(  # type: ignore[override]
+    def on_train_batch_end(
         self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if isinstance(outputs, torch.Tensor):
