@@ -341,7 +341,7 @@ def test_timer_refuses_bad_durations_and_intervals_with_lightnings_words() -> No
     for text in ("6:00:00", "60 minutes"):
         with pytest.raises(MisconfigurationException, match="format DD:HH:MM:SS"):
             Timer(duration=text)
-    with pytest.raises(MisconfigurationException, match="Unsupported parameter value `Timer.interval=hour.`"):
+    with pytest.raises(MisconfigurationException, match=r"Unsupported parameter value `Timer\(interval=hour\)`"):
         Timer(interval="hour")
 
 
