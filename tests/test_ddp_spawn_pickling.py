@@ -48,3 +48,9 @@ def test_every_callback_of_ours_survives_pickling(tmp_path: Path) -> None:
     assert len(built) > 15
     for callback in built:
         pickle.loads(pickle.dumps(callback))
+
+
+@pytest.mark.parametrize("name", ["EarlyStopping", "ModelCheckpoint"])
+def test_a_pickled_monitoring_callback_equals_the_original_attribute_by_attribute(name: str) -> None:
+    callback = getattr(cbs, name)(monitor="foo")
+    assert vars(pickle.loads(pickle.dumps(callback))) == vars(callback)  # as Lightning's test_pickling asks
