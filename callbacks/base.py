@@ -182,7 +182,12 @@ def check_hooks(callbacks: list[Callback]) -> None:
 
 def _overrides(cb: Callback, hook: str) -> bool:
     # A function set on the instance (LambdaCallback) counts like a method of its class.
-    return hook in getattr(cb, "__dict__", {}) or getattr(type(cb), hook) is not getattr(Callback, hook)
+    if hook in getattr(cb, "__dict__", {}):
+        return True
+    own = getattr(type(cb), hook, None)
+    if own is None:  # a stand-in whose class is not a Callback (``Mock(spec=Callback)``): its own attributes
+        return callable(getattr(cb, hook, None))
+    return own is not getattr(Callback, hook)
 
 
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
