@@ -371,11 +371,21 @@ class CheckpointConnector:
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
         saved = state.get("callbacks", {})
+        used: set[str] = set()
         for cb in t.callbacks:
             # Under its key, or a key an earlier geartrain gave it (EarlyStopping's before it took Lightning's).
             key = next((k for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ())) if k in saved), None)
             if key is not None:
                 cb.load_state_dict(saved[key])
+                used.add(key)
+        missing = [key for key, value in saved.items() if value and key not in used]
+        if missing and t.is_global_zero:  # as Lightning: their state is not restored
+            warnings.warn(
+                "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
+                f"during `Trainer` instantiation. Please add the following callbacks: {missing}.",
+                UserWarning,
+                stacklevel=2,
+            )
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
