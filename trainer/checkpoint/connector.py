@@ -378,14 +378,7 @@ class CheckpointConnector:
             if key is not None:
                 cb.load_state_dict(saved[key])
                 used.add(key)
-        missing = [key for key, value in saved.items() if value and key not in used]
-        if missing and t.is_global_zero:  # as Lightning: their state is not restored
-            warnings.warn(
-                "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
-                f"during `Trainer` instantiation. Please add the following callbacks: {missing}.",
-                UserWarning,
-                stacklevel=2,
-            )
+        resume_checks.warn_if_callbacks_missing(saved, used, t)
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
