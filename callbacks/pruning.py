@@ -328,8 +328,34 @@ class ModelPruning(Callback):
     def on_save_checkpoint(self, trainer: Trainer, pl_module: TrainModule, checkpoint: dict[str, Any]) -> None:
         if self._make_pruning_permanent:
             rank_zero_debug("`ModelPruning.on_save_checkpoint`. Pruning is made permanent for this checkpoint")
-            # The file gets pruned tensors; the module keeps its masks to go on training.
+            # The file gets pruned tensors; the module keeps its masks to go on training, and so does
+            # a run resumed from the file (the masks travel in this callback's state).
+            masks = {k: v.cpu() for k, v in pl_module.state_dict().items() if k.endswith("_mask")}
             checkpoint["state_dict"] = self._make_pruning_permanent_on_state_dict(pl_module)
+            if isinstance(checkpoint.get("callbacks"), dict):
+                own = checkpoint["callbacks"].setdefault(self.state_key, {})
+                own["masks"] = {k[: -len("_mask")]: v for k, v in masks.items()}
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: TrainModule, checkpoint: dict[str, Any]) -> None:
+        """Prune the module with the checkpoint's masks before its weights load: the run goes on exactly.
+
+        A file written with ``make_pruning_permanent`` holds the pruned tensors under their own names
+        and the masks in this callback's state; the tensors become ``<name>_orig`` again.
+        """
+        state = checkpoint.get("state_dict")
+        if not isinstance(state, dict):
+            return
+        saved = checkpoint.get("callbacks", {}).get(self.state_key, {}).get("masks", {})
+        masks = {k[: -len("_mask")]: v for k, v in state.items() if k.endswith("_mask")} or dict(saved)
+        for name, mask in masks.items():
+            path, _, attr = name.rpartition(".")
+            module = pl_module.get_submodule(path)
+            if not hasattr(module, attr + "_mask"):
+                torch_prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
+            if name in state and name + "_orig" not in state:  # a permanent file: back to the reparametrization
+                state[name + "_orig"] = state.pop(name)
+                state[name + "_mask"] = mask
 
     @staticmethod
     def sanitize_parameters_to_prune(

@@ -157,3 +157,24 @@ def test_parameters_to_prune_outside_the_model_are_refused() -> None:
     pruning = ModelPruning("l1_unstructured", parameters_to_prune=[(stranger, "weight")])
     with pytest.raises(MisconfigurationException, match="don't exist in the model"):
         quiet_trainer(None, [pruning], max_epochs=1).fit(TinyMLP(), make_batches(1))
+
+
+def _fit_to(root: Path, epochs: int, ckpt: Path | None, permanent: bool) -> TinyMLP:
+    torch.manual_seed(0)
+    model = TinyMLP(log_loss=False)
+    pruning = ModelPruning(
+        "l1_unstructured", amount=0.3, use_lottery_ticket_hypothesis=False, make_pruning_permanent=permanent
+    )
+    saver = ModelCheckpoint(dirpath=root, save_top_k=-1)
+    trainer = quiet_trainer(root, [pruning, saver], max_epochs=epochs, enable_checkpointing=True)
+    trainer.fit(model, make_batches(3), ckpt_path=ckpt)
+    return model
+
+
+@pytest.mark.parametrize("permanent", [True, False])
+def test_a_run_resumed_inside_pruning_ends_with_the_uninterrupted_runs_weights(tmp_path: Path, permanent: bool) -> None:
+    whole = _fit_to(tmp_path / "whole", 3, None, permanent).state_dict()
+    resumed = _fit_to(tmp_path / "resumed", 3, tmp_path / "whole" / "epoch=0-step=3.ckpt", permanent).state_dict()
+    assert sorted(resumed) == sorted(whole)
+    for key, value in whole.items():
+        assert torch.equal(resumed[key], value), key
