@@ -162,7 +162,9 @@ def check_hooks(callbacks: list[Callback]) -> None:
         RuntimeError: naming the callbacks' type and the key, in Lightning's words.
     """
     seen: set[str] = set()
-    for cb in (cb for cb in callbacks if type(cb).state_dict is not Callback.state_dict):
+    for cb in (
+        cb for cb in callbacks if getattr(type(cb), "state_dict", Callback.state_dict) is not Callback.state_dict
+    ):
         if cb.state_key in seen:
             raise RuntimeError(
                 f"Found more than one stateful callback of type `{type(cb).__name__}`. In the current configuration, "

@@ -371,14 +371,12 @@ class CheckpointConnector:
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
         saved = state.get("callbacks", {})
-        used: set[str] = set()
         for cb in t.callbacks:
             # Under its key, or a key an earlier geartrain gave it (EarlyStopping's before it took Lightning's).
             key = next((k for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ())) if k in saved), None)
             if key is not None:
                 cb.load_state_dict(saved[key])
-                used.add(key)
-        resume_checks.warn_if_callbacks_missing(saved, used, t)
+        resume_checks.warn_if_callbacks_missing(saved, t)
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")

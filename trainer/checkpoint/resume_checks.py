@@ -283,8 +283,9 @@ def warn_if_batches_differ(path: Path, saved: Mapping[str, Any] | None, trainer:
         )
 
 
-def warn_if_callbacks_missing(saved: dict[str, Any], used: set[str], trainer: Trainer) -> None:
+def warn_if_callbacks_missing(saved: dict[str, Any], trainer: Trainer) -> None:
     """Warn (rank 0) naming each callback whose saved state no callback of this run took, as Lightning."""
+    used = {k for cb in trainer.callbacks for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ()))}
     missing = [key for key, value in saved.items() if value and key not in used]
     if missing and trainer.is_global_zero:
         warnings.warn(
