@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from callbacks.prediction_writer import BasePredictionWriter, join_predictions
     from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+    from callbacks.pruning import ModelPruning
+    from callbacks.spike import SpikeDetection
     from callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
@@ -70,6 +72,8 @@ _LAZY = {
     "BatchSizeFinder": "callbacks.batch_size_finder",
     "BasePredictionWriter": "callbacks.prediction_writer",
     "join_predictions": "callbacks.prediction_writer",
+    "ModelPruning": "callbacks.pruning",
+    "SpikeDetection": "callbacks.spike",
 }
 
 __all__ = [

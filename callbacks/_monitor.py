@@ -53,6 +53,19 @@ class Monitor:
         self.told = False
         self._last: torch.Tensor | None = None
 
+    def __eq__(self, other: object) -> bool:
+        """Same settings and progress (the owner by class name): a pickled copy equals the original."""
+        if not isinstance(other, Monitor):
+            return NotImplemented
+        fields = ("owner", "name", "on_missing", "consequence", "validated", "seen", "told")
+        if any(getattr(self, f) != getattr(other, f) for f in fields):
+            return False
+        if self._last is None or other._last is None:
+            return self._last is other._last
+        return bool(torch.equal(self._last, other._last))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal by value
+
     def read(self, trainer: Trainer) -> torch.Tensor | None:
         """The value if it was logged since the previous read; ``None`` if absent or not updated."""
         value = trainer.callback_metrics.get(self.name)

@@ -13,10 +13,7 @@ from callbacks.base import Callback
 __all__ = ["UNSUPPORTED", "UNSUPPORTED_LOGGERS", "unsupported_class"]
 
 #: Lightning callback name -> what to do instead.
-UNSUPPORTED: dict[str, str] = {
-    "ModelPruning": "torch.nn.utils.prune in on_train_epoch_end of a Callback of your own",
-    "SpikeDetection": "Trainer's non-finite loss policy, or a check of the loss in on_train_batch_end",
-}
+UNSUPPORTED: dict[str, str] = {}
 _OTHER_TRACKERS = (
     "callbacks.MLFlowLogger, callbacks.WandbLogger, callbacks.TensorBoardLogger, callbacks.CSVLogger, "
     "or a subclass of callbacks.Logger writing to your tracker"

@@ -162,7 +162,9 @@ def check_hooks(callbacks: list[Callback]) -> None:
         RuntimeError: naming the callbacks' type and the key, in Lightning's words.
     """
     seen: set[str] = set()
-    for cb in (cb for cb in callbacks if type(cb).state_dict is not Callback.state_dict):
+    for cb in (
+        cb for cb in callbacks if getattr(type(cb), "state_dict", Callback.state_dict) is not Callback.state_dict
+    ):
         if cb.state_key in seen:
             raise RuntimeError(
                 f"Found more than one stateful callback of type `{type(cb).__name__}`. In the current configuration, "
@@ -182,7 +184,12 @@ def check_hooks(callbacks: list[Callback]) -> None:
 
 def _overrides(cb: Callback, hook: str) -> bool:
     # A function set on the instance (LambdaCallback) counts like a method of its class.
-    return hook in getattr(cb, "__dict__", {}) or getattr(type(cb), hook) is not getattr(Callback, hook)
+    if hook in getattr(cb, "__dict__", {}):
+        return True
+    own = getattr(type(cb), hook, None)
+    if own is None:  # a stand-in whose class is not a Callback (``Mock(spec=Callback)``): its own attributes
+        return callable(getattr(cb, hook, None))
+    return own is not getattr(Callback, hook)
 
 
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:

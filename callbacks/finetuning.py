@@ -183,8 +183,11 @@ class BaseFinetuning(Callback):
             (removed if held else out).append(param)
         if removed:
             warnings.warn(
-                "BaseFinetuning: some parameters to unfreeze are already in the optimizer and were skipped; build "
-                "the optimizer from the trainable ones: SGD(filter(lambda p: p.requires_grad, self.parameters()), ...)",
+                "The provided params to be frozen already exist within another group of this optimizer."
+                " Those parameters will be skipped.\n"
+                "HINT: Did you init your optimizer in `configure_optimizer` as such:\n"
+                f" {type(optimizer)}(filter(lambda p: p.requires_grad, self.parameters()), ...) ",
+                UserWarning,
                 stacklevel=2,
             )
         return out

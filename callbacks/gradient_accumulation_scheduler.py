@@ -11,6 +11,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -49,13 +50,14 @@ class GradientAccumulationScheduler(Callback):
         if not scheduling:
             raise TypeError("GradientAccumulationScheduler(scheduling={}): give at least one {epoch: factor}")
         if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in scheduling):
-            raise ValueError(
-                f"GradientAccumulationScheduler: epochs must be ints >= 0 (counted from 0), got {list(scheduling)}"
+            raise UserError(
+                f"Epoch should be an int greater than or equal to 0. Got {list(scheduling)}: "
+                "GradientAccumulationScheduler counts epochs from 0"
             )
         if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in scheduling.values()):
-            raise ValueError(
-                "GradientAccumulationScheduler: accumulation factors must be ints >= 1, "
-                f"got {list(scheduling.values())}"
+            raise UserError(
+                f"Accumulation factor should be an int greater than 0. Got {list(scheduling.values())}: "
+                "give GradientAccumulationScheduler the number of batches per optimizer step (1: no accumulation)"
             )
         if min(scheduling) != 0:
             scheduling.update({0: 1})  # as Lightning: the caller's dict gains the implicit first entry
@@ -79,20 +81,24 @@ class GradientAccumulationScheduler(Callback):
         """Refuse what Lightning refuses: manual optimisation, and ``Trainer(accumulate_grad_batches != 1)``."""
         if not pl_module.automatic_optimization:
             raise RuntimeError(
-                "GradientAccumulationScheduler needs automatic optimisation; with automatic_optimization = False "
-                "accumulate in training_step yourself (step the optimizer every k batches), or remove the callback"
+                "Automatic gradient accumulation and the `GradientAccumulationScheduler` is not supported for "
+                "manual optimization. Please remove the callback or switch to automatic optimization (with "
+                "automatic_optimization = False, accumulate in training_step: step the optimizer every k batches)."
             )
         if trainer.accumulate_grad_batches != 1:
             raise ValueError(
-                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and GradientAccumulationScheduler "
-                "both set the accumulation: remove accumulate_grad_batches from the Trainer, or remove the callback"
+                "You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` callback. "
+                "Either remove `accumulate_grad_batches` from the Trainer or remove the callback "
+                f"(Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}): both set the accumulation)."
             )
         if self.going_to_accumulate_grad_batches() and (
             _overridden(pl_module, "optimizer_step") or _overridden(pl_module, "optimizer_zero_grad")
         ):
             warnings.warn(
-                "GradientAccumulationScheduler with an overridden optimizer_step/optimizer_zero_grad: those hooks "
-                "are called once per optimizer step, not on every batch",
+                "When using `Trainer(accumulate_grad_batches != 1)` and overriding "
+                "`LightningModule.optimizer_{step,zero_grad}`, the hooks will not be called on every batch "
+                "(rather, they are called on every optimization step).",
+                UserWarning,
                 stacklevel=2,
             )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -29,10 +30,13 @@ from torch import nn
 from torch.optim.swa_utils import SWALR, update_bn
 
 from callbacks.base import Callback
+from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
+
+log = logging.getLogger("trainer")
 
 __all__ = ["StochasticWeightAveraging"]
 
@@ -68,28 +72,31 @@ class StochasticWeightAveraging(Callback):
         avg_fn: AvgFn | None = None,
         device: torch.device | str | None = _CPU,
     ) -> None:
-        err = f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start!r}): give an int >= 1 or a float in [0, 1]"
+        err = (
+            f"swa_epoch_start should be a >0 integer or a float between 0 and 1. "
+            f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start!r}): give an int >= 1 or a float in [0, 1]"
+        )
         if isinstance(swa_epoch_start, bool) or not isinstance(swa_epoch_start, (int, float)):
-            raise ValueError(err)
+            raise UserError(err)
         if isinstance(swa_epoch_start, int) and swa_epoch_start < 1:
-            raise ValueError(err)
+            raise UserError(err)
         if isinstance(swa_epoch_start, float) and not 0 <= swa_epoch_start <= 1:
-            raise ValueError(err)
+            raise UserError(err)
         wrong_float = isinstance(swa_lrs, float) and swa_lrs <= 0
         wrong_list = isinstance(swa_lrs, list) and not all(isinstance(lr, float) and lr > 0 for lr in swa_lrs)
         if not isinstance(swa_lrs, (float, list)) or wrong_float or wrong_list:
-            raise ValueError(
-                f"StochasticWeightAveraging(swa_lrs={swa_lrs!r}): give a positive float, or a list of positive floats "
-                "(one per parameter group), e.g. swa_lrs=1e-2"
+            raise UserError(
+                "The `swa_lrs` should a positive float, or a list of positive floats. "
+                f"StochasticWeightAveraging(swa_lrs={swa_lrs!r}): one per parameter group, e.g. swa_lrs=1e-2"
             )
         if annealing_strategy not in ("cos", "linear"):
-            raise ValueError(f"StochasticWeightAveraging(annealing_strategy={annealing_strategy!r}): 'cos' or 'linear'")
+            raise UserError(f"StochasticWeightAveraging(annealing_strategy={annealing_strategy!r}): 'cos' or 'linear'")
         if avg_fn is not None and not callable(avg_fn):
-            raise ValueError(
-                "StochasticWeightAveraging(avg_fn=...): give a function (averaged, current, n) -> averaged"
+            raise UserError(
+                "The `avg_fn` should be callable. StochasticWeightAveraging(avg_fn=...): give a function (averaged, current, n) -> averaged"
             )
         if device is not None and not isinstance(device, (torch.device, str)):
-            raise ValueError(f"StochasticWeightAveraging(device={device!r}): give a torch.device or a str")
+            raise UserError(f"device is expected to be a torch.device or a str. Found {device}")
         self.n_averaged: torch.Tensor | None = None
         self._swa_epoch_start = swa_epoch_start
         self._swa_lrs = swa_lrs
@@ -132,21 +139,23 @@ class StochasticWeightAveraging(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Refuse what SWA does not support; resolve ``swa_epoch_start`` against ``max_epochs``."""
         if any(hasattr(p, "device_mesh") for p in pl_module.parameters()):
-            raise ValueError(
-                "StochasticWeightAveraging does not support sharded models (FSDP, model parallel); use "
+            raise UserError(
+                "SWA does not currently support sharded models. StochasticWeightAveraging does not support sharded models (FSDP, model parallel); use "
                 "strategy='ddp', or EMAWeightAveraging/WeightAveraging, which do"
             )
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"StochasticWeightAveraging needs exactly 1 optimizer, got {len(trainer.optimizers)}")
+            raise UserError(f"SWA currently works with 1 `optimizer`, got {len(trainer.optimizers)}")
         if len(trainer.lr_scheduler_configs) > 1:
-            raise ValueError(
+            raise UserError(
+                "SWA currently not supported for more than 1 `lr_scheduler`: "
                 f"StochasticWeightAveraging replaces the learning-rate scheduler: it supports at most 1, "
                 f"got {len(trainer.lr_scheduler_configs)}"
             )
         max_epochs = -1 if trainer.max_epochs is None else trainer.max_epochs
         if isinstance(self._swa_epoch_start, float):
             if max_epochs == -1:
-                raise ValueError(
+                raise UserError(
+                    "SWA with `swa_epoch_start` as a float is not supported when `max_epochs=-1`. "
                     "StochasticWeightAveraging(swa_epoch_start=<float>) needs max_epochs; with max_epochs=-1 "
                     "give swa_epoch_start as an int epoch"
                 )
@@ -236,6 +245,12 @@ class StochasticWeightAveraging(Callback):
             self._swa_scheduler.load_state_dict(self._scheduler_state)
             self._resumed_at_epoch_end = True
         # SWALR replaces the module's scheduler (Lightning swaps its config); this callback steps it.
+        if trainer.lr_scheduler_configs:
+            config = trainer.lr_scheduler_configs[0]
+            if config.interval != "epoch" or config.frequency != 1:
+                warnings.warn(f"SWA is currently only supported every epoch. Found {config}", UserWarning, stacklevel=2)
+            if trainer.is_global_zero:
+                log.info(f"Swapping scheduler `{type(config.scheduler).__name__}` for `SWALR`")
         trainer.lr_scheduler_configs.clear()
         if self.n_averaged is None:
             self.n_averaged = torch.tensor(self._init_n_averaged, dtype=torch.long, device=pl_module.device)

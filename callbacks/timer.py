@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from callbacks.base import Callback
+from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
 __all__ = ["Timer"]
+
+log = logging.getLogger("trainer")
 
 
 def parse_duration(value: str | float | timedelta | dict[str, float]) -> timedelta:
@@ -32,10 +35,14 @@ def parse_duration(value: str | float | timedelta | dict[str, float]) -> timedel
     if isinstance(value, dict):
         return timedelta(**value)
     if isinstance(value, str):
-        parts = value.split(":")
-        if len(parts) != 4:
-            raise ValueError(f"max_time as text must be 'DD:HH:MM:SS', got {value!r}")
-        days, hours, minutes, seconds = (float(p) for p in parts)
+        parts = value.strip().split(":")
+        try:
+            days, hours, minutes, seconds = (float(p) for p in parts)
+        except ValueError:
+            raise UserError(
+                f"`Timer(duration={value!r})` is not a valid duration. Expected a string in the format "
+                "DD:HH:MM:SS (days, hours, minutes, seconds: '00:12:00:00' is 12 hours)"
+            ) from None
         return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
     return timedelta(seconds=float(value))
 
@@ -62,21 +69,24 @@ class Timer(Callback):
         duration: str | float | timedelta | dict[str, float] | None = None,
         interval: str = "step",
         verbose: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         max_time: str | float | timedelta | dict[str, float] | None = None,
     ) -> None:
         interval = getattr(interval, "value", interval)  # Lightning's Interval enum
         if interval not in ("step", "epoch"):
-            raise ValueError(f"interval must be 'step' or 'epoch', got {interval!r}")
+            raise UserError(
+                f"Unsupported parameter value `Timer(interval={interval})`. Possible choices are: step, epoch"
+            )
         if duration is not None and max_time is not None:
             raise ValueError("Timer: give duration or max_time (two names for one budget), not both")
         budget = duration if duration is not None else max_time
         self.max_time = parse_duration(budget) if budget is not None else None
         self.interval = interval
         self.verbose = verbose
-        self.clock = clock
+        self._clock = clock
         self._offset = 0.0  # seconds spent before a resume
         self._start: float | None = None
+        self._end: float | None = None
         self._spans: dict[str, list[float | None]] = {}  # stage -> [start, end] of its latest run
 
     def time_elapsed(self, stage: str = "train") -> float:
@@ -87,7 +97,7 @@ class Timer(Callback):
         if stage == "train":
             if self._start is None:
                 return self._offset
-            return self._offset + self.clock() - self._start
+            return self._offset + (self._end if self._end is not None else self.clock()) - self._start
         start, end = self._spans.get(stage, [None, None])
         if start is None:
             return 0.0
@@ -107,6 +117,10 @@ class Timer(Callback):
         """When ``stage`` last ended, on :attr:`clock`'s scale (``None`` while it runs)."""
         return self._spans.get(stage, [None, None])[1]
 
+    def clock(self) -> float:
+        """Now, in seconds: the ``clock`` given, else ``time.monotonic()`` (looked up at each call)."""
+        return self._clock() if self._clock is not None else time.monotonic()
+
     def _begin(self, stage: str) -> None:
         self._spans[stage] = [self.clock(), None]
 
@@ -114,14 +128,20 @@ class Timer(Callback):
         self._spans.setdefault(stage, [None, None])[1] = self.clock()
 
     @override
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        # After a resume the budget may already be spent: stop before the first step, as Lightning.
+        self._check(trainer)
+
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._start = self.clock()
+        if self._start is not None and self._end is not None:  # a second fit: its time adds to the first's
+            self._offset += self._end - self._start
+        self._start, self._end = self.clock(), None
         self._begin("train")
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._offset = self.time_elapsed()
-        self._start = None
+        self._end = self.clock()
         self._finish("train")
 
     @override
@@ -166,9 +186,10 @@ class Timer(Callback):
         if trainer.strategy.broadcast(over, 0):
             trainer.should_stop = True
             if self.verbose and trainer.is_global_zero:
-                print(
-                    f"Timer: max_time {self.max_time} reached after step {trainer.global_step}; stopping",
-                    file=sys.stdout,
+                elapsed = timedelta(seconds=int(self.time_elapsed()))
+                log.info(
+                    f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop. "
+                    f"(max_time {self.max_time}, after step {trainer.global_step})"
                 )
 
     @override
@@ -177,4 +198,8 @@ class Timer(Callback):
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._offset = float(state.get("time_elapsed", 0.0))
+        elapsed = state.get("time_elapsed", 0.0)
+        if isinstance(elapsed, dict):  # Lightning's file: seconds per stage
+            elapsed = elapsed.get("train", 0.0)
+        self._offset = float(elapsed)
+        self._start = self._end = None

@@ -283,3 +283,19 @@ def test_import_callbacks_is_cheap() -> None:
     assert heavy == "[]"
     for name in ("ModelSummary", "ThroughputMonitor", "Timer", "CSVLogger", "EarlyStopping", "LearningRateMonitor"):
         assert name in names
+
+
+def test_a_mock_with_the_callback_spec_gets_every_hook_a_callback_overriding_all_gets() -> None:
+    from unittest.mock import Mock
+
+    calls: list[str] = []
+
+    class All(Callback):
+        pass
+
+    for hook in HOOKS:  # a class overriding every hook, recording its name
+        setattr(All, hook, lambda self, *a, _h=hook, **k: calls.append(_h))
+    mock = Mock(spec=Callback)
+    train, val = loaders()
+    quiet_trainer(callbacks=[All(), mock], max_epochs=1).fit(Scripted(), train, val)
+    assert calls and [c[0] for c in mock.method_calls if c[0] in HOOKS] == calls

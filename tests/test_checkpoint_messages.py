@@ -140,3 +140,24 @@ def test_checkpoints_follow_the_umask(tmp_path: Path, umask: int) -> None:
     finally:
         os.umask(previous)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask == stat.S_IMODE(log.stat().st_mode)
+
+
+def test_resuming_without_a_callback_whose_state_was_saved_warns_naming_it(tmp_path: Path) -> None:
+    import warnings
+
+    from callbacks import EarlyStopping
+    from tests.helpers.callback_tools import Scripted, loaders
+    from tests.helpers.trainers import quiet_trainer
+
+    early = EarlyStopping(monitor="val/loss", patience=5)
+    train, val = loaders()
+    trainer = quiet_trainer(callbacks=[early], max_epochs=1)
+    trainer.fit(Scripted(), train, val)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    with pytest.warns(UserWarning, match=r"Please add the following callbacks: \[\"EarlyStopping\{'monitor'"):
+        quiet_trainer(max_epochs=2).fit(Scripted(), train, val, ckpt_path=tmp_path / "a.ckpt")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*Please add the following callbacks")
+        quiet_trainer(callbacks=[EarlyStopping(monitor="val/loss", patience=5)], max_epochs=2).fit(
+            Scripted(), train, val, ckpt_path=tmp_path / "a.ckpt"
+        )

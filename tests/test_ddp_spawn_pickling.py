@@ -35,6 +35,7 @@ def test_every_callback_of_ours_survives_pickling(tmp_path: Path) -> None:
         "GradientAccumulationScheduler": ({0: 2},),
         "OnExceptionCheckpoint": (str(tmp_path),),
         "StochasticWeightAveraging": (0.01,),
+        "ModelPruning": ("l1_unstructured",),
         "TensorBoardLogger": (str(tmp_path / "tb2"),),
         "CSVLogger": (str(tmp_path / "csv2"),),
     }
@@ -47,3 +48,9 @@ def test_every_callback_of_ours_survives_pickling(tmp_path: Path) -> None:
     assert len(built) > 15
     for callback in built:
         pickle.loads(pickle.dumps(callback))
+
+
+@pytest.mark.parametrize("name", ["EarlyStopping", "ModelCheckpoint"])
+def test_a_pickled_monitoring_callback_equals_the_original_attribute_by_attribute(name: str) -> None:
+    callback = getattr(cbs, name)(monitor="foo")
+    assert vars(pickle.loads(pickle.dumps(callback))) == vars(callback)  # as Lightning's test_pickling asks

@@ -140,3 +140,13 @@ def test_misuse_is_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match="attribute `backbone`"):
         quiet_trainer(callbacks=[BackboneFinetuning()], max_epochs=1).fit(NoBackbone(), loader)
+
+
+def test_params_already_in_the_optimizer_are_skipped_with_lightnings_warning() -> None:
+    layer = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    with pytest.warns(
+        UserWarning, match=r"(?s)The provided params to be frozen already exist.*Did you init your optimizer"
+    ):
+        BaseFinetuning.unfreeze_and_add_param_group(layer, optimizer)
+    assert len(optimizer.param_groups) == 1

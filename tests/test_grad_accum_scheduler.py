@@ -17,6 +17,7 @@ from callbacks import Callback, GradientAccumulationScheduler
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
+from trainer.common.errors import MisconfigurationException
 
 SCHEDULE = {1: 3, 2: 2}  # epoch 0 accumulates 1 batch (implicit), epoch 1 three, epoch 2 on two
 EPOCHS = 4
@@ -96,9 +97,10 @@ def test_schedule_reads_as_lightnings() -> None:
     ("scheduling", "error", "match"),
     [
         ({}, TypeError, "at least one"),
-        ({-1: 2}, ValueError, r"epochs must be ints >= 0.*\[-1\]"),
-        ({1: 0}, ValueError, r"factors must be ints >= 1.*\[0\]"),
-        ({1: 1.5}, ValueError, "factors must be ints"),
+        ({-1: 2}, MisconfigurationException, r"Epoch should be an int greater than or equal to 0. Got \[-1\]"),
+        ({0: 1, "2": 2}, MisconfigurationException, r"Epoch should be an int .* Got \[0, '2'\]"),
+        ({1: 0}, MisconfigurationException, r"Accumulation factor should be an int greater than 0. Got \[0\]"),
+        ({1: 1.5}, ValueError, "Accumulation factor should be an int"),
     ],
 )
 def test_bad_schedules_are_refused(scheduling: dict[Any, Any], error: type[Exception], match: str) -> None:
@@ -109,7 +111,9 @@ def test_bad_schedules_are_refused(scheduling: dict[Any, Any], error: type[Excep
 def test_combinations_lightning_refuses_are_refused() -> None:
     loader = make_loader(n=8, batch_size=4)
     trainer = quiet_trainer(callbacks=[GradientAccumulationScheduler({1: 2})], max_epochs=2, accumulate_grad_batches=2)
-    with pytest.raises(ValueError, match=r"accumulate_grad_batches=2\) and GradientAccumulationScheduler"):
+    with pytest.raises(
+        ValueError, match="You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler`"
+    ):
         trainer.fit(Regressor(), loader)
 
     class Manual(Regressor):
@@ -125,5 +129,17 @@ def test_combinations_lightning_refuses_are_refused() -> None:
             opt.zero_grad()
 
     trainer = quiet_trainer(callbacks=[GradientAccumulationScheduler({1: 2})], max_epochs=2)
-    with pytest.raises(RuntimeError, match="needs automatic optimisation"):
+    with pytest.raises(
+        RuntimeError, match="Automatic gradient accumulation and the `GradientAccumulationScheduler` is not supported"
+    ):
         trainer.fit(Manual(), loader)
+
+
+def test_overridden_optimizer_hooks_are_warned_about_in_lightnings_words() -> None:
+    class OwnStep(Regressor):
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+            super().optimizer_step(*args, **kwargs)
+
+    trainer = quiet_trainer(callbacks=[GradientAccumulationScheduler({1: 2})], max_epochs=1)
+    with pytest.warns(UserWarning, match="the hooks will not be called on every batch"):
+        trainer.fit(OwnStep(), make_loader(n=8, batch_size=4))

@@ -313,6 +313,38 @@ def test_timer_duration_and_stage_times() -> None:
         Timer(duration=1, max_time=1)
 
 
+def test_timer_spent_budget_stops_at_fit_start_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+
+    class Ticks(Scripted):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            now[0] += 1.0
+            return super().training_step(batch, batch_idx)
+
+    timer = Timer(duration=timedelta(seconds=3), clock=lambda: now[0])
+    ck = ModelCheckpoint(dirpath=tmp_path, save_top_k=0, save_last=True)
+    with caplog.at_level("INFO"):
+        first = _fit([timer, ck], Ticks(), max_epochs=5)
+    assert first.global_step == 3 and timer._offset == 0.0  # as Lightning: the offset is a resumed run's
+    assert "Time limit reached. Elapsed time is 0:00:03. Signaling Trainer to stop." in caplog.text
+    resumed = Timer(duration=timedelta(seconds=3), clock=lambda: now[0], verbose=False)
+    trainer = quiet_trainer(callbacks=[resumed], max_epochs=5)
+    train, val = loaders()
+    trainer.fit(Ticks(), train, val, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert trainer.global_step == 3  # the budget was spent: no step ran
+    assert resumed.time_elapsed() == 3.0
+
+
+def test_timer_refuses_bad_durations_and_intervals_with_lightnings_words() -> None:
+    from trainer.common.errors import MisconfigurationException
+
+    for text in ("6:00:00", "60 minutes"):
+        with pytest.raises(MisconfigurationException, match="format DD:HH:MM:SS"):
+            Timer(duration=text)
+    with pytest.raises(MisconfigurationException, match=r"Unsupported parameter value `Timer\(interval=hour\)`"):
+        Timer(interval="hour")
+
+
 def test_throughput_monitor_batch_size_fn_and_length_fn() -> None:
     recorder = Recorder()
     monitor = ThroughputMonitor(lambda batch: 2 * len(batch[0]), length_fn=lambda batch: 10, every_n_steps=2)

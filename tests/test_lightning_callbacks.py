@@ -278,10 +278,7 @@ LIGHTNING_HOOKS: dict[str, tuple[str, ...]] = {
 }
 
 #: Supported here for now: built by the other issues of the port, until then refused when built.
-NOT_SUPPORTED_YET = {
-    "ModelPruning",
-    "SpikeDetection",
-}
+NOT_SUPPORTED_YET: set[str] = set()
 
 
 def _check_superset(name: str, cls: type, lightning: dict[str, Any]) -> None:

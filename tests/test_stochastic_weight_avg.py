@@ -17,6 +17,7 @@ from callbacks import Callback, StochasticWeightAveraging
 from tests.helpers.regression import make_loader
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
+from trainer.common.errors import MisconfigurationException
 
 EPOCHS, START, ANNEAL, SWA_LR = 6, 3, 2, 0.01  # SWA from the 3rd epoch (index 2) to the last
 
@@ -121,6 +122,26 @@ def test_bad_arguments_are_refused_by_name() -> None:
         StochasticWeightAveraging(swa_lrs=-1.0)
     with pytest.raises(ValueError, match="annealing_strategy='exp'"):
         StochasticWeightAveraging(swa_lrs=0.1, annealing_strategy="exp")  # type: ignore[arg-type]
+
+
+def test_bad_arguments_raise_lightnings_exception_and_words() -> None:
+    with pytest.raises(MisconfigurationException, match=">0 integer or a float between 0 and 1"):
+        StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=1.5)
+    with pytest.raises(MisconfigurationException, match="positive float, or a list of positive floats"):
+        StochasticWeightAveraging(swa_lrs=[0.2, 1])  # type: ignore[list-item]
+
+
+def test_a_step_interval_scheduler_is_warned_about_and_the_swap_logged(caplog: pytest.LogCaptureFixture) -> None:
+    class StepScheduled(WithBatchNorm):
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)
+    with caplog.at_level("INFO"), pytest.warns(UserWarning, match="SWA is currently only supported every epoch"):
+        quiet_trainer(callbacks=[swa], max_epochs=2).fit(StepScheduled(), make_loader(n=8, batch_size=4))
+    assert "Swapping scheduler `StepLR` for `SWALR`" in caplog.text
 
 
 def test_swa_epoch_start_as_a_share_of_max_epochs() -> None:

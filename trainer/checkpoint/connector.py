@@ -376,6 +376,7 @@ class CheckpointConnector:
             key = next((k for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ())) if k in saved), None)
             if key is not None:
                 cb.load_state_dict(saved[key])
+        resume_checks.warn_if_callbacks_missing(saved, t)
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")

@@ -281,3 +281,16 @@ def warn_if_batches_differ(path: Path, saved: Mapping[str, Any] | None, trainer:
             InexactResumeWarning,
             stacklevel=2,
         )
+
+
+def warn_if_callbacks_missing(saved: dict[str, Any], trainer: Trainer) -> None:
+    """Warn (rank 0) naming each callback whose saved state no callback of this run took, as Lightning."""
+    used = {k for cb in trainer.callbacks for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ()))}
+    missing = [key for key, value in saved.items() if value and key not in used]
+    if missing and trainer.is_global_zero:
+        warnings.warn(
+            "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
+            f"during `Trainer` instantiation. Please add the following callbacks: {missing}.",
+            UserWarning,
+            stacklevel=3,
+        )

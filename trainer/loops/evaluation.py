@@ -214,10 +214,13 @@ def sanity_check(trainer: Trainer, state: RunState) -> None:
 def _no_grad(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:
     """``Trainer(inference_mode=True)`` (Lightning's default): ``torch.inference_mode()``, else ``no_grad``.
 
+    Validation inside ``fit`` always runs under ``no_grad``, as Lightning's: tensors its hooks create
+    (a pruning mask made at ``on_validation_epoch_end``, a buffer set in ``validation_step``) are
+    used by the training that follows, and autograd refuses inference tensors there.
     A strategy whose evaluation needs autograd's version counters (FSDP's parameter gathering) sets
     ``supports_inference_mode = False`` and gets ``no_grad``.
     """
-    if trainer.inference_mode and trainer.strategy.supports_inference_mode:
+    if trainer.inference_mode and trainer.strategy.supports_inference_mode and trainer.stage != "fit":
         return torch.inference_mode()
     return torch.no_grad()
 
