@@ -31,16 +31,33 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["DummyLogger", "Logger", "NoOpExperiment"]
+__all__ = ["DummyExperiment", "DummyLogger", "Logger", "NoOpExperiment"]
 
 _VERSION_DIR = re.compile(r"version_(\d+)$")
 
 
-class NoOpExperiment:
-    """Stands in for ``experiment`` on ranks other than 0: every method call does nothing."""
+class DummyExperiment:
+    """Lightning's stand-in for ``experiment`` on ranks other than 0: every method call does nothing.
 
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+    Item access is answered too (``experiment["loss"].append(...)``), for trackers whose experiment
+    is a mapping of series.
+    """
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        """Do nothing."""
+
+    def __getattr__(self, _: str) -> Any:
+        return self.nop
+
+    def __getitem__(self, _: Any) -> DummyExperiment:
+        return self
+
+    def __setitem__(self, *args: Any) -> None:
+        pass
+
+
+class NoOpExperiment(DummyExperiment):
+    """What geartrain's loggers hand out as ``experiment`` where they do not write (a :class:`DummyExperiment`)."""
 
 
 class Logger(Callback):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["CheckpointFile", "TrackerLogger", "import_tracker", "run_context"]
+__all__ = ["CheckpointFile", "TrackerLogger", "import_client", "import_tracker", "new_checkpoints", "run_context"]
 
 #: What ``log_model`` accepts (Lightning's values).
 _LOG_MODEL = (True, False, "all")
@@ -50,6 +50,17 @@ def import_tracker(module: str, extra: str, logger: str) -> ModuleType:
     except ImportError as err:
         raise ModuleNotFoundError(
             f"callbacks.{logger} needs the {module!r} package: pip install 'geartrain[{extra}]'"
+        ) from err
+
+
+def import_client(module: str, requirement: str) -> ModuleType:
+    """Import a tracker's client package that no extra of geartrain installs, or fail with Lightning's
+    ``ModuleNotFoundError`` text (``Requirement 'comet-ml>=3.44.4' not met. HINT: ...``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ModuleNotFoundError(
+            f"Requirement {requirement!r} not met. HINT: Try running `pip install -U {requirement!r}`"
         ) from err
 
 
@@ -163,7 +174,7 @@ class TrackerLogger(Logger):
             self._checkpoint_callbacks.append(checkpoint_callback)
 
     def _upload_new(self, checkpoint_callback: Any) -> None:
-        for checkpoint in _new_checkpoints(checkpoint_callback, self._logged_model_time):
+        for checkpoint in new_checkpoints(checkpoint_callback, self._logged_model_time):
             self._upload_checkpoint(checkpoint, checkpoint_callback)
             self._logged_model_time[checkpoint.path] = checkpoint.mtime
 
@@ -265,7 +276,7 @@ def run_context(trainer: Trainer) -> tuple[dict[str, str], dict[str, Any] | None
     return context, plain if isinstance(plain, dict) else None
 
 
-def _new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list[CheckpointFile]:
+def new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list[CheckpointFile]:
     """The checkpoint files of ``checkpoint_callback`` not uploaded yet (or rewritten since), oldest first.
 
     A file not on disk yet (an ``async_save`` in flight) is left for the next call.

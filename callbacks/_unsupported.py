@@ -10,36 +10,18 @@ from typing import Any, NoReturn
 
 from callbacks.base import Callback
 
-__all__ = ["UNSUPPORTED", "UNSUPPORTED_LOGGERS", "unsupported_class"]
+__all__ = ["UNSUPPORTED", "unsupported_class"]
 
 #: Lightning callback name -> what to do instead.
 UNSUPPORTED: dict[str, str] = {
     "ModelPruning": "torch.nn.utils.prune in on_train_epoch_end of a Callback of your own",
     "SpikeDetection": "Trainer's non-finite loss policy, or a check of the loss in on_train_batch_end",
 }
-_OTHER_TRACKERS = (
-    "callbacks.MLFlowLogger, callbacks.WandbLogger, callbacks.TensorBoardLogger, callbacks.CSVLogger, "
-    "or a subclass of callbacks.Logger writing to your tracker"
-)
-UNSUPPORTED.update(dict.fromkeys(("CometLogger", "NeptuneLogger", "LitLogger"), _OTHER_TRACKERS))
-
-#: Lightning logger name -> what to do instead.
-UNSUPPORTED_LOGGERS: dict[str, str] = {
-    name: f"use callbacks.TensorBoardLogger or callbacks.CSVLogger, or subclass callbacks.Logger (log_metrics, "
-    f"log_hyperparams) to send values to {service}"
-    for name, service in (
-        ("WandbLogger", "Weights & Biases"),
-        ("CometLogger", "Comet"),
-        ("MLFlowLogger", "MLflow"),
-        ("NeptuneLogger", "Neptune"),
-        ("LitLogger", "Lightning's platform"),
-    )
-}
 
 
 def unsupported_class(name: str) -> type[Callback]:
     """A ``Callback`` subclass named ``name`` whose construction raises ``NotImplementedError``."""
-    instead = UNSUPPORTED.get(name) or UNSUPPORTED_LOGGERS[name]
+    instead = UNSUPPORTED[name]
 
     def __init__(self: Callback, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(f"callbacks.{name} is not supported yet: {instead}")

@@ -275,10 +275,10 @@ TREE: dict[str, dict[str, str]] = {
     },
     "loggers.logger": {
         "Logger": "callbacks",
-        "DummyLogger": "callbacks._logger",
-        **_from(_UTIL, ["DummyExperiment", "rank_zero_experiment"]),
+        **_from("callbacks._logger", ["DummyExperiment", "DummyLogger"]),
+        "rank_zero_experiment": _UTIL,
     },
-    "loggers.comet": {"CometLogger": "callbacks"},
+    "loggers.comet": {"CometLogger": "callbacks", "FRAMEWORK_NAME": "callbacks.comet_logger"},
     "loggers.litlogger": {"LitLogger": "callbacks"},
     "loggers.mlflow": {"MLFlowLogger": "callbacks"},
     "loggers.neptune": {"NeptuneLogger": "callbacks"},

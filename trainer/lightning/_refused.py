@@ -79,8 +79,7 @@ REFUSED: dict[str, str] = {
         "read or write one with yaml.safe_load / yaml.safe_dump"
     ),
     # ------------------------------------------------------------ single names of mapped modules
-    "loggers.comet.FRAMEWORK_NAME": "an internal constant of Lightning's CometLogger (geartrain's refuses to be built)",
-    "loggers.comet.comet_experiment": "an internal helper of Lightning's CometLogger (geartrain's refuses to be built)",
+    "loggers.comet.comet_experiment": "a type alias of Lightning's CometLogger: annotate with comet_ml.CometExperiment",
     "loggers.mlflow.LOCAL_FILE_URI_PREFIX": "an internal constant of Lightning's MLFlowLogger: give tracking_uri='file:...'",
     "core.hooks.CheckpointHooks": "the checkpoint hooks are methods of LightningModule, LightningDataModule and Callback (on_save_checkpoint, on_load_checkpoint)",
     "core.module.MODULE_OPTIMIZERS": "a type alias of Lightning's internals: annotate with torch.optim.Optimizer",
