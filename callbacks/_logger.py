@@ -135,11 +135,11 @@ class Logger(Callback):
         return self._version
 
     @property
-    def log_dir(self) -> Path:
-        """The folder this run's files go into (a ``Path``; Lightning gives a ``str``)."""
+    def log_dir(self) -> str:
+        """The folder this run's files go into, ``<root_dir>/<version folder>`` (a ``str``, as Lightning's)."""
         version = self.version
         folder = version if isinstance(version, str) else f"version_{version}"
-        return Path(self.root_dir, folder) if folder else Path(self.root_dir)
+        return os.path.join(self.root_dir, folder) if folder else self.root_dir
 
     def _next_version(self) -> int:
         try:

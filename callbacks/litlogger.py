@@ -108,7 +108,7 @@ class LitLogger(Logger):
 
     @property
     @override
-    def log_dir(self) -> str:  # type: ignore[override]
+    def log_dir(self) -> str:
         """``<root_dir>/<name>[/<sub_dir>]``, with ``~`` and environment variables expanded."""
         folder = os.path.join(self.root_dir, self.name)
         if isinstance(self._sub_dir, str):

@@ -6,7 +6,6 @@ import os
 import weakref
 from argparse import Namespace
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -98,10 +97,12 @@ class TensorBoardLogger(Logger):
 
     @property
     @override
-    def log_dir(self) -> Path:
-        """The folder holding this run's event file."""
+    def log_dir(self) -> str:
+        """The folder holding this run's event file (``~`` and environment variables in ``sub_dir`` expanded)."""
         base = super().log_dir
-        return base / self._sub_dir if self._sub_dir else base
+        if not self._sub_dir:
+            return base
+        return os.path.expanduser(os.path.expandvars(os.path.join(base, self._sub_dir)))
 
     @property
     def experiment(self) -> Any:

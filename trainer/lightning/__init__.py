@@ -284,7 +284,7 @@ TREE: dict[str, dict[str, str]] = {
     "loggers.neptune": {"NeptuneLogger": "callbacks"},
     "loggers.wandb": {"WandbLogger": "callbacks"},
     "loggers.tensorboard": {"TensorBoardLogger": "callbacks"},
-    "loggers.csv_logs": {"CSVLogger": "callbacks"},
+    "loggers.csv_logs": {"CSVLogger": "callbacks", "ExperimentWriter": "callbacks.csv_logger:CSVWriter"},
     # ----------------------------------------------------------------- profilers, tuner, strategies
     "profilers": {**_from("trainer.profilers", _PROFILERS), **dict.fromkeys(_PROFILER_FILES, "/")},
     **{f"profilers.{file}": {name: "trainer.profilers"} for file, name in _PROFILER_FILES.items()},

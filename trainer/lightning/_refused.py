@@ -90,7 +90,6 @@ REFUSED: dict[str, str] = {
     "callbacks.progress.rich_progress.RichProgressBarTheme": _NOT_YET + ": RichProgressBar takes no theme",
     "callbacks.progress.tqdm_progress.Tqdm": "Lightning's tqdm subclass, internal to TQDMProgressBar",
     "callbacks.progress.tqdm_progress.convert_inf": "an internal helper of Lightning's TQDMProgressBar",
-    "loggers.csv_logs.ExperimentWriter": "CSVLogger writes its files itself: use CSVLogger(save_dir) and its log_dir",
     "loggers.logger.merge_dicts": _NOT_YET,
     "profilers.pytorch.RegisterRecordFunction": "an internal helper of Lightning's PyTorchProfiler",
     "profilers.pytorch.ScheduleWrapper": "an internal helper of Lightning's PyTorchProfiler",
