@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger
+from callbacks._logger import Logger, run_hparams
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -135,13 +135,13 @@ class TrackerLogger(Logger):
     # ----------------------------------------------------------------- Lightning's properties
     @property
     @override
-    def root_dir(self) -> str | None:  # type: ignore[override]
+    def root_dir(self) -> str | None:
         """``None``, as Lightning's: the files live in the tracker."""
         return None
 
     @property
     @override
-    def log_dir(self) -> str | None:  # type: ignore[override]
+    def log_dir(self) -> str | None:
         """``None``, as Lightning's: the files live in the tracker (``trainer.log_dir`` looks further)."""
         return None
 
@@ -229,9 +229,7 @@ class TrackerLogger(Logger):
         context, config = run_context(trainer)
         self._record_run_context(context, config)
         if config is None:
-            hparams = (
-                dict(getattr(pl_module, "hparams", None) or {}) if getattr(pl_module, "_log_hyperparams", True) else {}
-            )
+            hparams = run_hparams(pl_module, trainer)
             if hparams:
                 self.log_hyperparams(hparams)
 

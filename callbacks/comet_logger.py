@@ -162,13 +162,13 @@ class CometLogger(Logger):
 
     @property
     @override
-    def root_dir(self) -> str | None:  # type: ignore[override]
+    def root_dir(self) -> str | None:
         """``None``: the files live in Comet."""
         return None
 
     @property
     @override
-    def log_dir(self) -> str | None:  # type: ignore[override]
+    def log_dir(self) -> str | None:
         """``None``: the files live in Comet (``trainer.log_dir`` falls back to ``default_root_dir``)."""
         return None
 
@@ -224,4 +224,4 @@ class CometLogger(Logger):
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         self._writes = trainer.is_global_zero
         if stage != "fit" and not self.hparams:
-            self._log_module_hparams(pl_module)
+            self._log_module_hparams(pl_module, trainer)

@@ -135,6 +135,14 @@ class CSVLogger(Logger):
         self._experiment: CSVWriter | None = None
 
     @property
+    @override
+    def log_dir(self) -> str:
+        """``<save_dir>/<name>/<version folder>``: where ``metrics.csv`` and ``hparams.yaml`` go."""
+        folder = super().log_dir
+        assert folder is not None  # save_dir is always a folder here (the trainer's default_root_dir until given)
+        return folder
+
+    @property
     def experiment(self) -> Any:
         """The :class:`CSVWriter` of this run (a do-nothing stand-in on ranks other than 0)."""
         if not self._writes:

@@ -277,7 +277,7 @@ class LitLogger(Logger):
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         self._writes = trainer.is_global_zero
         if stage != "fit" and not self.hparams:
-            self._log_module_hparams(pl_module)
+            self._log_module_hparams(pl_module, trainer)
 
 
 def _generated_name() -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment, flat_params
+from callbacks._logger import Logger, NoOpExperiment, flat_params, run_hparams
 from trainer.common.state_dict import to_plain
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class TensorBoardLogger(Logger):
 
     #: The hyperparameters file :meth:`save` writes into ``log_dir``.
     NAME_HPARAMS_FILE = "hparams.yaml"
+    #: True while the trainer hands over the run's hyperparameters at fit start (see :meth:`log_hyperparams`).
+    _opening_session = False
 
     def __init__(
         self,
@@ -100,6 +102,7 @@ class TensorBoardLogger(Logger):
     def log_dir(self) -> str:
         """The folder holding this run's event file (``~`` and environment variables in ``sub_dir`` expanded)."""
         base = super().log_dir
+        assert base is not None  # save_dir is always a folder here (the trainer's default_root_dir until given)
         if not self._sub_dir:
             return base
         return os.path.expanduser(os.path.expandvars(os.path.join(base, self._sub_dir)))
@@ -154,9 +157,21 @@ class TensorBoardLogger(Logger):
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
+        """Record ``params`` in TensorBoard's hparams view with ``metrics`` (default ``hp_metric=-1``).
+
+        When fitting starts the trainer's call opens the run's session instead: its metrics are the
+        last validation values, written when fitting ends.
+        """
         flat = flat_params(params)
         self.hparams.update(flat)
         if not self._writes:
+            return
+        if self._opening_session and metrics is None:
+            from torch.utils.tensorboard.summary import hparams as summaries
+
+            self._session = flat
+            _, start, _ = summaries(flat, {})
+            self.experiment._get_file_writer().add_summary(start)
             return
         if metrics is None and self._default_hp_metric:
             metrics = {"hp_metric": -1}
@@ -212,16 +227,17 @@ class TensorBoardLogger(Logger):
             text = yaml.safe_dump(config, sort_keys=False)
             # Indented by four spaces: TensorBoard's markdown shows it as a code block, layout intact.
             writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
-        # The resolved config already holds the module's arguments; without one, the module's hparams.
-        # save_hyperparameters(logger=False) keeps the module's hyperparameters out of the loggers.
-        logged = pl_module.hparams if getattr(pl_module, "_log_hyperparams", True) else {}
-        self._session = flat_params(config or _config_dict(logged))
-        self.hparams.update(self._session)
-        if self._session:
-            from torch.utils.tensorboard.summary import hparams
-
-            _, start, _ = hparams(self._session, {})
-            writer._get_file_writer().add_summary(start)
+        # The resolved config already holds the module's arguments; without one, the module's hparams
+        # (with the data module's, as Lightning's trainer merges them). save_hyperparameters(logger=False)
+        # keeps a side's hyperparameters out of the loggers.
+        params = config or _config_dict(run_hparams(pl_module, trainer))
+        if params:
+            # Through log_hyperparams, as Lightning's trainer calls it: a subclass overriding it sees them.
+            self._opening_session = True
+            try:
+                self.log_hyperparams(params)
+            finally:
+                self._opening_session = False
         if self._log_graph:
             self.log_graph(pl_module)
 

@@ -197,7 +197,8 @@ class WandbLogger(TrackerLogger):
                 os.makedirs(init["dir"], exist_ok=True)
         run = wandb.init(**{k: v for k, v in init.items() if v is not None})
         self._run_id = run.id
-        self._root_seen = str(Path(run.dir).parents[2])  # <root>/wandb/<run folder>/files
+        run_dir = getattr(run, "dir", None)  # <root>/wandb/<run folder>/files (a stand-in run may have none)
+        self._root_seen = str(Path(run_dir).parents[2]) if isinstance(run_dir, str) else None
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         return run
@@ -278,6 +279,90 @@ class WandbLogger(TrackerLogger):
         self.experiment.config.update(plain, allow_val_change=True)
         if metrics:
             self.log_metrics(metrics, 0)
+
+    # ----------------------------------------------------------------- media and artifacts (Lightning's)
+    def log_table(
+        self,
+        key: str,
+        columns: list[str | int] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log a ``wandb.Table`` given by ``columns`` and ``data``, or by a pandas ``dataframe``."""
+        import wandb
+
+        if self._writes:
+            self._log_objects({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step)
+
+    def log_text(
+        self,
+        key: str,
+        columns: list[str | int] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log text as a table (``columns`` and ``data``, or a ``dataframe``)."""
+        self.log_table(key, columns, data, dataframe, step)
+
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log ``wandb.Image`` s; each keyword is a list with one value per image (``caption``, ``masks``...)."""
+        self._log_media("Image", "images", key, images, step, kwargs)
+
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log ``wandb.Audio`` s; each keyword is a list with one value per clip (``caption``, ``sample_rate``...)."""
+        self._log_media("Audio", "audios", key, audios, step, kwargs)
+
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log ``wandb.Video`` s; each keyword is a list with one value per video (``caption``, ``fps``...)."""
+        self._log_media("Video", "videos", key, videos, step, kwargs)
+
+    def _log_media(
+        self, kind: str, what: str, key: str, items: list[Any], step: int | None, kwargs: dict[str, Any]
+    ) -> None:
+        if not isinstance(items, list):
+            raise TypeError(f'Expected a list as "{what}", found {type(items)}')
+        for name, values in kwargs.items():
+            if len(values) != len(items):
+                raise ValueError(f"Expected {len(items)} items but only found {len(values)} for {name}")
+        if not self._writes:
+            return
+        import wandb
+
+        make = getattr(wandb, kind)
+        self._log_objects(
+            {key: [make(item, **{k: v[i] for k, v in kwargs.items()}) for i, item in enumerate(items)]}, step
+        )
+
+    def _log_objects(self, values: dict[str, Any], step: int | None) -> None:
+        """Log wandb objects (tables, media) as they are, with the step as the x-axis when given."""
+        values = self._with_prefix(values)
+        self.experiment.log(values if step is None else {**values, STEP_KEY: step})
+
+    @staticmethod
+    def download_artifact(
+        artifact: str,
+        save_dir: str | os.PathLike[str] | None = None,
+        artifact_type: str | None = None,
+        use_artifact: bool | None = True,
+    ) -> str:
+        """Download ``artifact`` (``"entity/project/name:version"``) into ``save_dir``; return its folder.
+
+        With a run active and ``use_artifact``, the run records that it used the artifact.
+        """
+        import wandb
+
+        if wandb.run is not None and use_artifact:
+            found = wandb.run.use_artifact(artifact)
+        else:
+            found = wandb.Api().artifact(artifact, type=artifact_type)
+        folder: str = found.download(root=None if save_dir is None else os.fspath(save_dir))
+        return folder
+
+    def use_artifact(self, artifact: str, artifact_type: str | None = None) -> Any:
+        """Record that this run uses ``artifact``; return the ``wandb.Artifact``."""
+        return self.experiment.use_artifact(artifact, type=artifact_type)
 
     def watch(
         self, model: torch.nn.Module, log: str | None = "gradients", log_freq: int = 100, log_graph: bool = True

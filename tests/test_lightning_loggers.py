@@ -249,3 +249,58 @@ def test_csv_writer_on_a_used_folder_warns_and_starts_a_new_file(tmp_path: Path)
         logger.log_metrics({"new": 1.0}, step=99)
     logger.save()
     assert (tmp_path / "exp" / "version_0" / "metrics.csv").read_text().splitlines() == ["step,new", "99,1.0"]
+
+
+def test_a_custom_logger_without_a_local_folder_has_no_log_dir(tmp_path: Path) -> None:
+    class Remote(Logger):
+        @property
+        def save_dir(self) -> str | None:  # type: ignore[override]
+            return None
+
+        def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+            self.rows = [*getattr(self, "rows", []), (step, dict(metrics))]
+
+        def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+            pass
+
+    logger = Remote()
+    assert (logger.root_dir, logger.log_dir) == (None, None)  # Lightning's answer: no local files
+    train, val = loaders()
+    trainer = quiet_trainer(tmp_path, callbacks=[logger], max_epochs=1, log_every_n_steps=1)
+    trainer.fit(Scripted(), train, val)
+    assert trainer.log_dir == str(tmp_path)
+    assert [step for step, _ in logger.rows] == [0, 1, 2, 3, 3]  # four steps, then validation at step 3
+
+
+def test_the_run_hyperparameters_merge_the_data_modules_and_a_clash_is_refused(tmp_path: Path) -> None:
+    from trainer import DataModule
+
+    class Data(DataModule):
+        def __init__(self, lr: float, batch: int = 8) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self) -> Any:
+            return loaders()[0]
+
+    class Heard(TensorBoardLogger):
+        def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+            self.heard = dict(params)  # Lightning's trainer calls this at fit start: an override sees it
+            super().log_hyperparams(params, metrics)
+
+    logger = Heard(save_dir=tmp_path)
+    quiet_trainer(callbacks=[logger], max_epochs=1).fit(Scripted(lr=0.5), datamodule=Data(lr=0.5))
+    assert logger.heard == {"lr": 0.5, "batch": 8}
+    with pytest.raises(RuntimeError, match=r"Error while merging hparams: the keys \['lr'\]"):
+        quiet_trainer(callbacks=[TensorBoardLogger(save_dir=tmp_path)], max_epochs=1).fit(
+            Scripted(lr=0.5), datamodule=Data(lr=0.1)
+        )
+
+
+def test_the_dummy_logger_takes_any_loggers_method_and_nothing_else() -> None:
+    from callbacks._logger import DummyLogger
+
+    logger = DummyLogger()
+    assert logger.log_text(key="samples", columns=["a"], data=[["x"]]) is None  # WandbLogger's method
+    assert logger.log_model_artifact("model.ckpt") is None  # LitLogger's
+    assert not hasattr(logger, "best_model_path") and not hasattr(logger, "dirpath")  # not a checkpoint callback

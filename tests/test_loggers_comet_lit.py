@@ -1,5 +1,6 @@
 """CometLogger and LitLogger against fakes of their client packages (``comet_ml``, ``litlogger``):
-what a fit hands them equals what the trainer logged; rank 0 only; pickling; the missing package."""
+what a fit hands them equals what the trainer logged; rank 0 only; pickling; the missing package.
+WandbLogger's media methods against a fake ``wandb`` (its tracker tests use the real one, offline)."""
 
 from __future__ import annotations
 
@@ -217,3 +218,55 @@ def test_a_missing_client_package_is_named(cls: type, package: str, monkeypatch:
         monkeypatch.setitem(sys.modules, module, None)  # type: ignore[arg-type]
     with pytest.raises(ModuleNotFoundError, match=f"Requirement '{package}.*pip install"):
         cls(name="x") if cls is LitLogger else cls()
+
+
+class Media:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Media) and (type(self), self.args, self.kwargs) == (
+            type(other),
+            other.args,
+            other.kwargs,
+        )
+
+
+class Run:
+    id = "run1"
+
+    def __init__(self, root: Path) -> None:
+        self.dir = str(root / "wandb" / "run-x-run1" / "files")
+        self.logged: list[dict[str, Any]] = []
+        self.config = types.SimpleNamespace(update=lambda *a, **k: None)
+
+    def log(self, values: dict[str, Any]) -> None:
+        self.logged.append(values)
+
+    def define_metric(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def test_wandb_media_go_to_the_run_as_wandb_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wandb = types.ModuleType("wandb")
+    run = Run(tmp_path)
+    wandb.init = lambda **kwargs: run  # type: ignore[attr-defined]
+    for kind in ("Table", "Image", "Audio", "Video"):
+        setattr(wandb, kind, type(kind, (Media,), {}))
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    from callbacks import WandbLogger
+
+    logger = WandbLogger(save_dir=tmp_path, prefix="p")
+    logger.log_text("samples", columns=["in", "out"], data=[["a", "b"]])
+    logger.log_image("pics", ["1.jpg", "2.jpg"], step=5, caption=["one", "two"])
+    logger.log_audio("clips", ["1.wav"])
+    with pytest.raises(ValueError, match="Expected 2 items but only found 1 for caption"):
+        logger.log_video("films", ["1.mp4", "2.mp4"], caption=["one"])
+    with pytest.raises(TypeError, match='Expected a list as "images"'):
+        logger.log_image("pics", "1.jpg")  # type: ignore[arg-type]
+    table, image, audio = wandb.Table, wandb.Image, wandb.Audio  # type: ignore[attr-defined]
+    assert run.logged == [
+        {"p-samples": table(columns=["in", "out"], data=[["a", "b"]], dataframe=None)},
+        {"p-pics": [image("1.jpg", caption="one"), image("2.jpg", caption="two")], "trainer/global_step": 5},
+        {"p-clips": [audio("1.wav")]},
+    ]
