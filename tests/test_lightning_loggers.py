@@ -16,7 +16,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from callbacks import CSVLogger, Logger, ModelCheckpoint, TensorBoardLogger
 from callbacks.csv_logger import CSVWriter
-from tests.helpers.callback_tools import Scripted, loaders
+from tests.helpers.callback_tools import Recorder, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
 
 
@@ -304,3 +304,17 @@ def test_the_dummy_logger_takes_any_loggers_method_and_nothing_else() -> None:
     assert logger.log_text(key="samples", columns=["a"], data=[["x"]]) is None  # WandbLogger's method
     assert logger.log_model_artifact("model.ckpt") is None  # LitLogger's
     assert not hasattr(logger, "best_model_path") and not hasattr(logger, "dirpath")  # not a checkpoint callback
+
+
+def test_a_value_logged_as_step_is_the_x_of_its_row_as_in_lightning() -> None:
+    class StepAxis(Scripted):
+        def on_train_epoch_end(self) -> None:
+            self.log("step", 10.0 + self.current_epoch)
+            self.log("custom", float(self.current_epoch))
+
+    recorder = Recorder()
+    train, val = loaders()
+    quiet_trainer(callbacks=[recorder], max_epochs=2, log_every_n_steps=100).fit(StepAxis(), train, val)
+    assert recorder.of("custom") == [(10, 0.0), (11, 1.0)]  # at the logged step
+    assert recorder.of("step") == []  # the x-axis, not a value
+    assert (3, 0.0) in recorder.of("epoch") and (10, 0.0) not in recorder.of("epoch")  # that row has no epoch
