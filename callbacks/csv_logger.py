@@ -186,6 +186,13 @@ class CSVLogger(Logger):
 
     # ----------------------------------------------------------------- as a callback
     @override
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self._writes:
+            # As Lightning's trainer: the experiment (the folder) exists from set-up on, on rank 0.
+            _ = self.experiment
+
+    @override
     def on_log_metrics(
         self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from argparse import Namespace
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing_extensions import override
 
 from callbacks._logger import NoOpExperiment
 from callbacks._tracker import CheckpointFile, TrackerLogger, import_tracker
+from trainer.common.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -80,9 +82,9 @@ class WandbLogger(TrackerLogger):
     ) -> None:
         import_tracker("wandb", "wandb", "WandbLogger")
         if offline and log_model:
-            raise ValueError(
-                f"WandbLogger(offline=True, log_model={log_model!r}): an offline run cannot upload "
-                "checkpoints; use offline=False, or log_model=False"
+            raise ConfigError(
+                f"Providing log_model={log_model} and offline={offline} is an invalid configuration since model "
+                "checkpoints cannot be uploaded in offline mode. Hint: Set `offline=False` to log your model."
             )
         super().__init__(log_model, prefix)
         folder = save_dir if save_dir is not None else dir
@@ -195,17 +197,32 @@ class WandbLogger(TrackerLogger):
             # A folder that cannot be made is wandb's to handle: it warns and falls back to the temporary folder.
             with contextlib.suppress(OSError):
                 os.makedirs(init["dir"], exist_ok=True)
-        run = wandb.init(**{k: v for k, v in init.items() if v is not None})
+        if wandb.run is not None and self._run_id is None:
+            # As Lightning's: a run the script already started is the one this logger writes to.
+            warnings.warn(
+                "There is a wandb run already in progress and newly created instances of `WandbLogger` will reuse "
+                "this run. If this is not desired, call `wandb.finish()` before instantiating `WandbLogger`.",
+                UserWarning,
+                stacklevel=3,
+            )
+            run = wandb.run
+        else:
+            run = wandb.init(**{k: v for k, v in init.items() if v is not None})
         self._run_id = run.id
         run_dir = getattr(run, "dir", None)  # <root>/wandb/<run folder>/files (a stand-in run may have none)
-        self._root_seen = str(Path(run_dir).parents[2]) if isinstance(run_dir, str) else None
-        run.define_metric(STEP_KEY)
-        run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
+        parents = Path(run_dir).parents if isinstance(run_dir, str) else ()
+        self._root_seen = str(parents[2]) if len(parents) > 2 else None
+        if self._wandb_init.get("sync_tensorboard"):
+            # wandb mirrors TensorBoard's event files: TensorBoard's global_step is the x-axis.
+            run.define_metric("*", step_metric="global_step")
+        else:
+            run.define_metric(STEP_KEY)
+            run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         return run
 
     @override
     def _write_metrics(self, metrics: dict[str, float], step: int | None) -> None:
-        if step is None:
+        if step is None or self._wandb_init.get("sync_tensorboard"):  # no trainer/global_step beside TensorBoard's
             self.experiment.log(metrics)
             return
         self.experiment.log({**metrics, STEP_KEY: step})

@@ -318,3 +318,16 @@ def test_a_value_logged_as_step_is_the_x_of_its_row_as_in_lightning() -> None:
     assert recorder.of("custom") == [(10, 0.0), (11, 1.0)]  # at the logged step
     assert recorder.of("step") == []  # the x-axis, not a value
     assert (3, 0.0) in recorder.of("epoch") and (10, 0.0) not in recorder.of("epoch")  # that row has no epoch
+
+
+def test_the_csv_experiment_exists_from_set_up_on_rank_zero(tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    class AtSetup(Recorder):
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            seen.append(logger._experiment)  # Lightning's tests read it there
+
+    logger = CSVLogger(save_dir=tmp_path)
+    train, val = loaders()
+    quiet_trainer(callbacks=[logger, AtSetup()], max_epochs=1).fit(Scripted(), train, val)
+    assert isinstance(seen[0], CSVWriter) and os.path.isdir(seen[0].log_dir)

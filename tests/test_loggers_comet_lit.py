@@ -251,6 +251,7 @@ def test_wandb_media_go_to_the_run_as_wandb_objects(tmp_path: Path, monkeypatch:
     wandb = types.ModuleType("wandb")
     run = Run(tmp_path)
     wandb.init = lambda **kwargs: run  # type: ignore[attr-defined]
+    wandb.run = None  # type: ignore[attr-defined]
     for kind in ("Table", "Image", "Audio", "Video"):
         setattr(wandb, kind, type(kind, (Media,), {}))
     monkeypatch.setitem(sys.modules, "wandb", wandb)
@@ -270,3 +271,25 @@ def test_wandb_media_go_to_the_run_as_wandb_objects(tmp_path: Path, monkeypatch:
         {"p-pics": [image("1.jpg", caption="one"), image("2.jpg", caption="two")], "trainer/global_step": 5},
         {"p-clips": [audio("1.wav")]},
     ]
+
+
+def test_wandb_reuses_the_scripts_run_and_follows_tensorboards_steps_when_syncing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wandb = types.ModuleType("wandb")
+    run = Run(tmp_path)
+    metrics_defined: list[tuple[Any, ...]] = []
+    run.define_metric = lambda *a, **k: metrics_defined.append((*a, *k.values()))  # type: ignore[method-assign]
+    wandb.run = run  # type: ignore[attr-defined]
+    wandb.init = lambda **kwargs: pytest.fail("a run is in progress: it is reused, as in Lightning")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    from callbacks import WandbLogger
+    from trainer.common.errors import MisconfigurationException
+
+    logger = WandbLogger(save_dir=tmp_path, sync_tensorboard=True)
+    with pytest.warns(UserWarning, match="wandb run already in progress"):
+        logger.log_metrics({"loss": 0.5}, step=3)
+    assert run.logged == [{"loss": 0.5}]  # TensorBoard's events carry the step
+    assert metrics_defined == [("*", "global_step")]
+    with pytest.raises(MisconfigurationException, match="checkpoints cannot be uploaded in offline mode"):
+        WandbLogger(offline=True, log_model=True)
