@@ -201,7 +201,7 @@ class TensorBoardLogger(Logger):
     def save(self) -> None:
         if self._writer is not None:
             self._writer.flush()
-        if self._writes and self.hparams and os.path.isdir(self.log_dir):
+        if self._writes and os.path.isdir(self.log_dir):  # as Lightning's: `{}` without hyperparameters
             path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
             if not os.path.exists(path):
                 import yaml

@@ -94,7 +94,8 @@ def test_tensorboard_kwargs_go_to_the_summary_writer_and_unknown_ones_are_refuse
     logger = TensorBoardLogger(save_dir=tmp_path, filename_suffix=".mine", max_queue=3)
     logger.log_metrics({"a": 1.0}, step=0)
     logger.finalize("success")
-    assert [p.name.endswith(".mine") for p in Path(logger.log_dir).iterdir()] == [True]
+    events = [p for p in Path(logger.log_dir).iterdir() if p.name != "hparams.yaml"]  # `{}`, as Lightning's
+    assert [p.name.endswith(".mine") for p in events] == [True]
     with pytest.raises(TypeError, match=r"flush_every is not an option.*flush_secs"):
         TensorBoardLogger(save_dir=tmp_path, flush_every=3)
 
@@ -331,3 +332,16 @@ def test_the_csv_experiment_exists_from_set_up_on_rank_zero(tmp_path: Path) -> N
     train, val = loaders()
     quiet_trainer(callbacks=[logger, AtSetup()], max_epochs=1).fit(Scripted(), train, val)
     assert isinstance(seen[0], CSVWriter) and os.path.isdir(seen[0].log_dir)
+
+
+def test_tensorboard_writes_an_empty_hparams_yaml_without_hyperparameters(tmp_path: Path) -> None:
+    class Bare(Scripted):
+        def __init__(self) -> None:
+            super().__init__()
+            self._hparams = type(self.hparams)()  # no hyperparameters at all
+
+    assert not Bare().hparams
+    logger = TensorBoardLogger(save_dir=tmp_path, default_hp_metric=False)
+    train, val = loaders()
+    quiet_trainer(callbacks=[logger], max_epochs=1).fit(Bare(), train, val)
+    assert yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text()) == {}  # Lightning's
