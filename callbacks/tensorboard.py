@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from argparse import Namespace
 from collections.abc import Mapping
@@ -188,14 +189,36 @@ class TensorBoardLogger(Logger):
     def log_graph(self, model: torch.nn.Module, input_array: torch.Tensor | None = None) -> None:
         if not (self._log_graph and self._writes):
             return
+        """Trace ``model`` on ``input_array`` (default: its ``example_input_array``) into TensorBoard's graph.
+
+        As Lightning's: without an input, or with one that is neither a tensor nor a tuple of
+        positional arguments, it warns and records no graph.
+        """
         if input_array is None:
             input_array = getattr(model, "example_input_array", None)
         if input_array is None:
-            raise ValueError(
-                "TensorBoardLogger(log_graph=True) needs an input to trace: set `example_input_array` on "
-                "the module or call `logger.log_graph(model, input_array)`"
+            warnings.warn(
+                "Could not log computational graph to TensorBoard: The `model.example_input_array` attribute is "
+                "not set or `input_array` was not given.",
+                UserWarning,
+                stacklevel=2,
             )
-        self.experiment.add_graph(model, input_array)
+            return
+        if not isinstance(input_array, (torch.Tensor, tuple)):
+            warnings.warn(
+                "Could not log computational graph to TensorBoard: The `input_array` or `model.example_input_array` "
+                f"has type {type(input_array)} which can't be traced by TensorBoard. Make the input array a tuple "
+                "representing the positional arguments to the model's `forward()` implementation.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        # torch.jit reads every attribute of the module; a module not attached to a trainer answers None there.
+        model.__dict__["_jit_is_scripting"] = True
+        try:
+            self.experiment.add_graph(model, input_array)
+        finally:
+            model.__dict__.pop("_jit_is_scripting", None)
 
     @override
     def save(self) -> None:

@@ -123,8 +123,12 @@ def test_tensorboard_log_graph_traces_the_example_input(tmp_path: Path) -> None:
     acc.Reload()
     assert acc.Tags()["graph"]
     without = TensorBoardLogger(save_dir=tmp_path, log_graph=True)
-    with pytest.raises(ValueError, match="example_input_array"):
+    with pytest.warns(UserWarning, match="example_input_array` attribute is not set"):  # Lightning's warning
         without.log_graph(torch.nn.Linear(1, 1))
+    with pytest.warns(UserWarning, match="can't be traced by TensorBoard"):
+        without.log_graph(torch.nn.Linear(1, 1), {"x": 1})  # type: ignore[arg-type]
+    alone = WithExample()  # not attached to a trainer: traced all the same
+    without.log_graph(alone, torch.zeros(1, 4))
 
 
 def test_csv_experiment_is_the_writer_and_rows_reach_disk_every_n_steps(tmp_path: Path) -> None:
