@@ -279,17 +279,17 @@ def new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list[
 
     A file not on disk yet (an ``async_save`` in flight) is left for the next call.
     """
-    scores: dict[str, float | None] = {}
+    scores: dict[str, float | int | None] = {}
     last = getattr(checkpoint_callback, "last_model_path", "")
     if last:
         current = getattr(checkpoint_callback, "current_score", None)
-        scores[last] = None if current is None else float(current)
+        scores[last] = None if current is None else _number(current)
     best = getattr(checkpoint_callback, "best_model_path", "")
     if best:
         score = getattr(checkpoint_callback, "best_model_score", None)
-        scores[best] = None if score is None else float(score)
+        scores[best] = None if score is None else _number(score)
     for path, score in (getattr(checkpoint_callback, "best_k_models", None) or {}).items():
-        scores[path] = None if score is None else float(score)
+        scores[path] = None if score is None else _number(score)
     found = []
     for path, score in scores.items():
         try:
@@ -300,3 +300,9 @@ def new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list[
             aliases = ["latest", "best"] if path == best else ["latest"]
             found.append(CheckpointFile(path, mtime, score, aliases))
     return sorted(found, key=lambda c: c.mtime)
+
+
+def _number(value: Any) -> float | int:
+    """A score as a plain Python number of its own kind (an int stays an int), which trackers store as JSON."""
+    number = value.item() if isinstance(value, torch.Tensor) else value
+    return number if isinstance(number, (int, float)) else float(number)

@@ -212,12 +212,15 @@ class WandbLogger(TrackerLogger):
         run_dir = getattr(run, "dir", None)  # <root>/wandb/<run folder>/files (a stand-in run may have none)
         parents = Path(run_dir).parents if isinstance(run_dir, str) else ()
         self._root_seen = str(parents[2]) if len(parents) > 2 else None
-        if self._wandb_init.get("sync_tensorboard"):
+        define_metric = getattr(run, "define_metric", None)  # a stand-in run may lack it (Lightning checks too)
+        if define_metric is None:
+            pass
+        elif self._wandb_init.get("sync_tensorboard"):
             # wandb mirrors TensorBoard's event files: TensorBoard's global_step is the x-axis.
-            run.define_metric("*", step_metric="global_step")
+            define_metric("*", step_metric="global_step")
         else:
-            run.define_metric(STEP_KEY)
-            run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
+            define_metric(STEP_KEY)
+            define_metric("*", step_metric=STEP_KEY, step_sync=True)
         return run
 
     @override

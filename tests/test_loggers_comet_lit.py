@@ -293,3 +293,14 @@ def test_wandb_reuses_the_scripts_run_and_follows_tensorboards_steps_when_syncin
     assert metrics_defined == [("*", "global_step")]
     with pytest.raises(MisconfigurationException, match="checkpoints cannot be uploaded in offline mode"):
         WandbLogger(offline=True, log_model=True)
+
+
+def test_a_checkpoints_score_reaches_the_tracker_as_a_number_of_its_own_kind(tmp_path: Path) -> None:
+    from callbacks._tracker import new_checkpoints
+
+    best = tmp_path / "best.ckpt"
+    best.write_bytes(b"x")
+    callback = types.SimpleNamespace(best_model_path=str(best), best_model_score=torch.tensor(3), best_k_models={})
+    (checkpoint,) = new_checkpoints(callback, {})
+    assert checkpoint.score == 3 and isinstance(checkpoint.score, int)  # an int step stays an int (Lightning's)
+    assert checkpoint.aliases == ["latest", "best"]
