@@ -106,7 +106,6 @@ class TrackerLogger(Logger):
         #: After a resume: metric key -> the last step the tracker already holds (skipped up to it).
         self._replay: dict[str, int] | None = None
         self._resumed = False
-        self._epoch_written_at = -1
         #: Under the ``geartrain`` command: the run directory (absolute), which names a new run.
         self._run_dir: str | None = None
 
@@ -239,11 +238,8 @@ class TrackerLogger(Logger):
     ) -> None:
         if not self._writes:
             return
+        # As Lightning: the trainer's rows carry ``epoch`` beside the values (an evaluation step's do not).
         values = {key: float(value) for key, value in metrics.items()}
-        # As Lightning: an ``epoch`` metric beside the values, once per step, so either axis reads.
-        if step != self._epoch_written_at:
-            values["epoch"] = trainer.current_epoch
-            self._epoch_written_at = step
         self.log_metrics(metrics=values, step=step)
 
     @override

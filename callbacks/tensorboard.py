@@ -281,11 +281,13 @@ class TensorBoardLogger(Logger):
         numbers = {key: float(value) for key, value in metrics.items()}  # one device sync per value, here only
         if self._in_validation:
             self._val_metrics.update(self._with_prefix({k: v for k, v in numbers.items() if k != "epoch"}))
-        if step != self._epoch_written_at:
-            numbers["epoch"] = trainer.current_epoch
-            self._epoch_written_at = step
-        else:  # one epoch point per step (the trainer's rows carry it; the first one is written)
-            numbers.pop("epoch", None)
+        # The trainer's rows carry ``epoch`` (an evaluation step's do not, as Lightning's): one epoch
+        # point per step, the first one written.
+        if "epoch" in numbers:
+            if step == self._epoch_written_at:
+                numbers.pop("epoch")
+            else:
+                self._epoch_written_at = step
         self.log_metrics(metrics=numbers, step=step)
 
     @override

@@ -349,3 +349,19 @@ def test_tensorboard_writes_an_empty_hparams_yaml_without_hyperparameters(tmp_pa
     train, val = loaders()
     quiet_trainer(callbacks=[logger], max_epochs=1).fit(Bare(), train, val)
     assert yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text()) == {}  # Lightning's
+
+
+def test_an_evaluation_steps_row_carries_no_epoch_as_in_lightning(tmp_path: Path) -> None:
+    class StepLogged(Scripted):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_step", float(batch_idx), on_step=True, on_epoch=False)
+
+    class Heard(TensorBoardLogger):
+        def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+            self.rows = [*getattr(self, "rows", []), (step, sorted(metrics))]
+            super().log_metrics(metrics, step)
+
+    logger = Heard(save_dir=tmp_path, default_hp_metric=False)
+    _, val = loaders()
+    quiet_trainer(callbacks=[logger]).validate(StepLogged(), val, verbose=False)
+    assert logger.rows == [(0, ["val_step"]), (1, ["val_step"])]  # x: the evaluation steps, no epoch
