@@ -7,7 +7,6 @@ import json
 import os
 import warnings
 from argparse import Namespace
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,6 +14,7 @@ from typing_extensions import override
 
 from callbacks._logger import NoOpExperiment
 from callbacks._tracker import CheckpointFile, TrackerLogger, import_tracker
+from callbacks._wandb_history import STEP_KEY, history_rows, last_steps_in, whole_lines
 from trainer.common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,10 +23,8 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["WandbLogger", "history_rows"]
+__all__ = ["STEP_KEY", "WandbLogger", "history_rows"]
 
-#: The x-axis of every metric, as Lightning names it.
-STEP_KEY = "trainer/global_step"
 #: The name of the logger's own journal of rows, beside wandb's files.
 JOURNAL = "geartrain-rows"
 
@@ -253,9 +251,9 @@ class WandbLogger(TrackerLogger):
         roots = dict.fromkeys(d for d in (*self._earlier_dirs, self._wandb_dir, self._files_root()) if d is not None)
         current = Path(run.dir).parent.resolve()
         folders = {f.resolve() for root in roots for f in Path(root, "wandb").glob(f"*run-*-{run.id}")} - {current}
-        last = _last_steps_in([folder / f"run-{run.id}.wandb" for folder in sorted(folders)])
+        last = last_steps_in([folder / f"run-{run.id}.wandb" for folder in sorted(folders)])
         journals = {Path(root, "wandb", f"{JOURNAL}-{run.id}.jsonl").resolve() for root in roots}
-        rows = [json.loads(line) for path in sorted(journals) if path.is_file() for line in _whole_lines(path)]
+        rows = [json.loads(line) for path in sorted(journals) if path.is_file() for line in whole_lines(path)]
         logged = dict(last)
         for step, row in rows:
             missing = {k: v for k, v in row.items() if step > last.get(k, -1)}
@@ -398,68 +396,3 @@ class WandbLogger(TrackerLogger):
         """
         if self._writes and status == "success" and self._experiment is not None:
             self._upload_pending()
-
-
-def _whole_lines(path: Path) -> list[str]:
-    """The complete lines of ``path`` (a line cut short by a crash is left out)."""
-    text = path.read_text()
-    return text.splitlines()[: text.count("\n")]
-
-
-def _last_steps_in(files: list[Path]) -> dict[str, int]:
-    """Metric key -> the last ``trainer/global_step`` at which ``files`` hold it."""
-    last: dict[str, int] = {}
-    for path in files:
-        if not path.is_file():
-            continue
-        for row in history_rows(path):
-            step = row.get(STEP_KEY)
-            if isinstance(step, (int, float)):
-                for key in row:
-                    if not key.startswith("_") and key != STEP_KEY:
-                        last[key] = max(last.get(key, -1), int(step))
-    return last
-
-
-def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The history rows of a run's ``.wandb`` file, in order, each ``{key: value}``.
-
-    The file is wandb's transaction log: LevelDB's log format (32 KiB blocks of records framed by a
-    7-byte header: checksum, length, kind) after a 7-byte file header; each record is one of wandb's
-    own protobuf ``Record`` messages. wandb 0.2x and later write it from their Go core and ship no
-    Python reader, hence this one; a record cut short by a crash ends the scan.
-    """
-    from wandb.proto import wandb_internal_pb2
-
-    for data in _log_records(Path(path).read_bytes()):
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-        record.ParseFromString(data)
-        if record.WhichOneof("record_type") == "history":
-            yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-
-
-_BLOCK, _HEADER = 32768, 7
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def _log_records(raw: bytes) -> Iterator[bytes]:
-    if raw[:4] != b":W&B":
-        raise ValueError("not a wandb transaction log (no :W&B header)")
-    pos, parts = _HEADER, bytearray()
-    while pos + _HEADER <= len(raw):
-        room = _BLOCK - pos % _BLOCK
-        if room < _HEADER:  # a block's tail too short for a header is padding
-            pos += room
-            continue
-        length, kind = int.from_bytes(raw[pos + 4 : pos + 6], "little"), raw[pos + 6]
-        start, pos = pos + _HEADER, pos + _HEADER + length
-        if kind == 0 or pos > len(raw):  # padding, or a record the writer never finished
-            if kind == 0:
-                pos = start - _HEADER + room
-                continue
-            return
-        if kind in (_FULL, _FIRST):
-            parts = bytearray()
-        parts += raw[start:pos]
-        if kind in (_FULL, _LAST):
-            yield bytes(parts)
