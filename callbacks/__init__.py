@@ -1,10 +1,10 @@
-"""Callbacks: checkpointing, logging (TensorBoard, CSV, MLflow, W&B), progress, early stopping, ...
+"""Callbacks: checkpointing, logging (TensorBoard, CSV, MLflow, W&B, Comet, Lightning's platform), progress, early stopping, ...
 
 Every callback and logger name of Lightning 2 is importable from here (``lightning.pytorch.callbacks.X``
 and ``lightning.pytorch.loggers.X`` -> ``callbacks.X``). Those geartrain does not have yet are
 classes whose construction raises ``NotImplementedError`` naming what to use instead.
 
-Classes are imported on first use, so ``import callbacks`` does not import TensorBoard, rich, mlflow or wandb.
+Classes are imported on first use, so ``import callbacks`` does not import TensorBoard, rich or any tracker's package.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from callbacks._unsupported import UNSUPPORTED, UNSUPPORTED_LOGGERS, unsupported_class
 from callbacks.base import Callback, Checkpoint
 
 if TYPE_CHECKING:
     from callbacks._logger import Logger
     from callbacks.batch_size_finder import BatchSizeFinder
     from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.comet_logger import CometLogger
     from callbacks.csv_logger import CSVLogger
     from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from callbacks.grad_monitor import GradientMonitor
     from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
     from callbacks.lambda_callback import LambdaCallback
+    from callbacks.litlogger import LitLogger, NeptuneLogger
     from callbacks.lr_finder import LearningRateFinder
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.mlflow_logger import MLFlowLogger
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "CSVLogger": "callbacks.csv_logger",
+    "CometLogger": "callbacks.comet_logger",
+    "LitLogger": "callbacks.litlogger",
+    "NeptuneLogger": "callbacks.litlogger",
     "DeviceStatsMonitor": "callbacks.device_stats",
     "EarlyStopping": "callbacks.early_stopping",
     "GradientMonitor": "callbacks.grad_monitor",
@@ -115,16 +119,10 @@ __all__ = [
     "join_predictions",
 ]
 
-_unsupported: dict[str, type[Callback]] = {}
-
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in UNSUPPORTED or name in UNSUPPORTED_LOGGERS:
-        if name not in _unsupported:
-            _unsupported[name] = unsupported_class(name)
-        return _unsupported[name]
     raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
 
 

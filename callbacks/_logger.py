@@ -14,6 +14,7 @@ ranks ``experiment`` is an object whose methods do nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from argparse import Namespace
@@ -31,16 +32,33 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["DummyLogger", "Logger", "NoOpExperiment"]
+__all__ = ["DummyExperiment", "DummyLogger", "Logger", "NoOpExperiment", "run_hparams"]
 
 _VERSION_DIR = re.compile(r"version_(\d+)$")
 
 
-class NoOpExperiment:
-    """Stands in for ``experiment`` on ranks other than 0: every method call does nothing."""
+class DummyExperiment:
+    """Lightning's stand-in for ``experiment`` on ranks other than 0: every method call does nothing.
 
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+    Item access is answered too (``experiment["loss"].append(...)``), for trackers whose experiment
+    is a mapping of series.
+    """
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        """Do nothing."""
+
+    def __getattr__(self, _: str) -> Any:
+        return self.nop
+
+    def __getitem__(self, _: Any) -> DummyExperiment:
+        return self
+
+    def __setitem__(self, *args: Any) -> None:
+        pass
+
+
+class NoOpExperiment(DummyExperiment):
+    """What geartrain's loggers hand out as ``experiment`` where they do not write (a :class:`DummyExperiment`)."""
 
 
 class Logger(Callback):
@@ -100,9 +118,13 @@ class Logger(Callback):
         return "/"
 
     @property
-    def root_dir(self) -> str:
-        """``<save_dir>/<name>``: the folder holding every version of this experiment."""
-        return os.path.join(self.save_dir, self._name) if self._name else self.save_dir
+    def root_dir(self) -> str | None:
+        """``<save_dir>/<name>``: the folder holding every version of this experiment (``None`` when a
+        subclass's ``save_dir`` is ``None``: it keeps no local files)."""
+        save_dir = self.save_dir
+        if save_dir is None:
+            return None
+        return os.path.join(save_dir, self.name) if self.name else save_dir
 
     @property
     def version(self) -> int | str:
@@ -118,15 +140,22 @@ class Logger(Callback):
         return self._version
 
     @property
-    def log_dir(self) -> Path:
-        """The folder this run's files go into (a ``Path``; Lightning gives a ``str``)."""
+    def log_dir(self) -> str | None:
+        """The folder this run's files go into, ``<root_dir>/<version folder>`` (a ``str``, as Lightning's;
+        ``None`` without a local folder)."""
+        root = self.root_dir
+        if root is None:
+            return None
         version = self.version
         folder = version if isinstance(version, str) else f"version_{version}"
-        return Path(self.root_dir, folder) if folder else Path(self.root_dir)
+        return os.path.join(root, folder) if folder else root
 
     def _next_version(self) -> int:
+        root = self.root_dir
+        if root is None:
+            return 0
         try:
-            found = [int(m.group(1)) for p in os.listdir(self.root_dir) if (m := _VERSION_DIR.match(p))]
+            found = [int(m.group(1)) for p in os.listdir(root) if (m := _VERSION_DIR.match(p))]
         except OSError:
             found = []
         return max(found) + 1 if found else 0
@@ -175,18 +204,17 @@ class Logger(Callback):
         # validate-, test- or predict-only run has its hparams.yaml too. After a fit that recorded
         # them, they are not written again (TensorBoard would get a second hparams session).
         if stage != "fit" and not getattr(self, "hparams", None):
-            self._log_module_hparams(pl_module)
+            self._log_module_hparams(pl_module, trainer)
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        # As Lightning's trainer does: the module's hyperparameters go to every logger when fitting starts.
-        self._log_module_hparams(pl_module)
+        # As Lightning's trainer does: the run's hyperparameters go to every logger when fitting starts.
+        self._log_module_hparams(pl_module, trainer)
 
-    def _log_module_hparams(self, module: TrainModule) -> None:
-        """``log_hyperparams(module.hparams)`` on rank 0, unless there are none or the module said
-        ``save_hyperparameters(logger=False)``, as Lightning's trainer does."""
-        hparams = dict(getattr(module, "hparams", None) or {})
-        if self._writes and hparams and getattr(module, "_log_hyperparams", True):
+    def _log_module_hparams(self, module: TrainModule, trainer: Trainer | None = None) -> None:
+        """``log_hyperparams(...)`` of :func:`run_hparams` on rank 0, unless there are none."""
+        hparams = run_hparams(module, trainer)
+        if self._writes and hparams:
             self.log_hyperparams(hparams)
 
     @override
@@ -212,10 +240,11 @@ class DummyLogger(Logger):
     """The logger a ``fast_dev_run`` puts where the run's loggers were (Lightning's ``DummyLogger``).
 
     Lightning's rule: a quick check run writes no logs, yet code that logs through ``self.logger``
-    (``self.logger.experiment.add_image(...)``, ``self.logger.log_metrics(...)``) still runs. Every
-    logging method does nothing, ``experiment`` takes any call, ``name`` and ``version`` are ``""``.
-    Unlike Lightning's, calling a method no logger has (``self.logger.foo()``) is an ``AttributeError``:
-    the trainer asks its callbacks what they are by their attributes.
+    (``self.logger.experiment.add_image(...)``, ``self.logger.log_metrics(...)``,
+    ``self.logger.log_text(...)`` written for a ``WandbLogger``) still runs. Every method of any of
+    geartrain's loggers does nothing here, ``experiment`` takes any call, ``name`` and ``version`` are
+    ``""``. Unlike Lightning's, a name no logger has (``self.logger.foo``) is an ``AttributeError``: the
+    trainer asks its callbacks what they are by their attributes (``best_model_path``, ``dirpath``...).
     """
 
     runs_in_fast_dev_run = True
@@ -255,6 +284,68 @@ class DummyLogger(Logger):
     def __getitem__(self, index: int) -> DummyLogger:
         """``self.logger[0]`` is this logger (Lightning code written for a list of loggers)."""
         return self
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_") and name in _logger_methods():
+            return _nop
+        raise AttributeError(f"'DummyLogger' object has no attribute {name!r} (no logger of geartrain's has it)")
+
+
+def _nop(*args: Any, **kwargs: Any) -> None:
+    """What a logger's method does on a :class:`DummyLogger`: nothing."""
+
+
+@functools.cache
+def _logger_methods() -> frozenset[str]:
+    """The public methods of geartrain's loggers (read once, when a :class:`DummyLogger` is first asked)."""
+    import inspect
+
+    import callbacks
+
+    names: set[str] = set()
+    for cls_name in ("CSVLogger", "TensorBoardLogger", "MLFlowLogger", "WandbLogger", "CometLogger", "LitLogger"):
+        cls = getattr(callbacks, cls_name)
+        names.update(n for n, member in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_"))
+    return frozenset(names - set(dir(Callback)))
+
+
+def run_hparams(module: Any, trainer: Any = None) -> dict[str, Any]:
+    """The hyperparameters Lightning's trainer hands its loggers: the module's merged with its data module's.
+
+    A side that said ``save_hyperparameters(logger=False)`` is left out. A key both sides hold with
+    different values (another type, another tensor object, or unequal) is a ``RuntimeError``, as in
+    Lightning: the logged run would misstate one of them.
+    """
+    module_hparams = dict(getattr(module, "hparams", None) or {}) if getattr(module, "_log_hyperparams", True) else None
+    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    data_hparams = None
+    if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
+        data_hparams = dict(getattr(datamodule, "hparams", None) or {})
+    if module_hparams is None or data_hparams is None:
+        return module_hparams if module_hparams is not None else (data_hparams or {})
+    clashes = [
+        key
+        for key in module_hparams.keys() & data_hparams.keys()
+        if key != "_class_path" and _differ(module_hparams[key], data_hparams[key])
+    ]
+    if clashes:
+        raise RuntimeError(
+            f"Error while merging hparams: the keys {clashes} are present in both the LightningModule's and "
+            "LightningDataModule's hparams but have different values; rename one of them, or call "
+            "save_hyperparameters(logger=False) on one side"
+        )
+    return {**module_hparams, **data_hparams}
+
+
+def _differ(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return True
+    if isinstance(a, torch.Tensor):
+        return a is not b
+    try:
+        return bool(a != b)
+    except Exception:  # an object whose comparison does not give one truth value
+        return True
 
 
 def _launcher_rank() -> int:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger
+from callbacks._logger import Logger, run_hparams
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["CheckpointFile", "TrackerLogger", "import_tracker", "run_context"]
+__all__ = ["CheckpointFile", "TrackerLogger", "import_client", "import_tracker", "new_checkpoints", "run_context"]
 
 #: What ``log_model`` accepts (Lightning's values).
 _LOG_MODEL = (True, False, "all")
@@ -50,6 +50,17 @@ def import_tracker(module: str, extra: str, logger: str) -> ModuleType:
     except ImportError as err:
         raise ModuleNotFoundError(
             f"callbacks.{logger} needs the {module!r} package: pip install 'geartrain[{extra}]'"
+        ) from err
+
+
+def import_client(module: str, requirement: str) -> ModuleType:
+    """Import a tracker's client package that no extra of geartrain installs, or fail with Lightning's
+    ``ModuleNotFoundError`` text (``Requirement 'comet-ml>=3.44.4' not met. HINT: ...``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ModuleNotFoundError(
+            f"Requirement {requirement!r} not met. HINT: Try running `pip install -U {requirement!r}`"
         ) from err
 
 
@@ -95,7 +106,6 @@ class TrackerLogger(Logger):
         #: After a resume: metric key -> the last step the tracker already holds (skipped up to it).
         self._replay: dict[str, int] | None = None
         self._resumed = False
-        self._epoch_written_at = -1
         #: Under the ``geartrain`` command: the run directory (absolute), which names a new run.
         self._run_dir: str | None = None
 
@@ -124,13 +134,13 @@ class TrackerLogger(Logger):
     # ----------------------------------------------------------------- Lightning's properties
     @property
     @override
-    def root_dir(self) -> str | None:  # type: ignore[override]
+    def root_dir(self) -> str | None:
         """``None``, as Lightning's: the files live in the tracker."""
         return None
 
     @property
     @override
-    def log_dir(self) -> str | None:  # type: ignore[override]
+    def log_dir(self) -> str | None:
         """``None``, as Lightning's: the files live in the tracker (``trainer.log_dir`` looks further)."""
         return None
 
@@ -163,7 +173,7 @@ class TrackerLogger(Logger):
             self._checkpoint_callbacks.append(checkpoint_callback)
 
     def _upload_new(self, checkpoint_callback: Any) -> None:
-        for checkpoint in _new_checkpoints(checkpoint_callback, self._logged_model_time):
+        for checkpoint in new_checkpoints(checkpoint_callback, self._logged_model_time):
             self._upload_checkpoint(checkpoint, checkpoint_callback)
             self._logged_model_time[checkpoint.path] = checkpoint.mtime
 
@@ -218,9 +228,7 @@ class TrackerLogger(Logger):
         context, config = run_context(trainer)
         self._record_run_context(context, config)
         if config is None:
-            hparams = (
-                dict(getattr(pl_module, "hparams", None) or {}) if getattr(pl_module, "_log_hyperparams", True) else {}
-            )
+            hparams = run_hparams(pl_module, trainer)
             if hparams:
                 self.log_hyperparams(hparams)
 
@@ -230,11 +238,8 @@ class TrackerLogger(Logger):
     ) -> None:
         if not self._writes:
             return
+        # As Lightning: the trainer's rows carry ``epoch`` beside the values (an evaluation step's do not).
         values = {key: float(value) for key, value in metrics.items()}
-        # As Lightning: an ``epoch`` metric beside the values, once per step, so either axis reads.
-        if step != self._epoch_written_at:
-            values["epoch"] = trainer.current_epoch
-            self._epoch_written_at = step
         self.log_metrics(metrics=values, step=step)
 
     @override
@@ -265,22 +270,22 @@ def run_context(trainer: Trainer) -> tuple[dict[str, str], dict[str, Any] | None
     return context, plain if isinstance(plain, dict) else None
 
 
-def _new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list[CheckpointFile]:
+def new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list[CheckpointFile]:
     """The checkpoint files of ``checkpoint_callback`` not uploaded yet (or rewritten since), oldest first.
 
     A file not on disk yet (an ``async_save`` in flight) is left for the next call.
     """
-    scores: dict[str, float | None] = {}
+    scores: dict[str, float | int | None] = {}
     last = getattr(checkpoint_callback, "last_model_path", "")
     if last:
         current = getattr(checkpoint_callback, "current_score", None)
-        scores[last] = None if current is None else float(current)
+        scores[last] = None if current is None else _number(current)
     best = getattr(checkpoint_callback, "best_model_path", "")
     if best:
         score = getattr(checkpoint_callback, "best_model_score", None)
-        scores[best] = None if score is None else float(score)
+        scores[best] = None if score is None else _number(score)
     for path, score in (getattr(checkpoint_callback, "best_k_models", None) or {}).items():
-        scores[path] = None if score is None else float(score)
+        scores[path] = None if score is None else _number(score)
     found = []
     for path, score in scores.items():
         try:
@@ -291,3 +296,9 @@ def _new_checkpoints(checkpoint_callback: Any, logged: dict[str, float]) -> list
             aliases = ["latest", "best"] if path == best else ["latest"]
             found.append(CheckpointFile(path, mtime, score, aliases))
     return sorted(found, key=lambda c: c.mtime)
+
+
+def _number(value: Any) -> float | int:
+    """A score as a plain Python number of its own kind (an int stays an int), which trackers store as JSON."""
+    number = value.item() if isinstance(value, torch.Tensor) else value
+    return number if isinstance(number, (int, float)) else float(number)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,14 +23,19 @@ __all__ = ["CSVLogger", "CSVWriter"]
 
 
 class CSVWriter:
-    """The CSV file of one run (``CSVLogger.experiment``): rows kept in memory, written on :meth:`save`.
+    """The CSV file of one run (``CSVLogger.experiment``; Lightning's ``ExperimentWriter``).
 
-    One row per logging call with a ``step`` column and one per metric (empty where a row has no
-    value). The file is rewritten whole through a temporary file and a rename, so the file on disk
-    is always a complete CSV even when a new metric widened the header.
+    Rows are kept in :attr:`metrics` until :meth:`save` appends them to ``metrics.csv`` and empties
+    the list. One row per logging call with a ``step`` column and one per metric (empty where a row
+    has no value). When a new metric widens the header, the file is rewritten whole through a
+    temporary file and a rename, so the file on disk is always a complete CSV. Hyperparameters
+    reach ``hparams.yaml`` at once.
+
+    As Lightning's: opening the writer on a folder that already holds files warns, and deletes an
+    earlier ``metrics.csv`` there (a version reused is a new run).
 
     Args:
-        log_dir: the folder of ``metrics.csv`` (and ``hparams.yaml``).
+        log_dir: the folder of ``metrics.csv`` and ``hparams.yaml`` (made when the writer is).
     """
 
     NAME_METRICS_FILE = "metrics.csv"
@@ -38,47 +44,63 @@ class CSVWriter:
     def __init__(self, log_dir: str) -> None:
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
-        #: Every row written so far, oldest first.
+        #: The rows not written yet, oldest first.
         self.metrics: list[dict[str, Any]] = []
+        #: The file's columns, in the order they first appeared.
+        self.metrics_keys: list[str] = []
         self.hparams: dict[str, Any] = {}
-        self._columns: list[str] = []
-        self._written = 0  # rows already in the file
+        if os.path.isdir(log_dir) and os.listdir(log_dir):
+            warnings.warn(
+                f"Experiment logs directory {log_dir} exists and is not empty. "
+                "Previous log files in this directory will be deleted when the new ones are saved!",
+                UserWarning,
+                stacklevel=2,
+            )
+            if os.path.isfile(self.metrics_file_path):
+                os.remove(self.metrics_file_path)
+        os.makedirs(log_dir, exist_ok=True)
 
     def log_metrics(self, metrics_dict: Mapping[str, Any], step: int | None = None) -> None:
-        """Add one row (``step`` defaults to the number of rows so far)."""
+        """Add one row (``step`` defaults to the number of rows not written yet, as Lightning's)."""
         row: dict[str, Any] = {"step": len(self.metrics) if step is None else step}
         for key, value in metrics_dict.items():
             row[key] = value.item() if isinstance(value, torch.Tensor) else value
         self.metrics.append(row)
 
     def log_hparams(self, params: dict[str, Any]) -> None:
-        """Remember hyperparameters for ``hparams.yaml``."""
+        """Add ``params`` to the hyperparameters and write ``hparams.yaml``."""
+        import yaml
+
         self.hparams.update(params)
+        os.makedirs(self.log_dir, exist_ok=True)
+        with open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
+            yaml.safe_dump(self.hparams, f, sort_keys=False)
 
     def save(self) -> None:
-        """Write the rows not yet on disk (and ``hparams.yaml`` once there are hyperparameters)."""
-        os.makedirs(self.log_dir, exist_ok=True)
-        if self.hparams:
-            import yaml
-
-            with open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
-                yaml.safe_dump(self.hparams, f, sort_keys=False)
-        if not self.metrics or (self._written == len(self.metrics) and os.path.exists(self.metrics_file_path)):
+        """Append the rows kept to ``metrics.csv`` (rewriting it when the header widens), then forget them."""
+        if not self.metrics:
             return  # no rows yet (a predict-only run): no file, as Lightning's
-        new = [key for row in self.metrics[self._written :] for key in row if key not in self._columns]
+        os.makedirs(self.log_dir, exist_ok=True)
+        new = [key for row in self.metrics for key in row if key not in self.metrics_keys]
         path = Path(self.metrics_file_path)
-        if new or not path.exists():
-            self._columns.extend(dict.fromkeys(new))
+        exists = path.exists()
+        if new or not exists:
+            earlier = []
+            if exists:
+                with path.open(newline="") as f:
+                    earlier = list(csv.DictReader(f))
+            self.metrics_keys.extend(dict.fromkeys(new))
             tmp = path.with_suffix(".csv.tmp")
             with tmp.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self._columns)
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
                 writer.writeheader()
+                writer.writerows(earlier)
                 writer.writerows(self.metrics)
             os.replace(tmp, path)
         else:
             with path.open("a", newline="") as f:
-                csv.DictWriter(f, fieldnames=self._columns).writerows(self.metrics[self._written :])
-        self._written = len(self.metrics)
+                csv.DictWriter(f, fieldnames=self.metrics_keys).writerows(self.metrics)
+        self.metrics = []
 
 
 class CSVLogger(Logger):
@@ -113,6 +135,14 @@ class CSVLogger(Logger):
         self._experiment: CSVWriter | None = None
 
     @property
+    @override
+    def log_dir(self) -> str:
+        """``<save_dir>/<name>/<version folder>``: where ``metrics.csv`` and ``hparams.yaml`` go."""
+        folder = super().log_dir
+        assert folder is not None  # save_dir is always a folder here (the trainer's default_root_dir until given)
+        return folder
+
+    @property
     def experiment(self) -> Any:
         """The :class:`CSVWriter` of this run (a do-nothing stand-in on ranks other than 0)."""
         if not self._writes:
@@ -128,15 +158,21 @@ class CSVLogger(Logger):
 
     @override
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
+        """Keep a row at ``step`` (default: the number of rows kept); write every ``flush_logs_every_n_steps``."""
         if not self._writes:
             return
+        if step is None:
+            step = len(self.experiment.metrics)
         self.experiment.log_metrics(self._with_prefix(metrics), step)
-        if step is not None and (step + 1) % self._flush_every == 0:
+        if (step + 1) % self._flush_every == 0:
             self.save()
 
     @override
-    def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
-        flat = flat_params(params)
+    def log_hyperparams(
+        self, params: dict[str, Any] | Namespace | None = None, metrics: dict[str, Any] | None = None
+    ) -> None:
+        """Write ``params`` to ``hparams.yaml`` now (``None``: an empty one, as Lightning's)."""
+        flat = flat_params(params or {})
         self.hparams.update(flat)
         if self._writes:
             self.experiment.log_hparams(flat)
@@ -149,6 +185,13 @@ class CSVLogger(Logger):
             self._experiment.save()
 
     # ----------------------------------------------------------------- as a callback
+    @override
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self._writes:
+            # As Lightning's trainer: the experiment (the folder) exists from set-up on, on rank 0.
+            _ = self.experiment
+
     @override
     def on_log_metrics(
         self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int

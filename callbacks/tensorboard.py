@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from argparse import Namespace
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment, flat_params
+from callbacks._logger import Logger, NoOpExperiment, flat_params, run_hparams
 from trainer.common.state_dict import to_plain
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ class TensorBoardLogger(Logger):
 
     #: The hyperparameters file :meth:`save` writes into ``log_dir``.
     NAME_HPARAMS_FILE = "hparams.yaml"
+    #: True while the trainer hands over the run's hyperparameters at fit start (see :meth:`log_hyperparams`).
+    _opening_session = False
 
     def __init__(
         self,
@@ -98,10 +100,13 @@ class TensorBoardLogger(Logger):
 
     @property
     @override
-    def log_dir(self) -> Path:
-        """The folder holding this run's event file."""
+    def log_dir(self) -> str:
+        """The folder holding this run's event file (``~`` and environment variables in ``sub_dir`` expanded)."""
         base = super().log_dir
-        return base / self._sub_dir if self._sub_dir else base
+        assert base is not None  # save_dir is always a folder here (the trainer's default_root_dir until given)
+        if not self._sub_dir:
+            return base
+        return os.path.expanduser(os.path.expandvars(os.path.join(base, self._sub_dir)))
 
     @property
     def experiment(self) -> Any:
@@ -153,9 +158,21 @@ class TensorBoardLogger(Logger):
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: dict[str, Any] | None = None) -> None:
+        """Record ``params`` in TensorBoard's hparams view with ``metrics`` (default ``hp_metric=-1``).
+
+        When fitting starts the trainer's call opens the run's session instead: its metrics are the
+        last validation values, written when fitting ends.
+        """
         flat = flat_params(params)
         self.hparams.update(flat)
         if not self._writes:
+            return
+        if self._opening_session and metrics is None:
+            from torch.utils.tensorboard.summary import hparams as summaries
+
+            self._session = flat
+            _, start, _ = summaries(flat, {})
+            self.experiment._get_file_writer().add_summary(start)
             return
         if metrics is None and self._default_hp_metric:
             metrics = {"hp_metric": -1}
@@ -172,20 +189,42 @@ class TensorBoardLogger(Logger):
     def log_graph(self, model: torch.nn.Module, input_array: torch.Tensor | None = None) -> None:
         if not (self._log_graph and self._writes):
             return
+        """Trace ``model`` on ``input_array`` (default: its ``example_input_array``) into TensorBoard's graph.
+
+        As Lightning's: without an input, or with one that is neither a tensor nor a tuple of
+        positional arguments, it warns and records no graph.
+        """
         if input_array is None:
             input_array = getattr(model, "example_input_array", None)
         if input_array is None:
-            raise ValueError(
-                "TensorBoardLogger(log_graph=True) needs an input to trace: set `example_input_array` on "
-                "the module or call `logger.log_graph(model, input_array)`"
+            warnings.warn(
+                "Could not log computational graph to TensorBoard: The `model.example_input_array` attribute is "
+                "not set or `input_array` was not given.",
+                UserWarning,
+                stacklevel=2,
             )
-        self.experiment.add_graph(model, input_array)
+            return
+        if not isinstance(input_array, (torch.Tensor, tuple)):
+            warnings.warn(
+                "Could not log computational graph to TensorBoard: The `input_array` or `model.example_input_array` "
+                f"has type {type(input_array)} which can't be traced by TensorBoard. Make the input array a tuple "
+                "representing the positional arguments to the model's `forward()` implementation.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        # torch.jit reads every attribute of the module; a module not attached to a trainer answers None there.
+        model.__dict__["_jit_is_scripting"] = True
+        try:
+            self.experiment.add_graph(model, input_array)
+        finally:
+            model.__dict__.pop("_jit_is_scripting", None)
 
     @override
     def save(self) -> None:
         if self._writer is not None:
             self._writer.flush()
-        if self._writes and self.hparams and os.path.isdir(self.log_dir):
+        if self._writes and os.path.isdir(self.log_dir):  # as Lightning's: `{}` without hyperparameters
             path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
             if not os.path.exists(path):
                 import yaml
@@ -211,16 +250,17 @@ class TensorBoardLogger(Logger):
             text = yaml.safe_dump(config, sort_keys=False)
             # Indented by four spaces: TensorBoard's markdown shows it as a code block, layout intact.
             writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
-        # The resolved config already holds the module's arguments; without one, the module's hparams.
-        # save_hyperparameters(logger=False) keeps the module's hyperparameters out of the loggers.
-        logged = pl_module.hparams if getattr(pl_module, "_log_hyperparams", True) else {}
-        self._session = flat_params(config or _config_dict(logged))
-        self.hparams.update(self._session)
-        if self._session:
-            from torch.utils.tensorboard.summary import hparams
-
-            _, start, _ = hparams(self._session, {})
-            writer._get_file_writer().add_summary(start)
+        # The resolved config already holds the module's arguments; without one, the module's hparams
+        # (with the data module's, as Lightning's trainer merges them). save_hyperparameters(logger=False)
+        # keeps a side's hyperparameters out of the loggers.
+        params = config or _config_dict(run_hparams(pl_module, trainer))
+        if params:
+            # Through log_hyperparams, as Lightning's trainer calls it: a subclass overriding it sees them.
+            self._opening_session = True
+            try:
+                self.log_hyperparams(params)
+            finally:
+                self._opening_session = False
         if self._log_graph:
             self.log_graph(pl_module)
 
@@ -241,11 +281,13 @@ class TensorBoardLogger(Logger):
         numbers = {key: float(value) for key, value in metrics.items()}  # one device sync per value, here only
         if self._in_validation:
             self._val_metrics.update(self._with_prefix({k: v for k, v in numbers.items() if k != "epoch"}))
-        if step != self._epoch_written_at:
-            numbers["epoch"] = trainer.current_epoch
-            self._epoch_written_at = step
-        else:  # one epoch point per step (the trainer's rows carry it; the first one is written)
-            numbers.pop("epoch", None)
+        # The trainer's rows carry ``epoch`` (an evaluation step's do not, as Lightning's): one epoch
+        # point per step, the first one written.
+        if "epoch" in numbers:
+            if step == self._epoch_written_at:
+                numbers.pop("epoch")
+            else:
+                self._epoch_written_at = step
         self.log_metrics(metrics=numbers, step=step)
 
     @override

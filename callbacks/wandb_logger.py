@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from argparse import Namespace
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,6 +14,8 @@ from typing_extensions import override
 
 from callbacks._logger import NoOpExperiment
 from callbacks._tracker import CheckpointFile, TrackerLogger, import_tracker
+from callbacks._wandb_history import STEP_KEY, history_rows, last_steps_in, whole_lines
+from trainer.common.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -21,10 +23,8 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["WandbLogger", "history_rows"]
+__all__ = ["STEP_KEY", "WandbLogger", "history_rows"]
 
-#: The x-axis of every metric, as Lightning names it.
-STEP_KEY = "trainer/global_step"
 #: The name of the logger's own journal of rows, beside wandb's files.
 JOURNAL = "geartrain-rows"
 
@@ -80,9 +80,9 @@ class WandbLogger(TrackerLogger):
     ) -> None:
         import_tracker("wandb", "wandb", "WandbLogger")
         if offline and log_model:
-            raise ValueError(
-                f"WandbLogger(offline=True, log_model={log_model!r}): an offline run cannot upload "
-                "checkpoints; use offline=False, or log_model=False"
+            raise ConfigError(
+                f"Providing log_model={log_model} and offline={offline} is an invalid configuration since model "
+                "checkpoints cannot be uploaded in offline mode. Hint: Set `offline=False` to log your model."
             )
         super().__init__(log_model, prefix)
         folder = save_dir if save_dir is not None else dir
@@ -195,16 +195,35 @@ class WandbLogger(TrackerLogger):
             # A folder that cannot be made is wandb's to handle: it warns and falls back to the temporary folder.
             with contextlib.suppress(OSError):
                 os.makedirs(init["dir"], exist_ok=True)
-        run = wandb.init(**{k: v for k, v in init.items() if v is not None})
+        if wandb.run is not None and self._run_id is None:
+            # As Lightning's: a run the script already started is the one this logger writes to.
+            warnings.warn(
+                "There is a wandb run already in progress and newly created instances of `WandbLogger` will reuse "
+                "this run. If this is not desired, call `wandb.finish()` before instantiating `WandbLogger`.",
+                UserWarning,
+                stacklevel=3,
+            )
+            run = wandb.run
+        else:
+            run = wandb.init(**{k: v for k, v in init.items() if v is not None})
         self._run_id = run.id
-        self._root_seen = str(Path(run.dir).parents[2])  # <root>/wandb/<run folder>/files
-        run.define_metric(STEP_KEY)
-        run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
+        run_dir = getattr(run, "dir", None)  # <root>/wandb/<run folder>/files (a stand-in run may have none)
+        parents = Path(run_dir).parents if isinstance(run_dir, str) else ()
+        self._root_seen = str(parents[2]) if len(parents) > 2 else None
+        define_metric = getattr(run, "define_metric", None)  # a stand-in run may lack it (Lightning checks too)
+        if define_metric is None:
+            pass
+        elif self._wandb_init.get("sync_tensorboard"):
+            # wandb mirrors TensorBoard's event files: TensorBoard's global_step is the x-axis.
+            define_metric("*", step_metric="global_step")
+        else:
+            define_metric(STEP_KEY)
+            define_metric("*", step_metric=STEP_KEY, step_sync=True)
         return run
 
     @override
     def _write_metrics(self, metrics: dict[str, float], step: int | None) -> None:
-        if step is None:
+        if step is None or self._wandb_init.get("sync_tensorboard"):  # no trainer/global_step beside TensorBoard's
             self.experiment.log(metrics)
             return
         self.experiment.log({**metrics, STEP_KEY: step})
@@ -232,9 +251,9 @@ class WandbLogger(TrackerLogger):
         roots = dict.fromkeys(d for d in (*self._earlier_dirs, self._wandb_dir, self._files_root()) if d is not None)
         current = Path(run.dir).parent.resolve()
         folders = {f.resolve() for root in roots for f in Path(root, "wandb").glob(f"*run-*-{run.id}")} - {current}
-        last = _last_steps_in([folder / f"run-{run.id}.wandb" for folder in sorted(folders)])
+        last = last_steps_in([folder / f"run-{run.id}.wandb" for folder in sorted(folders)])
         journals = {Path(root, "wandb", f"{JOURNAL}-{run.id}.jsonl").resolve() for root in roots}
-        rows = [json.loads(line) for path in sorted(journals) if path.is_file() for line in _whole_lines(path)]
+        rows = [json.loads(line) for path in sorted(journals) if path.is_file() for line in whole_lines(path)]
         logged = dict(last)
         for step, row in rows:
             missing = {k: v for k, v in row.items() if step > last.get(k, -1)}
@@ -279,6 +298,90 @@ class WandbLogger(TrackerLogger):
         if metrics:
             self.log_metrics(metrics, 0)
 
+    # ----------------------------------------------------------------- media and artifacts (Lightning's)
+    def log_table(
+        self,
+        key: str,
+        columns: list[str | int] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log a ``wandb.Table`` given by ``columns`` and ``data``, or by a pandas ``dataframe``."""
+        import wandb
+
+        if self._writes:
+            self._log_objects({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step)
+
+    def log_text(
+        self,
+        key: str,
+        columns: list[str | int] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log text as a table (``columns`` and ``data``, or a ``dataframe``)."""
+        self.log_table(key, columns, data, dataframe, step)
+
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log ``wandb.Image`` s; each keyword is a list with one value per image (``caption``, ``masks``...)."""
+        self._log_media("Image", "images", key, images, step, kwargs)
+
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log ``wandb.Audio`` s; each keyword is a list with one value per clip (``caption``, ``sample_rate``...)."""
+        self._log_media("Audio", "audios", key, audios, step, kwargs)
+
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log ``wandb.Video`` s; each keyword is a list with one value per video (``caption``, ``fps``...)."""
+        self._log_media("Video", "videos", key, videos, step, kwargs)
+
+    def _log_media(
+        self, kind: str, what: str, key: str, items: list[Any], step: int | None, kwargs: dict[str, Any]
+    ) -> None:
+        if not isinstance(items, list):
+            raise TypeError(f'Expected a list as "{what}", found {type(items)}')
+        for name, values in kwargs.items():
+            if len(values) != len(items):
+                raise ValueError(f"Expected {len(items)} items but only found {len(values)} for {name}")
+        if not self._writes:
+            return
+        import wandb
+
+        make = getattr(wandb, kind)
+        self._log_objects(
+            {key: [make(item, **{k: v[i] for k, v in kwargs.items()}) for i, item in enumerate(items)]}, step
+        )
+
+    def _log_objects(self, values: dict[str, Any], step: int | None) -> None:
+        """Log wandb objects (tables, media) as they are, with the step as the x-axis when given."""
+        values = self._with_prefix(values)
+        self.experiment.log(values if step is None else {**values, STEP_KEY: step})
+
+    @staticmethod
+    def download_artifact(
+        artifact: str,
+        save_dir: str | os.PathLike[str] | None = None,
+        artifact_type: str | None = None,
+        use_artifact: bool | None = True,
+    ) -> str:
+        """Download ``artifact`` (``"entity/project/name:version"``) into ``save_dir``; return its folder.
+
+        With a run active and ``use_artifact``, the run records that it used the artifact.
+        """
+        import wandb
+
+        if wandb.run is not None and use_artifact:
+            found = wandb.run.use_artifact(artifact)
+        else:
+            found = wandb.Api().artifact(artifact, type=artifact_type)
+        folder: str = found.download(root=None if save_dir is None else os.fspath(save_dir))
+        return folder
+
+    def use_artifact(self, artifact: str, artifact_type: str | None = None) -> Any:
+        """Record that this run uses ``artifact``; return the ``wandb.Artifact``."""
+        return self.experiment.use_artifact(artifact, type=artifact_type)
+
     def watch(
         self, model: torch.nn.Module, log: str | None = "gradients", log_freq: int = 100, log_graph: bool = True
     ) -> None:
@@ -293,68 +396,3 @@ class WandbLogger(TrackerLogger):
         """
         if self._writes and status == "success" and self._experiment is not None:
             self._upload_pending()
-
-
-def _whole_lines(path: Path) -> list[str]:
-    """The complete lines of ``path`` (a line cut short by a crash is left out)."""
-    text = path.read_text()
-    return text.splitlines()[: text.count("\n")]
-
-
-def _last_steps_in(files: list[Path]) -> dict[str, int]:
-    """Metric key -> the last ``trainer/global_step`` at which ``files`` hold it."""
-    last: dict[str, int] = {}
-    for path in files:
-        if not path.is_file():
-            continue
-        for row in history_rows(path):
-            step = row.get(STEP_KEY)
-            if isinstance(step, (int, float)):
-                for key in row:
-                    if not key.startswith("_") and key != STEP_KEY:
-                        last[key] = max(last.get(key, -1), int(step))
-    return last
-
-
-def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The history rows of a run's ``.wandb`` file, in order, each ``{key: value}``.
-
-    The file is wandb's transaction log: LevelDB's log format (32 KiB blocks of records framed by a
-    7-byte header: checksum, length, kind) after a 7-byte file header; each record is one of wandb's
-    own protobuf ``Record`` messages. wandb 0.2x and later write it from their Go core and ship no
-    Python reader, hence this one; a record cut short by a crash ends the scan.
-    """
-    from wandb.proto import wandb_internal_pb2
-
-    for data in _log_records(Path(path).read_bytes()):
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-        record.ParseFromString(data)
-        if record.WhichOneof("record_type") == "history":
-            yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-
-
-_BLOCK, _HEADER = 32768, 7
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def _log_records(raw: bytes) -> Iterator[bytes]:
-    if raw[:4] != b":W&B":
-        raise ValueError("not a wandb transaction log (no :W&B header)")
-    pos, parts = _HEADER, bytearray()
-    while pos + _HEADER <= len(raw):
-        room = _BLOCK - pos % _BLOCK
-        if room < _HEADER:  # a block's tail too short for a header is padding
-            pos += room
-            continue
-        length, kind = int.from_bytes(raw[pos + 4 : pos + 6], "little"), raw[pos + 6]
-        start, pos = pos + _HEADER, pos + _HEADER + length
-        if kind == 0 or pos > len(raw):  # padding, or a record the writer never finished
-            if kind == 0:
-                pos = start - _HEADER + room
-                continue
-            return
-        if kind in (_FULL, _FIRST):
-            parts = bytearray()
-        parts += raw[start:pos]
-        if kind in (_FULL, _LAST):
-            yield bytes(parts)

@@ -100,7 +100,7 @@ def _wait_for_tags(base: str, wanted: set[str], deadline_s: float = 90.0) -> dic
 @pytest.mark.timeout(150)
 def test_tensorboard_serves_what_was_logged(run_dir: tuple[Path, Recorder, TensorBoardLogger], server: str) -> None:
     _, recorder, logger = run_dir
-    assert len(list(logger.log_dir.glob("events.out.tfevents.*"))) == 1  # one tidy file per run
+    assert len(list(Path(logger.log_dir).glob("events.out.tfevents.*"))) == 1  # one tidy file per run
     tags = _wait_for_tags(server, {"train/loss", "val/loss", "val/score", "epoch", "lr-SGD"})
     assert list(tags) == ["run"]  # everything in one run: the logger's folder
     assert set(tags["run"]) == {"train/loss", "val/loss", "val/score", "epoch", "lr-SGD"}

@@ -232,9 +232,6 @@ LIGHTNING_TRACKERS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: Lightning's loggers of other trackers: refused by name when built.
-REFUSED_LOGGERS = ("CometLogger", "NeptuneLogger", "LitLogger")
-
 LIGHTNING_HOOKS: dict[str, tuple[str, ...]] = {
     "setup": ("trainer", "pl_module", "stage"),
     "teardown": ("trainer", "pl_module", "stage"),
@@ -333,16 +330,6 @@ def test_every_lightning_tracker_logger_takes_lightnings_arguments(name: str, mo
         assert hasattr(cls, attr), f"{name}.{attr}"  # on the class: reading `experiment` starts a run
     logger = cls()
     assert logger.is_logger and logger.log_dir is None  # Lightning's: the files live in the tracker
-
-
-@pytest.mark.parametrize("name", REFUSED_LOGGERS)
-def test_other_trackers_loggers_are_refused_by_name_with_the_alternatives(name: str) -> None:
-    cls = getattr(callbacks, name)
-    assert name in callbacks.__all__
-    with pytest.raises(
-        NotImplementedError, match=rf"callbacks\.{name} is not supported yet: callbacks\.MLFlowLogger, "
-    ):
-        cls(save_dir=".")
 
 
 @pytest.mark.parametrize("hook", sorted(LIGHTNING_HOOKS))

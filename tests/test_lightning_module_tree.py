@@ -193,9 +193,9 @@ def test_lightnings_loggers_resolve_under_the_tree(name: str) -> None:
     assert getattr(pl.loggers, name) is getattr(callbacks, name)
 
 
-def test_a_logger_geartrain_lacks_is_refused_when_built() -> None:
-    with pytest.raises(NotImplementedError, match=r"CometLogger"):
-        pl.loggers.CometLogger(project="x")
+def test_lightnings_retired_neptune_logger_raises_as_lightnings() -> None:
+    with pytest.raises(RuntimeError, match=r"NeptuneLogger is no longer supported"):
+        pl.loggers.neptune.NeptuneLogger(project="x")
 
 
 def test_the_trackers_geartrain_has_are_its_own_classes() -> None:

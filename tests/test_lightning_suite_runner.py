@@ -66,6 +66,23 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
     )
 
 
+def test_patching_a_method_through_lightnings_path_patches_geartrains_class(tmp_path: Path) -> None:
+    """``mock.patch("lightning.pytorch.loggers.tensorboard.TensorBoardLogger.log_hyperparams")``: the class is
+    an attribute of the aliased module, not a submodule to make up, so the patch lands on geartrain's class."""
+    alias.write_site(tmp_path)
+    done = _python(
+        """
+        from unittest import mock
+        import lightning.pytorch, callbacks
+        with mock.patch("lightning.pytorch.loggers.tensorboard.TensorBoardLogger.log_hyperparams") as patched:
+            assert callbacks.TensorBoardLogger.log_hyperparams is patched
+        assert callbacks.TensorBoardLogger.log_hyperparams is not patched
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.parametrize(
     ("outcome", "text", "expected"),
     [

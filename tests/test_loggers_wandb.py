@@ -68,7 +68,7 @@ def run_files(root: Path, run_id: str) -> list[Path]:
 def record_kinds(path: Path) -> list[str]:
     from wandb.proto import wandb_internal_pb2
 
-    from callbacks.wandb_logger import _log_records
+    from callbacks._wandb_history import _log_records
 
     kinds = []
     for data in _log_records(path.read_bytes()):
@@ -154,7 +154,9 @@ def test_pickles_after_use_and_the_copy_writes_to_the_same_run(tmp_path: Path) -
 def test_offline_with_log_model_is_refused_and_a_missing_package_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with pytest.raises(ValueError, match="offline run cannot upload checkpoints"):
+    with pytest.raises(
+        ValueError, match="checkpoints cannot be uploaded in offline mode"
+    ):  # and a MisconfigurationException
         WandbLogger(offline=True, log_model=True)
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'geartrain\[wandb\]'"):
@@ -167,7 +169,7 @@ def test_cli_records_run_directory_and_config(tmp_path: Path, monkeypatch: pytes
 
     from wandb.proto import wandb_internal_pb2
 
-    from callbacks.wandb_logger import _log_records
+    from callbacks._wandb_history import _log_records
     from tests.helpers.distributed import child_env
 
     monkeypatch.delenv("WANDB_SERVICE", raising=False)  # the command starts its own wandb helper
@@ -205,7 +207,7 @@ def test_log_model_uploads_checkpoints_as_model_artifacts(tmp_path: Path, log_mo
     from wandb.proto import wandb_internal_pb2
 
     from callbacks import ModelCheckpoint
-    from callbacks.wandb_logger import _log_records
+    from callbacks._wandb_history import _log_records
 
     logger = WandbLogger(save_dir=tmp_path, project="models", log_model=log_model, checkpoint_name="net")
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/score", mode="max", save_top_k=1)

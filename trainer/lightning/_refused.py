@@ -79,8 +79,7 @@ REFUSED: dict[str, str] = {
         "read or write one with yaml.safe_load / yaml.safe_dump"
     ),
     # ------------------------------------------------------------ single names of mapped modules
-    "loggers.comet.FRAMEWORK_NAME": "an internal constant of Lightning's CometLogger (geartrain's refuses to be built)",
-    "loggers.comet.comet_experiment": "an internal helper of Lightning's CometLogger (geartrain's refuses to be built)",
+    "loggers.comet.comet_experiment": "a type alias of Lightning's CometLogger: annotate with comet_ml.CometExperiment",
     "loggers.mlflow.LOCAL_FILE_URI_PREFIX": "an internal constant of Lightning's MLFlowLogger: give tracking_uri='file:...'",
     "core.hooks.CheckpointHooks": "the checkpoint hooks are methods of LightningModule, LightningDataModule and Callback (on_save_checkpoint, on_load_checkpoint)",
     "core.module.MODULE_OPTIMIZERS": "a type alias of Lightning's internals: annotate with torch.optim.Optimizer",
@@ -91,7 +90,6 @@ REFUSED: dict[str, str] = {
     "callbacks.progress.rich_progress.RichProgressBarTheme": _NOT_YET + ": RichProgressBar takes no theme",
     "callbacks.progress.tqdm_progress.Tqdm": "Lightning's tqdm subclass, internal to TQDMProgressBar",
     "callbacks.progress.tqdm_progress.convert_inf": "an internal helper of Lightning's TQDMProgressBar",
-    "loggers.csv_logs.ExperimentWriter": "CSVLogger writes its files itself: use CSVLogger(save_dir) and its log_dir",
     "loggers.logger.merge_dicts": _NOT_YET,
     "profilers.pytorch.RegisterRecordFunction": "an internal helper of Lightning's PyTorchProfiler",
     "profilers.pytorch.ScheduleWrapper": "an internal helper of Lightning's PyTorchProfiler",

@@ -17,9 +17,10 @@ from typing import Any, Union
 from lightning_utilities.core.imports import RequirementCache, compare_version, package_available
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+from callbacks._logger import DummyExperiment
+
 __all__ = [
     "LIGHTNING_LOGO",
-    "DummyExperiment",
     "LRSchedulerType",
     "LRSchedulerTypeTuple",
     "LightningDeprecationWarning",
@@ -68,22 +69,6 @@ def get_torchvision_model(model_name: str, **kwargs: Any) -> Any:
     from torchvision import models
 
     return models.get_model(model_name, **kwargs)
-
-
-class DummyExperiment:
-    """What a logger's ``experiment`` is on ranks other than 0: every method call does nothing."""
-
-    def nop(self, *args: Any, **kwargs: Any) -> None:
-        """Do nothing."""
-
-    def __getattr__(self, _: str) -> Callable[..., None]:
-        return self.nop
-
-    def __getitem__(self, _: Any) -> DummyExperiment:
-        return self
-
-    def __setitem__(self, *args: Any) -> None:
-        pass
 
 
 def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -190,6 +190,9 @@ class MetricRouter:
         """Hand ``metrics`` to the loggers at x = ``step`` (nothing during the sanity check).
 
         ``with_epoch``: the row also carries ``epoch`` (Lightning's rows do, but an evaluation step's).
+        A row of logged values with a key ``step`` (``self.log("step", n)``) goes to the loggers at
+        x = ``n``, without that key and without ``epoch``, as Lightning's trainer does for the rows
+        whose step it chooses itself (``with_epoch``).
         """
         if self.no_logger_keys:
             metrics = {k: v for k, v in metrics.items() if k not in self.no_logger_keys}
@@ -198,6 +201,9 @@ class MetricRouter:
         self.logged_metrics.update(metrics)
         if self._sanity_checking():
             return
+        if with_epoch and "step" in metrics:
+            metrics = dict(metrics)
+            step, with_epoch = int(metrics.pop("step")), False
         self._emit_to_loggers(metrics, step, with_epoch)
 
     def emit_eval_step(self, metrics: dict[str, torch.Tensor], prefix: str, dataloader_idx: int) -> None:

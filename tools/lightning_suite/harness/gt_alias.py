@@ -196,8 +196,25 @@ class _Finder(importlib.abc.MetaPathFinder):
             if fullname == f"{prefix}.demos" or fullname.startswith(f"{prefix}.demos."):
                 return _demos_spec(fullname, fullname[len(prefix) + 1 :])
             if fullname.startswith(prefix + "."):
+                if _is_attribute_of_parent(fullname):
+                    # ``lightning.pytorch.loggers.tensorboard.TensorBoardLogger`` is a class, not a module:
+                    # no import, so ``mock.patch`` (pkgutil.resolve_name) reaches it by getattr and patches it.
+                    return None
                 return importlib.machinery.ModuleSpec(fullname, _PlaceholderLoader(), is_package=True)
         return None
+
+
+def _is_attribute_of_parent(fullname: str) -> bool:
+    """Whether ``fullname``'s parent module, already imported, has that name as a real object (not a module)."""
+    parent_name, _, child = fullname.rpartition(".")
+    parent = sys.modules.get(parent_name)
+    if parent is None or child.startswith("__"):
+        return False
+    try:
+        found = getattr(parent, child)
+    except (AttributeError, ImportError):
+        return False
+    return not isinstance(found, (Placeholder, types.ModuleType))
 
 
 class _PlaceholderLoader(importlib.abc.Loader):
