@@ -331,7 +331,7 @@ TREE: dict[str, dict[str, str]] = {
         **_from("trainer.common.rank_zero", _RANK_ZERO),
         **_from("lightning_utilities.core.rank_zero", ["WarningCache", "rank_prefixed_message"]),
         "rank_zero_module": "lightning_utilities.core:rank_zero",
-        "LightningDeprecationWarning": _UTIL,
+        "LightningDeprecationWarning": "trainer.common.errors",
     },
     "utilities.types": {
         **_from("trainer.types", _TYPES),
