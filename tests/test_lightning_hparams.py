@@ -231,3 +231,104 @@ def test_save_hyperparameters_logger_false_keeps_them_out_of_tensorboard(tmp_pat
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[shown]).fit(Net(), ones(4))
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[hidden]).fit(Hidden(), ones(4))
     assert shown._session and not hidden._session
+
+
+class FromOneObject(TrainModule):
+    """Lightning's ``__init__(self, hparams)`` pattern: one dict, Namespace or DictConfig is the hyperparameters."""
+
+    def __init__(self, hparams: Any) -> None:
+        super().__init__()
+        self.save_hyperparameters(hparams)
+        self.layer = nn.Linear(4, int(self.hparams.width))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class DataFromOneObject(DataModule):
+    def __init__(self, hparams: Any) -> None:
+        super().__init__()
+        self.save_hyperparameters(hparams)
+
+    def train_dataloader(self) -> Any:
+        return ones(4, self.hparams.batch_size)
+
+
+@pytest.mark.parametrize("kind", ["namespace", "dict", "dictconfig"])
+def test_hparams_given_as_one_argument_come_back_as_that_argument(tmp_path: Path, kind: str) -> None:
+    """The checkpoint names the argument (``hparams_name``); loading passes the values back under it, a
+    DictConfig as a DictConfig, and the file still loads with ``weights_only=True``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    make = {"namespace": lambda d: Namespace(**d), "dict": dict, "dictconfig": OmegaConf.create}[kind]
+    net, dm = FromOneObject(make({"width": 3})), DataFromOneObject(make({"batch_size": 2}))
+    assert isinstance(net.hparams, DictConfig if kind == "dictconfig" else AttributeDict)
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(net, datamodule=dm)
+    trainer.save_checkpoint(tmp_path / "o.ckpt")
+    ckpt = torch.load(tmp_path / "o.ckpt", weights_only=True)
+    assert (ckpt["hparams_name"], ckpt["datamodule_hparams_name"]) == ("hparams", "hparams")
+    assert ckpt.get("hparams_type") == ("DictConfig" if kind == "dictconfig" else None)
+    assert DataFromOneObject.CHECKPOINT_HYPER_PARAMS_KEY == "datamodule_hyper_parameters"
+    loaded = FromOneObject.load_from_checkpoint(tmp_path / "o.ckpt")
+    assert type(loaded.hparams) is type(net.hparams) and loaded.hparams.width == 3
+    assert torch.equal(loaded.layer.weight, net.layer.weight)
+    assert DataFromOneObject.load_from_checkpoint(tmp_path / "o.ckpt").hparams.batch_size == 2
+
+
+def test_save_hyperparameters_refuses_a_primitive_and_warns_about_a_module() -> None:
+    class One(TrainModule):
+        def __init__(self, value: Any, name: str = "n") -> None:
+            super().__init__()
+            self.save_hyperparameters(value, "name")
+
+    with pytest.raises(ValueError, match=r"Primitives \(<class 'bool'>, <class 'int'>"):
+        One(42)
+    with pytest.warns(UserWarning, match=r"'encoder' is an instance of `nn.Module`.*ignore=\['encoder'\]"):
+        WithLayer(nn.Linear(4, 2))
+
+
+def test_ignore_in_a_subclass_drops_what_the_base_saved() -> None:
+    class Base(TrainModule):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__()
+            self.save_hyperparameters(ignore="a")
+
+    class Sub(Base):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(a, b)
+            self.save_hyperparameters(ignore="b")
+
+    assert dict(Sub(1, 2).hparams) == {"a": 1}
+
+
+def test_dataclass_module_and_unconventional_self_name(tmp_path: Path) -> None:
+    """A dataclass module's init fields, and an ``__init__`` whose first argument is not called ``self``."""
+    import dataclasses
+
+    @dataclasses.dataclass(eq=False)
+    class Fields(TrainModule):
+        width: int
+        tag: str = "t"
+        hidden: int = dataclasses.field(default=0, init=False)
+
+        def __post_init__(self) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    assert dict(Fields(3, tag="u").hparams) == {"width": 3, "tag": "u"}
+
+    class Odd(Net):
+        def __init__(obj, width: int = 4, **kwargs: Any) -> None:
+            super().__init__(width, **kwargs)
+            obj.save_hyperparameters()
+
+    net = Odd(5, tag="q")
+    assert dict(net.hparams) == {"width": 5, "lr": 0.1, "tag": "q"}
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(net, ones(4))
+    trainer.save_checkpoint(tmp_path / "odd.ckpt")
+    assert dict(Odd.load_from_checkpoint(tmp_path / "odd.ckpt").hparams) == dict(net.hparams)

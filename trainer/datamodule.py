@@ -26,6 +26,11 @@ class DataModule(HyperparametersMixin, DataHooks):
     ``self.trainer`` is the trainer using it (None outside a run).
     """
 
+    #: The checkpoint keys of the data module's hyperparameters (Lightning's names).
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
+
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
 

@@ -29,7 +29,7 @@ from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
 from trainer.data.resumable import ResumableBatchSampler
-from trainer.hparams import plain_hparams
+from trainer.hparams import hparams_record, plain_hparams
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -173,11 +173,13 @@ class CheckpointConnector:
             "hyper_parameters": hparams,
             "hparams_unsaved": unsaved,  # recorded as descriptions: load_from_checkpoint asks for them
             "config": to_plain(t.config),
+            **hparams_record(t.module),  # the argument they came in as (load_from_checkpoint passes them back)
         }
         if t.datamodule is not None:
             state["datamodule_hyper_parameters"], state["datamodule_hparams_unsaved"] = plain_hparams(
                 t.datamodule.hparams
             )
+            state.update(hparams_record(t.datamodule, "datamodule_"))
         if not weights_only:
             training = self.training_state(sharded)
             state["loops"].update(training.pop("loops", {}))  # the sampler's order beside Lightning's loops
