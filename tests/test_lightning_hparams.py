@@ -332,3 +332,29 @@ def test_dataclass_module_and_unconventional_self_name(tmp_path: Path) -> None:
     trainer.fit(net, ones(4))
     trainer.save_checkpoint(tmp_path / "odd.ckpt")
     assert dict(Odd.load_from_checkpoint(tmp_path / "odd.ckpt").hparams) == dict(net.hparams)
+
+
+def test_hparams_yaml_round_trip(tmp_path: Path) -> None:
+    """Lightning's core.saving functions: Namespace in, DictConfig (or dict) out, an Enum by name, an
+    unwritable value skipped with a warning, a missing file or folder named."""
+    import enum
+
+    from omegaconf import DictConfig
+
+    from trainer.hparams_yaml import load_hparams_from_yaml, save_hparams_to_yaml
+
+    class Mode(str, enum.Enum):
+        fast = "f"
+
+    path = tmp_path / "h.yaml"
+    save_hparams_to_yaml(path, Namespace(lr=0.1, nested={"a": 1}, mode=Mode.fast))
+    loaded = load_hparams_from_yaml(path)
+    assert isinstance(loaded, DictConfig) and loaded.nested.a == 1
+    assert load_hparams_from_yaml(path, use_omegaconf=False) == {"lr": 0.1, "nested": {"a": 1}, "mode": "fast"}
+    with pytest.warns(UserWarning, match="Skipping 'dtype' parameter"):
+        save_hparams_to_yaml(path, {"dtype": torch.float32, "b": 2})
+    assert load_hparams_from_yaml(path, use_omegaconf=False) == {"b": 2}
+    with pytest.warns(RuntimeWarning, match="Missing Tags"):
+        assert load_hparams_from_yaml(tmp_path / "none.yaml") == {}
+    with pytest.raises(RuntimeError, match="Missing folder"):
+        save_hparams_to_yaml(tmp_path / "no" / "h.yaml", {})
