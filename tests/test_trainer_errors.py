@@ -13,6 +13,7 @@ from torch import nn
 from tests.helpers.regression import Regressor, make_loader, sgd
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule
+from trainer.common.errors import MisconfigurationException
 
 
 def test_module_without_training_step(make_trainer: Any) -> None:
@@ -81,7 +82,8 @@ def _with_scheduler(**config: Any) -> Any:
 
 
 def test_scheduler_with_unknown_interval(make_trainer: Any) -> None:
-    with pytest.raises(ValueError, match=r"'interval' must be 'step' or 'epoch', got 'batch' \(scheduler StepLR\)"):
+    pattern = r'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "batch" \(scheduler StepLR\)'
+    with pytest.raises(MisconfigurationException, match=pattern):
         make_trainer(max_epochs=1).fit(Regressor(_with_scheduler(interval="batch")), make_loader())
 
 
@@ -92,16 +94,39 @@ def test_scheduler_with_bad_frequency(make_trainer: Any) -> None:
 
 def test_plateau_scheduler_without_monitor(make_trainer: Any) -> None:
     plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau)
-    with pytest.raises(ValueError, match=r"ReduceLROnPlateau steps on a metric.*'monitor': 'val/loss'"):
+    pattern = r"must include a monitor when a `ReduceLROnPlateau`.*steps on a metric.*'monitor': 'val/loss'"
+    with pytest.raises(MisconfigurationException, match=pattern):
         make_trainer(max_epochs=1).fit(Regressor(plateau), make_loader())
 
 
 def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: Any) -> None:
     plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau, monitor="val_acc")
     with pytest.raises(
-        KeyError, match=r"ReduceLROnPlateau monitors 'val_acc', which was not logged \(logged: val_loss\)"
+        KeyError,
+        match=r"metric val_acc which is not available\. Available metrics are: val_loss\..*"
+        r"monitors 'val_acc', which was not logged",
     ):
         make_trainer(max_epochs=1).fit(Regressor(plateau), make_loader(), make_loader())
+
+
+def test_optimizer_configs_lightning_warns_about_or_refuses(make_trainer: Any) -> None:
+    """As Lightning: unsupported keys are said (RuntimeWarning) and left out, a scheduler built on an optimizer
+    that was not returned is refused, and a missing plateau metric under ``strict=False`` is said."""
+    with pytest.warns(RuntimeWarning, match=r"unsupported keys in the optimizer configuration: \{'foo'\}"):
+        make_trainer(max_epochs=1).fit(Regressor(lambda m: {"optimizer": sgd(m), "foo": 1}), make_loader())
+    with pytest.warns(RuntimeWarning, match=r"unsupported keys in the lr scheduler dict: \{'bar'\}"):
+        make_trainer(max_epochs=1).fit(Regressor(_with_scheduler(bar=2)), make_loader())
+
+    def stray(m: nn.Module) -> Any:
+        return [sgd(m)], [torch.optim.lr_scheduler.StepLR(sgd(m), 1)]
+
+    with pytest.raises(MisconfigurationException, match="attached with an optimizer that wasn't returned"):
+        make_trainer(max_epochs=1).fit(Regressor(stray), make_loader())
+    plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau, monitor="val_acc", strict=False)
+    trainer = make_trainer(max_epochs=1)
+    with pytest.warns(RuntimeWarning, match="val_acc which is not available but strict is set to `False`"):
+        trainer.fit(Regressor(plateau), make_loader(), make_loader())
+    assert trainer.lr_scheduler_configs[0].reduce_on_plateau
 
 
 @pytest.mark.parametrize(
