@@ -226,10 +226,12 @@ def _no_grad(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:
 
 
 def overrides(module: TrainModule, hook: str) -> bool:
-    """Whether ``module``'s class overrides TrainModule's ``hook``."""
+    """Whether ``module`` overrides TrainModule's ``hook`` (Lightning's ``is_overridden``: a hook set to None
+    on the instance is not overridden, one set to a function there is)."""
+    from trainer.hooks import is_overridden
     from trainer.module import TrainModule
 
-    return getattr(type(module), hook) is not getattr(TrainModule, hook)
+    return is_overridden(hook, module, TrainModule)
 
 
 def module_modes(module: torch.nn.Module) -> dict[str, bool]:
@@ -247,9 +249,13 @@ def restore_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
 def model_mode(module: TrainModule, hook: str, modes: dict[str, bool] | None = None) -> None:
     """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else do what the default does:
     ``eval()``, or (``modes`` given, the ``_train`` hooks) put back every submodule's own mode, as Lightning 2.6."""
-    if overrides(module, hook):
+    if modes is None:  # the _eval hooks: always called, as Lightning calls them (the default does eval())
+        fn = getattr(module, hook, None)
+        if fn is None:  # set to None on the instance: eval() still, as the default would
+            module.eval()
+        else:
+            fn()
+    elif overrides(module, hook):
         getattr(module, hook)()
-    elif modes is None:
-        module.eval()
     else:
         restore_modes(module, modes)
