@@ -84,7 +84,7 @@ def eval_loop(
     outer_stage, state.running_stage = state.running_stage, "sanity_check" if state.sanity_checking else stage
     try:
         with _no_grad(trainer), strategy.evaluation_context():
-            with router.logging(store, EPOCH_DEFAULTS):
+            with router.logging(store, EPOCH_DEFAULTS, evaluating=True):
                 values = _run_epoch(trainer, state, prefix, loaders, nums, store)
             with router.refusing(f"on_{prefix}_end"):
                 hooks(f"on_{prefix}_end")
