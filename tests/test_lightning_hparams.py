@@ -184,6 +184,28 @@ def test_strict_loading_and_strict_argument(tmp_path: Path) -> None:
     assert torch.equal(Lenient.load_from_checkpoint(tmp_path / "s.ckpt").layer.weight, m.layer.weight)
 
 
+def test_strict_in_conflict_with_strict_loading_and_an_empty_state_dict(tmp_path: Path) -> None:
+    """As Lightning: ``strict=`` against the module's own ``self.strict_loading`` is refused naming both; a
+    checkpoint without weights loads with a warning, the module keeping its initial weights."""
+
+    class Chooses(Small):
+        def __init__(self, width: int = 4) -> None:
+            super().__init__(width)
+            self.strict_loading = False
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(Chooses(), ones(3))
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    with pytest.raises(ValueError, match=r"strict=True\)` which is in conflict with `Chooses.strict_loading=False"):
+        Chooses.load_from_checkpoint(tmp_path / "c.ckpt", strict=True)
+    assert Chooses.load_from_checkpoint(tmp_path / "c.ckpt", strict=False).strict_loading is False
+    state = torch.load(tmp_path / "c.ckpt", weights_only=True)
+    state["state_dict"] = {}
+    torch.save(state, tmp_path / "empty.ckpt")
+    with pytest.warns(UserWarning, match="contains no parameters"):
+        Small.load_from_checkpoint(tmp_path / "empty.ckpt")
+
+
 def test_datamodule_hparams_and_load_from_checkpoint(tmp_path: Path) -> None:
     class Data(DataModule):
         def __init__(self, batch_size: int = 2) -> None:

@@ -18,6 +18,7 @@ import inspect
 import os
 import pickle
 import types
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -28,7 +29,7 @@ from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION
 from trainer.checkpoint.layout import upgrade
 from trainer.checkpoint.reader import LIGHTNING_SAFE_GLOBALS, read_checkpoint
 from trainer.checkpoint.safety import check_checkpoint_file
-from trainer.common.errors import CheckpointError
+from trainer.common.errors import CheckpointError, UserError
 from trainer.hparams import restore_hparams
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
@@ -190,8 +191,21 @@ def load_from_checkpoint(
         from trainer.common.state_dict import load_module_state
 
         assert isinstance(obj, torch.nn.Module)
+        chosen = getattr(obj, "_strict_loading", None)  # set by the module itself (self.strict_loading = ...)
+        if chosen is not None and strict is not None and strict != chosen:
+            raise UserError(
+                f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with "
+                f"`{cls.__name__}.strict_loading={chosen!r}`. Please set the same value for both of them."
+            )
         use_strict = strict if strict is not None else bool(getattr(obj, "strict_loading", True))
-        if "sharded_directory" in state:
+        if "sharded_directory" not in state and not state.get("state_dict"):
+            warnings.warn(
+                f"The state dict in {checkpoint_path!r} contains no parameters: {cls.__name__} keeps the weights "
+                "its __init__ gave it",
+                UserWarning,
+                stacklevel=3,
+            )
+        elif "sharded_directory" in state:
             from strategies.sharded_checkpoint import load_sharded
 
             load_sharded(state["sharded_directory"], obj, strict=use_strict)
