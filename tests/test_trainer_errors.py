@@ -262,3 +262,17 @@ def test_under_ddp_every_rank_stops_at_a_checkpoint_folder_that_cannot_be_writte
     with pytest.raises(WorkerFailedError) as failed:
         trainer.fit(Regressor(), make_loader())
     assert f"UserError: ModelCheckpoint cannot write checkpoints to {folder}" in failed.value.cause
+
+
+def test_trainer_arguments_refused_with_lightnings_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Lightning's exception types and words (ours after them); ``~`` in default_root_dir is the home folder."""
+    from trainer import Trainer
+
+    with pytest.raises(TypeError, match=r"`gradient_clip_val` should be an int or a float\. Got \(1, 2\)"):
+        Trainer(gradient_clip_val=(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(MisconfigurationException, match=r"`gradient_clip_algorithm` norm2 is invalid"):
+        Trainer(gradient_clip_algorithm="norm2")
+    with pytest.raises(MisconfigurationException, match=r"`check_val_every_n_epoch` should be an integer"):
+        Trainer(check_val_every_n_epoch=1.2)  # type: ignore[arg-type]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Trainer(default_root_dir="~/runs", logger=False).default_root_dir == tmp_path / "runs"

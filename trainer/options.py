@@ -176,7 +176,14 @@ def check_step_options(
     """Check the arguments of the training step."""
     check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
     if gradient_clip_algorithm not in ("norm", "value"):
-        raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}")
+        raise UserError(  # Lightning's words first
+            f"`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid. Allowed algorithms: ['value', 'norm'] "
+            f"(gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r})"
+        )
+    if gradient_clip_val is not None and (
+        not isinstance(gradient_clip_val, (int, float)) or isinstance(gradient_clip_val, bool)
+    ):
+        raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val!r}.")
     if gradient_clip_val is not None and gradient_clip_val < 0:
         raise ValueError(f"gradient_clip_val must be >= 0 or None (0: no clipping, as None), got {gradient_clip_val}")
     if on_nonfinite not in (None, "raise", "skip", "warn"):
@@ -262,8 +269,10 @@ def resolve_classes(classes: Iterable[type[torch.nn.Module] | str]) -> tuple[typ
 
 def check_positive_int(name: str, value: Any) -> None:
     """``value`` must be an int >= 1 (bools refused)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UserError(f"`{name}` should be an integer. {name} must be a positive int, got {value!r}")
+    if value < 1:
+        raise UserError(f"{name} must be a positive int, got {value!r}")
 
 
 def check_non_negative_int(name: str, value: Any) -> None:

@@ -168,7 +168,8 @@ class Trainer(TrainerAttributes):
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         self.on_nonfinite, self.max_nonfinite_in_a_row = on_nonfinite, max_nonfinite_in_a_row
         refuse_url(default_root_dir, "Trainer(default_root_dir)")
-        self.default_root_dir = Path(default_root_dir if default_root_dir is not None else os.getcwd())
+        # "~/runs" is the user's home, as Lightning expands it (not a folder named "~" in the working directory)
+        self.default_root_dir = Path(default_root_dir if default_root_dir is not None else os.getcwd()).expanduser()
         self.deterministic = deterministic
         self.config = config
         #: Splits training batches into micro-batches (``micro_batch_size``); None when not asked for.
