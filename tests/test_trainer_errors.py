@@ -274,5 +274,8 @@ def test_trainer_arguments_refused_with_lightnings_words(monkeypatch: pytest.Mon
         Trainer(gradient_clip_algorithm="norm2")
     with pytest.raises(MisconfigurationException, match=r"`check_val_every_n_epoch` should be an integer"):
         Trainer(check_val_every_n_epoch=1.2)  # type: ignore[arg-type]
+    for stage in ("validate", "test", "predict"):
+        with pytest.raises(TypeError, match=rf"must be a `LightningModule`.*got `Linear`: Trainer\.{stage} needs"):
+            getattr(Trainer(logger=False), stage)(nn.Linear(2, 2))
     monkeypatch.setenv("HOME", str(tmp_path))
     assert Trainer(default_root_dir="~/runs", logger=False).default_root_dir == tmp_path / "runs"

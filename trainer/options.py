@@ -312,12 +312,22 @@ def unwrap_compiled(module: Any) -> Any:
     return inner
 
 
+def check_is_module(module: Any, stage: str) -> None:
+    """Every entry point needs a TrainModule (Lightning's TypeError and words first)."""
+    from trainer.module import TrainModule
+
+    if not isinstance(module, TrainModule):
+        raise TypeError(
+            f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
+            f"`{type(module).__qualname__}`: Trainer.{stage} needs a TrainModule, got {type(module).__name__}"
+        )
+
+
 def check_module(module: Any) -> None:
     """``fit`` needs a TrainModule that defines ``training_step``."""
     from trainer.module import TrainModule
 
-    if not isinstance(module, TrainModule):
-        raise TypeError(f"Trainer.fit needs a TrainModule, got {type(module).__name__}")
+    check_is_module(module, "fit")
     if type(module).training_step is TrainModule.training_step:
         raise NotImplementedError(
             f"{type(module).__name__} does not define training_step(self, batch, batch_idx); "

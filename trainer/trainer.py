@@ -389,4 +389,5 @@ class Trainer(TrainerAttributes):
                 f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run: "
                 f"pass the module, trainer.{stage}(model, ...)"
             )
+        options.check_is_module(module, stage)
         return module
