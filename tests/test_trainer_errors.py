@@ -198,7 +198,7 @@ def test_bad_training_step_output(make_trainer: Any, returned: Any, error: type[
 
 def test_module_outside_a_trainer() -> None:
     module = Regressor()
-    with pytest.raises(RuntimeError, match="Regressor is not attached to a Trainer"):
+    with pytest.raises(RuntimeError, match="Regressor is not attached to a `Trainer`"):
         module.trainer  # noqa: B018
     module.log("ignored", 1.0)  # a plain nn.Module outside a trainer: logging does nothing
     assert (module.global_step, module.current_epoch) == (0, 0)

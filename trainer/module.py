@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
+from trainer.common.errors import MisconfigurationException
 from trainer.datamodule import DataModule
 from trainer.hparams import HyperparametersMixin
 from trainer.module_export import ExportMixin
@@ -139,7 +140,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
         if self._trainer is None:
             if self._jit_is_scripting:  # torch.jit walks attributes; not an error there
                 return None  # type: ignore[return-value]
-            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
         return self._trainer
 
     @trainer.setter
@@ -185,12 +186,12 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
     @property
     def global_rank(self) -> int:
         """This process's rank among all processes (0 outside a trainer)."""
-        return self._trainer.strategy.global_rank if self._trainer is not None else 0
+        return self._trainer.global_rank if self._trainer is not None else 0
 
     @property
     def local_rank(self) -> int:
         """This process's rank on its node (0 outside a trainer)."""
-        return self._trainer.strategy.local_rank if self._trainer is not None else 0
+        return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
     def loggers(self) -> list[Any]:
@@ -338,9 +339,28 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip ``optimizer``'s gradients by ``"norm"`` (default) or ``"value"``, unscaling first under fp16."""
+        """Clip ``optimizer``'s gradients by ``"norm"`` (default) or ``"value"``, unscaling first under fp16.
+
+        Left out, a value is the Trainer's; given, it must agree with one the Trainer was given (Lightning's
+        ``MisconfigurationException`` otherwise: two places would decide one clipping).
+        """
+        t = self.trainer
+        if gradient_clip_val is None:
+            gradient_clip_val = t.gradient_clip_val
+        elif t.gradient_clip_val is not None and t.gradient_clip_val != gradient_clip_val:
+            raise MisconfigurationException(
+                f"You have set `Trainer(gradient_clip_val={t.gradient_clip_val!r})` and have passed "
+                f"`clip_gradients(gradient_clip_val={gradient_clip_val!r})`. Please use only one of them."
+            )
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = t.gradient_clip_algorithm or "norm"
+        elif t.__dict__.get("_gradient_clip_algorithm_given") and t.gradient_clip_algorithm != gradient_clip_algorithm:
+            raise MisconfigurationException(
+                f"You have set `Trainer(gradient_clip_algorithm={t.gradient_clip_algorithm!r})` and have passed "
+                f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them."
+            )
         opt = getattr(optimizer, "optimizer", optimizer)
-        strategy, algorithm = self.trainer.strategy, gradient_clip_algorithm or "norm"
+        strategy, algorithm = t.strategy, gradient_clip_algorithm
         if type(strategy.precision).clip_gradients.__module__.split(".")[0] != "strategies":
             strategy.precision.clip_gradients(opt, gradient_clip_val or 0.0, algorithm)  # the user's plugin
             return

@@ -146,6 +146,7 @@ class Trainer(TrainerAttributes):
             fast_dev_run=fast_dev_run,
             log_every_n_steps=switches.log_every_n_steps,
         )
+        self._gradient_clip_algorithm_given = gradient_clip_algorithm is not None  # see TrainModule.clip_gradients
         gradient_clip_algorithm = gradient_clip_algorithm or "norm"
         options.check_step_options(
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
