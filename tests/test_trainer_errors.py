@@ -279,3 +279,32 @@ def test_trainer_arguments_refused_with_lightnings_words(monkeypatch: pytest.Mon
             getattr(Trainer(logger=False), stage)(nn.Linear(2, 2))
     monkeypatch.setenv("HOME", str(tmp_path))
     assert Trainer(default_root_dir="~/runs", logger=False).default_root_dir == tmp_path / "runs"
+
+
+def test_missing_steps_are_lightnings_misconfiguration(make_trainer: Any) -> None:
+    """A step or hook an entry point needs, missing or set to None: Lightning's exception type and words;
+    validation half defined (data without a step, or the reverse) is warned about, as in Lightning."""
+    from trainer.common.errors import PossibleUserWarning
+
+    no_opt = Regressor()
+    no_opt.configure_optimizers = None  # type: ignore[assignment,method-assign]
+    with pytest.raises(MisconfigurationException, match=r"No `configure_optimizers\(\)` method defined"):
+        make_trainer(max_epochs=1).fit(no_opt, make_loader())
+    no_val = Regressor()
+    no_val.validation_step = None  # type: ignore[assignment,method-assign]
+    with pytest.raises(MisconfigurationException, match=r"No `validation_step\(\)` method defined to run"):
+        make_trainer().validate(no_val, make_loader())
+
+    class ForwardOnly(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 1)
+
+    unforwarded = ForwardOnly()
+    unforwarded.forward = None  # type: ignore[assignment,method-assign]
+    with pytest.raises(MisconfigurationException, match=r"`Trainer.predict` requires `forward` method to run"):
+        make_trainer().predict(unforwarded, make_loader())
+    with pytest.warns(UserWarning, match=r"You passed in a `val_dataloader` but have no `validation_step`"):
+        make_trainer(max_epochs=1).fit(no_val, make_loader(), make_loader())
+    with pytest.warns(PossibleUserWarning, match=r"You defined a `validation_step` but have no `val_dataloader`"):
+        make_trainer(max_epochs=1).fit(Regressor(), make_loader())

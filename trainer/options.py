@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.common.errors import PossibleUserWarning, UserError
+from trainer.common.errors import MissingStepError, PossibleUserWarning, UserError
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
@@ -325,13 +325,23 @@ def check_is_module(module: Any, stage: str) -> None:
 
 def check_module(module: Any) -> None:
     """``fit`` needs a TrainModule that defines ``training_step``."""
+    from trainer.hooks import is_overridden
     from trainer.module import TrainModule
 
     check_is_module(module, "fit")
-    if type(module).training_step is TrainModule.training_step:
-        raise NotImplementedError(
-            f"{type(module).__name__} does not define training_step(self, batch, batch_idx); "
-            "the trainer has nothing to train"
+    minimum = (
+        "Lightning `Trainer` expects as minimum a `training_step()`, `train_dataloader()` and "
+        "`configure_optimizers()` to be defined."
+    )
+    if getattr(module, "training_step", None) is None or type(module).training_step is TrainModule.training_step:
+        raise MissingStepError(
+            f"No `training_step()` method defined. {minimum} ({type(module).__name__} does not define "
+            "training_step(self, batch, batch_idx); the trainer has nothing to train)"
+        )
+    if not is_overridden("configure_optimizers", module, TrainModule):
+        raise MissingStepError(
+            f"No `configure_optimizers()` method defined. {minimum} ({type(module).__name__} must define "
+            "configure_optimizers(); return None from it to train without an optimizer)"
         )
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.common.errors import MissingStepError, PossibleUserWarning
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import make_eval_batch
@@ -64,7 +66,10 @@ def eval_loop(
     module, strategy, hooks, router = state.module, trainer.strategy, state.hooks, trainer.metric_router
     assert module is not None
     if getattr(module, f"{prefix}_step", None) is None:  # missing, or set to None (Lightning's way to switch off)
-        raise NotImplementedError(f"{type(module).__name__} does not define {prefix}_step(self, batch, batch_idx)")
+        raise MissingStepError(
+            f"No `{prefix}_step()` method defined to run `Trainer.{stage}`. "
+            f"({type(module).__name__} does not define {prefix}_step(self, batch, batch_idx))"
+        )
     loaders = state.loaders[stage]
     assert isinstance(loaders, list)
     nums = [num_batches(loader, state.loop.limits[stage]) for loader in loaders]
@@ -139,7 +144,15 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
     module, strategy, hooks = state.module, trainer.strategy, state.hooks
     assert module is not None
     if module.predict_step is None:
-        raise NotImplementedError(f"{type(module).__name__}.predict_step is None: set it to a method to predict")
+        raise MissingStepError(
+            f"`predict_step` cannot be None. ({type(module).__name__}.predict_step is None: set it to a method to "
+            "predict)"
+        )
+    if getattr(module, "forward", None) is None and not overrides(module, "predict_step"):
+        raise MissingStepError(
+            "`Trainer.predict` requires `forward` method to run. (The default predict_step calls "
+            f"{type(module).__name__}.forward; define it, or override predict_step)"
+        )
     loaders = state.loaders["predict"]
     assert isinstance(loaders, list)
     nums = [num_batches(loader, state.loop.limits["predict"]) for loader in loaders]
@@ -185,6 +198,25 @@ def validation_enabled(state: RunState) -> bool:
         and getattr(state.module, "validation_step", None) is not None
         and state.loop.limits["validate"] not in (0, 0.0)
     )
+
+
+def warn_if_validation_is_half_defined(state: RunState) -> None:
+    """Lightning's warnings when ``fit`` has validation data but no ``validation_step``, or the reverse:
+    the validation loop is skipped, which is seldom what was meant."""
+    has_loader = state.loaders.get("validate") is not None
+    has_step = getattr(state.module, "validation_step", None) is not None
+    if has_loader and not has_step:
+        warnings.warn(
+            "You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",
+            UserWarning,
+            stacklevel=3,
+        )
+    elif has_step and not has_loader:
+        warnings.warn(
+            "You defined a `validation_step` but have no `val_dataloader`. Skipping val loop.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )
 
 
 def sanity_check(trainer: Trainer, state: RunState) -> None:
