@@ -77,4 +77,3 @@ def save_hparams_to_yaml(
         allowed[key] = value
     with open(config_yaml, "w", encoding="utf-8", newline="") as f:
         yaml.safe_dump(allowed, f)
-
