@@ -180,9 +180,7 @@ def check_step_options(
             f"`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid. Allowed algorithms: ['value', 'norm'] "
             f"(gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r})"
         )
-    if gradient_clip_val is not None and (
-        not isinstance(gradient_clip_val, (int, float)) or isinstance(gradient_clip_val, bool)
-    ):
+    if isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float, type(None))):
         raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val!r}.")
     if gradient_clip_val is not None and gradient_clip_val < 0:
         raise ValueError(f"gradient_clip_val must be >= 0 or None (0: no clipping, as None), got {gradient_clip_val}")
@@ -324,25 +322,21 @@ def check_is_module(module: Any, stage: str) -> None:
 
 
 def check_module(module: Any) -> None:
-    """``fit`` needs a TrainModule that defines ``training_step``."""
+    """``fit`` needs a TrainModule that defines ``training_step`` and ``configure_optimizers`` (Lightning's words)."""
     from trainer.hooks import is_overridden
     from trainer.module import TrainModule
 
     check_is_module(module, "fit")
-    minimum = (
-        "Lightning `Trainer` expects as minimum a `training_step()`, `train_dataloader()` and "
-        "`configure_optimizers()` to be defined."
-    )
-    if getattr(module, "training_step", None) is None or type(module).training_step is TrainModule.training_step:
-        raise MissingStepError(
-            f"No `training_step()` method defined. {minimum} ({type(module).__name__} does not define "
-            "training_step(self, batch, batch_idx); the trainer has nothing to train)"
-        )
-    if not is_overridden("configure_optimizers", module, TrainModule):
-        raise MissingStepError(
-            f"No `configure_optimizers()` method defined. {minimum} ({type(module).__name__} must define "
-            "configure_optimizers(); return None from it to train without an optimizer)"
-        )
+    name = type(module).__name__
+    for hook, ours in (
+        ("training_step", "training_step(self, batch, batch_idx); the trainer has nothing to train"),
+        ("configure_optimizers", "configure_optimizers(); return None from it to train without an optimizer"),
+    ):
+        if not is_overridden(hook, module, TrainModule):
+            raise MissingStepError(
+                f"No `{hook}()` method defined. Lightning `Trainer` expects as minimum a `training_step()`, "
+                f"`train_dataloader()` and `configure_optimizers()` to be defined. ({name} does not define {ours})"
+            )
 
 
 _ONE_MEANS = {
