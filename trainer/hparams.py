@@ -260,9 +260,13 @@ def hparams_kind(hparams: Any) -> str | None:
 
 
 def hparams_record(owner: Any, prefix: str = "") -> dict[str, Any]:
-    """The checkpoint keys beside the hyperparameters, as Lightning writes them: ``{prefix}hparams_name`` (the
-    ``__init__`` argument they came in as, or ``"kwargs"``) and ``{prefix}hparams_type`` (``"DictConfig"``)."""
-    record: dict[str, Any] = {}
+    """What a checkpoint keeps of ``owner``'s hyperparameters, under Lightning's keys (with ``prefix``).
+
+    ``hyper_parameters`` and ``hparams_unsaved`` (:func:`plain_hparams`), ``hparams_name`` (the
+    ``__init__`` argument they came in as, or ``"kwargs"``) and ``hparams_type`` (``"DictConfig"``).
+    """
+    kept, unsaved = plain_hparams(owner.hparams)
+    record: dict[str, Any] = {f"{prefix}hyper_parameters": kept, f"{prefix}hparams_unsaved": unsaved}
     name = owner.__dict__.get("_hparams_name")
     if name and owner.hparams:
         record[f"{prefix}hparams_name"] = name
