@@ -83,3 +83,28 @@ def test_hyperparameters_kept_from_loggers_are_not_written(tmp_path: Path) -> No
     trainer.validate(Unlogged(), val, verbose=False)
     assert not (Path(logger.log_dir) / "hparams.yaml").exists()
     assert logger.path.exists()
+
+
+def test_an_evaluation_steps_values_reach_callbacks_only_as_epoch_values(tmp_path: Path) -> None:
+    """Lightning's rule: callbacks see a validation's epoch values (``b``, ``b_epoch``), never a step's
+    (``b_step``, or a value logged with ``on_epoch=False``); the loggers and the progress bar do get them."""
+    seen: list[set[str]] = []
+
+    class Steps(Evaluated):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.log("a", loss, on_step=True, on_epoch=True)
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            loss = nn.functional.mse_loss(self.layer(x), y)
+            self.log("b", loss, on_step=True, on_epoch=True, prog_bar=True)
+            self.log("only_step", loss, on_step=True, on_epoch=False)
+            seen.append(set(self.trainer.callback_metrics))
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0)
+    trainer.fit(Steps(), *loaders())
+    assert set(trainer.callback_metrics) == {"train/loss", "a", "a_step", "a_epoch", "b", "b_epoch"}
+    assert {"b_step", "only_step"} <= set(trainer.logged_metrics) and "b_step" in trainer.progress_bar_metrics
+    assert not any({"b", "b_step", "only_step"} & keys for keys in seen)

@@ -251,6 +251,29 @@ def test_model_eval_and_train_hooks(tmp_path: Path) -> None:
     assert calls == ["zero_grad", "val_eval", "training=True", "val_train", "test_eval", "test_train", "predict_eval"]
 
 
+def test_hooks_set_on_the_instance_and_a_mock_callback(tmp_path: Path) -> None:
+    """As Lightning: a hook set to None on the instance counts as not overridden (the default runs), the
+    ``_eval`` hooks are called through the instance (a wrapper put there sees the call), and a
+    ``Mock(spec=Callback)`` has its hooks called."""
+    from unittest import mock
+
+    from callbacks import Callback
+
+    seen: list[str] = []
+    model = Regressor()
+    model.eval()  # the default _train hook puts back the modes from before validation
+    model.net[0].train()
+    model.on_validation_model_train = None  # type: ignore[assignment,method-assign]
+    model.on_validation_model_eval = lambda: (seen.append("val_eval"), model.eval())  # type: ignore[method-assign]
+    callback = mock.MagicMock(spec=Callback)
+    callback.state_key = "mock"
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback])
+    trainer.validate(model, make_loader(4, 4), verbose=False)
+    assert seen == ["val_eval"] and not model.training and model.net[0].training
+    callback.setup.assert_called_once_with(trainer, model, "validate")
+    callback.teardown.assert_called_once_with(trainer, model, "validate")
+
+
 def test_on_exception_reaches_module_and_datamodule(tmp_path: Path) -> None:
     got: list[str] = []
 

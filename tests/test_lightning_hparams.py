@@ -184,6 +184,28 @@ def test_strict_loading_and_strict_argument(tmp_path: Path) -> None:
     assert torch.equal(Lenient.load_from_checkpoint(tmp_path / "s.ckpt").layer.weight, m.layer.weight)
 
 
+def test_strict_in_conflict_with_strict_loading_and_an_empty_state_dict(tmp_path: Path) -> None:
+    """As Lightning: ``strict=`` against the module's own ``self.strict_loading`` is refused naming both; a
+    checkpoint without weights loads with a warning, the module keeping its initial weights."""
+
+    class Chooses(Small):
+        def __init__(self, width: int = 4) -> None:
+            super().__init__(width)
+            self.strict_loading = False
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(Chooses(), ones(3))
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    with pytest.raises(ValueError, match=r"strict=True\)` which is in conflict with `Chooses.strict_loading=False"):
+        Chooses.load_from_checkpoint(tmp_path / "c.ckpt", strict=True)
+    assert Chooses.load_from_checkpoint(tmp_path / "c.ckpt", strict=False).strict_loading is False
+    state = torch.load(tmp_path / "c.ckpt", weights_only=True)
+    state["state_dict"] = {}
+    torch.save(state, tmp_path / "empty.ckpt")
+    with pytest.warns(UserWarning, match="contains no parameters"):
+        Small.load_from_checkpoint(tmp_path / "empty.ckpt")
+
+
 def test_datamodule_hparams_and_load_from_checkpoint(tmp_path: Path) -> None:
     class Data(DataModule):
         def __init__(self, batch_size: int = 2) -> None:
@@ -231,3 +253,130 @@ def test_save_hyperparameters_logger_false_keeps_them_out_of_tensorboard(tmp_pat
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[shown]).fit(Net(), ones(4))
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[hidden]).fit(Hidden(), ones(4))
     assert shown._session and not hidden._session
+
+
+class FromOneObject(TrainModule):
+    """Lightning's ``__init__(self, hparams)`` pattern: one dict, Namespace or DictConfig is the hyperparameters."""
+
+    def __init__(self, hparams: Any) -> None:
+        super().__init__()
+        self.save_hyperparameters(hparams)
+        self.layer = nn.Linear(4, int(self.hparams.width))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class DataFromOneObject(DataModule):
+    def __init__(self, hparams: Any) -> None:
+        super().__init__()
+        self.save_hyperparameters(hparams)
+
+    def train_dataloader(self) -> Any:
+        return ones(4, self.hparams.batch_size)
+
+
+@pytest.mark.parametrize("kind", ["namespace", "dict", "dictconfig"])
+def test_hparams_given_as_one_argument_come_back_as_that_argument(tmp_path: Path, kind: str) -> None:
+    """The checkpoint names the argument (``hparams_name``); loading passes the values back under it, a
+    DictConfig as a DictConfig, and the file still loads with ``weights_only=True``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    make = {"namespace": lambda d: Namespace(**d), "dict": dict, "dictconfig": OmegaConf.create}[kind]
+    net, dm = FromOneObject(make({"width": 3})), DataFromOneObject(make({"batch_size": 2}))
+    assert isinstance(net.hparams, DictConfig if kind == "dictconfig" else AttributeDict)
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(net, datamodule=dm)
+    trainer.save_checkpoint(tmp_path / "o.ckpt")
+    ckpt = torch.load(tmp_path / "o.ckpt", weights_only=True)
+    assert (ckpt["hparams_name"], ckpt["datamodule_hparams_name"]) == ("hparams", "hparams")
+    assert ckpt.get("hparams_type") == ("DictConfig" if kind == "dictconfig" else None)
+    assert DataFromOneObject.CHECKPOINT_HYPER_PARAMS_KEY == "datamodule_hyper_parameters"
+    loaded = FromOneObject.load_from_checkpoint(tmp_path / "o.ckpt")
+    assert type(loaded.hparams) is type(net.hparams) and loaded.hparams.width == 3
+    assert torch.equal(loaded.layer.weight, net.layer.weight)
+    assert DataFromOneObject.load_from_checkpoint(tmp_path / "o.ckpt").hparams.batch_size == 2
+
+
+def test_save_hyperparameters_refuses_a_primitive_and_warns_about_a_module() -> None:
+    class One(TrainModule):
+        def __init__(self, value: Any, name: str = "n") -> None:
+            super().__init__()
+            self.save_hyperparameters(value, "name")
+
+    with pytest.raises(ValueError, match=r"Primitives \(<class 'bool'>, <class 'int'>"):
+        One(42)
+    with pytest.warns(UserWarning, match=r"'encoder' is an instance of `nn.Module`.*ignore=\['encoder'\]"):
+        WithLayer(nn.Linear(4, 2))
+
+
+def test_ignore_in_a_subclass_drops_what_the_base_saved() -> None:
+    class Base(TrainModule):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__()
+            self.save_hyperparameters(ignore="a")
+
+    class Sub(Base):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(a, b)
+            self.save_hyperparameters(ignore="b")
+
+    assert dict(Sub(1, 2).hparams) == {"a": 1}
+
+
+def test_dataclass_module_and_unconventional_self_name(tmp_path: Path) -> None:
+    """A dataclass module's init fields, and an ``__init__`` whose first argument is not called ``self``."""
+    import dataclasses
+
+    @dataclasses.dataclass(eq=False)
+    class Fields(TrainModule):
+        width: int
+        tag: str = "t"
+        hidden: int = dataclasses.field(default=0, init=False)
+
+        def __post_init__(self) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    assert dict(Fields(3, tag="u").hparams) == {"width": 3, "tag": "u"}
+
+    class Odd(Net):
+        def __init__(obj, width: int = 4, **kwargs: Any) -> None:
+            super().__init__(width, **kwargs)
+            obj.save_hyperparameters()
+
+    net = Odd(5, tag="q")
+    assert dict(net.hparams) == {"width": 5, "lr": 0.1, "tag": "q"}
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(net, ones(4))
+    trainer.save_checkpoint(tmp_path / "odd.ckpt")
+    assert dict(Odd.load_from_checkpoint(tmp_path / "odd.ckpt").hparams) == dict(net.hparams)
+
+
+def test_hparams_yaml_round_trip(tmp_path: Path) -> None:
+    """Lightning's core.saving functions: Namespace in, DictConfig (or dict) out, an Enum by name, an
+    unwritable value skipped with a warning, a missing file or folder named."""
+    import enum
+
+    from omegaconf import DictConfig
+
+    from trainer.hparams_yaml import load_hparams_from_yaml, save_hparams_to_yaml
+
+    class Mode(str, enum.Enum):
+        fast = "f"
+
+    path = tmp_path / "h.yaml"
+    save_hparams_to_yaml(path, Namespace(lr=0.1, nested={"a": 1}, mode=Mode.fast))
+    loaded = load_hparams_from_yaml(path)
+    assert isinstance(loaded, DictConfig) and loaded.nested.a == 1
+    assert load_hparams_from_yaml(path, use_omegaconf=False) == {"lr": 0.1, "nested": {"a": 1}, "mode": "fast"}
+    with pytest.warns(UserWarning, match="Skipping 'dtype' parameter"):
+        save_hparams_to_yaml(path, {"dtype": torch.float32, "b": 2})
+    assert load_hparams_from_yaml(path, use_omegaconf=False) == {"b": 2}
+    with pytest.warns(RuntimeWarning, match="Missing Tags"):
+        assert load_hparams_from_yaml(tmp_path / "none.yaml") == {}
+    with pytest.raises(RuntimeError, match="Missing folder"):
+        save_hparams_to_yaml(tmp_path / "no" / "h.yaml", {})

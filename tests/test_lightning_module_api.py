@@ -142,6 +142,36 @@ def test_to_torchscript_and_to_onnx(tmp_path: Path) -> None:
         m.to_tensorrt()
 
 
+class Scriptable(TrainModule):
+    """Sets the attributes a Lightning model sets in ``__init__``, and holds a child TrainModule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.strict_loading = False
+        self.prepare_data_per_node = False
+        self.example_input_array = torch.ones(2, 2)
+        self.child = Two()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.child.b(self.child.a(x))
+
+
+def test_to_torchscript_scripts_a_module_with_lightnings_attributes(tmp_path: Path) -> None:
+    """torch.jit.script compiles the module: the trainer-reading properties are skipped, no annotation trips it."""
+    m = Scriptable()
+    with pytest.warns(DeprecationWarning, match="to_torchscript` has been deprecated"):
+        scripted = m.to_torchscript(tmp_path / "sub" / "m.pt")
+    x = torch.randn(3, 2)
+    assert torch.equal(scripted(x), m(x)) and m.training and not scripted.training
+    assert torch.equal(torch.jit.load(str(tmp_path / "sub" / "m.pt"))(x), m(x))
+    assert not callable(getattr(scripted, "training_step", None))
+    with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):  # the scripting flag is off again
+        _ = m.child.trainer
+    with pytest.raises(ValueError, match="only supports 'script' or 'trace'"):
+        m.to_torchscript(method="compile")
+
+
 def test_to_onnx_exports_through_torch_onnx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A thin wrapper: eval mode, the example input, the path, the options (onnx itself is not installed here)."""
     calls: list[Any] = []
@@ -152,3 +182,36 @@ def test_to_onnx_exports_through_torch_onnx(tmp_path: Path, monkeypatch: pytest.
     sample = torch.ones(2, 4)
     m.to_onnx(tmp_path / "m.onnx", sample, opset_version=17)
     assert calls == [(False, (sample,), str(tmp_path / "m.onnx"), {"opset_version": 17})] and m.training
+
+
+def test_clip_gradients_refuses_a_value_the_trainer_sets_otherwise(tmp_path: Path) -> None:
+    """As Lightning: ``self.clip_gradients`` with a value or algorithm other than the Trainer was given is refused
+    (two places would decide one clipping); one the Trainer was not given is the module's to choose."""
+    from trainer.common.errors import MisconfigurationException
+
+    class Clips(Regressor):
+        def __init__(self, **clip: Any) -> None:
+            super().__init__()
+            self.clip = clip
+
+        def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any, algorithm: Any) -> None:
+            self.clip_gradients(optimizer, **self.clip)
+
+    with pytest.raises(MisconfigurationException, match=r"gradient_clip_val=0\.5\)` and have passed `clip_grad"):
+        quiet_trainer(tmp_path, max_epochs=1, gradient_clip_val=0.5).fit(
+            Clips(gradient_clip_val=0.1), make_loader(8, 4)
+        )
+    with pytest.raises(MisconfigurationException, match=r"gradient_clip_algorithm='norm'\)` and have passed"):
+        trainer = quiet_trainer(tmp_path, max_epochs=1, gradient_clip_algorithm="norm")
+        trainer.fit(Clips(gradient_clip_algorithm="value", gradient_clip_val=0.1), make_loader(8, 4))
+    quiet_trainer(tmp_path, max_epochs=1).fit(
+        Clips(gradient_clip_algorithm="value", gradient_clip_val=0.1), make_loader(8, 4)
+    )
+
+
+def test_ranks_are_the_trainers() -> None:
+    from unittest import mock
+
+    m = Two()
+    m.trainer = mock.Mock(global_rank=3, local_rank=1)
+    assert (m.global_rank, m.local_rank) == (3, 1)

@@ -142,3 +142,33 @@ def test_unsized_loader_closes_the_last_accumulation_window(make_trainer: Any) -
                 opt.zero_grad(set_to_none=True)
     assert trainer.global_step == 6
     assert_same_weights(module.net, net)
+
+
+def test_str_of_a_datamodule_lists_each_stages_dataset_size(make_trainer: Any) -> None:
+    """``str(dm)`` as Lightning prints it; ``trainer.datamodule`` is assignable, as Lightning's plain attribute."""
+    import os
+
+    class Endless(IterableDataset[torch.Tensor]):
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            yield torch.zeros(2)
+
+    class Data(DataModule):
+        def setup(self, stage: str) -> None:
+            self.ready = True
+
+        def train_dataloader(self) -> Any:
+            if not getattr(self, "ready", False):
+                raise RuntimeError("setup first")
+            return make_loader(6, 2)
+
+        def val_dataloader(self) -> Any:
+            return [make_loader(4, 2), DataLoader(Endless(), batch_size=None)]
+
+    dm = Data()
+    none, lists = "{Train dataloader: None}", "{Validation dataloader: 1. size=4 ; 2. size=NA}"
+    assert str(dm) == os.linesep.join([none, lists, "{Test dataloader: None}", "{Predict dataloader: None}"])
+    dm.setup("fit")
+    assert str(dm).splitlines()[0] == "{Train dataloader: size=6}"
+    trainer = make_trainer()
+    trainer.datamodule = dm
+    assert trainer.datamodule is dm

@@ -13,6 +13,7 @@ from torch import nn
 from tests.helpers.regression import Regressor, make_loader, sgd
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule
+from trainer.common.errors import MisconfigurationException
 
 
 def test_module_without_training_step(make_trainer: Any) -> None:
@@ -81,7 +82,8 @@ def _with_scheduler(**config: Any) -> Any:
 
 
 def test_scheduler_with_unknown_interval(make_trainer: Any) -> None:
-    with pytest.raises(ValueError, match=r"'interval' must be 'step' or 'epoch', got 'batch' \(scheduler StepLR\)"):
+    pattern = r'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "batch" \(scheduler StepLR\)'
+    with pytest.raises(MisconfigurationException, match=pattern):
         make_trainer(max_epochs=1).fit(Regressor(_with_scheduler(interval="batch")), make_loader())
 
 
@@ -92,16 +94,39 @@ def test_scheduler_with_bad_frequency(make_trainer: Any) -> None:
 
 def test_plateau_scheduler_without_monitor(make_trainer: Any) -> None:
     plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau)
-    with pytest.raises(ValueError, match=r"ReduceLROnPlateau steps on a metric.*'monitor': 'val/loss'"):
+    pattern = r"must include a monitor when a `ReduceLROnPlateau`.*steps on a metric.*'monitor': 'val/loss'"
+    with pytest.raises(MisconfigurationException, match=pattern):
         make_trainer(max_epochs=1).fit(Regressor(plateau), make_loader())
 
 
 def test_monitor_of_a_metric_never_logged_lists_the_logged_ones(make_trainer: Any) -> None:
     plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau, monitor="val_acc")
     with pytest.raises(
-        KeyError, match=r"ReduceLROnPlateau monitors 'val_acc', which was not logged \(logged: val_loss\)"
+        KeyError,
+        match=r"metric val_acc which is not available\. Available metrics are: val_loss\..*"
+        r"monitors 'val_acc', which was not logged",
     ):
         make_trainer(max_epochs=1).fit(Regressor(plateau), make_loader(), make_loader())
+
+
+def test_optimizer_configs_lightning_warns_about_or_refuses(make_trainer: Any) -> None:
+    """As Lightning: unsupported keys are said (RuntimeWarning) and left out, a scheduler built on an optimizer
+    that was not returned is refused, and a missing plateau metric under ``strict=False`` is said."""
+    with pytest.warns(RuntimeWarning, match=r"unsupported keys in the optimizer configuration: \{'foo'\}"):
+        make_trainer(max_epochs=1).fit(Regressor(lambda m: {"optimizer": sgd(m), "foo": 1}), make_loader())
+    with pytest.warns(RuntimeWarning, match=r"unsupported keys in the lr scheduler dict: \{'bar'\}"):
+        make_trainer(max_epochs=1).fit(Regressor(_with_scheduler(bar=2)), make_loader())
+
+    def stray(m: nn.Module) -> Any:
+        return [sgd(m)], [torch.optim.lr_scheduler.StepLR(sgd(m), 1)]
+
+    with pytest.raises(MisconfigurationException, match="attached with an optimizer that wasn't returned"):
+        make_trainer(max_epochs=1).fit(Regressor(stray), make_loader())
+    plateau = _with_scheduler(make=torch.optim.lr_scheduler.ReduceLROnPlateau, monitor="val_acc", strict=False)
+    trainer = make_trainer(max_epochs=1)
+    with pytest.warns(RuntimeWarning, match="val_acc which is not available but strict is set to `False`"):
+        trainer.fit(Regressor(plateau), make_loader(), make_loader())
+    assert trainer.lr_scheduler_configs[0].reduce_on_plateau
 
 
 @pytest.mark.parametrize(
@@ -173,7 +198,7 @@ def test_bad_training_step_output(make_trainer: Any, returned: Any, error: type[
 
 def test_module_outside_a_trainer() -> None:
     module = Regressor()
-    with pytest.raises(RuntimeError, match="Regressor is not attached to a Trainer"):
+    with pytest.raises(RuntimeError, match="Regressor is not attached to a `Trainer`"):
         module.trainer  # noqa: B018
     module.log("ignored", 1.0)  # a plain nn.Module outside a trainer: logging does nothing
     assert (module.global_step, module.current_epoch) == (0, 0)
@@ -237,3 +262,49 @@ def test_under_ddp_every_rank_stops_at_a_checkpoint_folder_that_cannot_be_writte
     with pytest.raises(WorkerFailedError) as failed:
         trainer.fit(Regressor(), make_loader())
     assert f"UserError: ModelCheckpoint cannot write checkpoints to {folder}" in failed.value.cause
+
+
+def test_trainer_arguments_refused_with_lightnings_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Lightning's exception types and words (ours after them); ``~`` in default_root_dir is the home folder."""
+    from trainer import Trainer
+
+    with pytest.raises(TypeError, match=r"`gradient_clip_val` should be an int or a float\. Got \(1, 2\)"):
+        Trainer(gradient_clip_val=(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(MisconfigurationException, match=r"`gradient_clip_algorithm` norm2 is invalid"):
+        Trainer(gradient_clip_algorithm="norm2")
+    with pytest.raises(MisconfigurationException, match=r"`check_val_every_n_epoch` should be an integer"):
+        Trainer(check_val_every_n_epoch=1.2)  # type: ignore[arg-type]
+    for stage in ("validate", "test", "predict"):
+        with pytest.raises(TypeError, match=rf"must be a `LightningModule`.*got `Linear`: Trainer\.{stage} needs"):
+            getattr(Trainer(logger=False), stage)(nn.Linear(2, 2))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Trainer(default_root_dir="~/runs", logger=False).default_root_dir == tmp_path / "runs"
+
+
+def test_missing_steps_are_lightnings_misconfiguration(make_trainer: Any) -> None:
+    """A step or hook an entry point needs, missing or set to None: Lightning's exception type and words;
+    validation half defined (data without a step, or the reverse) is warned about, as in Lightning."""
+    from trainer.common.errors import PossibleUserWarning
+
+    no_opt = Regressor()
+    no_opt.configure_optimizers = None  # type: ignore[assignment,method-assign]
+    with pytest.raises(MisconfigurationException, match=r"No `configure_optimizers\(\)` method defined"):
+        make_trainer(max_epochs=1).fit(no_opt, make_loader())
+    no_val = Regressor()
+    no_val.validation_step = None  # type: ignore[assignment,method-assign]
+    with pytest.raises(MisconfigurationException, match=r"No `validation_step\(\)` method defined to run"):
+        make_trainer().validate(no_val, make_loader())
+
+    class ForwardOnly(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 1)
+
+    unforwarded = ForwardOnly()
+    unforwarded.forward = None  # type: ignore[assignment,method-assign]
+    with pytest.raises(MisconfigurationException, match=r"`Trainer.predict` requires `forward` method to run"):
+        make_trainer().predict(unforwarded, make_loader())
+    with pytest.warns(UserWarning, match=r"You passed in a `val_dataloader` but have no `validation_step`"):
+        make_trainer(max_epochs=1).fit(no_val, make_loader(), make_loader())
+    with pytest.warns(PossibleUserWarning, match=r"You defined a `validation_step` but have no `val_dataloader`"):
+        make_trainer(max_epochs=1).fit(Regressor(), make_loader())

@@ -78,7 +78,11 @@ class TrainerAttributes:
     progress: Reads[Progress] = Reads("progress", doc="Every counter of the run, saved and restored whole.")
     window: Reads[Window] = Reads("window", doc="The accumulation window in progress.")
     module: Reads[TrainModule | None] = Reads("module", doc="The module of the entry point running or last run.")
-    datamodule: Reads[DataModule | None] = Reads("datamodule", doc="The data module of the entry point, if any.")
+    datamodule: Reads[DataModule | None] = Reads(
+        "datamodule",
+        settable=True,  # a plain attribute in Lightning; an entry point sets it again from its own argument
+        doc="The data module of the entry point, if any.",
+    )
     optimizers: Reads[list[torch.optim.Optimizer]] = Reads("optimizers", settable=True, doc="The optimizers, prepared.")
     lr_scheduler_configs: Reads[list[SchedulerConfig]] = Reads(
         "lr_scheduler_configs", settable=True, doc="The schedulers with their interval, frequency and monitor."

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -25,6 +25,11 @@ class DataModule(HyperparametersMixin, DataHooks):
     Override the ``*_dataloader`` methods a run needs; the trainer reports which one is missing.
     ``self.trainer`` is the trainer using it (None outside a run).
     """
+
+    #: The checkpoint keys of the data module's hyperparameters (Lightning's names).
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
@@ -49,6 +54,28 @@ class DataModule(HyperparametersMixin, DataHooks):
     def predict_dataloader(self) -> Iterable[Any]:
         """The prediction data."""
         raise NotImplementedError(f"{type(self).__name__} does not define predict_dataloader()")
+
+    def __str__(self) -> str:
+        """The dataset size of each stage's loader, as Lightning prints a data module.
+
+        ``{Train dataloader: size=64}`` per line; ``None`` where the loader method fails (not defined,
+        or ``setup`` not run yet), ``size=NA`` for a dataset without a length, ``1. size=16 ; 2. size=NA``
+        for a list or dict of loaders.
+        """
+        lines = []
+        for title, method in _LOADER_METHODS:
+            try:
+                loaders = getattr(self, method)()
+            except Exception:  # a loader that cannot be built yet shows as None, as in Lightning
+                lines.append(f"{{{title}: None}}")
+                continue
+            if isinstance(loaders, (list, tuple, Mapping)):
+                items = loaders.values() if isinstance(loaders, Mapping) else loaders
+                text = " ; ".join(f"{i}. {_loader_size(loader)}" for i, loader in enumerate(items, start=1))
+            else:
+                text = _loader_size(loaders)
+            lines.append(f"{{{title}: {text}}}")
+        return os.linesep.join(lines)
 
     def state_dict(self) -> dict[str, Any]:
         """State to put into checkpoints (e.g. a data cursor); restored by :meth:`load_state_dict`."""
@@ -121,3 +148,20 @@ class DataModule(HyperparametersMixin, DataHooks):
         return load_from_checkpoint(
             cls, checkpoint_path, map_location, hparams_file, None, weights_only, kwargs, weights=False
         )
+
+
+#: The loader methods ``str(datamodule)`` lists, with Lightning's titles.
+_LOADER_METHODS = [
+    ("Train dataloader", "train_dataloader"),
+    ("Validation dataloader", "val_dataloader"),
+    ("Test dataloader", "test_dataloader"),
+    ("Predict dataloader", "predict_dataloader"),
+]
+
+
+def _loader_size(loader: Any) -> str:
+    """``size=<len(dataset)>`` of a loader (``NA`` without a length), ``None`` for what is not a loader."""
+    if not isinstance(loader, DataLoader):
+        return "None"
+    dataset = loader.dataset
+    return f"size={len(dataset)}" if isinstance(dataset, Sized) else "size=NA"

@@ -10,8 +10,10 @@ it instead of unpickling an object (which could run code).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import types
+import warnings
 from argparse import Namespace
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -21,7 +23,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["AttributeDict", "HyperparametersMixin", "given_hyperparameters", "plain_hparams"]
+__all__ = [
+    "PRIMITIVE_TYPES",
+    "AttributeDict",
+    "HyperparametersMixin",
+    "given_hyperparameters",
+    "hparams_kind",
+    "hparams_record",
+    "plain_hparams",
+    "restore_hparams",
+]
 
 
 class AttributeDict(dict[str, Any]):
@@ -56,7 +67,10 @@ class HyperparametersMixin:
 
     @property
     def hparams(self) -> AttributeDict:
-        """The saved hyperparameters, with attribute and item access (empty until saved)."""
+        """The saved hyperparameters, with attribute and item access (empty until saved).
+
+        An OmegaConf ``DictConfig`` given to ``save_hyperparameters`` is kept as it is, as Lightning keeps it.
+        """
         hp = self.__dict__.get("_hparams")
         if hp is None:
             hp = AttributeDict()
@@ -65,7 +79,7 @@ class HyperparametersMixin:
 
     @hparams.setter
     def hparams(self, value: Mapping[str, Any] | Namespace) -> None:
-        object.__setattr__(self, "_hparams", AttributeDict(_as_mapping(value)))
+        object.__setattr__(self, "_hparams", _to_hparams(value))
 
     @property
     def hparams_initial(self) -> AttributeDict:
@@ -83,26 +97,29 @@ class HyperparametersMixin:
         """Record hyperparameters in ``self.hparams``: the ``__init__`` arguments by default.
 
         Args:
-            *args: names of ``__init__`` arguments to keep (default: all of them), or one dict or
-                ``argparse.Namespace`` to record as it is.
+            *args: names of ``__init__`` arguments to keep (default: all of them), or one dict,
+                ``argparse.Namespace`` or OmegaConf ``DictConfig`` to record as it is.
             ignore: ``__init__`` argument names to leave out (e.g. a model passed in).
             frame: the frame whose arguments to record (default: the caller's ``__init__``).
             logger: whether loggers record them (TensorBoard's HPARAMS tab).
 
-        They go into every checkpoint; :meth:`load_from_checkpoint` rebuilds the object from them.
+        They go into every checkpoint; :meth:`load_from_checkpoint` rebuilds the object from them
+        (a recorded object that was an ``__init__`` argument is passed back under that argument's name).
         """
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if len(args) == 1 and not isinstance(args[0], str):
-            values = dict(_as_mapping(args[0]))
+        if frame is None:
+            current = inspect.currentframe()
+            frame = current.f_back if current is not None else None
+        objects = [arg for arg in args if not isinstance(arg, str)]
+        if len(objects) == 1:  # as Lightning: one object among the arguments is the hyperparameters
+            init_args = _init_args(self, frame)
+            hp = _to_hparams(objects[0])
+            names = [name for name, value in init_args.items() if value is objects[0]]
+            object.__setattr__(self, "_hparams_name", names[0] if names else None)
         else:
             given = _GIVEN.get()
-            if given is not None:  # built by LightningCLI: its parsed config stands for the arguments
-                init_args = dict(given)
-            else:
-                if frame is None:
-                    current = inspect.currentframe()
-                    frame = current.f_back if current is not None else None
-                init_args = _init_args(self, frame)
+            # built by LightningCLI: its parsed config stands for the arguments
+            init_args = dict(given) if given is not None else _init_args(self, frame)
             if args:
                 unknown = [name for name in args if name not in init_args]
                 if unknown:
@@ -111,12 +128,29 @@ class HyperparametersMixin:
                         f"{'is' if len(unknown) == 1 else 'are'} not __init__ arguments of {type(self).__name__} "
                         f"(they are: {', '.join(init_args) or 'none'})"
                     )
-                values = {name: init_args[name] for name in args}
+                hp = AttributeDict({name: init_args[name] for name in args})
             else:
-                values = init_args
-        values = {k: v for k, v in values.items() if k not in ignored}
-        self.hparams.update(values)
-        object.__setattr__(self, "_hparams_initial", AttributeDict(copy.copy(dict(self.hparams))))
+                hp = AttributeDict(init_args)
+            object.__setattr__(self, "_hparams_name", "kwargs" if hp else None)
+        if isinstance(hp, dict) and isinstance(self.hparams, dict):
+            self.hparams.update(hp)
+        else:
+            object.__setattr__(self, "_hparams", hp)
+        for name in ignored & set(self.hparams):  # also what a base class's call saved, as in Lightning
+            del self.hparams[name]
+        for name, value in self.hparams.items():
+            if isinstance(value, torch.nn.Module):
+                warnings.warn(
+                    f"Attribute {name!r} is an instance of `nn.Module` and is already saved during checkpointing. "
+                    f"It is recommended to ignore them using `self.save_hyperparameters(ignore=[{name!r}])` "
+                    "(geartrain's checkpoint keeps only its description; load_from_checkpoint then asks for it).",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        # a shallow copy (as before: an nn.Module argument is not duplicated); a DictConfig is copied whole
+        hp = self.hparams
+        initial = AttributeDict(hp) if isinstance(hp, AttributeDict) else copy.deepcopy(hp)
+        object.__setattr__(self, "_hparams_initial", initial)
         object.__setattr__(self, "_log_hyperparams", logger)
 
     def remove_ignored_hparams(self, ignore_list: list[str]) -> None:
@@ -184,15 +218,71 @@ def _describe(value: Any) -> str:
     return f"<{kind}: {text}>"
 
 
-def _as_mapping(value: Any) -> Mapping[str, Any]:
+#: What ``save_hyperparameters`` refuses as the one object to record (Lightning's ``PRIMITIVE_TYPES``).
+PRIMITIVE_TYPES = (bool, int, float, str)
+
+
+def _to_hparams(value: Any) -> Any:
+    """``value`` as ``hparams``: an ``AttributeDict`` of a dict or Namespace; an OmegaConf ``DictConfig`` as it is."""
     if isinstance(value, Namespace):
-        return vars(value)
-    if isinstance(value, Mapping):
+        value = vars(value)
+    if _is_omegaconf(value):
         return value
-    raise TypeError(
-        f"save_hyperparameters takes __init__ argument names, a dict or an argparse.Namespace; "
-        f"got a {type(value).__name__}"
+    if isinstance(value, Mapping):
+        return AttributeDict(value)
+    if isinstance(value, PRIMITIVE_TYPES):
+        raise ValueError(
+            f"Primitives {PRIMITIVE_TYPES} are not allowed. save_hyperparameters takes __init__ argument names "
+            f"(strings), or one dict, argparse.Namespace or DictConfig; got the {type(value).__name__} {value!r}"
+        )
+    raise ValueError(
+        f"Unsupported config type of {type(value)}. save_hyperparameters takes __init__ argument names, or one "
+        "dict, argparse.Namespace or OmegaConf DictConfig"
     )
+
+
+def _is_omegaconf(value: Any) -> bool:
+    """Whether ``value`` is an OmegaConf ``DictConfig`` (Hydra's configs)."""
+    try:
+        from omegaconf import DictConfig
+    except ImportError:  # pragma: no cover - hydra, a dependency, brings omegaconf
+        return False
+    return isinstance(value, DictConfig)
+
+
+def hparams_kind(hparams: Any) -> str | None:
+    """What a checkpoint records as ``hparams_type``: ``"DictConfig"`` for an OmegaConf config, else None.
+
+    Lightning records the class itself (a pickled object); a name keeps the file ``weights_only``-safe,
+    and Lightning's loader reads a name as "a dict".
+    """
+    return "DictConfig" if _is_omegaconf(hparams) else None
+
+
+def hparams_record(owner: Any, prefix: str = "") -> dict[str, Any]:
+    """What a checkpoint keeps of ``owner``'s hyperparameters, under Lightning's keys (with ``prefix``).
+
+    ``hyper_parameters`` and ``hparams_unsaved`` (:func:`plain_hparams`), ``hparams_name`` (the
+    ``__init__`` argument they came in as, or ``"kwargs"``) and ``hparams_type`` (``"DictConfig"``).
+    """
+    kept, unsaved = plain_hparams(owner.hparams)
+    record: dict[str, Any] = {f"{prefix}hyper_parameters": kept, f"{prefix}hparams_unsaved": unsaved}
+    name = owner.__dict__.get("_hparams_name")
+    if name and owner.hparams:
+        record[f"{prefix}hparams_name"] = name
+    kind = hparams_kind(owner.hparams)
+    if kind is not None:
+        record[f"{prefix}hparams_type"] = kind
+    return record
+
+
+def restore_hparams(hparams: dict[str, Any], kind: Any) -> Any:
+    """Saved hyperparameters back in the kind they were given: a ``DictConfig`` where one was saved."""
+    if kind == "DictConfig" or (isinstance(kind, type) and kind.__name__ == "DictConfig"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create(hparams)
+    return hparams
 
 
 #: Hyperparameters that ``save_hyperparameters`` records instead of the ``__init__`` arguments (see below).
@@ -219,13 +309,16 @@ def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:
     """The arguments of every ``__init__`` of ``obj`` on the stack from ``frame`` outwards (outermost wins).
 
     Walking outwards collects a subclass's arguments as well as its base class's, when the base
-    calls ``save_hyperparameters``; ``**kwargs`` are spread into the result, ``*args`` dropped.
+    calls ``save_hyperparameters``; ``**kwargs`` are spread into the result, ``*args`` dropped. A
+    dataclass's are its ``init`` fields (``save_hyperparameters()`` called from ``__post_init__``).
     """
+    if dataclasses.is_dataclass(obj):  # save_hyperparameters() in __post_init__: the fields __init__ takes
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
     found: list[dict[str, Any]] = []
-    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is obj:
+    while frame is not None and frame.f_code.co_name == "__init__" and _first_argument(frame) is obj:
         code, local = frame.f_code, frame.f_locals
-        names = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
-        args = {n: local[n] for n in names if n != "self" and n in local}
+        names = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])  # after self (any name)
+        args = {n: local[n] for n in names if n in local}
         flags = code.co_flags
         index = code.co_argcount + code.co_kwonlyargcount
         if flags & inspect.CO_VARARGS:
@@ -238,3 +331,9 @@ def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:
     for args in found:
         merged.update(args)
     return merged
+
+
+def _first_argument(frame: types.FrameType) -> Any:
+    """The frame's first argument (``self``, whatever the method calls it), or None."""
+    code = frame.f_code
+    return frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None

@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
+from trainer.common.errors import MisconfigurationException
 from trainer.datamodule import DataModule
 from trainer.hparams import HyperparametersMixin
 from trainer.module_export import ExportMixin
@@ -51,33 +52,95 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
     torch.Size([])
     """
 
-    #: When False the trainer calls ``training_step`` and leaves backward and step to it.
-    automatic_optimization: bool = True
-    #: Whether loading weights requires every key to match (``load_from_checkpoint``'s default ``strict``).
-    strict_loading: bool = True
-    #: An example input (a tensor or a tuple of them): the model summary shows input and output sizes.
-    example_input_array: Any = None
-    #: The device mesh of a model-parallel strategy (None: geartrain has none).
-    device_mesh: Any = None
-    #: Lightning Fabric's object when run by Fabric (always None: geartrain has no Fabric).
-    fabric: Any = None
     #: The checkpoint keys of the hyperparameters (geartrain's file format; Lightning's are ``hyper_parameters``...).
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
     CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
+    # torch.jit.script compiles every property it finds unless named here (as Lightning's list):
+    # these read the trainer or walk the parameters, which TorchScript cannot follow and a scripted
+    # model does not need. No class attribute of this class is annotated, for the same reason:
+    # TorchScript takes a module's class annotations as its attributes' types.
+    __jit_unused_properties__ = [
+        "example_input_array",
+        "on_gpu",
+        "current_epoch",
+        "global_step",
+        "global_rank",
+        "local_rank",
+        "logger",
+        "loggers",
+        "automatic_optimization",
+        "trainer",
+        "fabric",
+        "strict_loading",
+        "device_mesh",
+        "device",
+        "dtype",
+        "hparams",
+        "hparams_initial",
+    ]
+    #: True while ``to_torchscript``/``to_onnx`` run: :attr:`trainer` then answers None instead of raising.
+    _jit_is_scripting = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
+        self._automatic_optimization = True
+        self._strict_loading: bool | None = None
+        self._example_input_array: Any = None
+        self._device_mesh: Any = None
+
+    # ----------------------------------------------------------------- plain settings
+    @property
+    def automatic_optimization(self) -> bool:
+        """When False the trainer calls ``training_step`` and leaves backward and step to it."""
+        return self._automatic_optimization
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        self._automatic_optimization = value
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether loading weights requires every key to match (``load_from_checkpoint``'s default ``strict``)."""
+        return True if self._strict_loading is None else self._strict_loading
+
+    @strict_loading.setter
+    def strict_loading(self, value: bool) -> None:
+        self._strict_loading = value
+
+    @property
+    def example_input_array(self) -> Any:
+        """An example input (a tensor or a tuple of them): the model summary shows input and output sizes."""
+        return self._example_input_array
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
+
+    @property
+    def device_mesh(self) -> Any:
+        """The device mesh of a model-parallel strategy (None without one)."""
+        return self._device_mesh
+
+    @device_mesh.setter
+    def device_mesh(self, mesh: Any) -> None:
+        self._device_mesh = mesh
+
+    @property
+    def fabric(self) -> None:
+        """Lightning Fabric's object when run by Fabric (always None: geartrain has no Fabric)."""
+        return None
 
     # ----------------------------------------------------------------- trainer state
     @property
     def trainer(self) -> Trainer:
         """The trainer driving this module (an error outside ``fit``/``validate``/...)."""
         if self._trainer is None:
-            if self.__dict__.get("_jit_is_scripting"):  # torch.jit walks attributes; not an error there
+            if self._jit_is_scripting:  # torch.jit walks attributes; not an error there
                 return None  # type: ignore[return-value]
-            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
         return self._trainer
 
     @trainer.setter
@@ -123,12 +186,12 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
     @property
     def global_rank(self) -> int:
         """This process's rank among all processes (0 outside a trainer)."""
-        return self._trainer.strategy.global_rank if self._trainer is not None else 0
+        return self._trainer.global_rank if self._trainer is not None else 0
 
     @property
     def local_rank(self) -> int:
         """This process's rank on its node (0 outside a trainer)."""
-        return self._trainer.strategy.local_rank if self._trainer is not None else 0
+        return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
     def loggers(self) -> list[Any]:
@@ -276,9 +339,28 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip ``optimizer``'s gradients by ``"norm"`` (default) or ``"value"``, unscaling first under fp16."""
+        """Clip ``optimizer``'s gradients by ``"norm"`` (default) or ``"value"``, unscaling first under fp16.
+
+        Left out, a value is the Trainer's; given, it must agree with one the Trainer was given (Lightning's
+        ``MisconfigurationException`` otherwise: two places would decide one clipping).
+        """
+        t = self.trainer
+        if gradient_clip_val is None:
+            gradient_clip_val = t.gradient_clip_val
+        elif t.gradient_clip_val is not None and t.gradient_clip_val != gradient_clip_val:
+            raise MisconfigurationException(
+                f"You have set `Trainer(gradient_clip_val={t.gradient_clip_val!r})` and have passed "
+                f"`clip_gradients(gradient_clip_val={gradient_clip_val!r})`. Please use only one of them."
+            )
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = t.gradient_clip_algorithm or "norm"
+        elif t.__dict__.get("_gradient_clip_algorithm_given") and t.gradient_clip_algorithm != gradient_clip_algorithm:
+            raise MisconfigurationException(
+                f"You have set `Trainer(gradient_clip_algorithm={t.gradient_clip_algorithm!r})` and have passed "
+                f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them."
+            )
         opt = getattr(optimizer, "optimizer", optimizer)
-        strategy, algorithm = self.trainer.strategy, gradient_clip_algorithm or "norm"
+        strategy, algorithm = t.strategy, gradient_clip_algorithm
         if type(strategy.precision).clip_gradients.__module__.split(".")[0] != "strategies":
             strategy.precision.clip_gradients(opt, gradient_clip_val or 0.0, algorithm)  # the user's plugin
             return

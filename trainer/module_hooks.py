@@ -25,7 +25,8 @@ class DataHooks:
     """Data hooks shared by modules and data modules (Lightning's ``DataHooks``)."""
 
     #: ``prepare_data`` runs on local rank 0 of every node (True) or on global rank 0 only (False).
-    prepare_data_per_node: bool = True
+    #: (No class annotation: ``torch.jit.script`` reads a module's class annotations as attribute types.)
+    prepare_data_per_node = True
 
     def prepare_data(self) -> None:
         """Download or write files: once per node (see ``prepare_data_per_node``), before ``setup``."""

@@ -24,7 +24,8 @@ _Tensor = torch.Tensor
 class LoggingMixin(nn.Module):
     """Lightning's logging methods for :class:`~trainer.module.TrainModule` (an ``nn.Module``)."""
 
-    _trainer: Trainer | None
+    if TYPE_CHECKING:  # declared for mypy only: torch.jit.script reads class annotations as attribute types
+        _trainer: Trainer | None
 
     def log(
         self,

@@ -9,13 +9,22 @@ from typing import Any
 
 import torch
 
-__all__ = ["NoOptimizer", "SchedulerConfig", "parse_optimizers"]
+from trainer.common.errors import MisconfigurationException, UserError
+
+__all__ = ["NoOptimizer", "OptimizerConfigError", "SchedulerConfig", "parse_optimizers"]
 
 _ACCEPTED = (
-    "configure_optimizers() must return an optimizer, a list/tuple of optimizers, "
-    "a (optimizers, schedulers) pair of lists, a dict {'optimizer': ..., 'lr_scheduler': ...}, "
+    "Unknown configuration for model optimizers. configure_optimizers() must return an optimizer, a list/tuple "
+    "of optimizers, a (optimizers, schedulers) pair of lists, a dict {'optimizer': ..., 'lr_scheduler': ...}, "
     "or a list of such dicts"
 )
+
+
+class OptimizerConfigError(MisconfigurationException, TypeError):
+    """What ``configure_optimizers`` returned has a shape the trainer cannot use.
+
+    Lightning's type (``MisconfigurationException``), and a ``TypeError`` as it was before it had its own.
+    """
 
 
 @dataclass
@@ -33,20 +42,25 @@ class SchedulerConfig:
     monitor: str | None = None
     strict: bool = True
     name: str | None = None
+    #: Whether the scheduler steps on a metric (``ReduceLROnPlateau``); set from the scheduler, as Lightning's.
+    reduce_on_plateau: bool = False
 
     def __post_init__(self) -> None:
         if self.interval not in ("step", "epoch"):
-            raise ValueError(
-                f"lr_scheduler 'interval' must be 'step' or 'epoch', got {self.interval!r} "
+            raise UserError(
+                f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "{self.interval}" '
                 f"(scheduler {type(self.scheduler).__name__})"
             )
         if not isinstance(self.frequency, int) or self.frequency < 1:
-            raise ValueError(f"lr_scheduler 'frequency' must be a positive int, got {self.frequency!r}")
+            raise UserError(f"lr_scheduler 'frequency' must be a positive int, got {self.frequency!r}")
+        self.reduce_on_plateau = self.reduce_on_plateau or isinstance(
+            self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
+        )
 
     @property
     def needs_metric(self) -> bool:
         """True for ReduceLROnPlateau, whose ``step`` takes the monitored value."""
-        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        return self.reduce_on_plateau
 
 
 _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
@@ -55,11 +69,19 @@ _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "n
 def _scheduler_config(value: Any, monitor: str | None = None) -> SchedulerConfig:
     if isinstance(value, Mapping):
         unknown = set(value) - _SCHEDULER_KEYS
-        if unknown:
-            raise ValueError(f"Unknown lr_scheduler keys {sorted(unknown)}; accepted: {sorted(_SCHEDULER_KEYS)}")
+        if unknown:  # as Lightning: said, and left out
+            warnings.warn(
+                f"Found unsupported keys in the lr scheduler dict: {unknown}. They are ignored; the keys are "
+                f"{sorted(_SCHEDULER_KEYS)}",
+                RuntimeWarning,
+                stacklevel=5,
+            )
         if "scheduler" not in value:
-            raise ValueError("An lr_scheduler dict needs a 'scheduler' entry")
-        options = dict(value)
+            raise UserError(
+                'The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler '
+                "({'scheduler': StepLR(...), 'interval': 'epoch'})"
+            )
+        options = {k: v for k, v in value.items() if k in _SCHEDULER_KEYS}
         options.setdefault("monitor", monitor)
         return SchedulerConfig(**options)
     return SchedulerConfig(scheduler=value, monitor=monitor)
@@ -100,20 +122,28 @@ def parse_optimizers(
     optimizers, schedulers = _parse(returned)
     for cfg in schedulers:
         if automatic and not callable(getattr(cfg.scheduler, "step", None)):  # the trainer calls it
-            raise TypeError(
+            raise OptimizerConfigError(
                 f"lr_scheduler 'scheduler' must be a learning-rate scheduler with .step(), "
                 f"got {type(cfg.scheduler).__name__}"
             )
         if not all(callable(getattr(cfg.scheduler, m, None)) for m in ("state_dict", "load_state_dict")):
-            raise TypeError(
+            raise OptimizerConfigError(
                 f"lr_scheduler 'scheduler' must have state_dict() and load_state_dict() (checkpoints hold its "
                 f"state), got {type(cfg.scheduler).__name__}"
             )
         if automatic and cfg.needs_metric and cfg.monitor is None:
-            raise ValueError(
+            raise UserError(
+                "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used: "
                 f"{type(cfg.scheduler).__name__} steps on a metric: give it one with "
                 "{'scheduler': ..., 'monitor': 'val/loss'} in configure_optimizers()"
             )
+    attached = {id(opt) for opt in optimizers}
+    strays = [cfg for cfg in schedulers if getattr(cfg.scheduler, "optimizer", None) is not None]
+    if any(id(cfg.scheduler.optimizer) not in attached for cfg in strays):
+        raise UserError(
+            "Some schedulers are attached with an optimizer that wasn't returned from `configure_optimizers`: "
+            "build each scheduler on one of the optimizers you return"
+        )
     return optimizers, schedulers
 
 
@@ -138,13 +168,20 @@ def _parse(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerCo
             optimizers, schedulers = [], []
             for d in items:
                 unknown = set(d) - {"optimizer", "lr_scheduler", "monitor"}
-                if "optimizer" not in d or unknown:
-                    raise TypeError(
+                if "optimizer" not in d:
+                    raise OptimizerConfigError(
                         f"{_ACCEPTED}; got a dict with keys {sorted(d)} "
                         "(expected 'optimizer' and optionally 'lr_scheduler', 'monitor')"
                     )
+                if unknown:  # as Lightning: said, and left out
+                    warnings.warn(
+                        f"Found unsupported keys in the optimizer configuration: {unknown}. They are ignored; "
+                        "the keys are 'optimizer', 'lr_scheduler' and 'monitor'",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
                 if not _is_optimizer(d["optimizer"]):
-                    raise TypeError(f"{_ACCEPTED}; 'optimizer' is a {type(d['optimizer']).__name__}")
+                    raise OptimizerConfigError(f"{_ACCEPTED}; 'optimizer' is a {type(d['optimizer']).__name__}")
                 optimizers.append(d["optimizer"])
                 if d.get("lr_scheduler") is not None:
                     schedulers.append(_scheduler_config(d["lr_scheduler"], d.get("monitor")))
@@ -158,4 +195,4 @@ def _parse(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerCo
     description = type(returned).__name__
     if isinstance(returned, (list, tuple)):
         description += f" of [{', '.join(type(x).__name__ for x in returned)}]"
-    raise TypeError(f"{_ACCEPTED}; got {description}")
+    raise OptimizerConfigError(f"{_ACCEPTED}; got {description}")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.common.errors import PossibleUserWarning, UserError
+from trainer.common.errors import MissingStepError, PossibleUserWarning, UserError
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
@@ -176,7 +176,12 @@ def check_step_options(
     """Check the arguments of the training step."""
     check_positive_int("accumulate_grad_batches", accumulate_grad_batches)
     if gradient_clip_algorithm not in ("norm", "value"):
-        raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}")
+        raise UserError(  # Lightning's words first
+            f"`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid. Allowed algorithms: ['value', 'norm'] "
+            f"(gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r})"
+        )
+    if isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float, type(None))):
+        raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val!r}.")
     if gradient_clip_val is not None and gradient_clip_val < 0:
         raise ValueError(f"gradient_clip_val must be >= 0 or None (0: no clipping, as None), got {gradient_clip_val}")
     if on_nonfinite not in (None, "raise", "skip", "warn"):
@@ -262,8 +267,10 @@ def resolve_classes(classes: Iterable[type[torch.nn.Module] | str]) -> tuple[typ
 
 def check_positive_int(name: str, value: Any) -> None:
     """``value`` must be an int >= 1 (bools refused)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UserError(f"`{name}` should be an integer. {name} must be a positive int, got {value!r}")
+    if value < 1:
+        raise UserError(f"{name} must be a positive int, got {value!r}")
 
 
 def check_non_negative_int(name: str, value: Any) -> None:
@@ -303,17 +310,33 @@ def unwrap_compiled(module: Any) -> Any:
     return inner
 
 
-def check_module(module: Any) -> None:
-    """``fit`` needs a TrainModule that defines ``training_step``."""
+def check_is_module(module: Any, stage: str) -> None:
+    """Every entry point needs a TrainModule (Lightning's TypeError and words first)."""
     from trainer.module import TrainModule
 
     if not isinstance(module, TrainModule):
-        raise TypeError(f"Trainer.fit needs a TrainModule, got {type(module).__name__}")
-    if type(module).training_step is TrainModule.training_step:
-        raise NotImplementedError(
-            f"{type(module).__name__} does not define training_step(self, batch, batch_idx); "
-            "the trainer has nothing to train"
+        raise TypeError(
+            f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
+            f"`{type(module).__qualname__}`: Trainer.{stage} needs a TrainModule, got {type(module).__name__}"
         )
+
+
+def check_module(module: Any) -> None:
+    """``fit`` needs a TrainModule that defines ``training_step`` and ``configure_optimizers`` (Lightning's words)."""
+    from trainer.hooks import is_overridden
+    from trainer.module import TrainModule
+
+    check_is_module(module, "fit")
+    name = type(module).__name__
+    for hook, ours in (
+        ("training_step", "training_step(self, batch, batch_idx); the trainer has nothing to train"),
+        ("configure_optimizers", "configure_optimizers(); return None from it to train without an optimizer"),
+    ):
+        if not is_overridden(hook, module, TrainModule):
+            raise MissingStepError(
+                f"No `{hook}()` method defined. Lightning `Trainer` expects as minimum a `training_step()`, "
+                f"`train_dataloader()` and `configure_optimizers()` to be defined. ({name} does not define {ours})"
+            )
 
 
 _ONE_MEANS = {

@@ -146,6 +146,7 @@ class Trainer(TrainerAttributes):
             fast_dev_run=fast_dev_run,
             log_every_n_steps=switches.log_every_n_steps,
         )
+        self._gradient_clip_algorithm_given = gradient_clip_algorithm is not None  # see TrainModule.clip_gradients
         gradient_clip_algorithm = gradient_clip_algorithm or "norm"
         options.check_step_options(
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
@@ -168,7 +169,8 @@ class Trainer(TrainerAttributes):
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         self.on_nonfinite, self.max_nonfinite_in_a_row = on_nonfinite, max_nonfinite_in_a_row
         refuse_url(default_root_dir, "Trainer(default_root_dir)")
-        self.default_root_dir = Path(default_root_dir if default_root_dir is not None else os.getcwd())
+        # "~/runs" is the user's home, as Lightning expands it (not a folder named "~" in the working directory)
+        self.default_root_dir = Path(default_root_dir if default_root_dir is not None else os.getcwd()).expanduser()
         self.deterministic = deterministic
         self.config = config
         #: Splits training batches into micro-batches (``micro_batch_size``); None when not asked for.
@@ -388,4 +390,5 @@ class Trainer(TrainerAttributes):
                 f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run: "
                 f"pass the module, trainer.{stage}(model, ...)"
             )
+        options.check_is_module(module, stage)
         return module

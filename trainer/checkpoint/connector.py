@@ -29,7 +29,7 @@ from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
 from trainer.data.resumable import ResumableBatchSampler
-from trainer.hparams import plain_hparams
+from trainer.hparams import hparams_record
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -152,7 +152,6 @@ class CheckpointConnector:
         """
         t = self._trainer
         assert t.module is not None
-        hparams, unsaved = plain_hparams(t.module.hparams)
         point = None if weights_only else self.resume_point
         if sharded:
             model = t.strategy.sharded_model_state_dict()
@@ -170,14 +169,12 @@ class CheckpointConnector:
             "state_dict": model,
             "loops": lightning_loops(progress, bool(getattr(t.module, "automatic_optimization", True))),
             "progress": progress,
-            "hyper_parameters": hparams,
-            "hparams_unsaved": unsaved,  # recorded as descriptions: load_from_checkpoint asks for them
             "config": to_plain(t.config),
+            # hyper_parameters, hparams_unsaved (descriptions: load_from_checkpoint asks for them), hparams_name/_type
+            **hparams_record(t.module),
         }
         if t.datamodule is not None:
-            state["datamodule_hyper_parameters"], state["datamodule_hparams_unsaved"] = plain_hparams(
-                t.datamodule.hparams
-            )
+            state.update(hparams_record(t.datamodule, "datamodule_"))
         if not weights_only:
             training = self.training_state(sharded)
             state["loops"].update(training.pop("loops", {}))  # the sampler's order beside Lightning's loops

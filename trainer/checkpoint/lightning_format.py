@@ -18,6 +18,7 @@ import inspect
 import os
 import pickle
 import types
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -28,7 +29,8 @@ from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION
 from trainer.checkpoint.layout import upgrade
 from trainer.checkpoint.reader import LIGHTNING_SAFE_GLOBALS, read_checkpoint
 from trainer.checkpoint.safety import check_checkpoint_file
-from trainer.common.errors import CheckpointError
+from trainer.common.errors import CheckpointError, UserError
+from trainer.hparams import restore_hparams
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
 
@@ -175,15 +177,13 @@ def load_from_checkpoint(
     lightning = is_lightning_checkpoint(state)
     if not lightning:
         upgrade(state)
-    if weights:
-        hparams = dict(state.get("hyper_parameters") or {})
-        unsaved = [] if lightning else list(state.get("hparams_unsaved", []))
-    else:
-        hparams = dict(state.get("datamodule_hyper_parameters") or {})
-        unsaved = [] if lightning else list(state.get("datamodule_hparams_unsaved", []))
+    prefix = "" if weights else "datamodule_"
+    hparams = dict(state.get(f"{prefix}hyper_parameters") or {})
+    unsaved = [] if lightning else list(state.get(f"{prefix}hparams_unsaved", []))
     if hparams_file is not None:
         hparams.update(_read_hparams_file(hparams_file))
-    obj = _construct(cls, hparams, unsaved, dict(kwargs or {}), checkpoint_path)
+    named = (state.get(f"{prefix}hparams_name"), state.get(f"{prefix}hparams_type"))
+    obj = _construct(cls, hparams, unsaved, dict(kwargs or {}), checkpoint_path, named)
     on_load = getattr(obj, "on_load_checkpoint", None)
     if weights:
         if callable(on_load):
@@ -191,8 +191,21 @@ def load_from_checkpoint(
         from trainer.common.state_dict import load_module_state
 
         assert isinstance(obj, torch.nn.Module)
+        chosen = getattr(obj, "_strict_loading", None)  # set by the module itself (self.strict_loading = ...)
+        if chosen is not None and strict is not None and strict != chosen:
+            raise UserError(
+                f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with "
+                f"`{cls.__name__}.strict_loading={chosen!r}`. Please set the same value for both of them."
+            )
         use_strict = strict if strict is not None else bool(getattr(obj, "strict_loading", True))
-        if "sharded_directory" in state:
+        if "sharded_directory" not in state and not state.get("state_dict"):
+            warnings.warn(
+                f"The state dict in {checkpoint_path!r} contains no parameters: {cls.__name__} keeps the weights "
+                "its __init__ gave it",
+                UserWarning,
+                stacklevel=3,
+            )
+        elif "sharded_directory" in state:
             from strategies.sharded_checkpoint import load_sharded
 
             load_sharded(state["sharded_directory"], obj, strict=use_strict)
@@ -207,21 +220,33 @@ def load_from_checkpoint(
     return obj
 
 
+#: Parameter kinds that are not one named argument (``*args``, ``**kwargs``).
+_SPREAD = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
 def _construct(
     cls: type[T],
     hparams: dict[str, Any],
     unsaved: list[str],
     kwargs: dict[str, Any],
     where: Any,
+    named: tuple[Any, Any] = (None, None),
 ) -> T:
-    """``cls(**arguments)``: the saved hyperparameters its ``__init__`` takes, overridden by ``kwargs``."""
+    """``cls(**arguments)``: the saved hyperparameters its ``__init__`` takes, overridden by ``kwargs``.
+
+    ``named`` is the checkpoint's ``(hparams_name, hparams_type)``: hyperparameters saved from one
+    ``__init__`` argument (``save_hyperparameters(hparams)``) go back as that argument, as in Lightning.
+    """
     instantiator = hparams.pop("_instantiator", None)
     if instantiator is not None:  # saved by LightningCLI: rebuilt from the config it parsed
         return _instantiate(instantiator, where)(cls, {**hparams, **kwargs})
-    params = inspect.signature(cls.__init__).parameters
+    params = dict(list(inspect.signature(cls.__init__).parameters.items())[1:])  # after self, whatever its name
+    name, kind = named
+    if isinstance(name, str) and name in params and params[name].kind not in _SPREAD:
+        hparams, unsaved = {name: restore_hparams(hparams, kind)}, [name] if unsaved else []
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    named = {n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    arguments = {k: v for k, v in hparams.items() if takes_any or k in named}
+    accepted = {n for n, p in params.items() if p.kind not in _SPREAD}
+    arguments = {k: v for k, v in hparams.items() if takes_any or k in accepted}
     missing_unsaved = [n for n in unsaved if n in arguments and n not in kwargs]
     if missing_unsaved:
         names = ", ".join(missing_unsaved)
@@ -235,8 +260,7 @@ def _construct(
     required = [
         n
         for n, p in params.items()
-        if n != "self"
-        and p.default is inspect.Parameter.empty
+        if p.default is inspect.Parameter.empty
         and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         and n not in arguments
     ]

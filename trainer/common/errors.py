@@ -18,6 +18,7 @@ __all__ = [
     "LightningDeprecationWarning",
     "MetricNotLoggedError",
     "MisconfigurationException",
+    "MissingStepError",
     "PossibleUserWarning",
     "Preempted",
     "UserError",
@@ -61,6 +62,13 @@ class UserError(MisconfigurationException, ValueError):
 
 class ConfigError(UserError):
     """A config value or key that cannot work; the message names its key (``optim.lr``)."""
+
+
+class MissingStepError(MisconfigurationException, NotImplementedError):
+    """The module lacks a step or hook an entry point needs (``training_step``, ``validation_step``, ...).
+
+    Lightning's type, and a ``NotImplementedError`` as it was before it had its own.
+    """
 
 
 class MetricNotLoggedError(UserError, KeyError):

@@ -194,7 +194,8 @@ TREE: dict[str, dict[str, str]] = {
     "demos": {**_from(_DEMOS, ["BoringDataModule", "BoringModel", "DemoModel"]), "boring_classes": "/"},
     "demos.boring_classes": _from(_DEMOS, _BORING),
     # ----------------------------------------------------------------- lightning.pytorch.core
-    "core": {**_CORE, "module": "/", "datamodule": "/", "hooks": "/", "mixins": "/"},
+    "core": {**_CORE, "module": "/", "datamodule": "/", "hooks": "/", "mixins": "/", "saving": "/"},
+    "core.saving": _from("trainer.hparams_yaml", ["load_hparams_from_yaml", "save_hparams_to_yaml"]),
     "core.module": {"LightningModule": _CORE["LightningModule"]},
     "core.datamodule": {"LightningDataModule": _CORE["LightningDataModule"]},
     "core.hooks": _from("trainer.module_hooks", ["DataHooks", "ModelHooks"]),
@@ -331,7 +332,7 @@ TREE: dict[str, dict[str, str]] = {
         **_from("trainer.common.rank_zero", _RANK_ZERO),
         **_from("lightning_utilities.core.rank_zero", ["WarningCache", "rank_prefixed_message"]),
         "rank_zero_module": "lightning_utilities.core:rank_zero",
-        "LightningDeprecationWarning": _UTIL,
+        "LightningDeprecationWarning": "trainer.common.errors",
     },
     "utilities.types": {
         **_from("trainer.types", _TYPES),

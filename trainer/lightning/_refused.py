@@ -74,14 +74,15 @@ REFUSED: dict[str, str] = {
         "self.optimizers() returns the optimizers ready for manual optimisation (step, zero_grad, toggle_optimizer "
         "is the module's); annotate and test them as torch.optim.Optimizer"
     ),
-    "core.saving": (
-        "hparams.yaml is written by the loggers and read by load_from_checkpoint(hparams_file=...); "
-        "read or write one with yaml.safe_load / yaml.safe_dump"
-    ),
     # ------------------------------------------------------------ single names of mapped modules
     "loggers.comet.comet_experiment": "a type alias of Lightning's CometLogger: annotate with comet_ml.CometExperiment",
     "loggers.mlflow.LOCAL_FILE_URI_PREFIX": "an internal constant of Lightning's MLFlowLogger: give tracking_uri='file:...'",
     "core.hooks.CheckpointHooks": "the checkpoint hooks are methods of LightningModule, LightningDataModule and Callback (on_save_checkpoint, on_load_checkpoint)",
+    "core.saving.CHECKPOINT_PAST_HPARAMS_KEYS": "Lightning 0.x's checkpoint keys: geartrain reads Lightning 2.x checkpoints",
+    "core.saving.convert": "an internal helper of Lightning's meta_tags.csv reader (ast.literal_eval of a string)",
+    "core.saving.load_hparams_from_tags_csv": "Lightning's legacy meta_tags.csv: use load_hparams_from_yaml",
+    "core.saving.save_hparams_to_tags_csv": "Lightning's legacy meta_tags.csv: use save_hparams_to_yaml",
+    "core.saving.update_hparams": "update the dict itself (hparams.update(...)); nested updates are yours to write",
     "core.module.MODULE_OPTIMIZERS": "a type alias of Lightning's internals: annotate with torch.optim.Optimizer",
     "callbacks.prediction_writer.WriteInterval": "give BasePredictionWriter(write_interval='batch', 'epoch' or 'batch_and_epoch') as a string",
     "callbacks.timer.Interval": "give Timer(interval='step' or 'epoch') as a string",

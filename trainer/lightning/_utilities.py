@@ -23,7 +23,6 @@ __all__ = [
     "LIGHTNING_LOGO",
     "LRSchedulerType",
     "LRSchedulerTypeTuple",
-    "LightningDeprecationWarning",
     "cli_lightning_logo",
     "get_torchvision_model",
     "rank_zero_experiment",
@@ -56,10 +55,6 @@ def cli_lightning_logo() -> None:
     print()
     print("\033[0;35m" + LIGHTNING_LOGO + "\033[0m")
     print()
-
-
-class LightningDeprecationWarning(DeprecationWarning):
-    """Lightning's category for its deprecation warnings (``utilities.rank_zero``)."""
 
 
 def get_torchvision_model(model_name: str, **kwargs: Any) -> Any:

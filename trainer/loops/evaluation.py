@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.common.errors import MissingStepError, PossibleUserWarning
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import make_eval_batch
@@ -64,7 +66,10 @@ def eval_loop(
     module, strategy, hooks, router = state.module, trainer.strategy, state.hooks, trainer.metric_router
     assert module is not None
     if getattr(module, f"{prefix}_step", None) is None:  # missing, or set to None (Lightning's way to switch off)
-        raise NotImplementedError(f"{type(module).__name__} does not define {prefix}_step(self, batch, batch_idx)")
+        raise MissingStepError(
+            f"No `{prefix}_step()` method defined to run `Trainer.{stage}`. "
+            f"({type(module).__name__} does not define {prefix}_step(self, batch, batch_idx))"
+        )
     loaders = state.loaders[stage]
     assert isinstance(loaders, list)
     nums = [num_batches(loader, state.loop.limits[stage]) for loader in loaders]
@@ -84,7 +89,7 @@ def eval_loop(
     outer_stage, state.running_stage = state.running_stage, "sanity_check" if state.sanity_checking else stage
     try:
         with _no_grad(trainer), strategy.evaluation_context():
-            with router.logging(store, EPOCH_DEFAULTS):
+            with router.logging(store, EPOCH_DEFAULTS, evaluating=True):
                 values = _run_epoch(trainer, state, prefix, loaders, nums, store)
             with router.refusing(f"on_{prefix}_end"):
                 hooks(f"on_{prefix}_end")
@@ -139,7 +144,15 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
     module, strategy, hooks = state.module, trainer.strategy, state.hooks
     assert module is not None
     if module.predict_step is None:
-        raise NotImplementedError(f"{type(module).__name__}.predict_step is None: set it to a method to predict")
+        raise MissingStepError(
+            f"`predict_step` cannot be None. ({type(module).__name__}.predict_step is None: set it to a method to "
+            "predict)"
+        )
+    if getattr(module, "forward", None) is None and not overrides(module, "predict_step"):
+        raise MissingStepError(
+            "`Trainer.predict` requires `forward` method to run. (The default predict_step calls "
+            f"{type(module).__name__}.forward; define it, or override predict_step)"
+        )
     loaders = state.loaders["predict"]
     assert isinstance(loaders, list)
     nums = [num_batches(loader, state.loop.limits["predict"]) for loader in loaders]
@@ -187,6 +200,25 @@ def validation_enabled(state: RunState) -> bool:
     )
 
 
+def warn_if_validation_is_half_defined(state: RunState) -> None:
+    """Lightning's warnings when ``fit`` has validation data but no ``validation_step``, or the reverse:
+    the validation loop is skipped, which is seldom what was meant."""
+    has_loader = state.loaders.get("validate") is not None
+    has_step = getattr(state.module, "validation_step", None) is not None
+    if has_loader and not has_step:
+        warnings.warn(
+            "You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",
+            UserWarning,
+            stacklevel=3,
+        )
+    elif has_step and not has_loader:
+        warnings.warn(
+            "You defined a `validation_step` but have no `val_dataloader`. Skipping val loop.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )
+
+
 def sanity_check(trainer: Trainer, state: RunState) -> None:
     """Run a few validation batches before training to surface bugs early; their values are dropped.
 
@@ -226,10 +258,12 @@ def _no_grad(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:
 
 
 def overrides(module: TrainModule, hook: str) -> bool:
-    """Whether ``module``'s class overrides TrainModule's ``hook``."""
+    """Whether ``module`` overrides TrainModule's ``hook`` (Lightning's ``is_overridden``: a hook set to None
+    on the instance is not overridden, one set to a function there is)."""
+    from trainer.hooks import is_overridden
     from trainer.module import TrainModule
 
-    return getattr(type(module), hook) is not getattr(TrainModule, hook)
+    return is_overridden(hook, module, TrainModule)
 
 
 def module_modes(module: torch.nn.Module) -> dict[str, bool]:
@@ -247,9 +281,13 @@ def restore_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
 def model_mode(module: TrainModule, hook: str, modes: dict[str, bool] | None = None) -> None:
     """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else do what the default does:
     ``eval()``, or (``modes`` given, the ``_train`` hooks) put back every submodule's own mode, as Lightning 2.6."""
-    if overrides(module, hook):
+    if modes is None:  # the _eval hooks: always called, as Lightning calls them (the default does eval())
+        fn = getattr(module, hook, None)
+        if fn is None:  # set to None on the instance: eval() still, as the default would
+            module.eval()
+        else:
+            fn()
+    elif overrides(module, hook):
         getattr(module, hook)()
-    elif modes is None:
-        module.eval()
     else:
         restore_modes(module, modes)

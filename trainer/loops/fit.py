@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.sampling import EmptyShardError
 from trainer.common.errors import PossibleUserWarning, Preempted
-from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled
+from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled, warn_if_validation_is_half_defined
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import make_train_batch, step_schedulers
 from trainer.metrics.routing import EPOCH_DEFAULTS, STEP_DEFAULTS
@@ -75,6 +75,7 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     p, hooks, refusing = state.progress, state.hooks, trainer.metric_router.refusing
     with refusing("on_fit_start"):  # self.log is refused by name where Lightning refuses it
         hooks("on_fit_start")
+    warn_if_validation_is_half_defined(state)
     if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
         sanity_check(trainer, state)
     assert state.module is not None

@@ -204,11 +204,20 @@ def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = No
         if interval == "epoch" and cfg.monitor not in trainer.metric_router.epoch_keys:
             value = None
         if value is None:
+            name = type(cfg.scheduler).__name__
             if cfg.strict and metrics_due:
                 logged = ", ".join(sorted(metrics)) or "nothing"
-                raise MetricNotLoggedError(  # a KeyError too
-                    f"{type(cfg.scheduler).__name__} monitors {cfg.monitor!r}, which was not logged "
-                    f"(logged: {logged}); log it with self.log({cfg.monitor!r}, value)"
+                raise MetricNotLoggedError(  # a KeyError too; Lightning's words first
+                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available. Available "
+                    f"metrics are: {logged}. ({name} monitors {cfg.monitor!r}, which was not logged; log it "
+                    f"with self.log({cfg.monitor!r}, value), or set the `monitor` key in the lr scheduler dict)"
+                )
+            if metrics_due:  # strict=False: skipped, and said, as in Lightning
+                warnings.warn(
+                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available but strict is "
+                    f"set to `False`. Skipping learning rate update ({name}).",
+                    RuntimeWarning,
+                    stacklevel=2,
                 )
             continue
         lr_scheduler_step(cfg.scheduler, float(value))  # a sync, once per interval

@@ -68,6 +68,9 @@ class MetricRouter:
         #: The hook running inside :meth:`refusing` (named in the error of a ``self.log`` there).
         self.refused_hook = ""
         self.defaults: tuple[bool, bool] = STEP_DEFAULTS
+        #: Inside an evaluation loop: a step's values reach the progress bar and the loggers but not
+        #: ``callback_metrics`` (Lightning's rule: callbacks see an evaluation's epoch values only).
+        self.evaluating = False
         self._batch_size_cache: tuple[Any, int] = (None, 1)
         #: Keys logged with ``logger=False``: in ``callback_metrics``, never handed to the loggers.
         self.no_logger_keys: set[str] = set()
@@ -83,15 +86,16 @@ class MetricRouter:
         self.plain: dict[str, PlainLog] = {}
 
     @contextlib.contextmanager
-    def logging(self, store: MetricStore, defaults: tuple[bool, bool]) -> Iterator[None]:
-        """Route ``self.log`` to ``store`` with ``defaults`` for ``(on_step, on_epoch)`` inside the block."""
-        previous = self.store, self.defaults
-        self.store, self.defaults = store, defaults
+    def logging(self, store: MetricStore, defaults: tuple[bool, bool], evaluating: bool = False) -> Iterator[None]:
+        """Route ``self.log`` to ``store`` with ``defaults`` for ``(on_step, on_epoch)`` inside the block
+        (``evaluating``: an evaluation loop's, see :attr:`evaluating`)."""
+        previous = self.store, self.defaults, self.evaluating
+        self.store, self.defaults, self.evaluating = store, defaults, evaluating
         self.plain.clear()
         try:
             yield
         finally:
-            self.store, self.defaults = previous
+            self.store, self.defaults, self.evaluating = previous
             self.plain.clear()
 
     @contextlib.contextmanager
@@ -145,6 +149,10 @@ class MetricRouter:
         if key is None:
             return
         tensor = store.pending_step[key]
+        if self.evaluating:  # a step value of an evaluation: the progress bar only (loggers: at the step's end)
+            if key in store.prog_bar_keys():
+                self.progress_bar_metrics[key] = tensor
+            return
         self._remember_one(key, tensor, store.prog_bar_keys())
         # Worked out for the next call of this name that passes every option at its default, if that call
         # will only store its value under the name (on_step only: the key is the name; no suffix to strip;
