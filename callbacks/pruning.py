@@ -46,11 +46,13 @@ ParamList = Sequence[tuple[nn.Module, str]]
 Amount = int | float
 
 
-def _containers() -> tuple[type[nn.Module], ...]:
-    """Modules that only hold others: never pruned themselves when every parameter is chosen."""
-    from trainer.module import TrainModule
+#: Modules that only hold others: never pruned themselves when every parameter is chosen (with any
+#: module that has a ``training_step``: the TrainModule itself, or one nested in it).
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
-    return (TrainModule, nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+def _is_container(module: nn.Module) -> bool:
+    return isinstance(module, _CONTAINERS) or callable(getattr(module, "training_step", None))
 
 
 def _per_epoch(value: Any, epoch: int) -> Any:
@@ -368,7 +370,7 @@ class ModelPruning(Callback):
                 has no such attribute, or the value is not a list/tuple of ``(module, name)`` pairs.
         """
         names = parameter_names or ModelPruning.PARAMETER_NAMES
-        modules = [m for m in pl_module.modules() if not isinstance(m, _containers())]
+        modules = [m for m in pl_module.modules() if not _is_container(m)]
         if not parameters_to_prune:
             return [(m, p) for p in names for m in modules if isinstance(getattr(m, p, None), nn.Parameter)]
         if not (
