@@ -1,8 +1,9 @@
 """Checkpoint state: what a checkpoint of a run holds, writing it, reading it back, and where it is.
 
-The file format and the writing itself (atomic, asynchronous) are :mod:`trainer.checkpoint.files`'s; this
-room decides the content (docs/checkpoints.md), restores a run from it, resolves
-``ckpt_path="last"``/``"best"``, and is the one owner of where ``last.ckpt`` lives.
+The format is :mod:`trainer.checkpoint.format`'s, the writing (atomic, asynchronous)
+:mod:`trainer.checkpoint.files`'s, the reading :mod:`trainer.checkpoint.reader`'s, which file
+``"last"`` means :mod:`trainer.checkpoint.resolve`'s; this room decides the content
+(docs/checkpoints.md), restores a run from it, and is the one owner of where ``last.ckpt`` lives.
 """
 
 from __future__ import annotations
@@ -14,17 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import resume_checks, resume_point
-from trainer.checkpoint.files import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    AsyncCheckpointWriter,
-    write_checkpoint,
-)
-from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
+from trainer.checkpoint.files import AsyncCheckpointWriter, write_checkpoint
+from trainer.checkpoint.format import FORMAT_NAME, FORMAT_VERSION, LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.checkpoint.plugin_io import is_default_io, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
-from trainer.checkpoint.resolve import last_of_folder
-from trainer.checkpoint.sharded import PendingSave, param_names
+from trainer.checkpoint.resolve import last_files, last_of_folder
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
@@ -34,6 +29,7 @@ from trainer.hparams import plain_hparams
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from strategies.sharded_checkpoint import PendingSave
     from trainer.trainer import Trainer
 
 __all__ = ["LAST_CHECKPOINT", "CheckpointConnector"]
@@ -68,6 +64,9 @@ class CheckpointConnector:
         self.run_id: str = uuid.uuid4().hex
 
     # ----------------------------------------------------------------- where
+    #: The last files ``ckpt_path="last"`` may mean in a folder (the resolver's; ``ModelCheckpoint`` asks it).
+    last_files = staticmethod(last_files)
+
     def default_directory(self) -> Path:
         """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
         return self._trainer.default_root_dir / "checkpoints"
@@ -91,7 +90,8 @@ class CheckpointConnector:
         """
         if str(ckpt_path) not in ("last", "best"):
             return Path(ckpt_path)
-        cb = self._trainer.checkpoint_callback
+        # The first checkpoint callback (``Trainer.checkpoint_callback``): what has a ``best_model_path``.
+        cb = next((c for c in self._trainer.callbacks if hasattr(c, "best_model_path")), None)
         if str(ckpt_path) == "best":
             found = getattr(cb, "best_model_path", None) if cb is not None else None
         else:
@@ -159,7 +159,7 @@ class CheckpointConnector:
         else:
             model = t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
         progress = t.progress.state_dict() if point is None else point["progress"]
-        # Lightning's keys (trainer.checkpoint.layout) beside geartrain's: Lightning reads this file too.
+        # Lightning's keys (trainer.checkpoint.format) beside geartrain's: Lightning reads this file too.
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -217,7 +217,7 @@ class CheckpointConnector:
             # The kinds, so that resuming with another optimizer or scheduler is refused by name.
             "optimizer_types": resume_checks.types_of(t.optimizers),
             # Parameter names in the by-index order of a full file, so it converts to a sharded directory.
-            "optimizer_param_names": param_names(t.module, t.optimizers) if t.module is not None else [],
+            "optimizer_param_names": _param_names(t.module, t.optimizers) if t.module is not None else [],
             "lr_scheduler_types": resume_checks.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs]),
             "precision": t.strategy.precision.state_dict(),
             "rng": t.strategy.gather_object(rng_state()),  # one entry per rank
@@ -273,6 +273,10 @@ class CheckpointConnector:
                 self.wait()  # an older asynchronous write must not land after this one
                 write_checkpoint(state, path, also_at, replaces)
         t.strategy.barrier("save_checkpoint")
+
+    def write(self, state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+        """Write ``state`` to ``path`` from this process alone (no collective), through the one writer."""
+        return write_checkpoint(state, path)
 
     def save_last(self) -> Path:
         """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it (the preemption checkpoint)."""
@@ -398,3 +402,9 @@ class CheckpointConnector:
             self._trainer.strategy.load_model_state_dict(state_dict)
         except CheckpointError as err:
             raise CheckpointError(f"Cannot load the weights in {path}. {err}") from err
+
+
+def _param_names(module: Any, optimizers: Iterable[Any]) -> list[list[str]]:
+    """Each optimizer's parameter names in the order ``optimizer.state_dict()`` numbers them (for the converter)."""
+    by_id = {id(p): name for name, p in module.named_parameters()}
+    return [[by_id.get(id(p), "") for group in opt.param_groups for p in group["params"]] for opt in optimizers]

@@ -15,20 +15,23 @@ and a half-written directory are recovered or skipped with a one-line notice.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from callbacks.checkpoint import ModelCheckpoint
+from trainer.checkpoint.format import SET_ASIDE, SHARDED_MARKERS
 from trainer.common.errors import ConfigError
-from trainer.common.fs_safety import SHARDED_MARKERS
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = [
     "is_complete_checkpoint",
+    "last_files",
     "last_of_folder",
     "newest_complete_checkpoint",
     "resolve_last_checkpoint",
@@ -78,7 +81,7 @@ def newest_complete_checkpoint(
         notices.append(f"{wanted} is a directory that was never completed (no .metadata or trainer.pt); skipped")
     elif wanted.exists():
         notices.append(f"{wanted} is not a complete checkpoint; skipped")
-    aside = folder / f".{name}.old"
+    aside = folder / f".{name}{SET_ASIDE}"
     if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
         notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
         return aside, notices
@@ -94,16 +97,38 @@ def newest_complete_checkpoint(
     return newest, notices
 
 
+def last_files(folder: str | os.PathLike[str] | None, name: str = "last", extension: str = ".ckpt") -> set[str]:
+    """The last files ``ckpt_path="last"`` may mean in ``folder``: ``last.ckpt``, ``last-v1.ckpt``, ...
+
+    ``name`` and ``extension`` are the checkpoint callback's (Lightning's ``CHECKPOINT_NAME_LAST`` and
+    ``FILE_EXTENSION``); ``ModelCheckpoint._find_last_checkpoints`` (Lightning's method) answers with this.
+    """
+    path = Path(folder or "")
+    if not folder or not path.is_dir():
+        return set()
+    pattern = re.compile(rf"^{re.escape(name)}(-v?\d+)?{re.escape(extension)}$")
+    return {str(p) for p in path.iterdir() if pattern.match(p.name)}
+
+
 def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
     """``"last"`` for a ``Trainer``: the callback's newest complete last file, else what a kill left in ``folder``.
 
-    ``callback`` is the trainer's checkpoint callback (its ``last_model_path`` once it saved, its
-    ``_find_last_checkpoints``: Lightning's hook); notices about a recovered file are printed on rank 0.
+    ``callback`` is the trainer's checkpoint callback: its ``last_model_path`` once it saved, else its
+    folder's last files (:func:`last_files`; a subclass that overrides Lightning's
+    ``_find_last_checkpoints`` is asked instead). Notices about a recovered file are printed on rank 0.
     """
     found = getattr(callback, "last_model_path", None)
-    find = getattr(callback, "_find_last_checkpoints", None)
-    if (not found or not is_complete_checkpoint(found)) and find is not None:
-        files = [Path(p) for p in find(trainer) if is_complete_checkpoint(p)]
+    if not found or not is_complete_checkpoint(found):
+        find = getattr(type(callback), "_find_last_checkpoints", None)
+        if find is ModelCheckpoint._find_last_checkpoints:
+            names = last_files(
+                getattr(callback, "dirpath", None),
+                getattr(callback, "CHECKPOINT_NAME_LAST", "last"),
+                getattr(callback, "FILE_EXTENSION", ".ckpt"),
+            )
+        else:
+            names = set(callback._find_last_checkpoints(trainer)) if find is not None else set()
+        files = [Path(p) for p in names if is_complete_checkpoint(p)]
         found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
     if not found:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
