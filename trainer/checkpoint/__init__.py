@@ -5,7 +5,7 @@
 | :mod:`~trainer.checkpoint.format` | the format: keys, versions, Lightning's layout, the names on disk (``.partial``, ``.old``, links) |
 | :mod:`~trainer.checkpoint.reader` | the one reader: a file, a sharded directory, a Lightning file, plain weights; why a file is refused |
 | :mod:`~trainer.checkpoint.files` | the one writer: atomic, asynchronous, extra names as links, superseded files removed last |
-| :mod:`~trainer.checkpoint.resolve` | the one resolver: which checkpoint ``"last"`` means, for the ``Trainer`` and the ``geartrain`` command |
+| :mod:`~trainer.checkpoint.resolve` | the one resolver: which checkpoint ``"last"``/``"best"`` mean, for the ``Trainer`` and the ``geartrain`` command |
 | :mod:`~trainer.checkpoint.connector` | a run's checkpoint: its content, saving, restoring, where ``last.ckpt`` lives |
 | :mod:`~trainer.checkpoint.resume_checks` | whether a checkpoint can resume this run |
 | :mod:`~trainer.checkpoint.resume_point` | where a fit that stopped inside an epoch stood |

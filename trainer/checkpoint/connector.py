@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import uuid
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ from trainer.checkpoint.files import AsyncCheckpointWriter, write_checkpoint
 from trainer.checkpoint.format import FORMAT_NAME, FORMAT_VERSION, LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.checkpoint.plugin_io import is_default_io, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
-from trainer.checkpoint.resolve import last_files, last_of_folder
+from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
@@ -36,10 +35,6 @@ __all__ = ["LAST_CHECKPOINT", "CheckpointConnector"]
 
 #: File name of the checkpoint that always holds the newest state of a run.
 LAST_CHECKPOINT = "last.ckpt"
-
-
-class BestCheckpointMissing(CheckpointError, ValueError):
-    """``ckpt_path="best"`` with no best checkpoint: a ``ValueError`` as Lightning's, a ``CheckpointError`` as before."""
 
 
 class CheckpointConnector:
@@ -79,42 +74,6 @@ class CheckpointConnector:
     def last_path(self, directory: str | os.PathLike[str] | None = None) -> Path:
         """The path of ``last.ckpt`` in ``directory`` (default: :meth:`directory`)."""
         return Path(directory if directory is not None else self.directory()) / LAST_CHECKPOINT
-
-    def resolve(self, ckpt_path: str | os.PathLike[str], stage: str | None = None) -> Path | None:
-        """A path as given, or the file ``"last"``/``"best"`` stands for in this run.
-
-        ``"last"`` before any checkpoint exists is None: as in Lightning, no checkpoint is loaded and
-        training starts from scratch, so a job script can pass ``ckpt_path="last"`` on every start
-        (set and forget, for preemptible jobs). With ``stage`` (the running ``fit``, ``validate``,
-        ...) that is said in a warning, in Lightning's words. ``"best"`` before any is an error.
-        """
-        if str(ckpt_path) not in ("last", "best"):
-            return Path(ckpt_path)
-        # The first checkpoint callback (``Trainer.checkpoint_callback``): what has a ``best_model_path``.
-        cb = next((c for c in self._trainer.callbacks if hasattr(c, "best_model_path")), None)
-        if str(ckpt_path) == "best":
-            found = getattr(cb, "best_model_path", None) if cb is not None else None
-        else:
-            dirpath = getattr(cb, "dirpath", None)
-            folder = Path(dirpath) if dirpath else self.default_directory()
-            found = last_of_folder(self._trainer, cb, folder) if cb is not None else None
-        if not found and str(ckpt_path) == "last":
-            if stage is not None and self._trainer.is_global_zero:
-                fresh = " Training starts from scratch." if stage == "fit" else ""
-                warnings.warn(
-                    f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
-                    f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
-                    stacklevel=2,
-                )
-            return None
-        if not found:
-            call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
-            raise BestCheckpointMissing(
-                f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
-                "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
-                "and save_top_k != 0)"
-            )
-        return Path(found)
 
     # ----------------------------------------------------------------- dump
     @property
@@ -311,7 +270,7 @@ class CheckpointConnector:
     # ----------------------------------------------------------------- restore
     def restart_path(self) -> Path | None:
         """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
-        path = self.resolve("last")
+        path = resolve_ckpt_path(self._trainer, "last")
         if path is None:
             return None
         if self._trainer.is_global_zero:
@@ -321,7 +280,7 @@ class CheckpointConnector:
     def restore(self, ckpt_path: str | os.PathLike[str], full: bool, stage: str | None = None) -> Path | None:
         """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
 
-        ``ckpt_path`` is resolved here (:meth:`resolve`, ``stage`` as there) and recorded as the run
+        ``ckpt_path`` is resolved by the resolver (:func:`~trainer.checkpoint.resolve.resolve_ckpt_path`, ``stage`` as there) and recorded as the run
         state's ``ckpt_path`` before anything is loaded; returns it. With ``stage``, ``"last"`` before
         any checkpoint exists loads nothing and returns None (warned: training starts from scratch).
         A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
@@ -330,7 +289,7 @@ class CheckpointConnector:
         """
         t = self._trainer
         self.wait()
-        path = self.resolve(ckpt_path, stage)
+        path = resolve_ckpt_path(self._trainer, ckpt_path, stage)
         if path is None:
             if stage is not None:
                 return None

@@ -1,7 +1,7 @@
 """The one resolver: which checkpoint ``ckpt_path="last"`` means, for the ``Trainer`` and the ``geartrain`` command.
 
-The ``Trainer`` (:meth:`~trainer.checkpoint.connector.CheckpointConnector.resolve`, Lightning's
-meaning): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of this Trainer's checkpoint
+The ``Trainer`` (:func:`resolve_ckpt_path`, Lightning's meaning; ``"best"`` is the checkpoint
+callback's ``best_model_path``): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of this Trainer's checkpoint
 folder, else what a kill left there (:func:`newest_complete_checkpoint`). The ``geartrain`` command
 (:func:`resolve_last_checkpoint`): this run's own, else the newest ``last.ckpt`` of *the same job*, a
 run started with the same overrides but for the budget (``max_epochs``, ``max_steps``,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,16 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.checkpoint import ModelCheckpoint
 from trainer.checkpoint.format import SET_ASIDE, SHARDED_MARKERS
-from trainer.common.errors import ConfigError
+from trainer.common.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = [
+    "BestCheckpointMissing",
     "is_complete_checkpoint",
     "last_files",
     "last_of_folder",
     "newest_complete_checkpoint",
+    "resolve_ckpt_path",
     "resolve_last_checkpoint",
     "run_folder_checkpoint",
     "same_line",
@@ -95,6 +98,47 @@ def newest_complete_checkpoint(
     newest = max(complete, key=lambda p: p.stat().st_mtime)
     notices.append(f"using the newest complete checkpoint of this run instead: {newest}")
     return newest, notices
+
+
+class BestCheckpointMissing(CheckpointError, ValueError):
+    """``ckpt_path="best"`` with no best checkpoint: a ``ValueError`` as Lightning's, a ``CheckpointError`` as before."""
+
+
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str], stage: str | None = None) -> Path | None:
+    """A path as given, or the file ``"last"``/``"best"`` stands for in ``trainer``'s run.
+
+    ``"last"`` before any checkpoint exists is None: as in Lightning, no checkpoint is loaded and
+    training starts from scratch, so a job script can pass ``ckpt_path="last"`` on every start
+    (set and forget, for preemptible jobs). With ``stage`` (the running ``fit``, ``validate``,
+    ...) that is said in a warning, in Lightning's words. ``"best"`` before any is an error.
+    """
+    if str(ckpt_path) not in ("last", "best"):
+        return Path(ckpt_path)
+    # The first checkpoint callback (``Trainer.checkpoint_callback``): what has a ``best_model_path``.
+    cb = next((c for c in trainer.callbacks if hasattr(c, "best_model_path")), None)
+    if str(ckpt_path) == "best":
+        found = getattr(cb, "best_model_path", None) if cb is not None else None
+    else:
+        dirpath = getattr(cb, "dirpath", None)
+        folder = Path(dirpath) if dirpath else trainer.checkpointing.default_directory()
+        found = last_of_folder(trainer, cb, folder) if cb is not None else None
+    if not found and str(ckpt_path) == "last":
+        if stage is not None and trainer.is_global_zero:
+            fresh = " Training starts from scratch." if stage == "fit" else ""
+            warnings.warn(
+                f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
+                stacklevel=2,
+            )
+        return None
+    if not found:
+        call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
+        raise BestCheckpointMissing(
+            f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
+            "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
+            "and save_top_k != 0)"
+        )
+    return Path(found)
 
 
 def last_files(folder: str | os.PathLike[str] | None, name: str = "last", extension: str = ".ckpt") -> set[str]:
