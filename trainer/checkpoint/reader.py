@@ -48,6 +48,7 @@ __all__ = [
     "read_any",
     "read_checkpoint",
     "read_directory",
+    "recognise",
     "unreadable",
 ]
 
@@ -76,14 +77,9 @@ def read_any(path: str | Path) -> dict[str, Any]:
 def recognise(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """A loaded checkpoint dict (ours, Lightning's, a plain state dict; from ``path``) as geartrain's."""
     path = Path(path)
-    if state.get("format") == FORMAT_NAME:
-        check_version(path, state.get("version"))
-        return upgrade(state)
-    if is_lightning_checkpoint(state):
-        return lightning_resume_state(state)
-    weights = plain_state_dict(state)
-    if weights is not None:
-        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
+    found = _recognise(path, state, lightning=True, plain=True)
+    if found is not None:
+        return found
     raise CheckpointError(
         f"{path} is not a checkpoint geartrain reads (no format={FORMAT_NAME!r} entry, no Lightning keys and no "
         f"state dict; found {sorted(state)[:10]}). To load plain weights use module.load_state_dict(torch.load(path))."
@@ -102,17 +98,28 @@ def load_checkpoint(
     path = Path(path)
     check_checkpoint_file(path)
     state = _load(path, map_location, ())
-    weights = plain_state_dict(state) if plain_weights and isinstance(state, dict) else None
-    if weights is not None and state.get("format") != FORMAT_NAME:
-        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
-    if not isinstance(state, dict) or state.get("format") != FORMAT_NAME:
-        keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(
-            f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
-            "To load plain weights use module.load_state_dict(torch.load(path))."
-        )
-    check_version(path, state.get("version"))
-    return upgrade(state)
+    found = _recognise(path, state, lightning=False, plain=plain_weights) if isinstance(state, dict) else None
+    if found is not None:
+        return found
+    keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
+    raise CheckpointError(
+        f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
+        "To load plain weights use module.load_state_dict(torch.load(path))."
+    )
+
+
+def _recognise(path: Path, state: dict[str, Any], lightning: bool, plain: bool) -> dict[str, Any] | None:
+    """What ``state`` holds as geartrain's dict: ours (version checked, older layouts upgraded), with
+    ``lightning`` a Lightning file's, with ``plain`` a plain state dict's weights; None for anything else."""
+    if state.get("format") == FORMAT_NAME:
+        check_version(path, state.get("version"))
+        return upgrade(state)
+    if lightning and is_lightning_checkpoint(state):
+        return lightning_resume_state(state)
+    weights = plain_state_dict(state) if plain else None
+    if weights is None:
+        return None
+    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
 
 
 def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
