@@ -69,3 +69,25 @@ def test_the_set_aside_name_is_spelled_once() -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith(".old")
     ]
     assert [where.split(":")[0] for where in spelled] == ["trainer/common/fs_safety.py"], spelled
+
+
+def test_a_subclass_that_overrides_find_last_checkpoints_is_asked(tmp_path: Path) -> None:
+    """The resolver finds a callback's last files itself, but Lightning's method stays the user's to override."""
+    from callbacks import ModelCheckpoint
+    from tests.helpers.tiny_mlp import TinyMLP, make_batches
+    from tests.helpers.trainers import quiet_trainer
+
+    first = ModelCheckpoint(dirpath=tmp_path / "a", filename="{epoch}", save_top_k=-1, save_last=True)
+    quiet_trainer(tmp_path, [first], enable_checkpointing=True, max_epochs=2).fit(TinyMLP(), make_batches(2))
+    wanted = str(tmp_path / "a" / "epoch=0.ckpt")  # not a "last" file: only the override can name it
+
+    class Chosen(ModelCheckpoint):
+        def _find_last_checkpoints(self, trainer: object) -> set[str]:
+            return {wanted}
+
+    trainer = quiet_trainer(tmp_path, [Chosen(dirpath=tmp_path / "b")], enable_checkpointing=True, max_epochs=2)
+    trainer.fit(TinyMLP(), make_batches(2), ckpt_path="last")
+    assert trainer.ckpt_path == wanted
+    assert ModelCheckpoint(dirpath=tmp_path / "a")._find_last_checkpoints(trainer) == {
+        str(tmp_path / "a" / "last.ckpt")
+    }
