@@ -9,6 +9,7 @@
 | :mod:`~trainer.checkpoint.connector` | a run's checkpoint: its content, saving, restoring, where ``last.ckpt`` lives |
 | :mod:`~trainer.checkpoint.resume_checks` | whether a checkpoint can resume this run |
 | :mod:`~trainer.checkpoint.resume_point` | where a fit that stopped inside an epoch stood |
+| :mod:`~trainer.checkpoint.plugin_io` | Lightning's ``CheckpointIO`` plugins over the writer and the reader |
 | :mod:`~trainer.checkpoint.convert` | ``python -m trainer.checkpoint.convert``: a directory to one file and back |
 | :mod:`~trainer.checkpoint.lightning_format` | ``load_from_checkpoint`` |
 
