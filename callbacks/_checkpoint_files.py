@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.common.errors import UserError
-from trainer.common.fs_safety import check_replaceable, remove_checkpoint
+from trainer.common.fs_safety import check_replaceable, swap_in
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -111,14 +111,7 @@ def symlink(target: str, link: str) -> None:
     if os.path.lexists(tmp):
         os.remove(tmp)
     os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), tmp)
-    aside = ""
-    if os.path.isdir(link) and not os.path.islink(link):  # os.replace cannot put a link over a folder
-        aside = os.path.join(os.path.dirname(link), f".{os.path.basename(link)}.old")
-        remove_checkpoint(aside)
-        os.replace(link, aside)
-    os.replace(tmp, link)
-    if aside:
-        remove_checkpoint(aside)
+    swap_in(tmp, link)
 
 
 def save_message(

@@ -8,7 +8,6 @@ override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` 
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,12 +44,9 @@ class CheckpointNaming:
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,
-        ``last-v1.ckpt``, ... in ``dirpath``, this run's folder only."""
-        folder = Path(self.dirpath or "")
-        if not self.dirpath or not folder.is_dir():
-            return set()
-        pattern = re.compile(rf"^{re.escape(self.CHECKPOINT_NAME_LAST)}(-v?\d+)?{re.escape(self.FILE_EXTENSION)}$")
-        return {str(p) for p in folder.iterdir() if pattern.match(p.name)}
+        ``last-v1.ckpt``, ... in ``dirpath``, this run's folder only; the trainer's resolver finds them."""
+        found: set[str] = trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
+        return found
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
         """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).

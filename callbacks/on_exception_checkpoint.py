@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
-import torch
 from typing_extensions import override
 
 from callbacks.base import Checkpoint
@@ -61,17 +59,9 @@ class OnExceptionCheckpoint(Checkpoint):
         if trainer.world_size == 1:
             trainer.save_checkpoint(self.ckpt_path)
             return
-        state = trainer.checkpointing.state(weights_only=True)  # no collective under DDP
-        os.makedirs(self.dirpath, exist_ok=True)
-        # Atomic: a temporary file renamed over the name, so two ranks that both raised never mix.
-        fd, tmp = tempfile.mkstemp(dir=self.dirpath, prefix=f".{self.filename}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(state, f)
-            os.replace(tmp, self.ckpt_path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
+        # No collective under DDP: this rank's weights and counters, written atomically by the trainer's
+        # writer (a temporary file renamed over the name, so two ranks that both raised never mix).
+        trainer.checkpointing.write(trainer.checkpointing.state(weights_only=True), self.ckpt_path)
 
     @override
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:

@@ -15,8 +15,8 @@ module has now (FSDP2 shards over M ranks, tensor-parallel DTensors, plain tenso
 and DCP reads into it the slices it needs, so N ranks' checkpoint resumes on M ranks or one device.
 
 A directory appears complete or not at all: it is written into a temporary sibling, then renamed
-into place (the previous one is moved aside first and removed last; :func:`complete_path` finds it
-if a kill came between the two renames).
+into place (the previous one is moved aside to ``.<name>.old`` first and removed last; the reader,
+``trainer.checkpoint.reader.complete_path``, finds it if a kill came between the two renames).
 
 Loading is as safe as for a file: what DCP would unpickle freely is read by
 :mod:`strategies.sharded_safety` instead.
@@ -45,27 +45,22 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies.sharded_safety import (
-    METADATA,
     TRAINER_STATE,
     checkpoint_error,
     dcp_failures,
     read_sharded_metadata,
-    read_trainer_state,
     safe_planner,
     safe_reader,
 )
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import check_replaceable, remove_checkpoint
+from trainer.common.fs_safety import PARTIAL, check_replaceable, fsync_dir, remove_checkpoint, swap_in
 
 __all__ = [
     "TRAINER_STATE",
     "PendingSave",
     "checkpoint_error",
-    "complete_path",
-    "is_sharded_checkpoint",
     "load_sharded",
     "read_sharded_metadata",
-    "read_trainer_state",
     "safe_planner",
     "safe_reader",
     "save_sharded",
@@ -76,25 +71,6 @@ __all__ = [
 #: The keys of a checkpoint dict whose tensors DCP writes; the rest goes into :data:`TRAINER_STATE`.
 #: Optimizer states are ``optimizer_states`` in a checkpoint dict and ``optimizers`` among DCP's tensors.
 _SHARDED_KEYS = ("state_dict", "optimizer_states", "optimizers")
-
-
-def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """True for a directory written by :func:`save_sharded` (it holds DCP's ``.metadata``)."""
-    return (Path(path) / METADATA).is_file()
-
-
-def complete_path(path: str | os.PathLike[str]) -> Path:
-    """``path``, or the previous checkpoint a save moved aside when a kill came mid-rename.
-
-    A replacement renames the old directory (or file) to ``.<name>.old`` and then the new one into
-    place; a process killed between the two leaves no ``path`` but a complete ``.<name>.old``, which
-    is what was there before the save, so that is the checkpoint to load.
-    """
-    path = Path(path)
-    if path.exists():
-        return path
-    old = _aside(path)
-    return old if old.exists() else path
 
 
 def _options(**kwargs: Any) -> Any:
@@ -205,7 +181,7 @@ def save_sharded(
     for target in (path, *extra):  # every rank refuses alike, before any of them writes or waits
         check_replaceable(target)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    tmp = path.parent / f".{path.name}.partial"
+    tmp = path.parent / f".{path.name}{PARTIAL}"
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)  # a save killed earlier
         rest = {k: v for k, v in state.items() if k not in _SHARDED_KEYS}
@@ -258,10 +234,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _aside(path: Path) -> Path:
-    return path.parent / f".{path.name}.old"
-
-
 def _write_reason(err: BaseException) -> str:
     """What stopped a write: the operating system's reason where the chain of errors holds one."""
     seen: BaseException | None = err
@@ -279,42 +251,20 @@ def _write_file(path: Path, obj: Any) -> None:
         os.fsync(f.fileno())
 
 
-def _swap_in(new: Path, path: Path) -> None:
-    """Rename the complete directory ``new`` to ``path``; an existing ``path`` is moved aside, then removed.
-
-    Only a checkpoint of ours is replaced (:func:`~trainer.common.fs_safety.check_replaceable`).
-    """
-    check_replaceable(path)
-    aside = _aside(path)
-    _remove(aside)
-    if path.is_symlink():
-        path.unlink()  # save_last="link": the link goes, the directory it named stays
-    elif path.exists():
-        os.replace(path, aside)  # a directory, or the file of a full checkpoint saved there before
-    os.replace(new, path)
-    _fsync_dir(path.parent)
-    _remove(aside)
-
-
-def _remove(path: Path) -> None:
-    """Delete a checkpoint of ours (file, link, sharded directory); anything else stays."""
-    remove_checkpoint(path)
-
-
 def _place(tmp: Path, path: Path, also_at: Sequence[Path], replaces: Sequence[Path]) -> None:
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     for other in also_at:
         if other.resolve() == path.resolve():
             continue
-        copy = other.parent / f".{other.name}.partial"
+        copy = other.parent / f".{other.name}{PARTIAL}"
         shutil.rmtree(copy, ignore_errors=True)  # our own name: a copy a killed save left
         shutil.copytree(tmp, copy, copy_function=_link_or_copy)
-        _swap_in(copy, other)
-    _swap_in(tmp, path)
+        swap_in(copy, other)
+    swap_in(tmp, path)
     keep = {path.resolve(), *(p.resolve() for p in also_at)}
     for gone in replaces:
         if gone.resolve() not in keep:
-            _remove(gone)
+            remove_checkpoint(gone)
 
 
 def _link_or_copy(source: str, dest: str) -> None:
@@ -323,15 +273,6 @@ def _link_or_copy(source: str, dest: str) -> None:
         os.link(source, dest)
     except OSError:
         shutil.copy2(source, dest)
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------ load

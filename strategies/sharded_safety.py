@@ -1,10 +1,10 @@
-"""Reading sharded checkpoints safely: DCP's metadata, its values and the trainer state, never unpickled freely.
+"""Reading sharded checkpoints safely: DCP's metadata and its values, never unpickled freely.
 
 ``torch.distributed.checkpoint`` unpickles ``.metadata`` with plain ``pickle`` and its default load
 planner reads non-tensor values with ``torch.load(weights_only=False)``: a crafted directory would
 run code. Here the metadata goes through an unpickler that admits only DCP's own metadata classes
-and torch's dtypes, layouts and sizes, every value and the trainer state through
-``torch.load(weights_only=True)``, and DCP's wrapped errors become one :class:`CheckpointError`
+and torch's dtypes, layouts and sizes, every value through ``torch.load(weights_only=True)`` (the
+trainer state file is read by the trainer's reader), and DCP's wrapped errors become one :class:`CheckpointError`
 that names the file and the refused name. Imports torch and the leaf only.
 """
 
@@ -26,7 +26,6 @@ __all__ = [
     "checkpoint_error",
     "dcp_failures",
     "read_sharded_metadata",
-    "read_trainer_state",
     "safe_planner",
     "safe_reader",
 ]
@@ -80,25 +79,6 @@ def _one_line(err: BaseException) -> str:
         return f"{os.strerror(err.errno)}{where}"
     text = str(err).splitlines()[0] if str(err) else ""
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The :data:`TRAINER_STATE` file of a sharded checkpoint, read with ``weights_only=True``."""
-    file = Path(path) / TRAINER_STATE
-    if not file.is_file():
-        raise CheckpointError(
-            f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
-            "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
-        )
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:
-        from trainer.common.errors import CheckpointError as _Error
-
-        raise _Error(f"Checkpoint {file} cannot be read with weights_only=True, refusing it: {_reason(err)}") from err
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file} holds a {type(state).__name__}, not a checkpoint dict")
-    return state
 
 
 def _reason(err: BaseException) -> str:

@@ -1,30 +1,24 @@
 """Checkpoint state: what a checkpoint of a run holds, writing it, reading it back, and where it is.
 
-The file format and the writing itself (atomic, asynchronous) are :mod:`trainer.checkpoint.files`'s; this
-room decides the content (docs/checkpoints.md), restores a run from it, resolves
-``ckpt_path="last"``/``"best"``, and is the one owner of where ``last.ckpt`` lives.
+The format is :mod:`trainer.checkpoint.format`'s, the writing (atomic, asynchronous)
+:mod:`trainer.checkpoint.files`'s, the reading :mod:`trainer.checkpoint.reader`'s, which file
+``"last"`` means :mod:`trainer.checkpoint.resolve`'s; this room decides the content
+(docs/checkpoints.md), restores a run from it, and is the one owner of where ``last.ckpt`` lives.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import resume_checks, resume_point
-from trainer.checkpoint.files import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    AsyncCheckpointWriter,
-    write_checkpoint,
-)
-from trainer.checkpoint.layout import LIGHTNING_LAYOUT_VERSION, lightning_loops
-from trainer.checkpoint.plugin_io import is_default_io, save_with, teardown_io
+from trainer.checkpoint.files import AsyncCheckpointWriter, write_checkpoint
+from trainer.checkpoint.format import FORMAT_NAME, FORMAT_VERSION, LIGHTNING_LAYOUT_VERSION, lightning_loops
+from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
-from trainer.checkpoint.resolve import last_of_folder
-from trainer.checkpoint.sharded import PendingSave, param_names
+from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
@@ -34,16 +28,13 @@ from trainer.hparams import hparams_record
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from strategies.sharded_checkpoint import PendingSave
     from trainer.trainer import Trainer
 
 __all__ = ["LAST_CHECKPOINT", "CheckpointConnector"]
 
 #: File name of the checkpoint that always holds the newest state of a run.
 LAST_CHECKPOINT = "last.ckpt"
-
-
-class BestCheckpointMissing(CheckpointError, ValueError):
-    """``ckpt_path="best"`` with no best checkpoint: a ``ValueError`` as Lightning's, a ``CheckpointError`` as before."""
 
 
 class CheckpointConnector:
@@ -68,6 +59,9 @@ class CheckpointConnector:
         self.run_id: str = uuid.uuid4().hex
 
     # ----------------------------------------------------------------- where
+    #: The last files ``ckpt_path="last"`` may mean in a folder (the resolver's; ``ModelCheckpoint`` asks it).
+    last_files = staticmethod(last_files)
+
     def default_directory(self) -> Path:
         """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
         return self._trainer.default_root_dir / "checkpoints"
@@ -80,41 +74,6 @@ class CheckpointConnector:
     def last_path(self, directory: str | os.PathLike[str] | None = None) -> Path:
         """The path of ``last.ckpt`` in ``directory`` (default: :meth:`directory`)."""
         return Path(directory if directory is not None else self.directory()) / LAST_CHECKPOINT
-
-    def resolve(self, ckpt_path: str | os.PathLike[str], stage: str | None = None) -> Path | None:
-        """A path as given, or the file ``"last"``/``"best"`` stands for in this run.
-
-        ``"last"`` before any checkpoint exists is None: as in Lightning, no checkpoint is loaded and
-        training starts from scratch, so a job script can pass ``ckpt_path="last"`` on every start
-        (set and forget, for preemptible jobs). With ``stage`` (the running ``fit``, ``validate``,
-        ...) that is said in a warning, in Lightning's words. ``"best"`` before any is an error.
-        """
-        if str(ckpt_path) not in ("last", "best"):
-            return Path(ckpt_path)
-        cb = self._trainer.checkpoint_callback
-        if str(ckpt_path) == "best":
-            found = getattr(cb, "best_model_path", None) if cb is not None else None
-        else:
-            dirpath = getattr(cb, "dirpath", None)
-            folder = Path(dirpath) if dirpath else self.default_directory()
-            found = last_of_folder(self._trainer, cb, folder) if cb is not None else None
-        if not found and str(ckpt_path) == "last":
-            if stage is not None and self._trainer.is_global_zero:
-                fresh = " Training starts from scratch." if stage == "fit" else ""
-                warnings.warn(
-                    f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
-                    f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
-                    stacklevel=2,
-                )
-            return None
-        if not found:
-            call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
-            raise BestCheckpointMissing(
-                f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
-                "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
-                "and save_top_k != 0)"
-            )
-        return Path(found)
 
     # ----------------------------------------------------------------- dump
     @property
@@ -158,7 +117,7 @@ class CheckpointConnector:
         else:
             model = t.strategy.model_state_dict() if self.adopted is None else {**t.module.state_dict(keep_vars=False)}
         progress = t.progress.state_dict() if point is None else point["progress"]
-        # Lightning's keys (trainer.checkpoint.layout) beside geartrain's: Lightning reads this file too.
+        # Lightning's keys (trainer.checkpoint.format) beside geartrain's: Lightning reads this file too.
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -214,7 +173,7 @@ class CheckpointConnector:
             # The kinds, so that resuming with another optimizer or scheduler is refused by name.
             "optimizer_types": resume_checks.types_of(t.optimizers),
             # Parameter names in the by-index order of a full file, so it converts to a sharded directory.
-            "optimizer_param_names": param_names(t.module, t.optimizers) if t.module is not None else [],
+            "optimizer_param_names": _param_names(t.module, t.optimizers) if t.module is not None else [],
             "lr_scheduler_types": resume_checks.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs]),
             "precision": t.strategy.precision.state_dict(),
             "rng": t.strategy.gather_object(rng_state()),  # one entry per rank
@@ -250,7 +209,9 @@ class CheckpointConnector:
                 "trainer.checkpointing.in_accumulation_window is False (in on_train_batch_end after the "
                 "window's optimizer step, or at an epoch's end), or pass weights_only=True"
             )
-        if not is_default_io(t.strategy.checkpoint_io):  # the user's IO writes the full state (every rank gathers)
+        if (
+            type(t.strategy.checkpoint_io) not in DEFAULT_IO_TYPES
+        ):  # the user's IO writes the full state (every rank gathers)
             return save_with(t, self.state(weights_only), path, also_at, replaces, storage_options)
         if t.strategy.state_dict_type == "sharded" and self.adopted is None:
             self.wait()  # one save in flight at a time, in order
@@ -270,6 +231,10 @@ class CheckpointConnector:
                 self.wait()  # an older asynchronous write must not land after this one
                 write_checkpoint(state, path, also_at, replaces)
         t.strategy.barrier("save_checkpoint")
+
+    def write(self, state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+        """Write ``state`` to ``path`` from this process alone (no collective), through the one writer."""
+        return write_checkpoint(state, path)
 
     def save_last(self) -> Path:
         """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it (the preemption checkpoint)."""
@@ -304,7 +269,7 @@ class CheckpointConnector:
     # ----------------------------------------------------------------- restore
     def restart_path(self) -> Path | None:
         """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
-        path = self.resolve("last")
+        path = resolve_ckpt_path(self._trainer, "last")
         if path is None:
             return None
         if self._trainer.is_global_zero:
@@ -314,7 +279,7 @@ class CheckpointConnector:
     def restore(self, ckpt_path: str | os.PathLike[str], full: bool, stage: str | None = None) -> Path | None:
         """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
 
-        ``ckpt_path`` is resolved here (:meth:`resolve`, ``stage`` as there) and recorded as the run
+        ``ckpt_path`` is resolved by the resolver (:func:`~trainer.checkpoint.resolve.resolve_ckpt_path`, ``stage`` as there) and recorded as the run
         state's ``ckpt_path`` before anything is loaded; returns it. With ``stage``, ``"last"`` before
         any checkpoint exists loads nothing and returns None (warned: training starts from scratch).
         A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
@@ -323,7 +288,7 @@ class CheckpointConnector:
         """
         t = self._trainer
         self.wait()
-        path = self.resolve(ckpt_path, stage)
+        path = resolve_ckpt_path(self._trainer, ckpt_path, stage)
         if path is None:
             if stage is not None:
                 return None
@@ -336,9 +301,8 @@ class CheckpointConnector:
         """Read ``path`` once and load what it holds (see :meth:`restore`)."""
         t = self._trainer
         io = t.strategy.checkpoint_io
-        state = (
-            read_any(path) if is_default_io(io) else recognise(io.load_checkpoint(str(path), weights_only=None), path)
-        )
+        own = type(io) in DEFAULT_IO_TYPES  # else the user's CheckpointIO reads the file, and ours recognises it
+        state = read_any(path) if own else recognise(io.load_checkpoint(str(path), weights_only=None), path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
         if state.get("plain_weights"):
@@ -395,3 +359,9 @@ class CheckpointConnector:
             self._trainer.strategy.load_model_state_dict(state_dict)
         except CheckpointError as err:
             raise CheckpointError(f"Cannot load the weights in {path}. {err}") from err
+
+
+def _param_names(module: Any, optimizers: Iterable[Any]) -> list[list[str]]:
+    """Each optimizer's parameter names in the order ``optimizer.state_dict()`` numbers them (for the converter)."""
+    by_id = {id(p): name for name, p in module.named_parameters()}
+    return [[by_id.get(id(p), "") for group in opt.param_groups for p in group["params"]] for opt in optimizers]

@@ -9,18 +9,113 @@
 single file does) and writes geartrain's checkpoint file, which ``torch.load(path,
 weights_only=True)`` reads and every strategy resumes from. ``to-dir`` writes a file's state as a
 sharded directory (one shard) that any world size loads.
+
+The optimizer state is renumbered between the two layouts: ``optimizer.state_dict()``'s by-index
+layout in a file, keyed by parameter name in a directory (from the names a file records,
+``optimizer_param_names``). Both writes go through the writer (:func:`~trainer.checkpoint.files.save_checkpoint`,
+``strategies.sharded_checkpoint.save_sharded``), both reads through the reader.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from trainer.checkpoint.sharded import directory_to_file, file_to_directory
+from strategies.sharded_checkpoint import (
+    checkpoint_error,
+    read_sharded_metadata,
+    safe_planner,
+    safe_reader,
+    save_sharded,
+)
+from trainer.checkpoint.files import save_checkpoint
+from trainer.checkpoint.reader import complete_path, load_checkpoint, read_directory
 from trainer.common.errors import CheckpointError
 
-__all__ = ["main"]
+__all__ = ["directory_to_file", "file_to_directory", "main"]
+
+
+def _read_all_tensors(path: Path) -> dict[str, Any]:
+    """Every tensor and value of a sharded checkpoint, whole, in one process (what conversion needs)."""
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    read_sharded_metadata(path)  # refuses a crafted .metadata with its own message, before DCP wraps it
+    state: dict[str, Any] = {}
+    planner = safe_planner(_EmptyStateDictLoadPlanner)
+    try:
+        _load_state_dict(state, storage_reader=safe_reader(path), planner=planner, no_dist=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # DCP's CheckpointException is one
+        raise checkpoint_error(err, f"Cannot read the sharded checkpoint {path}") from err
+    return state
+
+
+def directory_to_file(directory: str | os.PathLike[str], file: str | os.PathLike[str]) -> Path:
+    """Write the sharded checkpoint ``directory`` as one portable geartrain checkpoint ``file``.
+
+    Holds the whole state in this process's memory once (that is what a single file is).
+    """
+    directory = complete_path(directory)
+    state = read_directory(directory)
+    del state["sharded_directory"]
+    tensors = _read_all_tensors(directory)
+    state["state_dict"] = dict(tensors.get("state_dict", {}))
+    if "optimizer_types" in state:
+        saved = tensors.get("optimizers", {})
+        state["optimizer_states"] = [_by_index(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
+        state["optimizer_param_names"] = [_names(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
+    return save_checkpoint(state, file)
+
+
+def _names(named: dict[str, Any]) -> list[str]:
+    return [str(name) for group in named.get("param_groups", []) for name in group["params"]]
+
+
+def _by_index(named: dict[str, Any]) -> dict[str, Any]:
+    """Optimizer state keyed by parameter name → ``optimizer.state_dict()``'s layout (by index)."""
+    if not named:
+        return {"state": {}, "param_groups": []}
+    index = {name: i for i, name in enumerate(_names(named))}
+    return {
+        "state": {index[name]: value for name, value in named.get("state", {}).items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
+    }
+
+
+def file_to_directory(file: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:
+    """Write the geartrain checkpoint ``file`` as a sharded checkpoint ``directory`` (one shard).
+
+    The optimizer state is keyed by parameter name, from the names the file records; a file
+    without them (written before geartrain recorded them) converts its weights and trainer state,
+    and refuses to guess the optimizer's names.
+    """
+    state = load_checkpoint(file)
+    optimizers = state.get("optimizer_states")
+    if optimizers:
+        names = state.get("optimizer_param_names")
+        if not names or len(names) != len(optimizers):
+            raise CheckpointError(
+                f"{file} does not record its optimizers' parameter names, which a sharded checkpoint keys their "
+                "state by; resave it with this geartrain (Trainer.save_checkpoint), or load it as a file"
+            )
+        state["optimizer_states"] = [_by_name(opt, n) for opt, n in zip(optimizers, names)]
+    save_sharded(directory, state).wait()
+    return Path(directory)
+
+
+def _by_name(indexed: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    if not indexed.get("param_groups"):
+        return {}
+    return {
+        "state": {names[int(i)]: value for i, value in indexed["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in indexed["param_groups"]],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,18 +1,22 @@
-"""Checkpoint files: atomic writes, safe loads, clear errors.
+"""The one writer: every checkpoint file reaches the disk here, atomically, in the foreground or a thread.
 
-A checkpoint is one dict of tensors and plain containers of numbers and strings, so it loads with
-``torch.load(path, weights_only=True)``: loading never runs pickled code. What goes into it is
-assembled in one place, ``Trainer._checkpoint_state``; this module only reads and writes it.
+``ModelCheckpoint``, ``OnExceptionCheckpoint``, ``Trainer.save_checkpoint`` and the converter all
+save through :func:`write_checkpoint` (one file, its extra names as hard links, then the files it
+supersedes removed, in that order) or :class:`AsyncCheckpointWriter` (the same, in a thread, after a
+CPU snapshot). A checkpoint is one dict of tensors and plain containers, so it loads with
+``torch.load(path, weights_only=True)``; what goes in is the connector's, the names on disk are
+:mod:`trainer.checkpoint.format`'s. A sharded directory is written by every rank together
+(``Strategy.save_sharded``, ``strategies.sharded_checkpoint``): the shards are the strategy's.
 
-State-dict loading without wrapper prefixes and the RNG state live in the leaf
-(:mod:`trainer.common.state_dict`, :mod:`trainer.common.rng`), which strategies import too; their
-names stay importable from here.
+The format's names, the reader's ``load_checkpoint`` and the leaf's state-dict and RNG helpers stay
+importable from here, where earlier versions had them.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import shutil
 import sys
@@ -25,10 +29,10 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.layout import upgrade
-from trainer.checkpoint.safety import check_checkpoint_file, unreadable, write_failure
+from trainer.checkpoint.format import FORMAT_NAME, FORMAT_VERSION, check_version
+from trainer.checkpoint.reader import first_reason, load_checkpoint
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import check_replaceable
+from trainer.common.fs_safety import check_replaceable, fsync_dir, swap_in
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import load_module_state, plain_state_dict, strip_wrapper_prefixes, to_plain
 from trainer.common.tree import apply_to_tensors
@@ -51,11 +55,6 @@ __all__ = [
     "to_plain",
     "write_checkpoint",
 ]
-
-FORMAT_NAME = "geartrain"
-#: 2: Lightning's keys (``optimizer_states``, ``hyper_parameters``, ``epoch``, ...; see
-#: :mod:`trainer.checkpoint.layout`); version 1 files are read by renaming their entries.
-FORMAT_VERSION = 2
 
 
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -117,13 +116,13 @@ def _place(source: Path, path: Path, sync_dir: bool) -> Path:
             # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
             return _copy(source, path, sync_dir)
     try:
-        _replace(tmp, path)
+        swap_in(tmp, path)
     except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise CheckpointError(f"Could not place checkpoint {path}: {err}") from err
     if sync_dir:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return path
 
 
@@ -148,7 +147,7 @@ def write_checkpoint(
     for other in extra:
         _place(path, other, sync_dir=False)
     for folder in dict.fromkeys(p.parent for p in (path, *extra)):
-        _fsync_dir(folder)
+        fsync_dir(folder)
     keep = {path, *extra}
     for old in replaces:
         if Path(old) in keep:
@@ -172,7 +171,7 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        _replace(tmp_name, path)
+        swap_in(tmp_name, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
@@ -180,7 +179,7 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
             raise
         raise CheckpointError(f"Could not write checkpoint {path}: {write_failure(path, err)}") from err
     if sync_dir:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return path
 
 
@@ -200,23 +199,6 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _replace(source: str | Path, path: Path) -> None:
-    """``os.replace``, also over a sharded checkpoint directory of the same name (a run that switched
-    from FSDP to one file): the directory is moved aside first and removed only once the file is in
-    place, so a kill in between leaves it loadable (``strategies.sharded_checkpoint.complete_path``).
-    Anything at ``path`` that is not a checkpoint of ours is refused (:func:`check_replaceable`).
-    """
-    check_replaceable(path)
-    if not path.is_dir() or path.is_symlink():
-        os.replace(source, path)
-        return
-    aside = path.parent / f".{path.name}.old"
-    shutil.rmtree(aside, ignore_errors=True)
-    os.replace(path, aside)
-    os.replace(source, path)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
@@ -347,57 +329,34 @@ class AsyncCheckpointWriter:
             print(f"geartrain: the last asynchronous checkpoint write failed: {err}", file=sys.stderr)
 
 
-def load_checkpoint(
-    path: str | os.PathLike[str], map_location: Any = "cpu", plain_weights: bool = False
-) -> dict[str, Any]:
-    """Read a geartrain checkpoint with ``weights_only=True`` and check its format and version.
+def write_failure(path: Path, err: BaseException) -> str:
+    """What stopped writing ``path``: the disk's own reason where the chain of errors holds one.
 
-    With ``plain_weights``, a plain PyTorch state dict (``torch.save(model.state_dict(), path)``,
-    prefixed or not, or a dict holding one under ``"state_dict"`` / ``"model_state_dict"`` / ``"model"``)
-    is accepted too and returned as ``{"state_dict": ..., "plain_weights": True}`` plus the format keys.
+    torch reports a write the disk refused as ``enforce fail at inline_container.cc ... unexpected
+    pos``; the ``OSError`` underneath (or the free space left) says what happened.
     """
-    path = Path(path)
-    check_checkpoint_file(path)
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"the disk is full ({os.strerror(seen.errno)}){_free_space(path)}"
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return f"{os.strerror(seen.errno)} ({seen})"
+        seen = seen.__cause__ or seen.__context__
+    if "unexpected pos" in str(err) or "inline_container" in str(err):
+        free = _free_bytes(path)
+        if free is not None and free < 1 << 20:
+            return f"the disk is full{_free_space(path)}"
+        return f"the file could not be written completely (torch: {first_reason(err)}){_free_space(path)}"
+    return str(err)
+
+
+def _free_bytes(path: Path) -> int | None:
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:
-        raise unreadable(path, err) from err
-    weights = plain_state_dict(state) if plain_weights and isinstance(state, dict) else None
-    if weights is not None and state.get("format") != FORMAT_NAME:
-        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
-    if not isinstance(state, dict) or state.get("format") != FORMAT_NAME:
-        keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(
-            f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
-            "To load plain weights use module.load_state_dict(torch.load(path))."
-        )
-    check_version(path, state.get("version"))
-    return upgrade(state)
-
-
-def check_version(path: Path, version: Any) -> None:
-    """Refuse a checkpoint whose format ``version`` is not one this geartrain reads, saying which way it is off."""
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CheckpointError(
-            f"Checkpoint {path} has an invalid format version {version!r} (a whole number from 1 to "
-            f"{FORMAT_VERSION} is expected): the file was not written by geartrain, or was edited"
-        )
-    if version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"Checkpoint {path} has format version {version}, newer than this geartrain reads "
-            f"({FORMAT_VERSION}); upgrade geartrain to load it."
-        )
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
+        return shutil.disk_usage(path.parent).free
     except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        return None
+
+
+def _free_space(path: Path) -> str:
+    free = _free_bytes(path)
+    return "" if free is None else f"; {free / 2**20:.1f} MiB free in {path.parent}"

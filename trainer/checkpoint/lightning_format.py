@@ -1,4 +1,4 @@
-"""Reading checkpoints into modules: ``load_from_checkpoint``, and checkpoints written by Lightning 2.x.
+"""Reading a checkpoint into a new module: ``load_from_checkpoint``, for geartrain's and Lightning 2.x files.
 
 Both geartrain's and Lightning's files are read with ``torch.load(weights_only=True)`` by the one
 reader (:func:`trainer.checkpoint.reader.read_checkpoint`, importable from here too): loading never
@@ -7,9 +7,8 @@ runs pickled code. Lightning's files hold plain data plus, sometimes, Lightning'
 ``dict`` (torch's safe unpickler fills only real dicts), nothing else is. Only
 ``load_from_checkpoint(..., weights_only=False)``, as in Lightning, reads a file whose
 hyperparameters hold other pickled objects (an ``nn.Module``, a ``functools.partial``), for files
-the user trusts. :func:`lightning_resume_state` turns a
-Lightning file into the state a geartrain resume reads (weights, optimizer and scheduler states,
-epoch and step).
+the user trusts. How a Lightning file becomes geartrain's dict (:func:`lightning_resume_state`) is
+the format's (:mod:`trainer.checkpoint.format`); its names stay importable from here.
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION
-from trainer.checkpoint.layout import upgrade
-from trainer.checkpoint.reader import LIGHTNING_SAFE_GLOBALS, read_checkpoint
-from trainer.checkpoint.safety import check_checkpoint_file
+from trainer.checkpoint.format import is_lightning_checkpoint, lightning_resume_state, upgrade
+from trainer.checkpoint.reader import LIGHTNING_SAFE_GLOBALS, check_checkpoint_file, read_checkpoint
 from trainer.common.errors import CheckpointError, UserError
 from trainer.hparams import restore_hparams
 
@@ -91,66 +88,6 @@ def _read_safely(path: str | os.PathLike[str] | IO[bytes], map_location: Any, cl
             f"{cls.__name__}.load_from_checkpoint(path, weights_only=False), as in Lightning: its pickled "
             "objects are then rebuilt, which runs their code."
         ) from err
-
-
-def is_lightning_checkpoint(state: Mapping[str, Any]) -> bool:
-    """Whether ``state`` was written by Lightning (``pytorch-lightning_version``, or its keys without ours)."""
-    if state.get("format") == FORMAT_NAME:
-        return False
-    return "pytorch-lightning_version" in state or ("state_dict" in state and "global_step" in state)
-
-
-def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A Lightning checkpoint as geartrain's checkpoint dict: weights, optimizers, schedulers, progress.
-
-    The epoch and the batch in it come from Lightning's loop state (``fit_loop.epoch_progress`` and
-    ``epoch_loop.batch_progress``) when present, else from ``epoch``; a checkpoint written after
-    an epoch finished resumes at the next epoch, as in Lightning.
-    """
-    loops = state.get("loops") or {}
-    fit_loop = loops.get("fit_loop") or {}
-    epochs_done = _progress(fit_loop.get("epoch_progress"), "completed")
-    epochs_started = _progress(fit_loop.get("epoch_progress"), "started")
-    epochs_processed = _progress(fit_loop.get("epoch_progress"), "processed")
-    batches = _progress(fit_loop.get("epoch_loop.batch_progress"), "completed")
-    batch_meta = fit_loop.get("epoch_loop.batch_progress") or {}
-    global_step = int(state.get("global_step", 0))
-    if epochs_done is None:
-        progress = {"epoch": int(state.get("epoch", 0)), "global_step": global_step, "epoch_finished": True}
-    elif epochs_started is not None and epochs_processed is not None:
-        # Lightning counts an epoch processed once its batches and validation are done, completed only
-        # after its epoch-end hooks: a ModelCheckpoint save in on_train_epoch_end has processed = e + 1,
-        # completed = e, and Lightning resumes it at epoch e + 1.
-        if epochs_processed >= epochs_started:
-            progress = {
-                "epoch": max(epochs_processed - 1, 0),
-                "global_step": global_step,
-                "batch_in_epoch": batches or 0,
-                "epoch_finished": epochs_processed > 0,
-            }
-        else:
-            progress = {"epoch": epochs_processed, "global_step": global_step, "batch_in_epoch": batches or 0}
-    elif batches and not batch_meta.get("is_last_batch", True):
-        progress = {"epoch": epochs_done, "global_step": global_step, "batch_in_epoch": batches}
-    else:
-        progress = {
-            "epoch": max(epochs_done - 1, 0),
-            "global_step": global_step,
-            "batch_in_epoch": batches or 0,
-            "epoch_finished": epochs_done > 0,
-        }
-    return {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "state_dict": dict(state["state_dict"]),
-        "progress": progress,
-        "epoch": int(state.get("epoch", 0)),
-        "global_step": global_step,
-        "hyper_parameters": dict(state.get("hyper_parameters") or {}),
-        "optimizer_states": list(state.get("optimizer_states", [])),
-        "lr_schedulers": list(state.get("lr_schedulers", [])),
-        "from_lightning": True,
-    }
 
 
 def load_from_checkpoint(
@@ -301,12 +238,3 @@ def _read_hparams_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"hparams_file {path} does not hold a mapping")
     return loaded
-
-
-def _progress(entry: Any, field: str) -> int | None:
-    if not isinstance(entry, Mapping):
-        return None
-    current = entry.get("current")
-    if isinstance(current, Mapping) and field in current:
-        return int(current[field])
-    return None

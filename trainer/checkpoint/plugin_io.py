@@ -21,7 +21,15 @@ from trainer.checkpoint.files import save_checkpoint as write_atomically
 from trainer.checkpoint.files import snapshot_state
 from trainer.common.fs_safety import remove_checkpoint as remove_ours
 
-__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO", "is_default_io", "save_with", "teardown_io"]
+__all__ = [
+    "DEFAULT_IO_TYPES",
+    "AsyncCheckpointIO",
+    "CheckpointIO",
+    "TorchCheckpointIO",
+    "is_default_io",
+    "save_with",
+    "teardown_io",
+]
 
 _INTERFACE = ("save_checkpoint", "load_checkpoint", "remove_checkpoint")
 
@@ -175,10 +183,15 @@ class AsyncCheckpointIO(_WrappingCheckpointIO):
             raise error
 
 
+#: The types of ``strategy.checkpoint_io`` that mean geartrain's own writing and reading (no IO, or a
+#: plain ``TorchCheckpointIO``; a subclass is the user's): the connector then writes and reads as it
+#: always does (links for ``last.ckpt``, asynchronous writes, sharded directories).
+DEFAULT_IO_TYPES: tuple[type, ...] = (type(None), TorchCheckpointIO)
+
+
 def is_default_io(io: Any) -> bool:
-    """Whether ``io`` is geartrain's own writing (None, or a plain ``TorchCheckpointIO``): the connector
-    then writes as it always does (links for ``last.ckpt``, asynchronous writes, sharded directories)."""
-    return io is None or type(io) is TorchCheckpointIO
+    """Whether ``io`` is geartrain's own writing and reading (:data:`DEFAULT_IO_TYPES`)."""
+    return type(io) in DEFAULT_IO_TYPES
 
 
 def save_with(

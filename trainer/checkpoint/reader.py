@@ -5,27 +5,52 @@ directory (its trainer state; the tensors stay in the shards), or a file loaded 
 ``weights_only=True`` and then recognised from what it holds, in this order: a geartrain checkpoint
 (its format version checked, older layouts upgraded), a Lightning 2.x checkpoint (turned into
 geartrain's dict), a plain PyTorch state dict (weights only). Anything else is refused naming what
-the file holds. The one ``torch.load`` of a checkpoint file (:func:`read_checkpoint`, also
-``load_from_checkpoint``'s) is here; the safety checks (what is at the path, why ``torch.load``
-refused it) are :mod:`trainer.checkpoint.safety`'s.
+the file holds. Every ``torch.load`` of a checkpoint (:func:`read_checkpoint`, also
+``load_from_checkpoint``'s; a sharded directory's trainer state) is here, and so are the checks on
+what is at the path and why ``torch.load`` refused a file: pickled Python objects (named, never
+run) or a damaged file. torch's own message adds advice to retry with ``weights_only=False``, which
+geartrain never gives. A save a kill interrupted between its two renames left the previous
+checkpoint set aside (:data:`~trainer.checkpoint.format.SET_ASIDE`); :func:`complete_path` finds it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import stat
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
-from trainer.checkpoint.files import FORMAT_NAME, FORMAT_VERSION, check_version
-from trainer.checkpoint.layout import upgrade
-from trainer.checkpoint.safety import check_checkpoint_file, first_reason, unreadable
-from trainer.checkpoint.sharded import complete_path, read_directory
+from trainer.checkpoint.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    METADATA,
+    SET_ASIDE,
+    TRAINER_STATE,
+    check_version,
+    is_lightning_checkpoint,
+    lightning_resume_state,
+    upgrade,
+)
 from trainer.common.errors import CheckpointError
 from trainer.common.state_dict import plain_state_dict
 
-__all__ = ["LIGHTNING_SAFE_GLOBALS", "read_any", "read_checkpoint"]
+__all__ = [
+    "LIGHTNING_SAFE_GLOBALS",
+    "check_checkpoint_file",
+    "complete_path",
+    "first_reason",
+    "is_sharded_checkpoint",
+    "load_checkpoint",
+    "read_any",
+    "read_checkpoint",
+    "read_directory",
+    "recognise",
+    "unreadable",
+]
 
 
 #: The names Lightning's ``AttributeDict`` is pickled under (Lightning 2.x), each read as a plain dict.
@@ -36,32 +61,13 @@ LIGHTNING_SAFE_GLOBALS: list[Any] = [
 ]
 
 
-def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
-    where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
-    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-        return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
-    if isinstance(path, (str, os.PathLike)):
-        check_checkpoint_file(Path(path))
-    try:
-        with torch.serialization.safe_globals(LIGHTNING_SAFE_GLOBALS):
-            state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:
-        if isinstance(path, (str, os.PathLike)):
-            raise unreadable(Path(path), err) from err
-        raise CheckpointError(f"Cannot read checkpoint {where} with weights_only=True: {first_reason(err)}") from err
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
-    return state
-
-
 def read_any(path: str | Path) -> dict[str, Any]:
     """Read ``path`` once and return it as geartrain's checkpoint dict (see the module docstring).
 
     A plain state dict comes back as ``{"state_dict": ..., "plain_weights": True}``; a sharded
     directory's dict names its shards under ``"sharded_directory"``.
     """
-    path = complete_path(Path(path))  # after a kill between a save's two renames, the checkpoint set aside
+    path = complete_path(Path(path))
     if path.is_dir():
         return read_directory(path)
     state = read_checkpoint(path)  # one torch.load (weights_only; Lightning's AttributeDict allowed by name)
@@ -71,18 +77,227 @@ def read_any(path: str | Path) -> dict[str, Any]:
 def recognise(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """A loaded checkpoint dict (ours, Lightning's, a plain state dict; from ``path``) as geartrain's."""
     path = Path(path)
-    if state.get("format") == FORMAT_NAME:
-        check_version(path, state.get("version"))
-        return upgrade(state)
-    # Imported here: lightning_format imports this module (its load_from_checkpoint reads through it).
-    from trainer.checkpoint.lightning_format import is_lightning_checkpoint, lightning_resume_state
-
-    if is_lightning_checkpoint(state):
-        return lightning_resume_state(state)
-    weights = plain_state_dict(state)
-    if weights is not None:
-        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
+    found = _recognise(path, state, lightning=True, plain=True)
+    if found is not None:
+        return found
     raise CheckpointError(
         f"{path} is not a checkpoint geartrain reads (no format={FORMAT_NAME!r} entry, no Lightning keys and no "
         f"state dict; found {sorted(state)[:10]}). To load plain weights use module.load_state_dict(torch.load(path))."
     )
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], map_location: Any = "cpu", plain_weights: bool = False
+) -> dict[str, Any]:
+    """Read a geartrain checkpoint file with ``weights_only=True`` and check its format and version.
+
+    With ``plain_weights``, a plain PyTorch state dict (``torch.save(model.state_dict(), path)``,
+    prefixed or not, or a dict holding one under ``"state_dict"`` / ``"model_state_dict"`` / ``"model"``)
+    is accepted too and returned as ``{"state_dict": ..., "plain_weights": True}`` plus the format keys.
+    """
+    path = Path(path)
+    check_checkpoint_file(path)
+    state = _load(path, map_location, ())
+    found = _recognise(path, state, lightning=False, plain=plain_weights) if isinstance(state, dict) else None
+    if found is not None:
+        return found
+    keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
+    raise CheckpointError(
+        f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
+        "To load plain weights use module.load_state_dict(torch.load(path))."
+    )
+
+
+def _recognise(path: Path, state: dict[str, Any], lightning: bool, plain: bool) -> dict[str, Any] | None:
+    """What ``state`` holds as geartrain's dict: ours (version checked, older layouts upgraded), with
+    ``lightning`` a Lightning file's, with ``plain`` a plain state dict's weights; None for anything else."""
+    if state.get("format") == FORMAT_NAME:
+        check_version(path, state.get("version"))
+        return upgrade(state)
+    if lightning and is_lightning_checkpoint(state):
+        return lightning_resume_state(state)
+    weights = plain_state_dict(state) if plain else None
+    if weights is None:
+        return None
+    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
+
+
+def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
+    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+        return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
+    if isinstance(path, (str, os.PathLike)):
+        check_checkpoint_file(Path(path))
+    state = _load(path, map_location, LIGHTNING_SAFE_GLOBALS)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{_where(path)} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+def _where(path: str | os.PathLike[str] | IO[bytes]) -> Any:
+    return path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
+
+
+def _load(path: str | os.PathLike[str] | IO[bytes], map_location: Any, allowed: list[Any] | tuple[()]) -> Any:
+    """The one ``torch.load(weights_only=True)`` of a checkpoint file; a refusal says why (:func:`unreadable`)."""
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        if isinstance(path, (str, os.PathLike)):
+            raise unreadable(Path(path), err) from err
+        raise CheckpointError(
+            f"Cannot read checkpoint {_where(path)} with weights_only=True: {first_reason(err)}"
+        ) from err
+
+
+def complete_path(path: str | os.PathLike[str]) -> Path:
+    """``path``, or the previous checkpoint a save moved aside when a kill came mid-rename.
+
+    A replacement renames the old directory (or file) to ``.<name>.old`` and then the new one into
+    place; a process killed between the two leaves no ``path`` but a complete ``.<name>.old``, which
+    is what was there before the save, so that is the checkpoint to load.
+    """
+    path = Path(path)
+    if path.exists():
+        return path
+    old = path.parent / f".{path.name}{SET_ASIDE}"
+    return old if old.exists() else path
+
+
+def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """True for a directory a sharded save wrote (it holds DCP's ``.metadata``)."""
+    return (Path(path) / METADATA).is_file()
+
+
+def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A sharded checkpoint's trainer state, format-checked; ``"sharded_directory"`` names the tensors' place.
+
+    ``"optimizer_states"`` holds one empty placeholder per saved optimizer (their tensors stay in the
+    shards), so the resume checks count them as they count a file's.
+    """
+    path = Path(path)
+    if not is_sharded_checkpoint(path):
+        check_checkpoint_file(path)  # says what it is instead: missing, a plain directory, ...
+    state = _trainer_state(path)
+    if state.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} in its trainer state)")
+    check_version(path, state.get("version"))
+    upgrade(state)
+    if "optimizer_types" in state:
+        state["optimizer_states"] = [{} for _ in state["optimizer_types"]]
+    state["sharded_directory"] = path
+    return state
+
+
+def _trainer_state(path: Path) -> dict[str, Any]:
+    """The :data:`~trainer.checkpoint.format.TRAINER_STATE` file of a sharded checkpoint, read with ``weights_only=True``."""
+    file = path / TRAINER_STATE
+    if not file.is_file():
+        raise CheckpointError(
+            f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
+            "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
+        )
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"Checkpoint {file} cannot be read with weights_only=True, refusing it: {first_reason(err)}"
+        ) from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+def check_checkpoint_file(path: Path) -> None:
+    """Raise :class:`CheckpointError` naming why ``path`` cannot be read as a checkpoint file, if it cannot.
+
+    ``Path.is_file()`` answers False for a missing file, a directory, a FIFO, a device and a symlink
+    loop alike; a user needs to know which one it is.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise CheckpointError(f"Checkpoint {path} is a symbolic link loop; point it at a checkpoint file") from None
+        if err.errno == errno.EACCES:
+            raise CheckpointError(f"Checkpoint {path} cannot be opened: permission denied") from None
+        if err.errno == errno.ENOTDIR:
+            raise CheckpointError(f"Checkpoint {path} does not exist (a part of its path is a file)") from None
+        if os.path.islink(path):
+            raise CheckpointError(
+                f"Checkpoint {path} is a symbolic link to {os.readlink(path)}, which does not exist"
+            ) from None
+        raise CheckpointError(f"Checkpoint {path} does not exist") from None
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(
+            f"Checkpoint {path} is a directory but not a sharded geartrain checkpoint (no .metadata from "
+            "torch.distributed.checkpoint); give a .ckpt file or a sharded checkpoint's directory"
+        )
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+        )
+        raise CheckpointError(f"Checkpoint {path} is {kind}, not a regular file; give a .ckpt file")
+
+
+def first_reason(err: BaseException) -> str:
+    """The line of torch's error that says what is wrong with the file, not its advice on ``weights_only``."""
+    found = re.search(r"WeightsUnpickler error:\s*(\S.*)", str(err)) or re.search(r"(\S.{0,200})", str(err))
+    reason = found.group(1).strip() if found else type(err).__name__
+    # torch's advice on allow-listing the global (or on weights_only=False) is not geartrain's to give.
+    return re.split(r"\s*(?:Please use `torch\.serialization|Re-running `torch\.load`)", reason)[0]
+
+
+_SAFE_IMPORTS = ("torch.", "collections.OrderedDict", "builtins.")
+
+
+def unreadable(path: Path, err: Exception) -> CheckpointError:
+    """The error for a file ``torch.load(weights_only=True)`` refused: pickled objects, or a damaged file."""
+    imports = _unsafe_globals(path)
+    if imports:
+        return CheckpointError(
+            f"Checkpoint {path} holds pickled Python objects ({', '.join(imports[:5])}), which could run "
+            "code when loaded; refusing it. geartrain checkpoints hold only tensors and plain containers."
+        )
+    return CheckpointError(
+        f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {first_reason(err)}"
+    )
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """The globals a file names that ``weights_only`` loading refuses, read without unpickling."""
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:
+        return _pickled_imports(path)
+
+
+def _pickled_imports(path: Path) -> list[str]:
+    """Python names a pickle (or torch zip file) would import, read without unpickling; [] if unreadable.
+
+    Only names outside torch's tensor machinery are returned: those are what made the safe loader
+    refuse the file, and what a malicious file would call.
+    """
+    import pickletools
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                members = [n for n in archive.namelist() if n.endswith("data.pkl")]
+                data = archive.read(members[0]) if members else b""
+        else:
+            data = path.read_bytes()
+        names: list[str] = []
+        strings: list[str] = []
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name == "GLOBAL":
+                names.append(str(arg).replace(" ", "."))
+            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.append(".".join(strings[-2:]))
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:
+        return []
+    return [n for n in dict.fromkeys(names) if not n.startswith(_SAFE_IMPORTS)]

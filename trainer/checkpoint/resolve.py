@@ -1,7 +1,7 @@
 """The one resolver: which checkpoint ``ckpt_path="last"`` means, for the ``Trainer`` and the ``geartrain`` command.
 
-The ``Trainer`` (:meth:`~trainer.checkpoint.connector.CheckpointConnector.resolve`, Lightning's
-meaning): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of this Trainer's checkpoint
+The ``Trainer`` (:func:`resolve_ckpt_path`, Lightning's meaning; ``"best"`` is the checkpoint
+callback's ``best_model_path``): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of this Trainer's checkpoint
 folder, else what a kill left there (:func:`newest_complete_checkpoint`). The ``geartrain`` command
 (:func:`resolve_last_checkpoint`): this run's own, else the newest ``last.ckpt`` of *the same job*, a
 run started with the same overrides but for the budget (``max_epochs``, ``max_steps``,
@@ -15,22 +15,28 @@ and a half-written directory are recovered or skipped with a one-line notice.
 from __future__ import annotations
 
 import os
+import re
 import sys
+import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.common.errors import ConfigError
-from trainer.common.fs_safety import SHARDED_MARKERS
+from callbacks.checkpoint import ModelCheckpoint
+from trainer.checkpoint.format import SET_ASIDE, SHARDED_MARKERS
+from trainer.common.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = [
+    "BestCheckpointMissing",
     "is_complete_checkpoint",
+    "last_files",
     "last_of_folder",
     "newest_complete_checkpoint",
+    "resolve_ckpt_path",
     "resolve_last_checkpoint",
     "run_folder_checkpoint",
     "same_line",
@@ -78,7 +84,7 @@ def newest_complete_checkpoint(
         notices.append(f"{wanted} is a directory that was never completed (no .metadata or trainer.pt); skipped")
     elif wanted.exists():
         notices.append(f"{wanted} is not a complete checkpoint; skipped")
-    aside = folder / f".{name}.old"
+    aside = folder / f".{name}{SET_ASIDE}"
     if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
         notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
         return aside, notices
@@ -94,16 +100,79 @@ def newest_complete_checkpoint(
     return newest, notices
 
 
+class BestCheckpointMissing(CheckpointError, ValueError):
+    """``ckpt_path="best"`` with no best checkpoint: a ``ValueError`` as Lightning's, a ``CheckpointError`` as before."""
+
+
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str], stage: str | None = None) -> Path | None:
+    """A path as given, or the file ``"last"``/``"best"`` stands for in ``trainer``'s run.
+
+    ``"last"`` before any checkpoint exists is None: as in Lightning, no checkpoint is loaded and
+    training starts from scratch, so a job script can pass ``ckpt_path="last"`` on every start
+    (set and forget, for preemptible jobs). With ``stage`` (the running ``fit``, ``validate``,
+    ...) that is said in a warning, in Lightning's words. ``"best"`` before any is an error.
+    """
+    if str(ckpt_path) not in ("last", "best"):
+        return Path(ckpt_path)
+    # The first checkpoint callback (``Trainer.checkpoint_callback``): what has a ``best_model_path``.
+    cb = next((c for c in trainer.callbacks if hasattr(c, "best_model_path")), None)
+    if str(ckpt_path) == "best":
+        found = getattr(cb, "best_model_path", None) if cb is not None else None
+    else:
+        dirpath = getattr(cb, "dirpath", None)
+        folder = Path(dirpath) if dirpath else trainer.checkpointing.default_directory()
+        found = last_of_folder(trainer, cb, folder) if cb is not None else None
+    if not found and str(ckpt_path) == "last":
+        if stage is not None and trainer.is_global_zero:
+            fresh = " Training starts from scratch." if stage == "fit" else ""
+            warnings.warn(
+                f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
+                stacklevel=2,
+            )
+        return None
+    if not found:
+        call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
+        raise BestCheckpointMissing(
+            f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
+            "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
+            "and save_top_k != 0)"
+        )
+    return Path(found)
+
+
+def last_files(folder: str | os.PathLike[str] | None, name: str = "last", extension: str = ".ckpt") -> set[str]:
+    """The last files ``ckpt_path="last"`` may mean in ``folder``: ``last.ckpt``, ``last-v1.ckpt``, ...
+
+    ``name`` and ``extension`` are the checkpoint callback's (Lightning's ``CHECKPOINT_NAME_LAST`` and
+    ``FILE_EXTENSION``); ``ModelCheckpoint._find_last_checkpoints`` (Lightning's method) answers with this.
+    """
+    path = Path(folder or "")
+    if not folder or not path.is_dir():
+        return set()
+    pattern = re.compile(rf"^{re.escape(name)}(-v?\d+)?{re.escape(extension)}$")
+    return {str(p) for p in path.iterdir() if pattern.match(p.name)}
+
+
 def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
     """``"last"`` for a ``Trainer``: the callback's newest complete last file, else what a kill left in ``folder``.
 
-    ``callback`` is the trainer's checkpoint callback (its ``last_model_path`` once it saved, its
-    ``_find_last_checkpoints``: Lightning's hook); notices about a recovered file are printed on rank 0.
+    ``callback`` is the trainer's checkpoint callback: its ``last_model_path`` once it saved, else its
+    folder's last files (:func:`last_files`; a subclass that overrides Lightning's
+    ``_find_last_checkpoints`` is asked instead). Notices about a recovered file are printed on rank 0.
     """
     found = getattr(callback, "last_model_path", None)
-    find = getattr(callback, "_find_last_checkpoints", None)
-    if (not found or not is_complete_checkpoint(found)) and find is not None:
-        files = [Path(p) for p in find(trainer) if is_complete_checkpoint(p)]
+    if not found or not is_complete_checkpoint(found):
+        find = getattr(type(callback), "_find_last_checkpoints", None)
+        if find is ModelCheckpoint._find_last_checkpoints:
+            names = last_files(
+                getattr(callback, "dirpath", None),
+                getattr(callback, "CHECKPOINT_NAME_LAST", "last"),
+                getattr(callback, "FILE_EXTENSION", ".ckpt"),
+            )
+        else:
+            names = set(callback._find_last_checkpoints(trainer)) if find is not None else set()
+        files = [Path(p) for p in names if is_complete_checkpoint(p)]
         found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
     if not found:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when

@@ -1,11 +1,14 @@
-"""geartrain removes or replaces only what it wrote: the checks every save, eviction and resume goes through.
+"""geartrain removes or replaces only what it wrote: the checks and the one replacement every save goes through.
 
 A checkpoint path is replaced only when what is there is a file or link (replaced whole, as
 ``torch.save`` does), a sharded checkpoint directory of ours (DCP's ``.metadata`` and our
 ``trainer.pt``) or nothing; a folder that is not a checkpoint (a user's folder, the working
-directory) is refused with a message naming it, before a byte is written. Resuming looks for the newest *complete* checkpoint of one
-folder: a set-aside ``.<name>.old``, a dangling link and a half-written directory are recovered or
-skipped with a one-line notice. Standard library only (the leaf).
+directory) is refused with a message naming it, before a byte is written. A replacement
+(:func:`swap_in`) that involves a directory moves the old one aside to ``.<name>.old`` and removes it
+once the new one is in place; the reader (``trainer.checkpoint.reader``) loads the set-aside one after a
+kill in between. Here, in the leaf, because the trainer's writer, the strategies' sharded save and
+``ModelCheckpoint``'s link all replace checkpoints; the names are the format's
+(``trainer.checkpoint.format``), which re-exports them. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,15 +22,23 @@ from pathlib import Path
 from trainer.common.errors import CheckpointError
 
 __all__ = [
+    "PARTIAL",
+    "SET_ASIDE",
     "SHARDED_MARKERS",
     "check_replaceable",
+    "fsync_dir",
     "is_geartrain_checkpoint",
     "is_our_checkpoint_dir",
     "remove_checkpoint",
+    "swap_in",
 ]
 
 #: The files that mark a sharded checkpoint directory as ours (DCP's metadata, our trainer state).
 SHARDED_MARKERS = (".metadata", "trainer.pt")
+#: ``.<name>`` + this: a sharded directory being written, renamed to ``<name>`` once complete.
+PARTIAL = ".partial"
+#: ``.<name>`` + this: the checkpoint a replacement moved aside, removed once the new one is in place.
+SET_ASIDE = ".old"
 
 
 def is_our_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
@@ -112,3 +123,44 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> bool:
         path.unlink(missing_ok=True)
         return True
     return not os.path.lexists(path)
+
+
+def swap_in(new: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Rename ``new`` (a file, a link or a directory) to ``path``, over what is there (a checkpoint of ours).
+
+    ``os.replace`` where it can; where a directory is involved on either side, what is at ``path`` is
+    moved aside to ``.<name>.old`` first (a link is removed, never what it names) and deleted once
+    ``new`` is in place and the folder is synced, so a kill in between leaves a loadable checkpoint.
+    """
+    new, path = Path(new), Path(path)
+    check_replaceable(path)
+    if not _real_dir(path) and not _real_dir(new):
+        os.replace(new, path)
+        return
+    aside = path.parent / f".{path.name}{SET_ASIDE}"
+    remove_checkpoint(aside)
+    if path.is_symlink():
+        path.unlink()  # save_last="link": the link goes, the directory it named stays
+    elif os.path.lexists(path):
+        os.replace(path, aside)
+    os.replace(new, path)
+    fsync_dir(path.parent)
+    remove_checkpoint(aside)
+
+
+def _real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make renames in ``directory`` durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -340,7 +340,9 @@ def checkpoint_model_config(path: str | Path) -> dict[str, Any]:
     Hyperparameters the checkpoint keeps only as a description (``hparams_unsaved``: objects that
     ``weights_only`` loading does not rebuild) are left out, so the config's values stand for them.
     """
-    state = torch.load(path, weights_only=True, map_location="cpu")
+    from trainer.checkpoint.reader import read_checkpoint
+
+    state = read_checkpoint(path)  # weights_only, Lightning's AttributeDict read as a dict
     hparams = dict(state.get("hyper_parameters") or {})
     hparams.pop("_instantiator", None)
     for name in state.get("hparams_unsaved", []):

@@ -1,8 +1,8 @@
-"""Lightning's keys in geartrain's checkpoints, and reading the files of older geartrain versions.
+"""The checkpoint format, in one place: the keys, the versions, Lightning's layout, the names on disk.
 
-A geartrain checkpoint (format version 2) is laid out as Lightning 2.6 lays out its own, plus
-geartrain's entries, so that Lightning's ``LightningModule.load_from_checkpoint`` and
-``Trainer.fit(ckpt_path=...)`` read it and tools reading ``ckpt["epoch"]`` work:
+A geartrain checkpoint (``format="geartrain"``, format version 2) is laid out as Lightning 2.6 lays
+out its own, plus geartrain's entries, so that Lightning's ``LightningModule.load_from_checkpoint``
+and ``Trainer.fit(ckpt_path=...)`` read it and tools reading ``ckpt["epoch"]`` work:
 
 ============================== ==========================================================
 ``state_dict``                 the model's weights (one copy, read by both)
@@ -20,15 +20,53 @@ geartrain's entries, so that Lightning's ``LightningModule.load_from_checkpoint`
 geartrain's own entries stay beside them (``format``, ``version``, ``progress``, ``rng``,
 ``precision``, ``config``, ...). ``progress`` is what geartrain resumes from; the few counters in
 ``loops`` are written for Lightning only. Version 1 files (``optimizers``, ``hparams``) are read by
-renaming their entries (:func:`upgrade`), so every reader sees one layout.
+renaming their entries (:func:`upgrade`), so every reader sees one layout; a Lightning 2.x file is
+read as geartrain's dict (:func:`lightning_resume_state`).
+
+On disk (the names the writer makes and the reader and resolver follow):
+
+- a checkpoint is a file ``<name>`` (``torch.save``, a zip archive), or a sharded directory
+  ``<name>/`` holding :data:`SHARDED_MARKERS` (DCP's ``.metadata`` and our :data:`TRAINER_STATE`);
+- a file is written as ``.<name>.<random>.tmp`` and renamed over ``<name>``; a directory is written as
+  ``.<name>.partial`` (:data:`PARTIAL`) and renamed into place;
+- a directory (or a file over a directory) being replaced is first moved aside to ``.<name>.old``
+  (:data:`SET_ASIDE`) and removed once the new one is in place: after a kill between the two
+  renames, ``.<name>.old`` is the checkpoint that was there, and the reader loads it;
+- ``save_last="link"`` makes ``last.ckpt`` a relative symbolic link to the newest file; ``last.ckpt``
+  next to a top-k file is a hard link where the filesystem allows (never written into afterwards).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["LIGHTNING_LAYOUT_VERSION", "lightning_loops", "upgrade"]
+from strategies.sharded_safety import METADATA, TRAINER_STATE
+from trainer.common.errors import CheckpointError
+from trainer.common.fs_safety import PARTIAL, SET_ASIDE, SHARDED_MARKERS
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "LIGHTNING_LAYOUT_VERSION",
+    "METADATA",
+    "PARTIAL",
+    "SET_ASIDE",
+    "SHARDED_MARKERS",
+    "TRAINER_STATE",
+    "check_version",
+    "is_lightning_checkpoint",
+    "lightning_loops",
+    "lightning_resume_state",
+    "upgrade",
+]
+
+FORMAT_NAME = "geartrain"
+#: 2: Lightning's keys (``optimizer_states``, ``hyper_parameters``, ``epoch``, ...); version 1 files
+#: are read by renaming their entries (:func:`upgrade`).
+FORMAT_VERSION = 2
+
 
 #: Written as ``pytorch-lightning_version``: the Lightning release whose checkpoint layout geartrain's
 #: files follow (Lightning runs no migration on it, and reads callback states by ``state_key``).
@@ -124,3 +162,86 @@ def lightning_loops(progress: Mapping[str, Any], automatic_optimization: bool) -
         "test_loop": _evaluation_loop(),
         "predict_loop": {"state_dict": {}, "batch_progress": _batch_progress(0, 0, None)},
     }
+
+
+def check_version(path: Path, version: Any) -> None:
+    """Refuse a checkpoint whose format ``version`` is not one this geartrain reads, saying which way it is off."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointError(
+            f"Checkpoint {path} has an invalid format version {version!r} (a whole number from 1 to "
+            f"{FORMAT_VERSION} is expected): the file was not written by geartrain, or was edited"
+        )
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"Checkpoint {path} has format version {version}, newer than this geartrain reads "
+            f"({FORMAT_VERSION}); upgrade geartrain to load it."
+        )
+
+
+def is_lightning_checkpoint(state: Mapping[str, Any]) -> bool:
+    """Whether ``state`` was written by Lightning (``pytorch-lightning_version``, or its keys without ours)."""
+    if state.get("format") == FORMAT_NAME:
+        return False
+    return "pytorch-lightning_version" in state or ("state_dict" in state and "global_step" in state)
+
+
+def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A Lightning checkpoint as geartrain's checkpoint dict: weights, optimizers, schedulers, progress.
+
+    The epoch and the batch in it come from Lightning's loop state (``fit_loop.epoch_progress`` and
+    ``epoch_loop.batch_progress``) when present, else from ``epoch``; a checkpoint written after
+    an epoch finished resumes at the next epoch, as in Lightning.
+    """
+    loops = state.get("loops") or {}
+    fit_loop = loops.get("fit_loop") or {}
+    epochs_done = _progress(fit_loop.get("epoch_progress"), "completed")
+    epochs_started = _progress(fit_loop.get("epoch_progress"), "started")
+    epochs_processed = _progress(fit_loop.get("epoch_progress"), "processed")
+    batches = _progress(fit_loop.get("epoch_loop.batch_progress"), "completed")
+    batch_meta = fit_loop.get("epoch_loop.batch_progress") or {}
+    global_step = int(state.get("global_step", 0))
+    if epochs_done is None:
+        progress = {"epoch": int(state.get("epoch", 0)), "global_step": global_step, "epoch_finished": True}
+    elif epochs_started is not None and epochs_processed is not None:
+        # Lightning counts an epoch processed once its batches and validation are done, completed only
+        # after its epoch-end hooks: a ModelCheckpoint save in on_train_epoch_end has processed = e + 1,
+        # completed = e, and Lightning resumes it at epoch e + 1.
+        if epochs_processed >= epochs_started:
+            progress = {
+                "epoch": max(epochs_processed - 1, 0),
+                "global_step": global_step,
+                "batch_in_epoch": batches or 0,
+                "epoch_finished": epochs_processed > 0,
+            }
+        else:
+            progress = {"epoch": epochs_processed, "global_step": global_step, "batch_in_epoch": batches or 0}
+    elif batches and not batch_meta.get("is_last_batch", True):
+        progress = {"epoch": epochs_done, "global_step": global_step, "batch_in_epoch": batches}
+    else:
+        progress = {
+            "epoch": max(epochs_done - 1, 0),
+            "global_step": global_step,
+            "batch_in_epoch": batches or 0,
+            "epoch_finished": epochs_done > 0,
+        }
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "state_dict": dict(state["state_dict"]),
+        "progress": progress,
+        "epoch": int(state.get("epoch", 0)),
+        "global_step": global_step,
+        "hyper_parameters": dict(state.get("hyper_parameters") or {}),
+        "optimizer_states": list(state.get("optimizer_states", [])),
+        "lr_schedulers": list(state.get("lr_schedulers", [])),
+        "from_lightning": True,
+    }
+
+
+def _progress(entry: Any, field: str) -> int | None:
+    if not isinstance(entry, Mapping):
+        return None
+    current = entry.get("current")
+    if isinstance(current, Mapping) and field in current:
+        return int(current[field])
+    return None
