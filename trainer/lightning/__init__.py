@@ -136,7 +136,26 @@ _BORING = [
     "RandomIterableDataset",
     "RandomIterableDatasetWithLen",
 ]
-_SUMMARY = {"ModelSummary": "callbacks.model_summary:Summary", "summarize": "callbacks.model_summary"}
+_SUMMARY = {
+    "ModelSummary": "callbacks.layer_summary:Summary",
+    **dict.fromkeys(
+        [
+            "LayerSummary",
+            "get_formatted_model_size",
+            "get_human_readable_count",
+            "parse_batch_shape",
+            "summarize",
+        ],
+        "callbacks.layer_summary",
+    ),
+}
+#: ``utilities.model_summary.model_summary`` also holds the summary table's constants.
+_SUMMARY_FILE = {
+    **_SUMMARY,
+    **dict.fromkeys(
+        ["LEFTOVER_PARAMS_NAME", "NOT_APPLICABLE", "PARAMETER_NUM_UNITS", "UNKNOWN_SIZE"], "callbacks.layer_summary"
+    ),
+}
 _IMPORT_FLAGS = [
     "_OMEGACONF_AVAILABLE",
     "_PYTHON_GREATER_EQUAL_3_11_0",
@@ -245,12 +264,13 @@ TREE: dict[str, dict[str, str]] = {
     "callbacks.model_checkpoint": {"ModelCheckpoint": "callbacks.checkpoint"},
     "callbacks.lr_monitor": {"LearningRateMonitor": "callbacks.lr_monitor"},
     "callbacks.progress": {
-        **_from("callbacks.progress", ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]),
+        **_from("callbacks.progress", ["ProgressBar", "RichProgressBar"]),
+        "TQDMProgressBar": "callbacks.tqdm_progress",
         **{sub: "/" for sub in ("progress_bar", "rich_progress", "tqdm_progress")},
     },
-    "callbacks.progress.progress_bar": {"ProgressBar": "callbacks.progress"},
+    "callbacks.progress.progress_bar": _from("callbacks.progress", ["ProgressBar", "get_standard_metrics"]),
     "callbacks.progress.rich_progress": {"RichProgressBar": "callbacks.progress"},
-    "callbacks.progress.tqdm_progress": {"TQDMProgressBar": "callbacks.progress"},
+    "callbacks.progress.tqdm_progress": _from("callbacks.tqdm_progress", ["TQDMProgressBar", "Tqdm", "convert_inf"]),
     "callbacks.model_summary": _from("callbacks.model_summary", ["ModelSummary"]),
     "callbacks.finetuning": _from("callbacks.finetuning", ["BackboneFinetuning", "BaseFinetuning", "multiplicative"]),
     "callbacks.prediction_writer": {"BasePredictionWriter": "callbacks.prediction_writer"},
@@ -340,7 +360,7 @@ TREE: dict[str, dict[str, str]] = {
         "DistributedDataParallel": "torch.nn.parallel",
     },
     "utilities.model_summary": {**_SUMMARY, "model_summary": "/"},
-    "utilities.model_summary.model_summary": _SUMMARY,
+    "utilities.model_summary.model_summary": _SUMMARY_FILE,
     "utilities.imports": {
         **_from("lightning_utilities.core.imports", ["RequirementCache", "compare_version", "package_available"]),
         **_from(_UTIL, _IMPORT_FLAGS),

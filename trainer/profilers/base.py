@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["PassThroughProfiler", "Profiler", "is_active", "profiled", "profiled_iter"]
+__all__ = ["PassThroughProfiler", "Profiler", "is_active", "profiled", "profiled_iter", "strategy_action"]
 
 F = TypeVar("F")
 
@@ -148,3 +148,8 @@ def _timed_iter(profiler: Profiler, action: str, it: Iterator[Any]) -> Iterator[
         finally:
             profiler.stop(action)
         yield item
+
+
+def strategy_action(strategy: object, name: str) -> str:
+    """The action name of a step seam the strategy runs, as Lightning names it: ``[Strategy]DDPStrategy.training_step``."""
+    return f"[Strategy]{type(strategy).__name__}.{name}"

@@ -40,8 +40,11 @@ class PyTorchProfiler(Profiler):
             batches per stage and rank.
     """
 
-    #: Actions whose end is one step of the profiler's schedule: one training batch, one evaluation batch.
+    #: Actions whose end is one step of the profiler's schedule: one training batch, one evaluation batch
+    #: (``[Strategy]<class>.validation_step``...: matched by their ending).
     STEP_ACTIONS = frozenset({"run_training_batch", "validation_step", "test_step", "predict_step"})
+    #: The prefix of every action's ``record_function`` range in the trace (Lightning's).
+    RECORD_PREFIX = "[pl][profile]"
 
     def __init__(
         self,
@@ -76,6 +79,9 @@ class PyTorchProfiler(Profiler):
         self._module_ranges: list[Any] = []
         self._hooks: list[Any] = []
         self._table = ""
+        #: torch's events of the last recorded window (``profile.events()``), kept when the profiler stops
+        #: (after :meth:`summary`, :meth:`describe` or the stage's end); ``None`` before.
+        self.function_events: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (the trainer travels to the processes it starts) before :meth:`setup` starts torch's profiler."""
@@ -105,7 +111,7 @@ class PyTorchProfiler(Profiler):
         """Open a ``record_function`` range named ``action_name``."""
         if self._profiler is None:
             return
-        rf = record_function(action_name)
+        rf = record_function(self.RECORD_PREFIX + action_name)
         rf.__enter__()
         self._ranges[action_name] = rf
 
@@ -114,7 +120,7 @@ class PyTorchProfiler(Profiler):
         rf = self._ranges.pop(action_name, None)
         if rf is not None:
             rf.__exit__(None, None, None)
-        if self._profiler is not None and action_name in self.STEP_ACTIONS:
+        if self._profiler is not None and action_name.rpartition(".")[2] in self.STEP_ACTIONS:
             self._profiler.step()
 
     def summary(self) -> str:
@@ -139,6 +145,10 @@ class PyTorchProfiler(Profiler):
         if prof is None:
             return
         prof.stop()
+        try:
+            self.function_events = prof.events()
+        except (AssertionError, RuntimeError):  # nothing was recorded
+            self.function_events = None
         try:
             averages = prof.key_averages(group_by_input_shape=self.group_by_input_shapes)
         except (AssertionError, RuntimeError):  # nothing was recorded (the stage ended before the window)
