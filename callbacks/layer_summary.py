@@ -226,6 +226,8 @@ class Summary:
             from trainer.common.tree import move_to_device
 
             example = move_to_device(example, device)
+        if trainer is not None:  # a true-half-precision model gets its input in its dtype, as its batches do
+            example = trainer.precision_plugin.convert_input(example)
         modes = {module: module.training for module in model.modules()}
         model.eval()
         forward_context = (

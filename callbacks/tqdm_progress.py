@@ -42,7 +42,7 @@ class Tqdm(_tqdm):
         """tqdm's number format, floats and numeric strings padded with zeros to :data:`_PAD_SIZE` characters.
 
         >>> Tqdm.format_num(1.2), Tqdm.format_num(3), Tqdm.format_num("7"), Tqdm.format_num(1e-9)
-        ('1.200', '3', '7.000', '1e-09')
+        ('1.200', '3', '7.000', '1e-9')
         """
         padded = isinstance(n, (float, str))
         text = n if isinstance(n, str) else str(_tqdm.format_num(n))

@@ -197,6 +197,10 @@ class Strategy:
     def teardown(self) -> None:
         """Release what :meth:`setup_environment` acquired."""
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a stage ends with ``exception``, after the callbacks' and data module's ``on_exception``
+        (Lightning's strategy hook); nothing by default."""
+
     # ----------------------------------------------------------------- data
     def process_dataloader(self, dataloader: Iterable[Any], *, train: bool) -> Iterable[Any]:
         """Shard ``dataloader`` across processes where the strategy has several (default: as is)."""

@@ -212,3 +212,15 @@ def test_a_profiler_of_your_own_sees_the_actions_in_order(tmp_path: Path) -> Non
 def _closure(fn: Any) -> dict[str, Any]:
     """The variables a closure captured, by name (what the loop bound once for the epoch)."""
     return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)}
+
+
+def test_the_pytorch_profiler_works_without_a_trainer(tmp_path: Path) -> None:
+    profiler = PyTorchProfiler(dirpath=tmp_path, filename="alone")
+    with profiler.profile("outer"):
+        a = torch.ones(3)
+        with profiler.profile("inner"):
+            _ = a + a
+    profiler.describe()
+    names = {event.name for event in profiler.function_events}
+    assert {"[pl][profile]outer", "[pl][profile]inner", "aten::add", "aten::ones"} <= names
+    assert "[pl][profile]inner" in (tmp_path / "alone.txt").read_text()

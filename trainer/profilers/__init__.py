@@ -55,9 +55,12 @@ def resolve_profiler(profiler: Profiler | str | None) -> Profiler:
     if profiler is None:
         return PassThroughProfiler()
     if isinstance(profiler, Profiler):
+        profiler.in_trainer = True
         return profiler
     if isinstance(profiler, str) and profiler.lower() in _BY_NAME:
-        return _BY_NAME[profiler.lower()](filename="profiler")
+        made = _BY_NAME[profiler.lower()](filename="profiler")
+        made.in_trainer = True
+        return made
     if isinstance(profiler, str) and profiler.lower() == "xla":
         XLAProfiler()
     expected = f"Trainer(profiler={profiler!r}): expected None, one of {sorted(_BY_NAME)} or a trainer.profilers.Profiler instance"

@@ -37,6 +37,8 @@ class Profiler(ABC):
         #: The process's global rank (set by the trainer at :meth:`setup`): only rank 0 prints and writes reports.
         self.global_rank = int(os.environ.get("RANK", "0"))
         self._stage: str | None = None
+        #: Whether a Trainer runs this profiler (its stages set it up); False for one used on its own.
+        self.in_trainer = False
         self._local_rank: int | None = None
 
     @abstractmethod

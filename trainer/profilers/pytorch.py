@@ -82,6 +82,7 @@ class PyTorchProfiler(Profiler):
         #: torch's events of the last recorded window (``profile.events()``), kept when the profiler stops
         #: (after :meth:`summary`, :meth:`describe` or the stage's end); ``None`` before.
         self.function_events: Any = None
+        self._used_alone = False  # started by an action outside a trainer (once)
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (the trainer travels to the processes it starts) before :meth:`setup` starts torch's profiler."""
@@ -93,10 +94,15 @@ class PyTorchProfiler(Profiler):
         """Start torch's profiler for ``stage`` in this process."""
         super().setup(stage, local_rank, log_dir)
         self._finish()
+        self._start_torch(steps=True)
+
+    def _start_torch(self, steps: bool) -> None:
+        """Start torch's profiler; ``steps``: a trainer's stage, whose batches advance the default schedule."""
         self._table = ""
         kwargs = dict(self.profiler_kwargs)
         kwargs.setdefault("activities", _default_activities())
-        kwargs.setdefault("schedule", torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
+        if steps:
+            kwargs.setdefault("schedule", torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
         if self.export_to_chrome and "on_trace_ready" not in kwargs:
             kwargs["on_trace_ready"] = self._write_trace
         self._profiler = torch.profiler.profile(**kwargs)
@@ -108,9 +114,16 @@ class PyTorchProfiler(Profiler):
             ]
 
     def start(self, action_name: str) -> None:
-        """Open a ``record_function`` range named ``action_name``."""
+        """Open a ``record_function`` range named ``action_name``.
+
+        Used outside a trainer, the first action starts torch's profiler, recording
+        everything until :meth:`summary` or :meth:`describe` (Lightning's profilers work without a trainer).
+        """
         if self._profiler is None:
-            return
+            if self.in_trainer or self._used_alone:
+                return
+            self._used_alone = True
+            self._start_torch(steps=False)
         rf = record_function(self.RECORD_PREFIX + action_name)
         rf.__enter__()
         self._ranges[action_name] = rf
