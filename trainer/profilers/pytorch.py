@@ -10,6 +10,7 @@ range, and with ``record_module_names`` so is each module's forward. The recorde
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ class PyTorchProfiler(Profiler):
         self.sort_by_key = sort_by_key
         self.record_module_names = record_module_names
         self.table_kwargs = dict(table_kwargs or {})
+        _check_table_kwargs(self.table_kwargs)
         self.profiler_kwargs = profiler_kwargs
         #: The trace files written in this process, in order.
         self.trace_files: list[Path] = []
@@ -187,6 +189,21 @@ class PyTorchProfiler(Profiler):
     def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._module_ranges:
             self._module_ranges.pop().__exit__(None, None, None)
+
+
+def _check_table_kwargs(table_kwargs: dict[str, Any]) -> None:
+    """Refuse a ``table_kwargs`` key that is an argument of the profiler or unknown to torch's ``EventList.table``."""
+    from torch.autograd.profiler_util import EventList
+
+    valid = set(inspect.signature(EventList.table).parameters) - {"self", "sort_by", "row_limit"}
+    for key in table_kwargs:
+        if key in {"sort_by", "row_limit"}:
+            raise KeyError(
+                f"Found invalid table_kwargs key: {key}. This is already a positional argument of the Profiler."
+                f" Pass PyTorchProfiler({'sort_by_key' if key == 'sort_by' else key}=...) instead."
+            )
+        if key not in valid:
+            raise KeyError(f"Found invalid table_kwargs key: {key}. Should be within {sorted(valid)}.")
 
 
 def _default_activities() -> list[ProfilerActivity]:
