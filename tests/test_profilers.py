@@ -228,15 +228,15 @@ def test_the_pytorch_profiler_works_without_a_trainer(tmp_path: Path) -> None:
 
 def test_lightnings_messages_for_misused_actions_and_table_options() -> None:
     simple = SimpleProfiler()
-    with pytest.raises(ValueError, match="^Attempting to stop recording an action"):
+    with pytest.raises(ValueError, match=r"^Attempting to stop recording an action"):
         simple.stop("load")
     simple.start("load")
-    with pytest.raises(ValueError, match="^Attempted to start load"):
+    with pytest.raises(ValueError, match=r"^Attempted to start load"):
         simple.start("load")
-    with pytest.raises(ValueError, match="^Attempting to stop recording an action"):
+    with pytest.raises(ValueError, match=r"^Attempting to stop recording an action"):
         AdvancedProfiler().stop("load")
-    with pytest.raises(KeyError, match="table_kwargs key: row_limit. This is already a positional argument"):
+    with pytest.raises(KeyError, match=r"table_kwargs key: row_limit\. This is already a positional argument"):
         PyTorchProfiler(table_kwargs={"row_limit": 3})
-    with pytest.raises(KeyError, match="table_kwargs key: colour. Should be within"):
+    with pytest.raises(KeyError, match=r"table_kwargs key: colour\. Should be within"):
         PyTorchProfiler(table_kwargs={"colour": "red"})
     PyTorchProfiler(table_kwargs={"max_name_column_width": 80})  # one of torch's table options
