@@ -8,7 +8,8 @@ on first use, so a hook that neither the module nor any callback overrides costs
 the loops can ask :meth:`HookDispatch.overridden` once per epoch and skip it altogether.
 
 With a profiler (``Trainer(profiler=...)``) each resolved callable is wrapped once in its own action
-(``[LightningModule]Net.on_train_start``, ``[Callback]ModelCheckpoint.on_train_batch_end``); without
+(``[LightningModule]Net.on_train_start``, ``[Callback]<the callback's state_key>.on_train_batch_end``, as
+Lightning names them, so two callbacks of one class are two actions); without
 one the resolved callables are the hooks themselves, as before profilers existed.
 """
 
