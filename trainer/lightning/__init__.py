@@ -138,23 +138,14 @@ _BORING = [
 ]
 _SUMMARY = {
     "ModelSummary": "callbacks.layer_summary:Summary",
-    **dict.fromkeys(
-        [
-            "LayerSummary",
-            "get_formatted_model_size",
-            "get_human_readable_count",
-            "parse_batch_shape",
-            "summarize",
-        ],
-        "callbacks.layer_summary",
-    ),
+    **dict.fromkeys(["LayerSummary", "parse_batch_shape", "summarize"], "callbacks.layer_summary"),
+    **dict.fromkeys(["get_formatted_model_size", "get_human_readable_count"], "callbacks.summary_table"),
 }
 #: ``utilities.model_summary.model_summary`` also holds the summary table's constants.
 _SUMMARY_FILE = {
     **_SUMMARY,
-    **dict.fromkeys(
-        ["LEFTOVER_PARAMS_NAME", "NOT_APPLICABLE", "PARAMETER_NUM_UNITS", "UNKNOWN_SIZE"], "callbacks.layer_summary"
-    ),
+    **dict.fromkeys(["LEFTOVER_PARAMS_NAME", "NOT_APPLICABLE", "UNKNOWN_SIZE"], "callbacks.layer_summary"),
+    "PARAMETER_NUM_UNITS": "callbacks.summary_table",
 }
 _IMPORT_FLAGS = [
     "_OMEGACONF_AVAILABLE",
