@@ -84,6 +84,24 @@ class ProgressBar(Callback):
     # ----------------------------------------------------------------- Lightning's ProgressBar methods
     _disabled = False
 
+    @staticmethod
+    def check_one(callbacks: list[Any], enabled: bool) -> ProgressBar | None:
+        """The bar in ``callbacks``; two, or one beside ``enable_progress_bar=False``, are refused as in Lightning."""
+        from trainer.common.errors import MisconfigurationException
+
+        bars = [cb for cb in callbacks if isinstance(cb, ProgressBar)]
+        if len(bars) > 1:
+            raise MisconfigurationException(
+                "You added multiple progress bar callbacks to the Trainer, but currently only one progress bar is "
+                f"supported: {', '.join(type(cb).__name__ for cb in bars)}"
+            )
+        if bars and not enabled:
+            raise MisconfigurationException(
+                f"Trainer was configured with `enable_progress_bar=False` but found `{type(bars[0]).__name__}` in "
+                "callbacks list: remove it, or leave enable_progress_bar at True"
+            )
+        return bars[0] if bars else None
+
     def disable(self) -> None:
         """Show nothing from now on (Lightning's ``ProgressBar.disable``)."""
         self._disabled = True
@@ -105,8 +123,7 @@ class ProgressBar(Callback):
     def get_metrics(self, trainer: Trainer, pl_module: TrainModule) -> dict[str, int | str | float | dict[str, float]]:
         """What the bar shows beside the counts: :func:`get_standard_metrics` and everything logged with ``prog_bar=True``.
 
-        Override it to change the items (Lightning's hook; a logged value named like a standard item wins,
-        with a warning).
+        Override it to change the items (Lightning's hook; a logged value named like a standard one wins, warned).
         """
         standard = get_standard_metrics(trainer)
         logged = trainer.progress_bar_metrics
@@ -377,9 +394,7 @@ class RichProgressBar(ProgressBar):
 def get_standard_metrics(trainer: Trainer) -> dict[str, int | str]:
     """The items every bar shows: ``v_num``, the loggers' version (a string version's last 4 characters)."""
     versions = list(dict.fromkeys(getattr(logger, "version", None) for logger in trainer.loggers))
-    if not versions:
-        return {}
     version: Any = versions[0] if len(versions) == 1 else "_".join(str(v) for v in versions)
-    if version in ("", None):
+    if version in ("", None):  # no logger ("" joined), or one without a version
         return {}
     return {"v_num": version[-4:] if isinstance(version, str) else version}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.common.errors import MisconfigurationException, MissingStepError, PossibleUserWarning, UserError
+from trainer.common.errors import MissingStepError, PossibleUserWarning, UserError
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
@@ -213,23 +213,10 @@ def default_callbacks(
     given = [*loggers, *given]
     kinds = {type(cb) for cb in given}
     defaults: list[Callback] = []
-    bars = [cb for cb in given if isinstance(cb, cbs.ProgressBar)]
-    if len(bars) > 1:
-        raise MisconfigurationException(
-            "You added multiple progress bar callbacks to the Trainer, but currently only one progress bar is "
-            f"supported: {', '.join(type(cb).__name__ for cb in bars)}"
-        )
-    if bars and not progress_bar:
-        raise MisconfigurationException(
-            f"Trainer was configured with `enable_progress_bar=False` but found `{type(bars[0]).__name__}` in "
-            "callbacks list: remove it, or leave enable_progress_bar at True"
-        )
-    if progress_bar and not bars:
+    if (bar := cbs.ProgressBar.check_one(given, enabled=progress_bar)) is None and progress_bar:
         defaults.append(cbs.ProgressBar())
-    if model_summary and not any(issubclass(k, cbs.ModelSummary) for k in kinds):
-        # A rich progress bar brings the rich summary with it, as in Lightning.
-        rich = any(issubclass(k, cbs.RichProgressBar) for k in kinds)
-        defaults.append(cbs.RichModelSummary() if rich else cbs.ModelSummary())
+    if model_summary and not any(issubclass(k, cbs.ModelSummary) for k in kinds):  # RichProgressBar: the rich one
+        defaults.append(cbs.RichModelSummary() if isinstance(bar, cbs.RichProgressBar) else cbs.ModelSummary())
     if logger and not any(getattr(k, "is_logger", False) for k in kinds):
         defaults.append(cbs.TensorBoardLogger(save_dir=root))
     if checkpointing and not any(issubclass(k, cbs.ModelCheckpoint) for k in kinds):
