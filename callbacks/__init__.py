@@ -33,13 +33,14 @@ if TYPE_CHECKING:
     from callbacks.model_summary import ModelSummary, RichModelSummary
     from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from callbacks.prediction_writer import BasePredictionWriter, join_predictions
-    from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+    from callbacks.progress import ProgressBar, RichProgressBar
     from callbacks.pruning import ModelPruning
     from callbacks.spike import SpikeDetection
     from callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from callbacks.tensorboard import TensorBoardLogger
     from callbacks.throughput import ThroughputMonitor
     from callbacks.timer import Timer
+    from callbacks.tqdm_progress import TQDMProgressBar
     from callbacks.wandb_logger import WandbLogger
     from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
@@ -61,7 +62,7 @@ _LAZY = {
     "ProgressBar": "callbacks.progress",
     "RichModelSummary": "callbacks.model_summary",
     "RichProgressBar": "callbacks.progress",
-    "TQDMProgressBar": "callbacks.progress",
+    "TQDMProgressBar": "callbacks.tqdm_progress",
     "TensorBoardLogger": "callbacks.tensorboard",
     "ThroughputMonitor": "callbacks.throughput",
     "Timer": "callbacks.timer",

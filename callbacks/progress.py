@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]
+__all__ = ["ProgressBar", "RichProgressBar", "get_standard_metrics"]
 
 
 def _clock(seconds: float) -> str:
@@ -83,6 +84,24 @@ class ProgressBar(Callback):
     # ----------------------------------------------------------------- Lightning's ProgressBar methods
     _disabled = False
 
+    @staticmethod
+    def check_one(callbacks: list[Any], enabled: bool) -> ProgressBar | None:
+        """The bar in ``callbacks``; two, or one beside ``enable_progress_bar=False``, are refused as in Lightning."""
+        from trainer.common.errors import MisconfigurationException
+
+        bars = [cb for cb in callbacks if isinstance(cb, ProgressBar)]
+        if len(bars) > 1:
+            raise MisconfigurationException(
+                "You added multiple progress bar callbacks to the Trainer, but currently only one progress bar is "
+                f"supported: {', '.join(type(cb).__name__ for cb in bars)}"
+            )
+        if bars and not enabled:
+            raise MisconfigurationException(
+                f"Trainer was configured with `enable_progress_bar=False` but found `{type(bars[0]).__name__}` in "
+                "callbacks list: remove it, or leave enable_progress_bar at True"
+            )
+        return bars[0] if bars else None
+
     def disable(self) -> None:
         """Show nothing from now on (Lightning's ``ProgressBar.disable``)."""
         self._disabled = True
@@ -102,11 +121,22 @@ class ProgressBar(Callback):
         return not self.is_enabled
 
     def get_metrics(self, trainer: Trainer, pl_module: TrainModule) -> dict[str, int | str | float | dict[str, float]]:
-        """The values the bar shows: everything logged with ``prog_bar=True``, as numbers.
+        """What the bar shows beside the counts: :func:`get_standard_metrics` and everything logged with ``prog_bar=True``.
 
-        A Lightning progress bar subclass calls this to build its text.
+        Override it to change the items (Lightning's hook; a logged value named like a standard one wins, warned).
         """
-        return {key: float(value) for key, value in trainer.progress_bar_metrics.items()}
+        standard = get_standard_metrics(trainer)
+        logged = trainer.progress_bar_metrics
+        duplicates = sorted(standard.keys() & logged.keys())
+        if duplicates:
+            warnings.warn(
+                f"The progress bar already tracks a metric with the name(s) '{', '.join(duplicates)}' and"
+                f" `self.log('{duplicates[0]}', ..., prog_bar=True)` will overwrite this value. "
+                " If this is undesired, change the name or override `get_metrics()` in the progress bar callback.",
+                UserWarning,
+                stacklevel=2,
+            )
+        return {**standard, **logged}
 
     # Lightning's ProgressBar attributes, for progress bars written as its subclasses.
     _trainer: Trainer | None = None
@@ -120,6 +150,8 @@ class ProgressBar(Callback):
     @override
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         self._trainer = trainer
+        if not trainer.is_global_zero:
+            self.disable()  # only rank 0 shows progress (Lightning disables the bar on the other ranks)
 
     @property
     def trainer(self) -> Trainer:
@@ -130,8 +162,12 @@ class ProgressBar(Callback):
 
     @property
     def total_train_batches(self) -> int | float:
-        """Training batches this epoch (``inf`` for a loader without length)."""
-        return self.trainer.num_training_batches
+        """Training batches this epoch (``inf`` for a loader without length; fewer when ``max_steps`` ends it first
+        in a run without an epoch limit)."""
+        trainer = self.trainer
+        if trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0:
+            return min(trainer.num_training_batches, trainer.max_steps - trainer.global_step)
+        return trainer.num_training_batches
 
     @property
     def total_val_batches(self) -> int | float:
@@ -175,10 +211,10 @@ class ProgressBar(Callback):
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """Print a line (to this bar's stream) without breaking the bar."""
-        if self._progress is not None:
+        if self._progress is not None and set(kwargs) <= {"sep", "end"}:
             self._progress.console.print(*args, **kwargs)
         else:
-            print(*args, file=self._out, **kwargs)
+            print(*args, **{"file": self._out, **kwargs})
 
     @property
     def _out(self) -> TextIO:
@@ -331,22 +367,6 @@ class ProgressBar(Callback):
             self._train_task = self._val_task = None
 
 
-class TQDMProgressBar(ProgressBar):
-    """Lightning's ``TQDMProgressBar`` name for :class:`ProgressBar` (drawn with rich, not tqdm).
-
-    Args:
-        refresh_rate: batches between redraws (0: no progress output).
-        process_position: accepted, without effect (tqdm's line offset; rich draws one live display).
-        leave: accepted, without effect (finished epoch bars stay on screen here).
-        **kwargs: :class:`ProgressBar`'s options.
-    """
-
-    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False, **kwargs: Any) -> None:
-        super().__init__(refresh_rate=refresh_rate, **kwargs)
-        self.process_position = process_position
-        self.leave = leave
-
-
 class RichProgressBar(ProgressBar):
     """Lightning's ``RichProgressBar`` name for :class:`ProgressBar`.
 
@@ -369,3 +389,12 @@ class RichProgressBar(ProgressBar):
         super().__init__(refresh_rate=refresh_rate, console_kwargs=console_kwargs, **kwargs)
         self.leave = leave
         self.theme = theme
+
+
+def get_standard_metrics(trainer: Trainer) -> dict[str, int | str]:
+    """The items every bar shows: ``v_num``, the loggers' version (a string version's last 4 characters)."""
+    versions = list(dict.fromkeys(getattr(logger, "version", None) for logger in trainer.loggers))
+    version: Any = versions[0] if len(versions) == 1 else "_".join(str(v) for v in versions)
+    if version in ("", None):  # no logger ("" joined), or one without a version
+        return {}
+    return {"v_num": version[-4:] if isinstance(version, str) else version}

@@ -179,12 +179,11 @@ class Strategy:
     def compile_model(self, **compile_kwargs: Any) -> None:
         """``torch.compile`` what forward runs through (:attr:`model`), keeping every object's identity.
 
-        The default compiles :attr:`model`'s ``__call__`` in place (``nn.Module.compile``) instead of
-        wrapping it in an ``OptimizedModule``: the user's module stays the same object, and its
-        ``state_dict`` keys get no ``_orig_mod.`` prefix. A wrapping strategy (DDP) compiles its wrapper
-        the same way, so the wrapper's hooks run inside the compiled call. Called once per run, after
-        :meth:`setup`; a model compiled by an earlier run (``fit`` then ``test``) is left as it is, so
-        its compiled code is reused instead of compiled again.
+        The default compiles :attr:`model`'s ``__call__`` in place (``nn.Module.compile``) instead of wrapping it
+        in an ``OptimizedModule``: the user's module stays the same object, and its ``state_dict`` keys get no
+        ``_orig_mod.`` prefix. A wrapping strategy (DDP) compiles its wrapper the same way, so the wrapper's hooks
+        run inside the compiled call. Called once per run, after :meth:`setup`; a model compiled by an earlier
+        run (``fit`` then ``test``) is left as it is, so its compiled code is reused instead of compiled again.
         """
         assert self.model is not None, "Strategy.setup() must run before compile_model()"
         if getattr(self.model, "_compiled_call_impl", None) is None:
@@ -196,6 +195,9 @@ class Strategy:
 
     def teardown(self) -> None:
         """Release what :meth:`setup_environment` acquired."""
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Lightning's hook: a stage ended with ``exception`` (after the callbacks' ``on_exception``); no-op."""
 
     # ----------------------------------------------------------------- data
     def process_dataloader(self, dataloader: Iterable[Any], *, train: bool) -> Iterable[Any]:
@@ -230,14 +232,13 @@ class Strategy:
         return contextlib.nullcontext()
 
     def sync_buffers(self) -> None:
-        """Give every process rank 0's buffers (BatchNorm's running statistics, ...) where they may
-        differ: a data-parallel replica updates its own from its own shard. Called by every rank at
-        once (the trainer calls it when ``fit``'s loop ends); one process: nothing to do."""
+        """Give every process rank 0's buffers (BatchNorm's running statistics, ...) where they may differ: a
+        data-parallel replica updates its own from its own shard. Called by every rank at once (the trainer
+        calls it when ``fit``'s loop ends); one process: nothing to do."""
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backward of a loss from ``self.manual_backward`` (manual optimisation; may run several
-        times after one forward). Default: :meth:`backward`. ``args``/``kwargs`` (``retain_graph=True``)
-        reach ``loss.backward``."""
+        """Backward of a loss from ``self.manual_backward`` (manual optimisation; may run several times after
+        one forward). Default: :meth:`backward`. ``args``/``kwargs`` (``retain_graph=True``) reach ``loss.backward``."""
         self.backward(loss, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:

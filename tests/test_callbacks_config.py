@@ -41,12 +41,14 @@ def test_defaults_are_on_and_the_trainer_adds_no_second_copy() -> None:
     ]
     checkpoint = built[2]
     assert (checkpoint.monitor, checkpoint.mode, checkpoint.save_last) == ("val/acc", "max", True)
-    assert (kwargs["enable_progress_bar"], kwargs["enable_checkpointing"], kwargs["logger"]) == (False, False, False)
+    # No defaults of the Trainer's beside the group's; the group's bar is the bar (as Lightning, a bar beside
+    # enable_progress_bar=False would be refused).
+    assert (kwargs["enable_progress_bar"], kwargs["enable_checkpointing"], kwargs["logger"]) == (True, False, False)
 
 
 def test_one_override_turns_a_callback_off_or_tunes_it() -> None:
-    _, built, _ = _build("~callbacks.progress_bar", "callbacks.early_stopping.patience=3")
-    assert "ProgressBar" not in _kinds(built)
+    _, built, kwargs = _build("~callbacks.progress_bar", "callbacks.early_stopping.patience=3")
+    assert "ProgressBar" not in _kinds(built) and kwargs["enable_progress_bar"] is False
     (early,) = [cb for cb in built if isinstance(cb, cbs.EarlyStopping)]
     assert early.patience == 3
 

@@ -71,7 +71,7 @@ def test_progress_bar_in_a_terminal_draws_with_rich() -> None:
 def test_nothing_is_printed_on_other_ranks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = io.StringIO()
     train, val = loaders()
-    callbacks = [ProgressBar(refresh_every_n_steps=1, stream=out), ProgressBar(refresh_every_n_steps=1), ModelSummary()]
+    callbacks = [ProgressBar(refresh_every_n_steps=1), ModelSummary(stream=out)]  # one bar (two are refused)
     callbacks += [EarlyStopping(monitor="val/loss", patience=0), Timer(max_time=0), CSVLogger(save_dir=tmp_path)]
     trainer = quiet_trainer(callbacks=callbacks, max_epochs=3, strategy=NotRankZero(device="cpu"))
     trainer.fit(Scripted(), train, val)
@@ -131,15 +131,18 @@ def test_model_summary_table() -> None:
     out = io.StringIO()
     train, val = loaders()
     quiet_trainer(callbacks=[ModelSummary(stream=out)], max_epochs=1).fit(Scripted(), train, val)
-    assert out.getvalue().splitlines() == [
-        "  | Name  | Type   | Params",
-        "-" * 27,
-        "0 | layer | Linear | 5",
-        "-" * 27,
+    assert out.getvalue().splitlines() == [  # Lightning's table, cell for cell
+        "  | Name  | Type   | Params | Mode  | FLOPs",
+        "-" * 49,
+        "0 | layer | Linear | 5      | train | 0    ",
+        "-" * 49,
         "5         Trainable params",
         "0         Non-trainable params",
         "5         Total params",
-        "0.000     Total estimated params size (MB)",
+        "0.000     Total estimated model params size (MB)",
+        "1         Modules in train mode",
+        "0         Modules in eval mode",
+        "0         Total Flops",
     ]
 
 

@@ -212,3 +212,22 @@ def test_importing_the_tree_does_not_import_the_trainer() -> None:
         "assert heavy == [], heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_patching_a_name_through_lightnings_path_reaches_the_code_that_uses_it() -> None:
+    """``mock.patch("lightning.pytorch.<module>.<name>")`` reaches geartrain's code, as it reaches Lightning's."""
+    from unittest import mock
+
+    from trainer.lightning.callbacks.progress import tqdm_progress
+
+    import callbacks.tqdm_progress as home
+
+    original = home.Tqdm
+
+    class Fake(original):  # type: ignore[misc, valid-type]
+        pass
+
+    for _ in range(2):  # the first patch resolves the name, the second finds it resolved
+        with mock.patch("trainer.lightning.callbacks.progress.tqdm_progress.Tqdm", Fake):
+            assert home.TQDMProgressBar().init_train_tqdm().__class__ is Fake
+        assert home.Tqdm is original and tqdm_progress.Tqdm is original

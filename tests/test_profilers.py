@@ -17,6 +17,7 @@ import callbacks as cbs
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer
+from trainer.common.errors import MisconfigurationException
 from trainer.loops.step import make_automatic_step, make_train_batch
 from trainer.profilers import (
     AdvancedProfiler,
@@ -27,7 +28,8 @@ from trainer.profilers import (
     XLAProfiler,
 )
 
-STEP_ACTIONS = ("train_dataloader_next", "batch_to_device", "training_step", "backward", "optimizer_step")
+S = "[Strategy]SingleDeviceStrategy."  # Lightning's names for the seams the strategy runs
+STEP_ACTIONS = ("train_dataloader_next", f"{S}batch_to_device", f"{S}training_step", f"{S}backward", "optimizer_step")
 
 
 class Wide(Regressor):
@@ -64,15 +66,15 @@ def test_simple_profiler_names_every_action_and_its_self_times_add_up_to_the_run
     assert abs(in_actions - wall) <= 0.1 * wall, (in_actions, wall)
     for action in STEP_ACTIONS:
         assert profiler.stats[action].count == 24 + (2 if action == "train_dataloader_next" else 0), action
-    assert profiler.stats["optimizer_zero_grad"].count == 24
+    assert profiler.stats["[LightningModule]Wide.optimizer_zero_grad"].count == 24
     table = profiler.summary()
     assert isinstance(table, str)
     for name in (*STEP_ACTIONS, "run_training_batch", "[Callback]Timer.on_train_batch_end", "Percentage %"):
         assert f"| {name} " in table, name
     # The total and self times are the recorded ones, in the table's rows.
-    row = next(line for line in table.splitlines() if line.startswith("| training_step "))
+    row = next(line for line in table.splitlines() if line.startswith(f"| {S}training_step "))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[2] == "24" and float(cells[3]) == pytest.approx(profiler.stats["training_step"].total, rel=1e-4)
+    assert cells[2] == "24" and float(cells[3]) == pytest.approx(profiler.stats[f"{S}training_step"].total, rel=1e-4)
 
 
 def test_simple_profiler_writes_its_table_in_the_log_directory_and_summary_returns_it(
@@ -82,14 +84,14 @@ def test_simple_profiler_writes_its_table_in_the_log_directory_and_summary_retur
     report = Path(trainer.log_dir) / "fit-profiler.txt"
     assert report.read_text().strip() == trainer.profiler.summary().strip()
     assert "FIT Profiler Report" in capsys.readouterr().out
-    assert "| validation_step " in report.read_text()
+    assert f"| {S}validation_step " in report.read_text()
     assert "| [LightningModule]Regressor.on_train_epoch_end " in report.read_text()  # the module's hooks have rows
 
 
 def test_advanced_profiler_reports_cprofile_rows_for_each_action(tmp_path: Path) -> None:
     trainer = _fit(tmp_path, AdvancedProfiler(filename="perf"))
     summary = trainer.profiler.summary()
-    section = summary.split("Profile stats for: training_step\n", 1)[1].split("Profile stats for:", 1)[0]
+    section = summary.split(f"Profile stats for: {S}training_step\n", 1)[1].split("Profile stats for:", 1)[0]
     # cProfile's rows: ncalls ... filename:lineno(function); the module's own training_step ran 8 times.
     assert "ncalls" in section and "cumtime" in section
     assert any(line.split()[0] == "8" and "(training_step)" in line for line in section.splitlines() if line.strip())
@@ -106,10 +108,14 @@ def test_pytorch_profiler_trace_is_valid_json_with_the_record_function_markers(t
     assert [t.name.split(".")[0] for t in traces] == ["fit-rank0"] and traces == profiler.trace_files
     events = json.loads(traces[0].read_text())["traceEvents"]
     names = {event.get("name") for event in events}
-    for marker in (*STEP_ACTIONS, "run_training_batch", "optimizer_zero_grad", "[module]Regressor", "ProfilerStep#2"):
+    actions = (*STEP_ACTIONS, "run_training_batch", "[LightningModule]Regressor.optimizer_zero_grad")
+    for marker in (*(f"[pl][profile]{action}" for action in actions), "[module]Regressor", "ProfilerStep#2"):
         assert marker in names, marker
     assert "aten::addmm" in names  # torch's own operators, inside the markers
-    assert "training_step" in (Path(trainer.log_dir) / "fit-profiler.txt").read_text()
+    assert "[pl][profile]run_training_batch" in (Path(trainer.log_dir) / "fit-profiler.txt").read_text()
+    # Lightning's `function_events`: torch's events of the recorded window, kept once the profiler stopped.
+    recorded = {event.name for event in profiler.function_events}
+    assert {f"[pl][profile]{S}training_step", f"[pl][profile]{S}validation_step", "aten::addmm"} <= recorded
 
 
 @pytest.mark.slow
@@ -121,7 +127,8 @@ def test_pytorch_profiler_under_ddp_writes_one_trace_per_rank(tmp_path: Path) ->
     assert [t.name.split(".")[0] for t in traces] == ["fit-rank0", "fit-rank1"]
     for trace in traces:
         names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
-        assert {"training_step", "backward", "optimizer_step"} <= names
+        steps = ("[Strategy]DDPStrategy.training_step", "[Strategy]DDPStrategy.backward", "optimizer_step")
+        assert {f"[pl][profile]{action}" for action in steps} <= names
 
 
 def test_without_a_profiler_the_step_binds_the_very_seams_it_bound_before(tmp_path: Path) -> None:
@@ -160,6 +167,8 @@ def test_with_a_profiler_the_same_seams_are_wrapped_in_their_actions(tmp_path: P
 
 
 def test_profiler_argument_is_checked_and_lightnings_refusals_name_the_alternative() -> None:
+    with pytest.raises(MisconfigurationException, match=r"^When passing string value for the `profiler` parameter"):
+        Trainer(profiler="fast", logger=False)
     with pytest.raises(ValueError, match=r"Trainer\(profiler='fast'\).*'advanced', 'pytorch', 'simple'"):
         Trainer(profiler="fast", logger=False)
     with pytest.raises(NotImplementedError, match=r"XLAProfiler.*PyTorchProfiler"):
@@ -187,19 +196,47 @@ def test_a_profiler_of_your_own_sees_the_actions_in_order(tmp_path: Path) -> Non
     batch = recorder.events[recorder.events.index("+run_training_batch") : recorder.events.index("-run_training_batch")]
     assert batch == [
         "+run_training_batch",
-        "+batch_to_device",
-        "-batch_to_device",
-        "+training_step",
-        "-training_step",
-        "+backward",
-        "-backward",
+        f"+{S}batch_to_device",
+        f"-{S}batch_to_device",
+        f"+{S}training_step",
+        f"-{S}training_step",
+        f"+{S}backward",
+        f"-{S}backward",
         "+optimizer_step",
         "-optimizer_step",
-        "+optimizer_zero_grad",
-        "-optimizer_zero_grad",
+        "+[LightningModule]Regressor.optimizer_zero_grad",
+        "-[LightningModule]Regressor.optimizer_zero_grad",
     ]
 
 
 def _closure(fn: Any) -> dict[str, Any]:
     """The variables a closure captured, by name (what the loop bound once for the epoch)."""
     return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)}
+
+
+def test_the_pytorch_profiler_works_without_a_trainer(tmp_path: Path) -> None:
+    profiler = PyTorchProfiler(dirpath=tmp_path, filename="alone")
+    with profiler.profile("outer"):
+        a = torch.ones(3)
+        with profiler.profile("inner"):
+            _ = a + a
+    profiler.describe()
+    names = {event.name for event in profiler.function_events}
+    assert {"[pl][profile]outer", "[pl][profile]inner", "aten::add", "aten::ones"} <= names
+    assert "[pl][profile]inner" in (tmp_path / "alone.txt").read_text()
+
+
+def test_lightnings_messages_for_misused_actions_and_table_options() -> None:
+    simple = SimpleProfiler()
+    with pytest.raises(ValueError, match=r"^Attempting to stop recording an action"):
+        simple.stop("load")
+    simple.start("load")
+    with pytest.raises(ValueError, match=r"^Attempted to start load"):
+        simple.start("load")
+    with pytest.raises(ValueError, match=r"^Attempting to stop recording an action"):
+        AdvancedProfiler().stop("load")
+    with pytest.raises(KeyError, match=r"table_kwargs key: row_limit\. This is already a positional argument"):
+        PyTorchProfiler(table_kwargs={"row_limit": 3})
+    with pytest.raises(KeyError, match=r"table_kwargs key: colour\. Should be within"):
+        PyTorchProfiler(table_kwargs={"colour": "red"})
+    PyTorchProfiler(table_kwargs={"max_name_column_width": 80})  # one of torch's table options

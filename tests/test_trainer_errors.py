@@ -308,3 +308,34 @@ def test_missing_steps_are_lightnings_misconfiguration(make_trainer: Any) -> Non
         make_trainer(max_epochs=1).fit(no_val, make_loader(), make_loader())
     with pytest.warns(PossibleUserWarning, match=r"You defined a `validation_step` but have no `val_dataloader`"):
         make_trainer(max_epochs=1).fit(Regressor(), make_loader())
+
+
+def test_a_keyboard_interrupt_in_a_run_ends_it_as_lightning_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """Lightning 2.6: the run is torn down, ``on_exception`` runs (callbacks, then the strategy), ``sys.exit(1)``."""
+    from callbacks import Callback
+    from strategies import SingleDeviceStrategy
+
+    seen: list[str] = []
+
+    class Stop(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if batch_idx == 1:
+                raise KeyboardInterrupt
+
+        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+            seen.append(f"callback {type(exception).__name__}")
+
+        def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            seen.append(f"teardown {stage}")
+
+    class Noting(SingleDeviceStrategy):
+        def on_exception(self, exception: BaseException) -> None:
+            seen.append(f"strategy {type(exception).__name__}")
+
+    trainer = quiet_trainer(callbacks=[Stop()], max_epochs=1, strategy=Noting(device="cpu"))
+    with pytest.raises(SystemExit) as ended:
+        trainer.fit(Regressor(), make_loader(12, 4))
+    assert ended.value.code == 1 and isinstance(ended.value.__context__, KeyboardInterrupt)
+    assert seen == ["callback KeyboardInterrupt", "strategy KeyboardInterrupt", "teardown fit"]
+    assert trainer.interrupted and trainer.global_step == 1
+    assert "Detected KeyboardInterrupt, attempting graceful shutdown" in capsys.readouterr().err

@@ -8,7 +8,8 @@ on first use, so a hook that neither the module nor any callback overrides costs
 the loops can ask :meth:`HookDispatch.overridden` once per epoch and skip it altogether.
 
 With a profiler (``Trainer(profiler=...)``) each resolved callable is wrapped once in its own action
-(``[LightningModule]Net.on_train_start``, ``[Callback]ModelCheckpoint.on_train_batch_end``); without
+(``[LightningModule]Net.on_train_start``, ``[Callback]<the callback's state_key>.on_train_batch_end``, as
+Lightning names them, so two callbacks of one class are two actions); without
 one the resolved callables are the hooks themselves, as before profilers existed.
 """
 
@@ -96,7 +97,7 @@ class HookDispatch:
             callbacks = [cb for cb in callbacks if _monitors(cb) is monitors]
         if self._profiler is not None:
             for cb in callbacks:
-                with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
+                with self._profiler.profile(f"[Callback]{cb.state_key}.{hook}"):
                     getattr(cb, hook)(self._owner, self._module, *args)
             return
         for cb in callbacks:
@@ -145,7 +146,7 @@ class HookDispatch:
         if self._profiler is not None:  # each callable in its own action, wrapped once here
             fn = profiled(self._profiler, f"[LightningModule]{type(module).__name__}.{hook}", fn)
             callback_fns = tuple(
-                profiled(self._profiler, f"[Callback]{type(cb).__name__}.{hook}", cb_fn)
+                profiled(self._profiler, f"[Callback]{cb.state_key}.{hook}", cb_fn)
                 for cb, cb_fn in zip(self._by_hook.get(hook, ()), callback_fns, strict=True)
             )
         return fn, callback_fns

@@ -208,8 +208,17 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
         return loggers[0] if loggers else None
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on global rank 0 only (so a message appears once under DDP)."""
-        if self.global_rank == 0:
+        """``print`` on global rank 0 only (so a message appears once under DDP), through the progress bar.
+
+        While a progress bar is enabled the line goes through its ``print``, so it does not break the bar
+        (tqdm's ``write``, rich's console), as Lightning does; otherwise through the built-in ``print``.
+        """
+        if self.global_rank != 0:
+            return
+        bar = self._trainer.progress_bar_callback if self._trainer is not None else None
+        if bar is not None and bar.is_enabled:  # type: ignore[attr-defined]
+            bar.print(*args, **kwargs)  # type: ignore[attr-defined]
+        else:
             builtins.print(*args, **kwargs)
 
     def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:

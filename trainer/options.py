@@ -213,10 +213,10 @@ def default_callbacks(
     given = [*loggers, *given]
     kinds = {type(cb) for cb in given}
     defaults: list[Callback] = []
-    if progress_bar and not any(issubclass(k, cbs.ProgressBar) for k in kinds):
+    if (bar := cbs.ProgressBar.check_one(given, enabled=progress_bar)) is None and progress_bar:
         defaults.append(cbs.ProgressBar())
-    if model_summary and not any(issubclass(k, cbs.ModelSummary) for k in kinds):
-        defaults.append(cbs.ModelSummary())
+    if model_summary and not any(issubclass(k, cbs.ModelSummary) for k in kinds):  # RichProgressBar: the rich one
+        defaults.append(cbs.RichModelSummary() if isinstance(bar, cbs.RichProgressBar) else cbs.ModelSummary())
     if logger and not any(getattr(k, "is_logger", False) for k in kinds):
         defaults.append(cbs.TensorBoardLogger(save_dir=root))
     if checkpointing and not any(issubclass(k, cbs.ModelCheckpoint) for k in kinds):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,13 @@ def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any
     except Interrupted as err:  # a signal stopped the processes the strategy started before they saved
         state.status = TrainerStatus.INTERRUPTED
         raise Interrupted(f"{err} ({trainer.preemption.newest_checkpoint(trainer)})", err.signal) from None
+    except KeyboardInterrupt:
+        # Lightning's ending: the run was torn down (on_exception ran), the process exits with status 1.
+        # A Ctrl-C during fit does not get here: the run saves at the step and ends (trainer.preemption).
+        state.status = TrainerStatus.INTERRUPTED
+        if trainer.is_global_zero:
+            print("\nDetected KeyboardInterrupt, attempting graceful shutdown ...", file=sys.stderr, flush=True)
+        sys.exit(1)
     except BaseException:
         state.status = TrainerStatus.INTERRUPTED
         raise
@@ -162,6 +170,7 @@ def run_stage(
         module.on_exception(exc)
         if datamodule is not None:
             datamodule.on_exception(exc)
+        t.strategy.on_exception(exc)
         raise
     finally:
         state.running_stage = None

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from callbacks import Callback
+from callbacks import Callback, ProgressBar
 from strategies import SingleDeviceStrategy
 from trainer import Trainer
 
@@ -25,8 +25,10 @@ def quiet_trainer(root: str | Path | None = None, callbacks: Iterable[Callback] 
         callbacks: the trainer's callbacks.
         **kwargs: any other ``Trainer`` argument.
     """
+    callbacks = list(callbacks)
+    given_bar = any(isinstance(cb, ProgressBar) for cb in callbacks)
     options: dict[str, Any] = {
-        "enable_progress_bar": False,
+        "enable_progress_bar": given_bar,  # a bar given is the bar (False beside one is refused, as in Lightning)
         "logger": False,
         "enable_checkpointing": False,
         "enable_model_summary": False,
@@ -37,7 +39,7 @@ def quiet_trainer(root: str | Path | None = None, callbacks: Iterable[Callback] 
     options.update(kwargs)
     if "strategy" not in options:  # built only when used: a Strategy is a fresh object per trainer
         options["strategy"] = SingleDeviceStrategy(device="cpu")
-    return Trainer(callbacks=list(callbacks), **options)
+    return Trainer(callbacks=callbacks, **options)
 
 
 def spawned(name: str) -> Any:

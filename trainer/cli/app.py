@@ -307,7 +307,9 @@ def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any], explicit: dict[str
         if trainer_kwargs.get(flag) is False:  # None: the Trainer's default, which is on
             built = [cb for cb in built if not matches(cb)]
         if group in cfg:
-            trainer_kwargs[flag] = False
+            # The group's entries are the whole set: no default of the Trainer's. A progress bar in
+            # the group is the bar (enable_progress_bar=False beside one is refused, as in Lightning).
+            trainer_kwargs[flag] = flag == "enable_progress_bar" and any(matches(cb) for cb in built)
     return built
 
 

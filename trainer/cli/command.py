@@ -139,6 +139,11 @@ def _main() -> None:
     except Interrupted as err:  # a signal stopped the processes before they saved: say so, and what is left
         print(f"geartrain: interrupted: {err}", file=sys.stderr)
         sys.exit(128 + err.signal)
+    except SystemExit as end:  # a KeyboardInterrupt inside a Trainer entry point ends it as Lightning's: exit 1
+        if not isinstance(end.__context__, KeyboardInterrupt):
+            raise
+        print("geartrain: interrupted (Ctrl-C); nothing was saved after the last checkpoint", file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:  # Ctrl-C outside training, or a second one during it: nothing more was saved
         run = sys.modules.get("trainer.run")
         if run is None or not run.FITS_STARTED[0]:

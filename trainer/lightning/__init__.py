@@ -136,7 +136,17 @@ _BORING = [
     "RandomIterableDataset",
     "RandomIterableDatasetWithLen",
 ]
-_SUMMARY = {"ModelSummary": "callbacks.model_summary:Summary", "summarize": "callbacks.model_summary"}
+_SUMMARY = {
+    "ModelSummary": "callbacks.layer_summary:Summary",
+    **dict.fromkeys(["LayerSummary", "parse_batch_shape", "summarize"], "callbacks.layer_summary"),
+    **dict.fromkeys(["get_formatted_model_size", "get_human_readable_count"], "callbacks.summary_table"),
+}
+#: ``utilities.model_summary.model_summary`` also holds the summary table's constants.
+_SUMMARY_FILE = {
+    **_SUMMARY,
+    **dict.fromkeys(["LEFTOVER_PARAMS_NAME", "NOT_APPLICABLE", "UNKNOWN_SIZE"], "callbacks.layer_summary"),
+    "PARAMETER_NUM_UNITS": "callbacks.summary_table",
+}
 _IMPORT_FLAGS = [
     "_OMEGACONF_AVAILABLE",
     "_PYTHON_GREATER_EQUAL_3_11_0",
@@ -245,12 +255,13 @@ TREE: dict[str, dict[str, str]] = {
     "callbacks.model_checkpoint": {"ModelCheckpoint": "callbacks.checkpoint"},
     "callbacks.lr_monitor": {"LearningRateMonitor": "callbacks.lr_monitor"},
     "callbacks.progress": {
-        **_from("callbacks.progress", ["ProgressBar", "RichProgressBar", "TQDMProgressBar"]),
+        **_from("callbacks.progress", ["ProgressBar", "RichProgressBar"]),
+        "TQDMProgressBar": "callbacks.tqdm_progress",
         **{sub: "/" for sub in ("progress_bar", "rich_progress", "tqdm_progress")},
     },
-    "callbacks.progress.progress_bar": {"ProgressBar": "callbacks.progress"},
+    "callbacks.progress.progress_bar": _from("callbacks.progress", ["ProgressBar", "get_standard_metrics"]),
     "callbacks.progress.rich_progress": {"RichProgressBar": "callbacks.progress"},
-    "callbacks.progress.tqdm_progress": {"TQDMProgressBar": "callbacks.progress"},
+    "callbacks.progress.tqdm_progress": _from("callbacks.tqdm_progress", ["TQDMProgressBar", "Tqdm", "convert_inf"]),
     "callbacks.model_summary": _from("callbacks.model_summary", ["ModelSummary"]),
     "callbacks.finetuning": _from("callbacks.finetuning", ["BackboneFinetuning", "BaseFinetuning", "multiplicative"]),
     "callbacks.prediction_writer": {"BasePredictionWriter": "callbacks.prediction_writer"},
@@ -340,7 +351,7 @@ TREE: dict[str, dict[str, str]] = {
         "DistributedDataParallel": "torch.nn.parallel",
     },
     "utilities.model_summary": {**_SUMMARY, "model_summary": "/"},
-    "utilities.model_summary.model_summary": _SUMMARY,
+    "utilities.model_summary.model_summary": _SUMMARY_FILE,
     "utilities.imports": {
         **_from("lightning_utilities.core.imports", ["RequirementCache", "compare_version", "package_available"]),
         **_from(_UTIL, _IMPORT_FLAGS),
@@ -373,7 +384,7 @@ def _resolver(path: str) -> Callable[[str], Any]:
         else:
             module, _, attr = home.partition(":")
             value = getattr(importlib.import_module(module), attr or name)
-        setattr(sys.modules[full], name, value)  # later look-ups find it without calling this again
+        sys.modules[full].__dict__[name] = value  # later look-ups find it without calling this again
         return value
 
     return __getattr__
@@ -393,6 +404,41 @@ def _refusal(path: str) -> ImportError | None:
     return None
 
 
+class _Module(types.ModuleType):
+    """A module of the tree whose names, when assigned, are assigned at their homes too.
+
+    ``mock.patch("lightning.pytorch.callbacks.progress.tqdm_progress.Tqdm", Fake)`` then reaches the
+    code that uses ``Tqdm`` (``callbacks/tqdm_progress.py``), as it reaches Lightning's; deleting the
+    name (the patch's end) puts the home's own object back.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        home = _home_of(self, name)
+        if home is not None:
+            module, attr = home
+            homes = self.__dict__.setdefault("_gt_originals", {})
+            homes.setdefault(name, getattr(module, attr))
+            setattr(module, attr, value)
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        home = _home_of(self, name)
+        originals = self.__dict__.get("_gt_originals", {})
+        if home is not None and name in originals:
+            setattr(home[0], home[1], originals.pop(name))
+        super().__delattr__(name)
+
+
+def _home_of(module: types.ModuleType, name: str) -> tuple[types.ModuleType, str] | None:
+    """The (module, attribute) a name of a tree module comes from; None for a submodule or another name."""
+    table = TREE.get(module.__name__[len(__name__) + 1 :])
+    home = table.get(name) if table is not None else None
+    if home is None or home == "/":
+        return None
+    source, _, attr = home.partition(":")
+    return importlib.import_module(source), attr or name
+
+
 class _RefusedFinder(importlib.abc.MetaPathFinder):
     """Makes ``import trainer.lightning.<refused path>`` raise the refusal instead of "No module named"."""
 
@@ -410,9 +456,9 @@ def _install() -> None:
         if not path:
             continue
         full = f"{__name__}.{path}"
-        module = types.ModuleType(full, f"Lightning's ``lightning.pytorch.{path}``, mapped onto geartrain's objects.")
+        module = _Module(full, f"Lightning's ``lightning.pytorch.{path}``, mapped onto geartrain's objects.")
         module.__getattr__ = _resolver(path)  # type: ignore[method-assign]
-        module.__all__ = [name for name, home in table.items() if home != "/"]  # type: ignore[attr-defined]
+        module.__all__ = [name for name, home in table.items() if home != "/"]
         if any(home == "/" for home in table.values()):
             module.__path__ = []  # a package: its submodules are the entries of TREE below it
         sys.modules[full] = module

@@ -86,11 +86,7 @@ REFUSED: dict[str, str] = {
     "core.module.MODULE_OPTIMIZERS": "a type alias of Lightning's internals: annotate with torch.optim.Optimizer",
     "callbacks.prediction_writer.WriteInterval": "give BasePredictionWriter(write_interval='batch', 'epoch' or 'batch_and_epoch') as a string",
     "callbacks.timer.Interval": "give Timer(interval='step' or 'epoch') as a string",
-    "callbacks.progress.progress_bar.get_standard_metrics": _NOT_YET
-    + ": ProgressBar.get_metrics(trainer, module) returns the bar's metrics",
     "callbacks.progress.rich_progress.RichProgressBarTheme": _NOT_YET + ": RichProgressBar takes no theme",
-    "callbacks.progress.tqdm_progress.Tqdm": "Lightning's tqdm subclass, internal to TQDMProgressBar",
-    "callbacks.progress.tqdm_progress.convert_inf": "an internal helper of Lightning's TQDMProgressBar",
     "loggers.logger.merge_dicts": _NOT_YET,
     "profilers.pytorch.RegisterRecordFunction": "an internal helper of Lightning's PyTorchProfiler",
     "profilers.pytorch.ScheduleWrapper": "an internal helper of Lightning's PyTorchProfiler",
@@ -108,19 +104,5 @@ REFUSED: dict[str, str] = {
     "utilities.parsing.lightning_hasattr": "look for the attribute on the module or its data module directly (hasattr)",
     "utilities.parsing.lightning_setattr": "set the attribute on the module or its data module directly (setattr)",
     "utilities.model_summary.DeepSpeedSummary": _NOT_OFFERED,
-    "utilities.model_summary.LayerSummary": _NOT_YET
-    + ": ModelSummary(model) gives the totals; print(model) the layers",
-    "utilities.model_summary.get_formatted_model_size": _NOT_YET,
-    "utilities.model_summary.get_human_readable_count": _NOT_YET,
-    "utilities.model_summary.parse_batch_shape": _NOT_YET,
-    "utilities.model_summary.model_summary.LEFTOVER_PARAMS_NAME": "an internal constant of Lightning's model summary",
-    "utilities.model_summary.model_summary.NOT_APPLICABLE": "an internal constant of Lightning's model summary",
-    "utilities.model_summary.model_summary.PARAMETER_NUM_UNITS": "an internal constant of Lightning's model summary",
-    "utilities.model_summary.model_summary.UNKNOWN_SIZE": "an internal constant of Lightning's model summary",
-    "utilities.model_summary.model_summary.LayerSummary": _NOT_YET
-    + ": ModelSummary(model) gives the totals; print(model) the layers",
-    "utilities.model_summary.model_summary.get_formatted_model_size": _NOT_YET,
-    "utilities.model_summary.model_summary.get_human_readable_count": _NOT_YET,
-    "utilities.model_summary.model_summary.parse_batch_shape": _NOT_YET,
     **PLUGINS_REFUSED,
 }

@@ -35,7 +35,7 @@ from trainer.loops.optimizer_step import (
 )
 from trainer.loops.signatures import check_takes_dataloader_idx, refuse_dataloader_iter, with_last_arg
 from trainer.module import TrainModule
-from trainer.profilers.base import profiled
+from trainer.profilers.base import profiled, strategy_action
 
 if TYPE_CHECKING:
     from trainer.run_state import RunState
@@ -76,12 +76,14 @@ def make_train_batch(trainer: Trainer, state: RunState, last_share: float | None
     module = state.module
     assert module is not None
     profiler = trainer.profiler  # seams are wrapped in its actions only when it profiles (else unchanged)
-    to_device = profiled(profiler, "batch_to_device", _batch_to_device(strategy, trainer))
+    to_device = profiled(profiler, strategy_action(strategy, "batch_to_device"), _batch_to_device(strategy, trainer))
     batch_start, batch_end = hooks.bound("on_train_batch_start"), hooks.bound("on_train_batch_end")
     if module.automatic_optimization:
         step = make_automatic_step(trainer, state, last_share)
     else:
-        training_step = profiled(profiler, "training_step", _step_call(strategy, "training_step"))
+        training_step = profiled(
+            profiler, strategy_action(strategy, "training_step"), _step_call(strategy, "training_step")
+        )
         forward_context = strategy.forward_context
 
         def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
@@ -170,10 +172,10 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     )
     # With a profiler each seam is wrapped in its action, once, here; without one it is the seam itself.
     profiler = trainer.profiler
-    training_step = profiled(profiler, "training_step", training_step)
-    backward = profiled(profiler, "backward", backward)
+    training_step = profiled(profiler, strategy_action(strategy, "training_step"), training_step)
+    backward = profiled(profiler, strategy_action(strategy, "backward"), backward)
     optimizer_step = profiled(profiler, "optimizer_step", optimizer_step)
-    zero_grad = profiled(profiler, "optimizer_zero_grad", zero_grad)
+    zero_grad = profiled(profiler, f"[LightningModule]{type(module).__name__}.optimizer_zero_grad", zero_grad)
     clip = profiled(profiler, "clip_gradients", clip)
     user_optimizer_step = profiled(
         profiler, f"[LightningModule]{type(module).__name__}.optimizer_step", user_optimizer_step
@@ -303,8 +305,8 @@ def make_eval_batch(
     """
     strategy, router, hooks = trainer.strategy, trainer.metric_router, state.hooks
     to_device, step = _batch_to_device(strategy, trainer), _step_call(strategy, step_name)
-    to_device = profiled(trainer.profiler, "batch_to_device", to_device)
-    step = profiled(trainer.profiler, step_name, step)
+    to_device = profiled(trainer.profiler, strategy_action(strategy, "batch_to_device"), to_device)
+    step = profiled(trainer.profiler, strategy_action(strategy, step_name), step)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
     forward_context = _forward_context(strategy)
     check_takes_dataloader_idx(state.module, prefix, several=dataloader_idx is not None)

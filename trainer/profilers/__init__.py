@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainer.common.errors import UserError
 from trainer.profilers.advanced import AdvancedProfiler
 from trainer.profilers.base import PassThroughProfiler, Profiler, is_active, profiled, profiled_iter
 from trainer.profilers.pytorch import PyTorchProfiler
@@ -54,12 +55,18 @@ def resolve_profiler(profiler: Profiler | str | None) -> Profiler:
     if profiler is None:
         return PassThroughProfiler()
     if isinstance(profiler, Profiler):
+        profiler.in_trainer = True
         return profiler
     if isinstance(profiler, str) and profiler.lower() in _BY_NAME:
-        return _BY_NAME[profiler.lower()](filename="profiler")
+        made = _BY_NAME[profiler.lower()](filename="profiler")
+        made.in_trainer = True
+        return made
     if isinstance(profiler, str) and profiler.lower() == "xla":
         XLAProfiler()
-    raise ValueError(
-        f"Trainer(profiler={profiler!r}): expected None, one of {sorted(_BY_NAME)} or a "
-        "trainer.profilers.Profiler instance"
-    )
+    expected = f"Trainer(profiler={profiler!r}): expected None, one of {sorted(_BY_NAME)} or a trainer.profilers.Profiler instance"
+    if isinstance(profiler, str):  # Lightning's words first
+        raise UserError(
+            "When passing string value for the `profiler` parameter of `Trainer`, it can only be one of "
+            f"{sorted(_BY_NAME)}. {expected}"
+        )
+    raise UserError(expected)

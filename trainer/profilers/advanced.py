@@ -73,7 +73,10 @@ class AdvancedProfiler(Profiler):
         """Disable ``action_name``'s profile and resume the action it ran in."""
         profile = self.profiled_actions.get(action_name)
         if profile is None or not self._open or self._open[-1] is not profile:
-            raise ValueError(f"AdvancedProfiler: action {action_name!r} was stopped but is not the one running")
+            raise ValueError(
+                f"Attempting to stop recording an action ({action_name}) which was never started or is not the one "
+                "running (AdvancedProfiler)"
+            )
         profile.disable()
         self._open.pop()
         if self._open:

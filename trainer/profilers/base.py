@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["PassThroughProfiler", "Profiler", "is_active", "profiled", "profiled_iter"]
+__all__ = ["PassThroughProfiler", "Profiler", "is_active", "profiled", "profiled_iter", "strategy_action"]
 
 F = TypeVar("F")
 
@@ -37,6 +37,8 @@ class Profiler(ABC):
         #: The process's global rank (set by the trainer at :meth:`setup`): only rank 0 prints and writes reports.
         self.global_rank = int(os.environ.get("RANK", "0"))
         self._stage: str | None = None
+        #: Whether a Trainer runs this profiler (its stages set it up); False for one used on its own.
+        self.in_trainer = False
         self._local_rank: int | None = None
 
     @abstractmethod
@@ -148,3 +150,8 @@ def _timed_iter(profiler: Profiler, action: str, it: Iterator[Any]) -> Iterator[
         finally:
             profiler.stop(action)
         yield item
+
+
+def strategy_action(strategy: object, name: str) -> str:
+    """The action name of a step seam the strategy runs, as Lightning names it: ``[Strategy]DDPStrategy.training_step``."""
+    return f"[Strategy]{type(strategy).__name__}.{name}"

@@ -10,6 +10,7 @@ range, and with ``record_module_names`` so is each module's forward. The recorde
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,11 @@ class PyTorchProfiler(Profiler):
             batches per stage and rank.
     """
 
-    #: Actions whose end is one step of the profiler's schedule: one training batch, one evaluation batch.
+    #: Actions whose end is one step of the profiler's schedule: one training batch, one evaluation batch
+    #: (``[Strategy]<class>.validation_step``...: matched by their ending).
     STEP_ACTIONS = frozenset({"run_training_batch", "validation_step", "test_step", "predict_step"})
+    #: The prefix of every action's ``record_function`` range in the trace (Lightning's).
+    RECORD_PREFIX = "[pl][profile]"
 
     def __init__(
         self,
@@ -68,6 +72,7 @@ class PyTorchProfiler(Profiler):
         self.sort_by_key = sort_by_key
         self.record_module_names = record_module_names
         self.table_kwargs = dict(table_kwargs or {})
+        _check_table_kwargs(self.table_kwargs)
         self.profiler_kwargs = profiler_kwargs
         #: The trace files written in this process, in order.
         self.trace_files: list[Path] = []
@@ -76,6 +81,10 @@ class PyTorchProfiler(Profiler):
         self._module_ranges: list[Any] = []
         self._hooks: list[Any] = []
         self._table = ""
+        #: torch's events of the last recorded window (``profile.events()``), kept when the profiler stops
+        #: (after :meth:`summary`, :meth:`describe` or the stage's end); ``None`` before.
+        self.function_events: Any = None
+        self._used_alone = False  # started by an action outside a trainer (once)
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (the trainer travels to the processes it starts) before :meth:`setup` starts torch's profiler."""
@@ -87,10 +96,15 @@ class PyTorchProfiler(Profiler):
         """Start torch's profiler for ``stage`` in this process."""
         super().setup(stage, local_rank, log_dir)
         self._finish()
+        self._start_torch(steps=True)
+
+    def _start_torch(self, steps: bool) -> None:
+        """Start torch's profiler; ``steps``: a trainer's stage, whose batches advance the default schedule."""
         self._table = ""
         kwargs = dict(self.profiler_kwargs)
         kwargs.setdefault("activities", _default_activities())
-        kwargs.setdefault("schedule", torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
+        if steps:
+            kwargs.setdefault("schedule", torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
         if self.export_to_chrome and "on_trace_ready" not in kwargs:
             kwargs["on_trace_ready"] = self._write_trace
         self._profiler = torch.profiler.profile(**kwargs)
@@ -102,10 +116,17 @@ class PyTorchProfiler(Profiler):
             ]
 
     def start(self, action_name: str) -> None:
-        """Open a ``record_function`` range named ``action_name``."""
+        """Open a ``record_function`` range named ``action_name``.
+
+        Used outside a trainer, the first action starts torch's profiler, recording
+        everything until :meth:`summary` or :meth:`describe` (Lightning's profilers work without a trainer).
+        """
         if self._profiler is None:
-            return
-        rf = record_function(action_name)
+            if self.in_trainer or self._used_alone:
+                return
+            self._used_alone = True
+            self._start_torch(steps=False)
+        rf = record_function(self.RECORD_PREFIX + action_name)
         rf.__enter__()
         self._ranges[action_name] = rf
 
@@ -114,7 +135,7 @@ class PyTorchProfiler(Profiler):
         rf = self._ranges.pop(action_name, None)
         if rf is not None:
             rf.__exit__(None, None, None)
-        if self._profiler is not None and action_name in self.STEP_ACTIONS:
+        if self._profiler is not None and action_name.rpartition(".")[2] in self.STEP_ACTIONS:
             self._profiler.step()
 
     def summary(self) -> str:
@@ -140,6 +161,10 @@ class PyTorchProfiler(Profiler):
             return
         prof.stop()
         try:
+            self.function_events = prof.events()
+        except (AssertionError, RuntimeError):  # nothing was recorded
+            self.function_events = None
+        try:
             averages = prof.key_averages(group_by_input_shape=self.group_by_input_shapes)
         except (AssertionError, RuntimeError):  # nothing was recorded (the stage ended before the window)
             return
@@ -164,6 +189,21 @@ class PyTorchProfiler(Profiler):
     def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._module_ranges:
             self._module_ranges.pop().__exit__(None, None, None)
+
+
+def _check_table_kwargs(table_kwargs: dict[str, Any]) -> None:
+    """Refuse a ``table_kwargs`` key that is an argument of the profiler or unknown to torch's ``EventList.table``."""
+    from torch.autograd.profiler_util import EventList
+
+    valid = set(inspect.signature(EventList.table).parameters) - {"self", "sort_by", "row_limit"}
+    for key in table_kwargs:
+        if key in {"sort_by", "row_limit"}:
+            raise KeyError(
+                f"Found invalid table_kwargs key: {key}. This is already a positional argument of the Profiler."
+                f" Pass PyTorchProfiler({'sort_by_key' if key == 'sort_by' else key}=...) instead."
+            )
+        if key not in valid:
+            raise KeyError(f"Found invalid table_kwargs key: {key}. Should be within {sorted(valid)}.")
 
 
 def _default_activities() -> list[ProfilerActivity]:

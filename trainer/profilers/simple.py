@@ -79,7 +79,9 @@ class SimpleProfiler(Profiler):
     def start(self, action_name: str) -> None:
         """Start timing ``action_name`` (inside the action started last, if any)."""
         if any(entry[0] == action_name for entry in self._open):
-            raise ValueError(f"SimpleProfiler: action {action_name!r} was started and not stopped")
+            raise ValueError(
+                f"Attempted to start {action_name} which has already started (SimpleProfiler: not stopped yet)"
+            )
         self._open.append([action_name, time.perf_counter(), 0.0])
 
     def stop(self, action_name: str) -> None:
@@ -89,7 +91,9 @@ class SimpleProfiler(Profiler):
             if self._open[i][0] == action_name:
                 break
         else:
-            raise ValueError(f"SimpleProfiler: action {action_name!r} was stopped but never started")
+            raise ValueError(
+                f"Attempting to stop recording an action ({action_name}) which was never started (SimpleProfiler)"
+            )
         _, began, nested = self._open.pop(i)
         duration = now - began  # type: ignore[operator]
         stats = self.stats.setdefault(action_name, ActionStats())
