@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
+from strategies.accelerators import Accelerator
+from strategies.lightning_names import LightningStrategyNames, one_precision
 from strategies.precision import NULL_CONTEXT, Precision, make_precision
 from trainer.common.errors import UserError
 from trainer.common.state_dict import load_module_state
@@ -29,7 +31,7 @@ __all__ = ["Strategy"]
 T = TypeVar("T")
 
 
-class Strategy:
+class Strategy(LightningStrategyNames):
     """Base strategy: one process, one device (CPU unless a subclass says otherwise).
 
     Args:
@@ -66,9 +68,22 @@ class Strategy:
     #: (``trainer.checkpoint.plugin_io``); the Trainer sets it (geartrain's own unless one is given).
     checkpoint_io: Any = None
 
-    def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
+    def __init__(
+        self,
+        precision: str | Precision | None = None,
+        device: str | torch.device | None = None,
+        *,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Precision | None = None,
+    ):
         self._device = torch.device(device) if device is not None else None
-        self.precision: Precision = make_precision(precision, self.root_device.type)
+        self._accelerator_object: Accelerator | None = None
+        if accelerator is not None:
+            self.accelerator = accelerator
+        self.precision: Precision = make_precision(one_precision(precision, precision_plugin), self.root_device.type)
+        #: Lightning's ``checkpoint_io`` argument, kept for the plugins that read it (None: the trainer's own I/O).
+        self.checkpoint_io = checkpoint_io
         self.module: nn.Module | None = None  # the user's module after setup
         self.model: nn.Module | None = None  # what forward runs through (a wrapper, or the module)
 

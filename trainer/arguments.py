@@ -50,7 +50,8 @@ __all__ = [
 #: The ``Args`` section of :class:`~trainer.Trainer`'s docstring (kept here so trainer.py stays short).
 TRAINER_ARGS = """
     Args:
-        accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``/``"cuda"``, ``"mps"``: the kind of device.
+        accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``/``"cuda"``, ``"mps"``: the kind of device, or Lightning's
+            accelerator object for one (``CPUAccelerator()``, from ``strategies.accelerators``).
         strategy: ``"auto"``, ``"single"``, ``"dp"``, ``"ddp"``, ``"amp"``, ``"fsdp"``, ``"model_parallel"``,
             Lightning's ``"ddp_spawn"``, ``"ddp_fork"``, ``"ddp_notebook"``,
             ``"ddp_find_unused_parameters_true"``, ``"single_device"``, or an instance.

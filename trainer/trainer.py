@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
+from strategies.accelerators import Accelerator
 from strategies.environments import SLURMEnvironment
 from strategies.registry import resolve_accelerator, resolve_strategy
 from trainer import arguments, options, run
@@ -63,7 +64,7 @@ class Trainer(TrainerAttributes):
     @arguments.defaults_from_env
     def __init__(
         self,
-        accelerator: str = "auto",
+        accelerator: str | Accelerator = "auto",
         strategy: str | Strategy = "auto",
         devices: int | str | list[int] = "auto",
         num_nodes: int = 1,
@@ -159,6 +160,8 @@ class Trainer(TrainerAttributes):
             precision=trainer_precision(precision),
             accelerator=resolve_accelerator(accelerator),
         )
+        if isinstance(accelerator, Accelerator):
+            self.strategy.accelerator = accelerator  # trainer.accelerator is this object, as in Lightning
         use_plugins(self.strategy, given)
         arguments.check_sync_batchnorm(sync_batchnorm, self.strategy)
         self.barebones, self.detect_anomaly, self.sync_batchnorm = barebones, detect_anomaly, sync_batchnorm

@@ -99,14 +99,14 @@ _TYPES = [
 _CORE = {"LightningModule": "trainer.module:TrainModule", "LightningDataModule": "trainer.datamodule:DataModule"}
 _STATES = {n: "trainer.state" for n in ("RunningStage", "TrainerFn", "TrainerState", "TrainerStatus")}
 _PROFILERS = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler", "XLAProfiler"]
-_STRATEGIES = {
-    "Strategy": "strategies",
-    "SingleDeviceStrategy": "strategies",
-    "DDPStrategy": "strategies",
-    "FSDPStrategy": "strategies",
-    "ModelParallelStrategy": "strategies",
-    "ParallelStrategy": "strategies.parallel",
-}
+_STRATEGIES = dict.fromkeys(["Strategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy"], "strategies")
+_STRATEGIES |= {"ModelParallelStrategy": "strategies", "ParallelStrategy": "strategies.parallel"}
+_STRATEGIES["StrategyRegistry"] = "strategies.registry"
+_ACC = "strategies.accelerators"
+_ACCELERATORS = ["Accelerator", "AcceleratorRegistry", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]
+_ACC_FILES = ["accelerator", "cpu", "cuda", "mps"]
+_SUBPACKAGES = ["accelerators", "callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer"]
+_SUBPACKAGES += ["tuner", "utilities", "plugins"]
 
 
 _UTIL = "trainer.lightning._utilities"
@@ -184,10 +184,7 @@ TREE: dict[str, dict[str, str]] = {
         "seed_everything": "trainer.utils",
         "LIGHTNING_LOGO": _UTIL,
         "cli_lightning_logo": _UTIL,
-        **{
-            sub: "/" for sub in ("callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer", "tuner")
-        },
-        **dict.fromkeys(("utilities", "plugins"), "/"),
+        **dict.fromkeys(_SUBPACKAGES, "/"),
         "cli": "/",  # a file of its own (trainer/lightning/cli.py): it needs jsonargparse, the extra `cli`
     },
     # ----------------------------------------------------------------- lightning.pytorch.demos
@@ -291,6 +288,11 @@ TREE: dict[str, dict[str, str]] = {
     **{f"profilers.{file}": {name: "trainer.profilers"} for file, name in _PROFILER_FILES.items()},
     "tuner": {"Tuner": "trainer.tuner", "tuning": "/"},
     "tuner.tuning": {"Tuner": "trainer.tuner"},
+    "accelerators": {**_from(_ACC, [*_ACCELERATORS, "find_usable_cuda_devices"]), **dict.fromkeys(_ACC_FILES, "/")},
+    "accelerators.accelerator": {"Accelerator": _ACC},
+    "accelerators.cpu": _from(_ACC, ["CPUAccelerator", "get_cpu_stats"]),
+    "accelerators.cuda": _from(_ACC, ["CUDAAccelerator", "find_usable_cuda_devices"]),
+    "accelerators.mps": {"MPSAccelerator": _ACC},
     "strategies": {**_STRATEGIES, **dict.fromkeys(_STRATEGY_FILES, "/")},
     **{f"strategies.{file}": {name: _STRATEGIES[name]} for file, name in _STRATEGY_FILES.items()},
     # ----------------------------------------------------------------- lightning.pytorch.utilities

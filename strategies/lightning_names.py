@@ -1,0 +1,105 @@
+"""Lightning's strategy attributes over ours: ``strategy.accelerator``, ``precision_plugin``, ``parallel_devices``.
+
+Mixins of :class:`~strategies.base.Strategy` and :class:`~strategies.parallel.ParallelStrategy`, kept
+apart so the interface files hold only what the trainer calls. Each name reads or sets what the
+strategy already has (its device, its precision): nothing here is a second source of truth.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from strategies.accelerators import Accelerator, accelerator_for, accelerator_kind
+from strategies.precision import Precision, make_precision
+
+__all__ = ["LightningParallelNames", "LightningStrategyNames", "one_precision"]
+
+
+class LightningStrategyNames:
+    """``accelerator`` and ``precision_plugin`` of every strategy, as Lightning's users read and set them."""
+
+    _device: torch.device | None
+    _accelerator_object: Accelerator | None
+    precision: Precision
+
+    if TYPE_CHECKING:
+
+        @property
+        def root_device(self) -> torch.device: ...
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """Lightning's accelerator object for :attr:`root_device`'s kind (the one given, when one was)."""
+        kind = self.root_device.type
+        if self._accelerator_object is None or self._accelerator_object.name() != kind:
+            self._accelerator_object = accelerator_for(kind)
+        return self._accelerator_object
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Accelerator) -> None:
+        """Take ``accelerator`` (Lightning's ``strategy.accelerator = ...``): it decides the device kind."""
+        self._set_device_kind(accelerator_kind(accelerator))
+        self._accelerator_object = accelerator
+
+    def _set_device_kind(self, kind: str) -> None:
+        """Train on a device of ``kind`` (an accelerator's); a device of another kind already chosen is refused."""
+        if self._device is not None and self._device.type != kind:
+            raise ValueError(
+                f"{type(self).__name__} is on {self._device}, but the accelerator given is for {kind!r}: give one "
+                f"device kind (device={kind!r}, or an accelerator for {self._device.type!r})"
+            )
+        if self._device is None:
+            self._device = torch.device(kind)
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """Lightning's name for :attr:`precision`."""
+        return self.precision
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision) -> None:
+        self.precision = make_precision(plugin, self.root_device.type)
+
+
+class LightningParallelNames:
+    """``parallel_devices`` of the multi-process strategies; an accelerator sets their device kind."""
+
+    _device_type: str | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def num_processes(self) -> int: ...
+
+        def _accelerator(self) -> str: ...
+
+    def _set_device_kind(self, kind: str) -> None:
+        """The kind of every process's device; one already given of another kind is refused."""
+        if self._device_type not in (None, kind):
+            raise ValueError(
+                f"{type(self).__name__} was given device={self._device_type!r}, but the accelerator given is for "
+                f"{kind!r}: give one device kind"
+            )
+        self._device_type = kind
+
+    @property
+    def parallel_devices(self) -> list[torch.device]:
+        """The device of each local process (Lightning's name): process ``i`` computes on device ``i``."""
+        kind = self._accelerator()
+        if kind == "cuda":
+            return [torch.device("cuda", index) for index in range(self.num_processes)]
+        return [torch.device(kind)] * self.num_processes
+
+
+def one_precision(precision: str | Precision | None, plugin: Precision | None) -> str | Precision | None:
+    """``precision`` or Lightning's ``precision_plugin``: giving both (and different) is refused."""
+    if plugin is None:
+        return precision
+    if precision is not None and precision is not plugin:
+        raise ValueError(
+            f"precision={precision!r} and precision_plugin={plugin!r} were both given: give one (precision_plugin "
+            "is Lightning's name for the same argument)"
+        )
+    return plugin
