@@ -181,3 +181,9 @@ def test_the_strategy_registry_lists_every_name_and_builds_registered_ones(tmp_p
         StrategyRegistry.remove("ddp_marked")
     with pytest.raises(ValueError, match="Unknown strategy 'ddp_marked'"):
         Trainer(strategy="ddp_marked")
+
+
+def test_a_missing_gpu_is_named_before_the_devices_asked_of_it(no_gpu: None) -> None:
+    for devices in (1, 3, [1, 2], -1, "-1"):
+        with pytest.raises(MisconfigurationException, match="No supported gpu backend found!"):
+            Trainer(accelerator="gpu", devices=devices, strategy="ddp")

@@ -153,12 +153,13 @@ class Trainer(TrainerAttributes):
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
         )
         options.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
+        device_kind = resolve_accelerator(accelerator)  # first, as Lightning: no GPU is named before bad devices
         self.strategy: Strategy = resolve_strategy(
             strategy,
             devices=arguments.resolve_devices(devices),
             num_nodes=num_nodes,
             precision=trainer_precision(precision),
-            accelerator=resolve_accelerator(accelerator),
+            accelerator=device_kind,
         )
         if isinstance(accelerator, Accelerator):
             self.strategy.accelerator = accelerator  # trainer.accelerator is this object, as in Lightning
