@@ -1,4 +1,4 @@
-"""Lightning's strategy attributes over ours: ``strategy.accelerator``, ``precision_plugin``, ``parallel_devices``.
+"""Lightning's strategy attributes over ours: ``accelerator``, ``precision_plugin``, ``parallel_devices``, ``launcher``.
 
 Mixins of :class:`~strategies.base.Strategy` and :class:`~strategies.parallel.ParallelStrategy`, kept
 apart so the interface files hold only what the trainer calls. Each name reads or sets what the
@@ -7,14 +7,16 @@ strategy already has (its device, its precision): nothing here is a second sourc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from strategies.accelerators import Accelerator, accelerator_for, accelerator_kind
 from strategies.precision import Precision, make_precision
 
-__all__ = ["LightningParallelNames", "LightningStrategyNames", "one_precision"]
+__all__ = ["LightningParallelNames", "LightningStrategyNames", "StrategyLauncher", "one_precision"]
 
 
 class LightningStrategyNames:
@@ -53,6 +55,15 @@ class LightningStrategyNames:
         if self._device is None:
             self._device = torch.device(kind)
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Lightning's hook: called in every process whose run an exception ends, after the callbacks' and
+        the data module's ``on_exception`` and before tear-down. Nothing to release by default."""
+
+    @property
+    def launcher(self) -> StrategyLauncher | None:
+        """Lightning's ``strategy.launcher``: None where the run stays in this process (Lightning's too)."""
+        return None
+
     @property
     def precision_plugin(self) -> Precision:
         """Lightning's name for :attr:`precision`."""
@@ -85,12 +96,37 @@ class LightningParallelNames:
         self._device_type = kind
 
     @property
+    def launcher(self) -> StrategyLauncher:
+        """What starts this strategy's processes (Lightning's ``strategy.launcher``); see :class:`StrategyLauncher`."""
+        return StrategyLauncher(self)
+
+    @property
     def parallel_devices(self) -> list[torch.device]:
         """The device of each local process (Lightning's name): process ``i`` computes on device ``i``."""
         kind = self._accelerator()
         if kind == "cuda":
             return [torch.device("cuda", index) for index in range(self.num_processes)]
         return [torch.device(kind)] * self.num_processes
+
+
+class StrategyLauncher:
+    """Lightning's launcher of a multi-process strategy, over the strategy's own :meth:`launch`.
+
+    ``launch(fn, *args, **kwargs)`` runs ``fn`` in every process the strategy needs and returns rank 0's
+    result; ``is_interactive_compatible`` is whether it works in a notebook (``ddp_fork``/``ddp_notebook``).
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """Forked processes share the notebook's definitions; spawned and re-run ones cannot."""
+        return bool(self.strategy.start_method == "fork")
+
+    def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` in every process; rank 0's result (``trainer`` is Lightning's)."""
+        return self.strategy.launch(functools.partial(function, **kwargs), *args)
 
 
 def one_precision(precision: str | Precision | None, plugin: Precision | None) -> str | Precision | None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import callbacks as cbs
 import trainer.lightning as pl
 from strategies import DDPStrategy, SingleDeviceStrategy
 from strategies.accelerators import (
@@ -187,3 +188,33 @@ def test_a_missing_gpu_is_named_before_the_devices_asked_of_it(no_gpu: None) -> 
     for devices in (1, 3, [1, 2], -1, "-1"):
         with pytest.raises(MisconfigurationException, match="No supported gpu backend found!"):
             Trainer(accelerator="gpu", devices=devices, strategy="ddp")
+
+
+def test_the_strategy_hears_of_an_exception_after_the_callbacks(tmp_path: Path) -> None:
+    heard: list[tuple[str, BaseException]] = []
+
+    class Listening(SingleDeviceStrategy):
+        def on_exception(self, exception: BaseException) -> None:
+            heard.append(("strategy", exception))
+
+    class Failing(TinyMLP):
+        def on_fit_start(self) -> None:
+            raise RuntimeError("boom")
+
+    class Recorder(cbs.Callback):
+        def on_exception(self, trainer: object, pl_module: object, exception: BaseException) -> None:
+            heard.append(("callback", exception))
+
+    trainer = quiet_trainer(tmp_path, callbacks=[Recorder()], strategy=Listening(device="cpu"), max_epochs=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Failing(), make_batches(1))
+    assert [who for who, _ in heard] == ["callback", "strategy"]
+    assert heard[0][1] is heard[1][1]
+
+
+def test_a_launcher_runs_the_function_where_the_strategy_runs_it() -> None:
+    assert SingleDeviceStrategy(device="cpu").launcher is None
+    assert DDPStrategy(start_method="fork").launcher.is_interactive_compatible
+    assert not DDPStrategy(start_method="spawn").launcher.is_interactive_compatible
+    one_process = DDPStrategy(devices=1, device="cpu")
+    assert one_process.launcher.launch(lambda a, b=0: a + b, 2, b=3, trainer=None) == 5

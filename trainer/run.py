@@ -162,6 +162,7 @@ def run_stage(
         module.on_exception(exc)
         if datamodule is not None:
             datamodule.on_exception(exc)
+        t.strategy.on_exception(exc)
         raise
     finally:
         state.running_stage = None
