@@ -367,8 +367,11 @@ def _check_device_kind(cls: type[Strategy], name: str, accelerator: str | None) 
 
     The one rule for a name (``Trainer(strategy="dp")``) and an instance (``geartrain strategy=dp``).
     """
-    if accelerator is None or accelerator == "cuda" or "device" in inspect.signature(cls.__init__).parameters:
+    params = inspect.signature(cls.__init__).parameters
+    if accelerator is None or accelerator == "cuda" or "device" in params:
         return
+    if any(param.kind is param.VAR_KEYWORD for param in params.values()):
+        return  # a subclass passing its arguments on (``def __init__(self, **kwargs)``): its base decides
     raise ValueError(
         f"strategy={name!r} runs on CUDA GPUs only; got accelerator={accelerator!r}: leave accelerator out "
         f"(without GPUs it trains on one device), or use strategy='single' or 'ddp' on the {accelerator}"

@@ -218,3 +218,19 @@ def test_a_launcher_runs_the_function_where_the_strategy_runs_it() -> None:
     assert not DDPStrategy(start_method="spawn").launcher.is_interactive_compatible
     one_process = DDPStrategy(devices=1, device="cpu")
     assert one_process.launcher.launch(lambda a, b=0: a + b, 2, b=3, trainer=None) == 5
+
+
+def test_no_device_at_all_is_refused_before_the_accelerator_is_checked(no_gpu: None) -> None:
+    for accelerator in ("cpu", "cuda", "tpu"):
+        for devices in (0, "0", []):
+            with pytest.raises(MisconfigurationException, match="value is not a valid input using"):
+                Trainer(accelerator=accelerator, devices=devices)
+
+
+def test_a_subclass_passing_its_arguments_on_keeps_its_bases_devices() -> None:
+    class PassingOn(DDPStrategy):
+        def __init__(self, **kwargs: object) -> None:
+            super().__init__(**kwargs)  # type: ignore[arg-type]
+
+    built = Trainer(accelerator="cpu", strategy=PassingOn(), devices=2, logger=False).strategy
+    assert isinstance(built, PassingOn) and built.root_device.type == "cpu" and built.num_processes == 2

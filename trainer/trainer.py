@@ -153,7 +153,8 @@ class Trainer(TrainerAttributes):
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
         )
         options.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
-        device_kind = resolve_accelerator(accelerator)  # first, as Lightning: no GPU is named before bad devices
+        arguments.check_devices_given(devices, accelerator)
+        device_kind = resolve_accelerator(accelerator)  # before devices=, as Lightning: a missing GPU is named first
         self.strategy: Strategy = resolve_strategy(
             strategy,
             devices=arguments.resolve_devices(devices),
