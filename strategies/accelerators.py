@@ -6,8 +6,8 @@ is still the strategy's choice alone (``strategy.root_device``): ``Trainer(accel
 is ``Trainer(accelerator="cpu")``, both resolved by :func:`strategies.registry.resolve_accelerator`.
 ``trainer.accelerator`` and ``strategy.accelerator`` return the object for the device in use.
 
-:data:`AcceleratorRegistry` holds the classes under their names (``"cpu"``, ``"cuda"``, ``"mps"``), as
-Lightning's does; a class a user registers there must subclass one of ours, so its kind is known.
+:data:`AcceleratorRegistry` holds the classes under their names (``"cpu"``, ``"cuda"``, ``"mps"``, and
+``"tpu"`` for :class:`XLAAccelerator`, which is never available here), as Lightning's does; a class a user registers there must subclass one of ours, so its kind is known.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "CPUAccelerator",
     "CUDAAccelerator",
     "MPSAccelerator",
+    "XLAAccelerator",
     "find_usable_cuda_devices",
     "get_cpu_stats",
 ]
@@ -227,6 +228,34 @@ class MPSAccelerator(Accelerator):
         return get_cpu_stats()
 
 
+class XLAAccelerator(Accelerator):
+    """Lightning's TPU accelerator as on a machine without TPUs: ``is_available()`` is False, no devices.
+
+    geartrain does not train on TPUs, so a trainer given one is refused (:func:`accelerator_kind`); the
+    class exists so that code asking whether a TPU is present gets Lightning's answer here.
+    """
+
+    @staticmethod
+    def name() -> str:
+        return "tpu"
+
+    @staticmethod
+    def is_available() -> bool:
+        return False
+
+    @staticmethod
+    def auto_device_count() -> int:
+        return 0
+
+    @staticmethod
+    def parse_devices(devices: Any) -> Any:
+        raise MisconfigurationException(f"devices={devices!r} on TPUs: geartrain does not train on TPUs")
+
+    @staticmethod
+    def get_parallel_devices(devices: Any) -> list[torch.device]:
+        raise MisconfigurationException(f"devices={devices!r} on TPUs: geartrain does not train on TPUs")
+
+
 def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
     """Indices of ``num_devices`` CUDA devices (``-1``: all) that accept a tensor now (not held exclusively).
 
@@ -305,7 +334,7 @@ class _AcceleratorRegistry(dict[str, dict[str, Any]]):
 
 #: The accelerator classes by name (``AcceleratorRegistry.get("cpu")`` builds a :class:`CPUAccelerator`).
 AcceleratorRegistry = _AcceleratorRegistry()
-for _cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator):
+for _cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator, XLAAccelerator):
     _cls.register_accelerators(AcceleratorRegistry)
 
 

@@ -292,7 +292,9 @@ def resolve_accelerator(accelerator: str | Accelerator | None) -> str | None:
 
 def _unavailable(cls: type[Accelerator]) -> str:
     """Lightning's sentence for an accelerator this machine lacks, naming the kinds it has."""
-    available = [name for name in ("cpu", "cuda", "mps") if AcceleratorRegistry[name]["accelerator"].is_available()]
+    available = [
+        name for name in ("cpu", "cuda", "mps", "tpu") if AcceleratorRegistry[name]["accelerator"].is_available()
+    ]
     return (
         f"`{cls.__qualname__}` can not run on your system since the accelerator is not available. The following "
         f"accelerator(s) is available and can be passed into `accelerator` argument of `Trainer`: {available}."

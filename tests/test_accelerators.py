@@ -19,6 +19,7 @@ from strategies.accelerators import (
     CPUAccelerator,
     CUDAAccelerator,
     MPSAccelerator,
+    XLAAccelerator,
     find_usable_cuda_devices,
 )
 from strategies.precision import MixedPrecision, Precision
@@ -63,8 +64,16 @@ def test_lightning_paths_map_onto_the_same_objects() -> None:
     assert pl.accelerators.cuda.find_usable_cuda_devices is find_usable_cuda_devices
     assert pl.accelerators.AcceleratorRegistry is AcceleratorRegistry
     assert pl.strategies.StrategyRegistry is StrategyRegistry
-    with pytest.raises(ImportError, match=r"XLAAccelerator.*not offered"):
-        pl.accelerators.XLAAccelerator  # noqa: B018
+    assert pl.accelerators.xla.XLAAccelerator is XLAAccelerator
+
+
+def test_a_tpu_is_never_available_and_refused_when_given(no_gpu: None) -> None:
+    assert not XLAAccelerator.is_available() and XLAAccelerator.auto_device_count() == 0
+    assert AcceleratorRegistry["tpu"]["accelerator"] is XLAAccelerator
+    with pytest.raises(
+        MisconfigurationException, match=r"accelerator=XLAAccelerator: .*TPU/XLA and HPU are not offered"
+    ):
+        Trainer(accelerator=XLAAccelerator())
 
 
 def test_accelerator_classmethods_answer_for_this_machine(no_gpu: None) -> None:
@@ -99,7 +108,7 @@ def test_gpu_kinds_this_machine_lacks_are_refused_in_lightnings_words(no_gpu: No
 
 
 def test_the_accelerator_registry_builds_by_name_and_takes_subclasses() -> None:
-    assert {"cpu", "cuda", "mps"} <= AcceleratorRegistry.available_accelerators()
+    assert {"cpu", "cuda", "mps", "tpu"} <= AcceleratorRegistry.available_accelerators()
     assert isinstance(AcceleratorRegistry.get("cpu"), CPUAccelerator)
 
     class CountingCPU(CPUAccelerator):

@@ -103,8 +103,9 @@ _STRATEGIES = dict.fromkeys(["Strategy", "SingleDeviceStrategy", "DDPStrategy", 
 _STRATEGIES |= {"ModelParallelStrategy": "strategies", "ParallelStrategy": "strategies.parallel"}
 _STRATEGIES["StrategyRegistry"] = "strategies.registry"
 _ACC = "strategies.accelerators"
-_ACCELERATORS = ["Accelerator", "AcceleratorRegistry", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]
-_ACC_FILES = ["accelerator", "cpu", "cuda", "mps"]
+_ACC_FILES = {"accelerator": "Accelerator", "cpu": "CPUAccelerator", "cuda": "CUDAAccelerator", "mps": "MPSAccelerator"}
+_ACC_FILES["xla"] = "XLAAccelerator"
+_ACCELERATORS = [*_ACC_FILES.values(), "AcceleratorRegistry"]
 _SUBPACKAGES = ["accelerators", "callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer"]
 _SUBPACKAGES += ["tuner", "utilities", "plugins"]
 
@@ -289,10 +290,9 @@ TREE: dict[str, dict[str, str]] = {
     "tuner": {"Tuner": "trainer.tuner", "tuning": "/"},
     "tuner.tuning": {"Tuner": "trainer.tuner"},
     "accelerators": {**_from(_ACC, [*_ACCELERATORS, "find_usable_cuda_devices"]), **dict.fromkeys(_ACC_FILES, "/")},
-    "accelerators.accelerator": {"Accelerator": _ACC},
+    **{f"accelerators.{file}": {name: _ACC} for file, name in _ACC_FILES.items()},
     "accelerators.cpu": _from(_ACC, ["CPUAccelerator", "get_cpu_stats"]),
     "accelerators.cuda": _from(_ACC, ["CUDAAccelerator", "find_usable_cuda_devices"]),
-    "accelerators.mps": {"MPSAccelerator": _ACC},
     "strategies": {**_STRATEGIES, **dict.fromkeys(_STRATEGY_FILES, "/")},
     **{f"strategies.{file}": {name: _STRATEGIES[name]} for file, name in _STRATEGY_FILES.items()},
     # ----------------------------------------------------------------- lightning.pytorch.utilities

@@ -30,8 +30,6 @@ _NOT_YET = "not yet in geartrain"
 #: Lightning path -> why geartrain refuses it and what to use instead.
 REFUSED: dict[str, str] = {
     # ------------------------------------------------------------ whole modules
-    "accelerators.xla": _NOT_OFFERED,
-    "accelerators.XLAAccelerator": _NOT_OFFERED,
     "accelerators.cuda.get_nvidia_gpu_stats": _NOT_YET
     + ": CUDAAccelerator().get_device_stats(device) gives torch.cuda.memory_stats",
     "accelerators.mps.get_device_stats": "MPSAccelerator().get_device_stats(device) gives the machine's memory figures",
