@@ -236,6 +236,10 @@ class _StrategyRegistry(dict[str, dict[str, Any]]):
     def __str__(self) -> str:
         return "Registered Strategies: {}".format(", ".join(self.available_strategies()))
 
+    def __repr__(self) -> str:
+        self._fill()
+        return dict.__repr__(self)
+
 
 def _entry(name: str, cls: type[Strategy], description: str, init_params: dict[str, Any]) -> dict[str, Any]:
     return {"strategy": cls, "strategy_name": name, "description": description, "init_params": init_params}

@@ -178,6 +178,7 @@ def test_the_strategy_registry_lists_every_name_and_builds_registered_ones(tmp_p
     }
     assert {"single", "single_device", "ddp", "ddp_spawn", "fsdp"} <= set(StrategyRegistry.available_strategies())
     assert isinstance(StrategyRegistry.get("single_device"), SingleDeviceStrategy)
+    assert "'ddp_fork'" in repr(StrategyRegistry) and "ddp_fork" in str(StrategyRegistry)
 
     marker = object()
     StrategyRegistry.register("ddp_marked", DDPStrategy, description="test", checkpoint_io=marker, static_graph=True)
