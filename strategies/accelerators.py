@@ -338,6 +338,16 @@ for _cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator, XLAAccelerator):
     _cls.register_accelerators(AcceleratorRegistry)
 
 
+def default_device() -> torch.device:
+    """CUDA if present, else Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
 def accelerator_kind(accelerator: Accelerator | type[Accelerator]) -> str:
     """The device kind of an accelerator instance or class (``"cpu"``, ``"cuda"``, ``"mps"``); others refused."""
     cls = accelerator if isinstance(accelerator, type) else type(accelerator)

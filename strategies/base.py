@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
-from strategies.accelerators import Accelerator
+from strategies.accelerators import Accelerator, default_device
 from strategies.lightning_names import LightningStrategyNames, one_precision
 from strategies.precision import NULL_CONTEXT, Precision, make_precision
 from trainer.common.errors import UserError
@@ -78,12 +78,8 @@ class Strategy(LightningStrategyNames):
         precision_plugin: Precision | None = None,
     ):
         self._device = torch.device(device) if device is not None else None
-        self._accelerator_object: Accelerator | None = None
-        if accelerator is not None:
-            self.accelerator = accelerator
+        self._take_lightning_arguments(accelerator, checkpoint_io)
         self.precision: Precision = make_precision(one_precision(precision, precision_plugin), self.root_device.type)
-        #: Lightning's ``checkpoint_io`` argument, kept for the plugins that read it (None: the trainer's own I/O).
-        self.checkpoint_io = checkpoint_io
         self.module: nn.Module | None = None  # the user's module after setup
         self.model: nn.Module | None = None  # what forward runs through (a wrapper, or the module)
 
@@ -390,16 +386,6 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
         attrs = {"forward": forward, "_geartrain_checkpointed": True, "__module__": cls.__module__}
         _CHECKPOINTED[cls] = type(cls.__name__, (cls,), {**attrs, "__qualname__": cls.__qualname__})
     return _CHECKPOINTED[cls]
-
-
-def default_device() -> torch.device:
-    """CUDA if present, else Apple's MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
 
 
 def _sharded_parameter(module: nn.Module) -> str | None:

@@ -1,4 +1,4 @@
-"""Lightning's strategy attributes over ours: ``accelerator``, ``precision_plugin``, ``parallel_devices``, ``launcher``.
+"""Lightning's strategy attributes over ours: ``accelerator``, ``parallel_devices``, ``launcher``, ``on_exception``.
 
 Mixins of :class:`~strategies.base.Strategy` and :class:`~strategies.parallel.ParallelStrategy`, kept
 apart so the interface files hold only what the trainer calls. Each name reads or sets what the
@@ -14,22 +14,31 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.accelerators import Accelerator, accelerator_for, accelerator_kind
-from strategies.precision import Precision, make_precision
+from strategies.precision import Precision
 
 __all__ = ["LightningParallelNames", "LightningStrategyNames", "StrategyLauncher", "one_precision"]
 
 
 class LightningStrategyNames:
-    """``accelerator`` and ``precision_plugin`` of every strategy, as Lightning's users read and set them."""
+    """``accelerator``, ``launcher`` and ``on_exception`` of every strategy, as Lightning's users read and set them."""
 
     _device: torch.device | None
-    _accelerator_object: Accelerator | None
+    _accelerator_object: Accelerator | None = None
+    checkpoint_io: Any
     precision: Precision
 
     if TYPE_CHECKING:
 
         @property
         def root_device(self) -> torch.device: ...
+
+    def _take_lightning_arguments(self, accelerator: Accelerator | None, checkpoint_io: Any) -> None:
+        """Lightning's constructor arguments: an accelerator sets the device kind; a checkpoint IO is kept for
+        the Trainer (which refuses a second one given as a plugin)."""
+        if accelerator is not None:
+            self.accelerator = accelerator
+        if checkpoint_io is not None:
+            self.checkpoint_io = checkpoint_io
 
     @property
     def accelerator(self) -> Accelerator:
@@ -63,15 +72,6 @@ class LightningStrategyNames:
     def launcher(self) -> StrategyLauncher | None:
         """Lightning's ``strategy.launcher``: None where the run stays in this process (Lightning's too)."""
         return None
-
-    @property
-    def precision_plugin(self) -> Precision:
-        """Lightning's name for :attr:`precision`."""
-        return self.precision
-
-    @precision_plugin.setter
-    def precision_plugin(self, plugin: Precision) -> None:
-        self.precision = make_precision(plugin, self.root_device.type)
 
 
 class LightningParallelNames:

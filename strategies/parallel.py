@@ -125,9 +125,7 @@ class ParallelStrategy(LightningParallelNames, Strategy):
         self.process_group_backend = process_group_backend
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
         self._owns_group = False
-        #: Lightning's ``cluster_environment`` argument, kept for the plugins that read it (None: read from
-        #: torchrun's or Slurm's environment variables).
-        self.cluster_environment = cluster_environment
+        self.cluster_environment = cluster_environment  # Lightning's argument; None: the one detected
         super().__init__(
             precision=None if precision_plugin is not None and precision == "32-true" else precision,
             device=None,
