@@ -244,3 +244,13 @@ def test_a_subclass_passing_its_arguments_on_keeps_its_bases_devices() -> None:
 
     built = Trainer(accelerator="cpu", strategy=PassingOn(), devices=2, logger=False).strategy
     assert isinstance(built, PassingOn) and built.root_device.type == "cpu" and built.num_processes == 2
+
+
+def test_a_cluster_environment_given_to_the_constructor_is_the_strategys() -> None:
+    from strategies.environments import LightningEnvironment
+
+    environment = LightningEnvironment()
+    strategy = DDPStrategy(accelerator=CPUAccelerator(), cluster_environment=environment)
+    assert strategy.cluster_environment is environment
+    trainer = Trainer(strategy=strategy, devices=2, logger=False)
+    assert trainer.strategy.cluster_environment is environment and isinstance(trainer.accelerator, CPUAccelerator)
