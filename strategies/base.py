@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
+from strategies.accelerators import Accelerator, default_device
+from strategies.lightning_names import LightningStrategyNames, one_precision
 from strategies.precision import NULL_CONTEXT, Precision, make_precision
 from trainer.common.errors import UserError
 from trainer.common.state_dict import load_module_state
@@ -29,7 +31,7 @@ __all__ = ["Strategy"]
 T = TypeVar("T")
 
 
-class Strategy:
+class Strategy(LightningStrategyNames):
     """Base strategy: one process, one device (CPU unless a subclass says otherwise).
 
     Args:
@@ -66,9 +68,18 @@ class Strategy:
     #: (``trainer.checkpoint.plugin_io``); the Trainer sets it (geartrain's own unless one is given).
     checkpoint_io: Any = None
 
-    def __init__(self, precision: str | Precision | None = None, device: str | torch.device | None = None):
+    def __init__(
+        self,
+        precision: str | Precision | None = None,
+        device: str | torch.device | None = None,
+        *,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Precision | None = None,
+    ):
         self._device = torch.device(device) if device is not None else None
-        self.precision: Precision = make_precision(precision, self.root_device.type)
+        self._take_lightning_arguments(accelerator, checkpoint_io)
+        self.precision: Precision = make_precision(one_precision(precision, precision_plugin), self.root_device.type)
         self.module: nn.Module | None = None  # the user's module after setup
         self.model: nn.Module | None = None  # what forward runs through (a wrapper, or the module)
 
@@ -253,8 +264,7 @@ class Strategy:
     ) -> torch.Tensor | None:
         """Unscale gradients (exactly once) and clip them by total ``"norm"`` or by ``"value"``.
 
-        Returns the total norm before clipping for ``"norm"``, else ``None``. A ``value`` of ``None``
-        or ``0`` clips nothing, as Lightning's.
+        Returns the total norm before clipping for ``"norm"``, else ``None``; ``None`` or ``0`` clips nothing.
         """
         if not value:
             return None
@@ -376,16 +386,6 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
         attrs = {"forward": forward, "_geartrain_checkpointed": True, "__module__": cls.__module__}
         _CHECKPOINTED[cls] = type(cls.__name__, (cls,), {**attrs, "__qualname__": cls.__qualname__})
     return _CHECKPOINTED[cls]
-
-
-def default_device() -> torch.device:
-    """CUDA if present, else Apple's MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
 
 
 def _sharded_parameter(module: nn.Module) -> str | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import inspect
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -12,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from strategies.accelerators import Accelerator
 from strategies.launch import DEFAULT_GRACE_PERIOD
 from strategies.parallel import ParallelStrategy, StepRunner
 from strategies.precision import Precision
@@ -48,6 +50,11 @@ class DDPStrategy(ParallelStrategy):
             processes) or ``"fork"`` (``"ddp_fork"``/``"ddp_notebook"``).
         preemption_grace_period: seconds the processes the strategy started get to save after a signal
             (see :class:`~strategies.parallel.ParallelStrategy`).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: Lightning's
+            arguments: an accelerator object sets the device kind, ``parallel_devices`` the kind and the
+            process count (process i on device i), ``precision_plugin`` is ``precision``; the other two are
+            kept for the plugins that read them.
+        kwargs: further arguments of torch's ``DistributedDataParallel`` (``bucket_cap_mb=...``), as in Lightning.
 
     >>> DDPStrategy(devices=2, device="cpu")
     DDPStrategy(devices=2, num_nodes=1, precision='32-true')
@@ -63,7 +70,7 @@ class DDPStrategy(ParallelStrategy):
         **{
             f"{base}_find_unused_parameters_{flag}": {**implied, "find_unused_parameters": flag == "true"}
             for base, implied in (
-                ("ddp", {}),
+                ("ddp", {"start_method": "popen"}),
                 ("ddp_spawn", {"start_method": "spawn"}),
                 ("ddp_fork", {"start_method": "fork"}),
                 ("ddp_notebook", {"start_method": "fork"}),
@@ -86,7 +93,21 @@ class DDPStrategy(ParallelStrategy):
         gradient_as_bucket_view: bool = False,
         start_method: str = "popen",
         preemption_grace_period: float = DEFAULT_GRACE_PERIOD,
+        *,
+        accelerator: Accelerator | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Precision | None = None,
+        **kwargs: Any,
     ) -> None:
+        unknown = sorted(set(kwargs) - set(inspect.signature(DistributedDataParallel).parameters) - {"module"})
+        if unknown or "module" in kwargs:
+            raise TypeError(
+                f"DDPStrategy got {', '.join(unknown or ['module'])}: its other keyword arguments go to "
+                "torch's DistributedDataParallel, which has no such argument (DDP communication hooks and "
+                "model averaging are not offered)"
+            )
         super().__init__(
             devices=devices,
             num_nodes=num_nodes,
@@ -97,8 +118,14 @@ class DDPStrategy(ParallelStrategy):
             max_restarts=max_restarts,
             start_method=start_method,
             preemption_grace_period=preemption_grace_period,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
         )
         self.ddp_kwargs: dict[str, Any] = {
+            **kwargs,
             "find_unused_parameters": find_unused_parameters,
             "static_graph": static_graph,
             "gradient_as_bucket_view": gradient_as_bucket_view,

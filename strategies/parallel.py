@@ -7,7 +7,7 @@ deferred (:meth:`Strategy.no_backward_sync`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -18,11 +18,13 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from typing_extensions import override
 
 from strategies import environments, relaunch
+from strategies.accelerators import Accelerator, from_parallel_devices
 from strategies.base import Strategy
 from strategies.launch import DEFAULT_GRACE_PERIOD, check_slurm_launched, joined_environment, start_processes
+from strategies.lightning_names import LightningParallelNames
 from strategies.precision import Precision
 from strategies.rank_process import flush_files_at_exit, join_group, record_errors
-from strategies.sampling import EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
+from strategies.sampling import EvalShardSampler, EvenEnd, GlobalBatchSampler, ShardedBatchSampler, ShardedSampler
 from trainer.common.env import seed_from_env
 from trainer.common.errors import UserError
 from trainer.common.loaders import rebuild_dataloader
@@ -54,33 +56,7 @@ class StepRunner(nn.Module):
         return getattr(self.module, hook)(*args)
 
 
-class EvalShardSampler(Sampler[int]):
-    """Rank ``r`` of ``W`` gets positions ``r, r + W, r + 2W, ...`` of ``sampler``'s order.
-
-    Unlike ``DistributedSampler`` it adds no padded duplicates, so shards may differ in size by one
-    and every sample is evaluated exactly once: epoch means weighted by batch size and torchmetrics
-    states summed over ranks equal what one process computes on the whole dataset.
-
-    >>> list(EvalShardSampler(range(5), rank=1, world_size=2))
-    [1, 3]
-    """
-
-    def __init__(self, sampler: Iterable[int], rank: int, world_size: int) -> None:
-        self.sampler = sampler
-        self.rank = rank
-        self.world_size = world_size
-
-    def __iter__(self) -> Iterator[int]:
-        for position, index in enumerate(self.sampler):
-            if position % self.world_size == self.rank:
-                yield index
-
-    def __len__(self) -> int:
-        total = len(self.sampler)  # type: ignore[arg-type]
-        return max(0, (total - self.rank + self.world_size - 1) // self.world_size)
-
-
-class ParallelStrategy(Strategy):
+class ParallelStrategy(LightningParallelNames, Strategy):
     """Base of the multi-process strategies: one process per device, ``devices * num_nodes`` in all.
 
     Args:
@@ -116,7 +92,15 @@ class ParallelStrategy(Strategy):
         max_restarts: int = 0,
         start_method: str = "popen",
         preemption_grace_period: float = DEFAULT_GRACE_PERIOD,
+        *,
+        accelerator: Accelerator | None = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Precision | None = None,
     ) -> None:
+        if parallel_devices is not None:
+            device, devices = from_parallel_devices(parallel_devices, device, devices)
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
@@ -141,7 +125,14 @@ class ParallelStrategy(Strategy):
         self.process_group_backend = process_group_backend
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
         self._owns_group = False
-        super().__init__(precision=precision, device=None)
+        self.cluster_environment = cluster_environment  # Lightning's argument; None: the one detected
+        super().__init__(
+            precision=None if precision_plugin is not None and precision == "32-true" else precision,
+            device=None,
+            accelerator=accelerator,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
 
     # ----------------------------------------------------------------- topology
     @override

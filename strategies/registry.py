@@ -16,11 +16,18 @@ import pkgutil
 from types import ModuleType
 from typing import Any
 
-import torch
-
+from strategies.accelerators import (
+    Accelerator,
+    AcceleratorRegistry,
+    AcceleratorUnavailable,
+    CUDAAccelerator,
+    MPSAccelerator,
+    accelerator_kind,
+)
 from strategies.base import Strategy
 
 __all__ = [
+    "StrategyRegistry",
     "build_strategy",
     "find_strategy",
     "own_aliases",
@@ -36,10 +43,14 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 def find_strategy(name: str) -> tuple[type[Strategy], dict[str, Any]] | None:
     """The class registered under ``name`` and the arguments the name implies, or None.
 
-    Each strategy registers its own names (:attr:`Strategy.name`, :attr:`Strategy.aliases`) in the
+    A name given to :data:`StrategyRegistry` by ``StrategyRegistry.register`` comes first. Each
+    strategy registers its own names (:attr:`Strategy.name`, :attr:`Strategy.aliases`) in the
     module named after it: ``"ddp_spawn"`` is looked up in ``strategies.ddp_spawn``, then
     ``strategies.ddp``. Only that module is imported, so naming a strategy costs no other's imports.
     """
+    if name in StrategyRegistry.registered:
+        entry = StrategyRegistry.registered[name]
+        return entry["strategy"], dict(entry["init_params"])
     parts = name.split("_")
     for end in range(len(parts), 0, -1):
         module_name = f"{__package__}.{'_'.join(parts[:end])}"
@@ -121,37 +132,177 @@ def build_strategy(name: str, **kwargs: Any) -> Strategy:
     return strategy
 
 
-def resolve_accelerator(accelerator: str | None) -> str | None:
+class _StrategyRegistry(dict[str, dict[str, Any]]):
+    """Lightning's ``StrategyRegistry``: every strategy name, each entry ``{"strategy", "strategy_name",
+    "description", "init_params"}``.
+
+    Filled from the strategy files (each class's ``name`` and ``aliases``) when first read, so importing
+    it costs nothing. ``register`` adds a name (a class and the arguments it is built with) that
+    ``Trainer(strategy=name)`` then builds, before any name of ours.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The names given by :meth:`register` (``Trainer(strategy=...)`` looks these up first).
+        self.registered: dict[str, dict[str, Any]] = {}
+        self._filled = False
+
+    def _fill(self) -> None:
+        if self._filled:
+            return
+        self._filled = True
+        for name, cls in strategy_classes().items():
+            dict.setdefault(self, name, _entry(name, cls, cls.__name__, {}))
+            for alias, implied in own_aliases(cls).items():
+                dict.setdefault(self, alias, _entry(alias, cls, f"{cls.__name__} ({alias})", dict(implied)))
+
+    def register(
+        self,
+        name: str,
+        strategy: type[Strategy] | None = None,
+        description: str | None = None,
+        override: bool = False,
+        **init_params: Any,
+    ) -> Any:
+        """Register ``strategy`` under ``name``, built with ``init_params`` (or return a class decorator)."""
+        if not isinstance(name, str):
+            raise TypeError(f"`name` for {strategy} must be a str, found {name}")
+        self._fill()
+        if name in self and not override:
+            raise ValueError(f"'{name}' is already present in the registry. HINT: Use `override=True`.")
+
+        def do_register(cls: type[Strategy]) -> type[Strategy]:
+            if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+                raise TypeError(f"StrategyRegistry.register({name!r}, ...): expected a Strategy subclass, got {cls!r}")
+            entry = _entry(name, cls, description or cls.__name__, init_params)
+            self[name] = entry
+            self.registered[name] = entry
+            return cls
+
+        return do_register(strategy) if strategy is not None else do_register
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A strategy built as registered under ``name`` (Lightning's ``get``), else ``default``."""
+        self._fill()
+        if name in self:
+            entry = self[name]
+            built = entry["strategy"](**entry["init_params"])
+            built.name = name
+            return built
+        if default is not None:
+            return default
+        raise KeyError(f"Invalid strategy name {name!r}; {_valid_names()}")
+
+    def remove(self, name: str) -> None:
+        """Drop the entry registered under ``name``."""
+        self._fill()
+        self.pop(name)
+        self.registered.pop(name, None)
+
+    def available_strategies(self) -> list[str]:
+        """Every registered name."""
+        self._fill()
+        return list(self.keys())
+
+    def __contains__(self, name: object) -> bool:
+        self._fill()
+        return dict.__contains__(self, name)
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        self._fill()
+        entry: dict[str, Any] = dict.__getitem__(self, name)
+        return entry
+
+    def __iter__(self) -> Any:
+        self._fill()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._fill()
+        return dict.__len__(self)
+
+    def keys(self) -> Any:
+        self._fill()
+        return dict.keys(self)
+
+    def items(self) -> Any:
+        self._fill()
+        return dict.items(self)
+
+    def values(self) -> Any:
+        self._fill()
+        return dict.values(self)
+
+    def __str__(self) -> str:
+        return "Registered Strategies: {}".format(", ".join(self.available_strategies()))
+
+    def __repr__(self) -> str:
+        self._fill()
+        return dict.__repr__(self)
+
+
+def _entry(name: str, cls: type[Strategy], description: str, init_params: dict[str, Any]) -> dict[str, Any]:
+    return {"strategy": cls, "strategy_name": name, "description": description, "init_params": init_params}
+
+
+#: Every strategy name and what it builds (Lightning's ``lightning.pytorch.strategies.StrategyRegistry``).
+StrategyRegistry = _StrategyRegistry()
+
+
+def resolve_accelerator(accelerator: str | Accelerator | None) -> str | None:
     """The device kind for ``Trainer(accelerator=...)``: ``"cpu"``, ``"cuda"``, ``"mps"``, or None (auto).
 
+    A name or an accelerator object (:mod:`strategies.accelerators`; ``CPUAccelerator()`` is ``"cpu"``).
     ``"gpu"`` is CUDA where present, else Apple's MPS. A kind this machine lacks, or one geartrain does
-    not run on (``"tpu"``, ``"hpu"``, ``"xla"``), is refused naming the supported ones.
+    not run on (``"tpu"``, ``"hpu"``, ``"xla"``), is refused naming the supported ones, in Lightning's words.
     """
     if accelerator is None:
         return None
+    if isinstance(accelerator, Accelerator):
+        kind = accelerator_kind(accelerator)
+        if not type(accelerator).is_available():
+            raise AcceleratorUnavailable(f"{_unavailable(type(accelerator))} ({type(accelerator).__name__}())")
+        return kind
     if not isinstance(accelerator, str):
         raise TypeError(
-            f"accelerator must be one of {', '.join(ACCELERATORS)}, got {type(accelerator).__name__}; "
-            "Lightning Accelerator instances are not supported"
+            f"accelerator must be one of {', '.join(ACCELERATORS)} or an Accelerator object "
+            f"(CPUAccelerator(), ...), got {type(accelerator).__name__}"
         )
     kind = accelerator.lower()
     if kind not in ACCELERATORS:
-        raise ValueError(f"accelerator={accelerator!r} is not supported; geartrain runs on {', '.join(ACCELERATORS)}")
-    mps = getattr(torch.backends, "mps", None)
-    has_mps = mps is not None and mps.is_available()
+        lightning = f"You selected an invalid accelerator name: `accelerator={accelerator!r}`. "
+        if kind in ("tpu", "hpu", "xla", "ipu"):
+            lightning = ""  # Lightning's names, not ours: say only that geartrain does not run there
+        raise ValueError(
+            f"{lightning}accelerator={accelerator!r} is not supported; geartrain runs on {', '.join(ACCELERATORS)}"
+        )
     if kind == "auto":
         return None
     if kind == "gpu":
-        if torch.cuda.is_available():
+        if CUDAAccelerator.is_available():
             return "cuda"
-        if has_mps:
+        if MPSAccelerator.is_available():
             return "mps"
-        raise RuntimeError(f"accelerator={accelerator!r}, but this machine has no GPU (CUDA or MPS); use 'cpu'")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"accelerator={accelerator!r}, but CUDA is not available here; use 'cpu' (or 'auto')")
-    if kind == "mps" and not has_mps:
-        raise RuntimeError(f"accelerator={accelerator!r}, but Apple's MPS is not available here; use 'cpu'")
+        raise AcceleratorUnavailable(
+            f"No supported gpu backend found! accelerator={accelerator!r}, but this machine has no GPU (CUDA or MPS); "
+            "use 'cpu'"
+        )
+    cls = AcceleratorRegistry[kind]["accelerator"]
+    if not cls.is_available():
+        where = "CUDA is not available here" if kind == "cuda" else "Apple's MPS is not available here"
+        raise AcceleratorUnavailable(f"{_unavailable(cls)} (accelerator={accelerator!r}, but {where}; use 'cpu')")
     return kind
+
+
+def _unavailable(cls: type[Accelerator]) -> str:
+    """Lightning's sentence for an accelerator this machine lacks, naming the kinds it has."""
+    available = [
+        name for name in ("cpu", "cuda", "mps", "tpu") if AcceleratorRegistry[name]["accelerator"].is_available()
+    ]
+    return (
+        f"`{cls.__qualname__}` can not run on your system since the accelerator is not available. The following "
+        f"accelerator(s) is available and can be passed into `accelerator` argument of `Trainer`: {available}."
+    )
 
 
 def resolve_strategy(
@@ -222,8 +373,11 @@ def _check_device_kind(cls: type[Strategy], name: str, accelerator: str | None) 
 
     The one rule for a name (``Trainer(strategy="dp")``) and an instance (``geartrain strategy=dp``).
     """
-    if accelerator is None or accelerator == "cuda" or "device" in inspect.signature(cls.__init__).parameters:
+    params = inspect.signature(cls.__init__).parameters
+    if accelerator is None or accelerator == "cuda" or "device" in params:
         return
+    if any(param.kind is param.VAR_KEYWORD for param in params.values()):
+        return  # a subclass passing its arguments on (``def __init__(self, **kwargs)``): its base decides
     raise ValueError(
         f"strategy={name!r} runs on CUDA GPUs only; got accelerator={accelerator!r}: leave accelerator out "
         f"(without GPUs it trains on one device), or use strategy='single' or 'ddp' on the {accelerator}"

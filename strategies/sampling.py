@@ -14,6 +14,7 @@ A random sampler must draw the same order on every rank: seed it (``seed_everyth
 The default samplers (a loader built with ``shuffle=True`` or ``False``) get :class:`GlobalBatchSampler`
 instead: the same global batches on any number of processes (see its docstring). An ``IterableDataset``
 is sharded by the user's own code; :class:`EvenEnd` makes every rank stop at the same batch.
+Evaluation shards the default samplers with :class:`EvalShardSampler` (no padding).
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
-__all__ = ["EmptyShardError", "EvenEnd", "GlobalBatchSampler", "ShardedBatchSampler", "ShardedSampler"]
+__all__ = [
+    "EmptyShardError",
+    "EvalShardSampler",
+    "EvenEnd",
+    "GlobalBatchSampler",
+    "ShardedBatchSampler",
+    "ShardedSampler",
+]
 
 
 def _shard(order: list[Any], rank: int, world_size: int, pad: bool, drop_last: bool) -> list[Any]:
@@ -269,3 +277,29 @@ def _agree(value: float, op: str, device: torch.device) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
     return float(tensor.item())
+
+
+class EvalShardSampler(Sampler[int]):
+    """Rank ``r`` of ``W`` gets positions ``r, r + W, r + 2W, ...`` of ``sampler``'s order.
+
+    Unlike ``DistributedSampler`` it adds no padded duplicates, so shards may differ in size by one
+    and every sample is evaluated exactly once: epoch means weighted by batch size and torchmetrics
+    states summed over ranks equal what one process computes on the whole dataset.
+
+    >>> list(EvalShardSampler(range(5), rank=1, world_size=2))
+    [1, 3]
+    """
+
+    def __init__(self, sampler: Iterable[int], rank: int, world_size: int) -> None:
+        self.sampler = sampler
+        self.rank = rank
+        self.world_size = world_size
+
+    def __iter__(self) -> Iterator[int]:
+        for position, index in enumerate(self.sampler):
+            if position % self.world_size == self.rank:
+                yield index
+
+    def __len__(self) -> int:
+        total = len(self.sampler)  # type: ignore[arg-type]
+        return max(0, (total - self.rank + self.world_size - 1) // self.world_size)

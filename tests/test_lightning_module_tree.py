@@ -87,7 +87,7 @@ TRAINER_PROPERTIES = [
     "world_size",
 ]
 #: Lightning properties refused with an ``AttributeError`` naming what to use instead.
-TRAINER_REFUSED = {"accelerator": "trainer.strategy.root_device"}
+TRAINER_REFUSED: dict[str, str] = {}
 
 
 def test_top_level_names_are_geartrains_objects() -> None:
@@ -179,6 +179,8 @@ def test_lightnings_trainer_arguments_and_properties_resolve_under_the_tree() ->
         with pytest.raises(AttributeError, match=rf"Trainer.{name}: .*{instead}"):
             getattr(trainer, name)
     assert trainer.precision_plugin is trainer.strategy.precision
+    assert isinstance(trainer.accelerator, pl.accelerators.Accelerator)
+    assert trainer.accelerator.name() == trainer.strategy.root_device.type
     assert trainer.scaler is None and trainer.distributed_sampler_kwargs is None
     assert hasattr(pl.tuner.Tuner, "lr_find") and hasattr(pl.tuner.Tuner, "scale_batch_size")
 

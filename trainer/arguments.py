@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
+from trainer.common.errors import UserError
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -50,7 +52,8 @@ __all__ = [
 #: The ``Args`` section of :class:`~trainer.Trainer`'s docstring (kept here so trainer.py stays short).
 TRAINER_ARGS = """
     Args:
-        accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``/``"cuda"``, ``"mps"``: the kind of device.
+        accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``/``"cuda"``, ``"mps"``: the kind of device, or Lightning's
+            accelerator object for one (``CPUAccelerator()``, from ``strategies.accelerators``).
         strategy: ``"auto"``, ``"single"``, ``"dp"``, ``"ddp"``, ``"amp"``, ``"fsdp"``, ``"model_parallel"``,
             Lightning's ``"ddp_spawn"``, ``"ddp_fork"``, ``"ddp_notebook"``,
             ``"ddp_find_unused_parameters_true"``, ``"single_device"``, or an instance.
@@ -113,6 +116,16 @@ TRAINER_ARGS = """
         compile: ``torch.compile`` the module's ``__call__`` in place (state_dict keys unchanged).
         compile_kwargs: keyword arguments for ``torch.compile``.
 """
+
+
+def check_devices_given(devices: Any, accelerator: Any) -> None:
+    """Refuse ``devices=0``, ``"0"`` or ``[]`` (no device at all) in Lightning's words, before the accelerator is checked."""
+    if isinstance(devices, (int, str, list)) and not isinstance(devices, bool) and devices in ([], 0, "0"):
+        name = type(accelerator).__qualname__ if not isinstance(accelerator, str) else accelerator
+        raise UserError(
+            f"`Trainer(devices={devices!r})` value is not a valid input using {name} accelerator: give a count >= 1, "
+            "-1 (all) or 'auto'"
+        )
 
 
 def check_unsupported(model_registry: Any, enable_autolog_hparams: bool, barebones: bool) -> None:

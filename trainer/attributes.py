@@ -342,11 +342,8 @@ class TrainerAttributes:
 
     @property
     def accelerator(self) -> Any:
-        """Refused: Lightning's ``Accelerator`` object has no counterpart here (an ``AttributeError`` naming ours)."""
-        raise AttributeError(
-            "Trainer.accelerator: geartrain has no Accelerator objects; the device is trainer.strategy.root_device "
-            "and its kind trainer.strategy.root_device.type"
-        )
+        """Lightning's accelerator object for the device in use (``trainer.strategy.accelerator``)."""
+        return self.strategy.accelerator
 
     @property
     def local_rank(self) -> int:

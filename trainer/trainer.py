@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
+from strategies.accelerators import Accelerator
 from strategies.environments import SLURMEnvironment
 from strategies.registry import resolve_accelerator, resolve_strategy
 from trainer import arguments, options, run
@@ -63,7 +64,7 @@ class Trainer(TrainerAttributes):
     @arguments.defaults_from_env
     def __init__(
         self,
-        accelerator: str = "auto",
+        accelerator: str | Accelerator = "auto",
         strategy: str | Strategy = "auto",
         devices: int | str | list[int] = "auto",
         num_nodes: int = 1,
@@ -152,13 +153,17 @@ class Trainer(TrainerAttributes):
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
         )
         options.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
+        arguments.check_devices_given(devices, accelerator)
+        device_kind = resolve_accelerator(accelerator)  # before devices=, as Lightning: a missing GPU is named first
         self.strategy: Strategy = resolve_strategy(
             strategy,
             devices=arguments.resolve_devices(devices),
             num_nodes=num_nodes,
             precision=trainer_precision(precision),
-            accelerator=resolve_accelerator(accelerator),
+            accelerator=device_kind,
         )
+        if isinstance(accelerator, Accelerator):
+            self.strategy.accelerator = accelerator  # trainer.accelerator is this object, as in Lightning
         use_plugins(self.strategy, given)
         arguments.check_sync_batchnorm(sync_batchnorm, self.strategy)
         self.barebones, self.detect_anomaly, self.sync_batchnorm = barebones, detect_anomaly, sync_batchnorm

@@ -99,14 +99,15 @@ _TYPES = [
 _CORE = {"LightningModule": "trainer.module:TrainModule", "LightningDataModule": "trainer.datamodule:DataModule"}
 _STATES = {n: "trainer.state" for n in ("RunningStage", "TrainerFn", "TrainerState", "TrainerStatus")}
 _PROFILERS = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler", "XLAProfiler"]
-_STRATEGIES = {
-    "Strategy": "strategies",
-    "SingleDeviceStrategy": "strategies",
-    "DDPStrategy": "strategies",
-    "FSDPStrategy": "strategies",
-    "ModelParallelStrategy": "strategies",
-    "ParallelStrategy": "strategies.parallel",
-}
+_STRATEGIES = dict.fromkeys(["Strategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy"], "strategies")
+_STRATEGIES |= {"ModelParallelStrategy": "strategies", "ParallelStrategy": "strategies.parallel"}
+_STRATEGIES["StrategyRegistry"] = "strategies.registry"
+_ACC = "strategies.accelerators"
+_ACC_FILES = {"accelerator": "Accelerator", "cpu": "CPUAccelerator", "cuda": "CUDAAccelerator", "mps": "MPSAccelerator"}
+_ACC_FILES["xla"] = "XLAAccelerator"
+_ACCELERATORS = [*_ACC_FILES.values(), "AcceleratorRegistry"]
+_SUBPACKAGES = ["accelerators", "callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer"]
+_SUBPACKAGES += ["tuner", "utilities", "plugins"]
 
 
 _UTIL = "trainer.lightning._utilities"
@@ -194,10 +195,7 @@ TREE: dict[str, dict[str, str]] = {
         "seed_everything": "trainer.utils",
         "LIGHTNING_LOGO": _UTIL,
         "cli_lightning_logo": _UTIL,
-        **{
-            sub: "/" for sub in ("callbacks", "core", "demos", "loggers", "profilers", "strategies", "trainer", "tuner")
-        },
-        **dict.fromkeys(("utilities", "plugins"), "/"),
+        **dict.fromkeys(_SUBPACKAGES, "/"),
         "cli": "/",  # a file of its own (trainer/lightning/cli.py): it needs jsonargparse, the extra `cli`
     },
     # ----------------------------------------------------------------- lightning.pytorch.demos
@@ -302,6 +300,10 @@ TREE: dict[str, dict[str, str]] = {
     **{f"profilers.{file}": {name: "trainer.profilers"} for file, name in _PROFILER_FILES.items()},
     "tuner": {"Tuner": "trainer.tuner", "tuning": "/"},
     "tuner.tuning": {"Tuner": "trainer.tuner"},
+    "accelerators": {**_from(_ACC, [*_ACCELERATORS, "find_usable_cuda_devices"]), **dict.fromkeys(_ACC_FILES, "/")},
+    **{f"accelerators.{file}": {name: _ACC} for file, name in _ACC_FILES.items()},
+    "accelerators.cpu": _from(_ACC, ["CPUAccelerator", "get_cpu_stats"]),
+    "accelerators.cuda": _from(_ACC, ["CUDAAccelerator", "find_usable_cuda_devices"]),
     "strategies": {**_STRATEGIES, **dict.fromkeys(_STRATEGY_FILES, "/")},
     **{f"strategies.{file}": {name: _STRATEGIES[name]} for file, name in _STRATEGY_FILES.items()},
     # ----------------------------------------------------------------- lightning.pytorch.utilities

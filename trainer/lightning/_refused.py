@@ -18,10 +18,6 @@ _INTERNALS = (
     "(trainer/loops, trainer/run.py, strategies/launch.py); change a run through hooks, callbacks and "
     "Trainer arguments"
 )
-_ACCELERATORS = (
-    "geartrain has no Accelerator objects: choose devices with Trainer(accelerator=..., devices=...); "
-    "the device in use is trainer.strategy.root_device"
-)
 _NOT_OFFERED = (
     "not offered by geartrain (no TPU/XLA, DeepSpeed or model serving): use strategy='ddp', 'fsdp' or 'model_parallel'"
 )
@@ -34,7 +30,9 @@ _NOT_YET = "not yet in geartrain"
 #: Lightning path -> why geartrain refuses it and what to use instead.
 REFUSED: dict[str, str] = {
     # ------------------------------------------------------------ whole modules
-    "accelerators": _ACCELERATORS,
+    "accelerators.cuda.get_nvidia_gpu_stats": _NOT_YET
+    + ": CUDAAccelerator().get_device_stats(device) gives torch.cuda.memory_stats",
+    "accelerators.mps.get_device_stats": "MPSAccelerator().get_device_stats(device) gives the machine's memory figures",
     "demos.lstm": _NOT_YET + ": demos.boring_classes is mapped; write the model in the program",
     "demos.transformer": _NOT_YET
     + " (its WikiText2 downloads data): demos.boring_classes is mapped; write the model in the program",
@@ -91,7 +89,6 @@ REFUSED: dict[str, str] = {
     "profilers.pytorch.RegisterRecordFunction": "an internal helper of Lightning's PyTorchProfiler",
     "profilers.pytorch.ScheduleWrapper": "an internal helper of Lightning's PyTorchProfiler",
     "strategies.DeepSpeedStrategy": _NOT_OFFERED,
-    "strategies.StrategyRegistry": "name a strategy by its string (Trainer(strategy='ddp_find_unused_parameters_true')): docs/strategies.md lists them",
     "utilities.is_shared_filesystem": _NOT_YET
     + ": geartrain's checkpoints are written by rank 0 into a directory every rank can read",
     "utilities.exceptions.SIGTERMException": "geartrain handles SIGTERM by finishing the step in flight and writing last.ckpt (docs/checkpoints.md), not by raising",

@@ -1,0 +1,141 @@
+"""Lightning's strategy attributes over ours: ``accelerator``, ``parallel_devices``, ``launcher``, ``on_exception``.
+
+Mixins of :class:`~strategies.base.Strategy` and :class:`~strategies.parallel.ParallelStrategy`, kept
+apart so the interface files hold only what the trainer calls. Each name reads or sets what the
+strategy already has (its device, its precision): nothing here is a second source of truth.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from strategies.accelerators import Accelerator, accelerator_for, accelerator_kind
+from strategies.precision import Precision
+
+__all__ = ["LightningParallelNames", "LightningStrategyNames", "StrategyLauncher", "one_precision"]
+
+
+class LightningStrategyNames:
+    """``accelerator``, ``launcher`` and ``on_exception`` of every strategy, as Lightning's users read and set them."""
+
+    _device: torch.device | None
+    _accelerator_object: Accelerator | None = None
+    checkpoint_io: Any
+    precision: Precision
+
+    if TYPE_CHECKING:
+
+        @property
+        def root_device(self) -> torch.device: ...
+
+    def _take_lightning_arguments(self, accelerator: Accelerator | None, checkpoint_io: Any) -> None:
+        """Lightning's constructor arguments: an accelerator sets the device kind; a checkpoint IO is kept for
+        the Trainer (which refuses a second one given as a plugin)."""
+        if accelerator is not None:
+            self.accelerator = accelerator
+        if checkpoint_io is not None:
+            self.checkpoint_io = checkpoint_io
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """Lightning's accelerator object for :attr:`root_device`'s kind (the one given, when one was)."""
+        kind = self.root_device.type
+        if self._accelerator_object is None or self._accelerator_object.name() != kind:
+            self._accelerator_object = accelerator_for(kind)
+        return self._accelerator_object
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Accelerator) -> None:
+        """Take ``accelerator`` (Lightning's ``strategy.accelerator = ...``): it decides the device kind."""
+        self._set_device_kind(accelerator_kind(accelerator))
+        self._accelerator_object = accelerator
+
+    def _set_device_kind(self, kind: str) -> None:
+        """Train on a device of ``kind`` (an accelerator's); a device of another kind already chosen is refused."""
+        if self._device is not None and self._device.type != kind:
+            raise ValueError(
+                f"{type(self).__name__} is on {self._device}, but the accelerator given is for {kind!r}: give one "
+                f"device kind (device={kind!r}, or an accelerator for {self._device.type!r})"
+            )
+        if self._device is None:
+            self._device = torch.device(kind)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Lightning's hook: called in every process whose run an exception ends, after the callbacks' and
+        the data module's ``on_exception`` and before tear-down. Nothing to release by default."""
+
+    @property
+    def launcher(self) -> StrategyLauncher | None:
+        """Lightning's ``strategy.launcher``: None where the run stays in this process (Lightning's too)."""
+        return None
+
+
+class LightningParallelNames:
+    """``parallel_devices`` of the multi-process strategies; an accelerator sets their device kind."""
+
+    _device_type: str | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def num_processes(self) -> int: ...
+
+        def _accelerator(self) -> str: ...
+
+    def _set_device_kind(self, kind: str) -> None:
+        """The kind of every process's device; one already given of another kind is refused."""
+        if self._device_type not in (None, kind):
+            raise ValueError(
+                f"{type(self).__name__} was given device={self._device_type!r}, but the accelerator given is for "
+                f"{kind!r}: give one device kind"
+            )
+        self._device_type = kind
+
+    @property
+    def launcher(self) -> StrategyLauncher:
+        """What starts this strategy's processes (Lightning's ``strategy.launcher``); see :class:`StrategyLauncher`."""
+        return StrategyLauncher(self)
+
+    @property
+    def parallel_devices(self) -> list[torch.device]:
+        """The device of each local process (Lightning's name): process ``i`` computes on device ``i``."""
+        kind = self._accelerator()
+        if kind == "cuda":
+            return [torch.device("cuda", index) for index in range(self.num_processes)]
+        return [torch.device(kind)] * self.num_processes
+
+
+class StrategyLauncher:
+    """Lightning's launcher of a multi-process strategy, over the strategy's own :meth:`launch`.
+
+    ``launch(fn, *args, **kwargs)`` runs ``fn`` in every process the strategy needs and returns rank 0's
+    result; ``is_interactive_compatible`` is whether it works in a notebook (``ddp_fork``/``ddp_notebook``).
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """Forked processes share the notebook's definitions; spawned and re-run ones cannot."""
+        return bool(self.strategy.start_method == "fork")
+
+    def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` in every process; rank 0's result (``trainer`` is Lightning's)."""
+        return self.strategy.launch(functools.partial(function, **kwargs), *args)
+
+
+def one_precision(precision: str | Precision | None, plugin: Precision | None) -> str | Precision | None:
+    """``precision`` or Lightning's ``precision_plugin``: giving both (and different) is refused."""
+    if plugin is None:
+        return precision
+    if precision is not None and precision is not plugin:
+        raise ValueError(
+            f"precision={precision!r} and precision_plugin={plugin!r} were both given: give one (precision_plugin "
+            "is Lightning's name for the same argument)"
+        )
+    return plugin
