@@ -71,15 +71,6 @@ def test_log_refuses_values_it_cannot_record_naming_key_and_type(tmp_path: Path,
         quiet_trainer(tmp_path, max_steps=1).fit(Logs(), make_loader())
 
 
-def test_dataloader_iter_step_is_refused_by_name(tmp_path: Path) -> None:
-    class Iterates(Regressor):
-        def training_step(self, dataloader_iter: Any) -> Any:  # type: ignore[override]
-            return super().training_step(next(dataloader_iter), 0)
-
-    with pytest.raises(NotImplementedError, match=r"training_step\(self, dataloader_iter\) is not supported"):
-        quiet_trainer(tmp_path, max_steps=1).fit(Iterates(), make_loader())
-
-
 # ----------------------------------------------------------------- manual optimisation
 class TwiceBackward(Regressor):
     """Backward of one loss twice (the graph kept by ``retain_graph=True``), then a step with a keyword."""

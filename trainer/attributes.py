@@ -101,10 +101,10 @@ class TrainerAttributes:
     is_last_batch: Reads[bool] = Reads("is_last_batch", doc="True while the last batch of an epoch trains.")
     ckpt_path: Reads[str | None] = Reads("ckpt_path", doc="The checkpoint the last entry point loaded, else None.")
     num_training_batches: Reads[float] = Reads("num_training_batches", doc="Training batches per epoch.")
-    num_val_batches: Reads[float | list[float]] = Reads("num_val_batches", doc="Validation batches, per loader.")
-    num_test_batches: Reads[float | list[float]] = Reads("num_test_batches", doc="Test batches, per loader.")
-    num_predict_batches: Reads[float | list[float]] = Reads("num_predict_batches", doc="Predict batches, per loader.")
-    num_sanity_val_batches: Reads[float | list[float]] = Reads("num_sanity_val_batches", doc="Sanity-check batches.")
+    num_val_batches: Reads[list[float]] = Reads("num_val_batches", doc="Validation batches, per loader.")
+    num_test_batches: Reads[list[float]] = Reads("num_test_batches", doc="Test batches, per loader.")
+    num_predict_batches: Reads[list[float]] = Reads("num_predict_batches", doc="Predict batches, per loader.")
+    num_sanity_val_batches: Reads[list[float]] = Reads("num_sanity_val_batches", doc="Sanity-check batches.")
 
     # ----------------------------------------------------------------- state
     @property

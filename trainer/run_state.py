@@ -97,10 +97,10 @@ class RunState:
     loaders: dict[str, Any] = field(default_factory=dict)
     given_loaders: dict[str, Any] = field(default_factory=dict)
     num_training_batches: float = math.inf
-    num_val_batches: float | list[float] = 0
-    num_test_batches: float | list[float] = 0
-    num_predict_batches: float | list[float] = 0
-    num_sanity_val_batches: float | list[float] = 0
+    num_val_batches: list[float] = field(default_factory=list)
+    num_test_batches: list[float] = field(default_factory=list)
+    num_predict_batches: list[float] = field(default_factory=list)
+    num_sanity_val_batches: list[float] = field(default_factory=list)
     ckpt_path: str | None = None
 
     def state_dict(self, weights: bool = False) -> dict[str, Any]:

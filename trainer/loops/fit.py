@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.sampling import EmptyShardError
 from trainer.common.errors import PossibleUserWarning, Preempted
+from trainer.loops.dataloader_iter import DataloaderIter, check_training_options, iter_steps, takes_dataloader_iter
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled, warn_if_validation_is_half_defined
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import make_train_batch, step_schedulers
@@ -224,7 +225,11 @@ def train_epoch(
     with router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_epoch_start")
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
-    train_batch = make_train_batch(trainer, state, last_batch_share(loader, num))
+    assert state.module is not None
+    fetches_itself = takes_dataloader_iter(state.module.training_step)  # Lightning's training_step(dataloader_iter)
+    if fetches_itself:
+        check_training_options(trainer, state)
+    train_batch = make_train_batch(trainer, state, None if fetches_itself else last_batch_share(loader, num))
     log_every = state.loop.log_every_n_steps
 
     # Whether a batch can end with a validation run at all: if not, the loop asks nothing per batch.
@@ -248,11 +253,15 @@ def train_epoch(
     with router.logging(store, STEP_DEFAULTS):
         if batches is None:
             batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
+        if fetches_itself:  # one call of the step per iteration, until the step has fetched the last batch
+            opened = batches
+            batches = iter_steps(DataloaderIter([(0, num, lambda: opened)]))
         # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
         for batch_idx, batch, is_last in profiled_iter(trainer.profiler, "train_dataloader_next", batches):
             steps_before = p.global_step
             state.is_last_batch = is_last
             result = train_batch(batch, batch_idx, is_last)
+            is_last = state.is_last_batch  # a step that fetches its own batches says so only after it ran
             # An identity-and-type test: ``out == -1`` on a loss tensor would run a kernel and, on a GPU,
             # wait for it (a host-device sync every step).
             if type(result) is int and result == -1:
@@ -268,7 +277,8 @@ def train_epoch(
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            due = checks_validation and validation_due(batch_idx)
+            # A step that fetches its own batches also validates after the epoch's last (Lightning's rule).
+            due = checks_validation and (validation_due(batch_idx) or (fetches_itself and is_last))
             if due:
                 validate()
             if should_stop_training(state):
