@@ -22,6 +22,7 @@ from tests.helpers import REPO_ROOT
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, arguments
+from trainer.common.errors import MisconfigurationException
 
 # Lightning 2.6.6's Trainer.__init__, in order, with its defaults (from lightning-2.6-api.md).
 LIGHTNING_ARGS: list[tuple[str, Any]] = [
@@ -482,7 +483,7 @@ def test_reload_dataloaders_every_n_epochs() -> None:
     Module.calls = Module.val_calls = 0
     quiet_trainer(max_epochs=5).fit(Module())
     assert (Module.calls, Module.val_calls) == (1, 1)
-    with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs must be an int >= 0"):
+    with pytest.raises(MisconfigurationException, match="`reload_dataloaders_every_n_epochs` should be an int >= 0"):
         Trainer(reload_dataloaders_every_n_epochs=-1)
 
 
