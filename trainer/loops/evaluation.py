@@ -75,7 +75,7 @@ def eval_loop(
         )
     loaders = state.loaders[stage]
     assert isinstance(loaders, list)
-    nums = [num_batches(loader, state.loop.limits[stage]) for loader in loaders]
+    nums = [num_batches(loader, state.loop.limits[stage], stage) for loader in loaders]
     set_num_batches(state, stage, nums)
     if max_batches is not None:
         nums = [min(num, max_batches) for num in nums]
@@ -170,7 +170,7 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
         )
     loaders = state.loaders["predict"]
     assert isinstance(loaders, list)
-    nums = [num_batches(loader, state.loop.limits["predict"]) for loader in loaders]
+    nums = [num_batches(loader, state.loop.limits["predict"], "predict") for loader in loaders]
     set_num_batches(state, "predict", nums)
     outputs: list[list[Any]] = []
     modes = module_modes(module)
