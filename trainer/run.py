@@ -270,7 +270,9 @@ def reload_loaders(trainer: Trainer, first: bool = False) -> None:
         from trainer.loops.evaluation import set_num_batches
         from trainer.loops.iteration import num_batches
 
-        set_num_batches(state, "validate", [num_batches(loader, state.loop.limits["validate"], "validate") for loader in val])
+        set_num_batches(
+            state, "validate", [num_batches(loader, state.loop.limits["validate"], "validate") for loader in val]
+        )
 
 
 def _attach_module_callbacks(trainer: Trainer, module: TrainModule) -> None:
