@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainer.common.errors import UserError
+from trainer.common.errors import InvalidDataloaderError
 from trainer.data.resumable import add_worker_seeding, make_resumable
 
 if TYPE_CHECKING:
@@ -221,10 +221,16 @@ def resolve_loaders(
         _check_iterable(given, stage, returned_by)
         _refuse_nested(given.iterables if isinstance(given, CombinedLoader) else given, stage)
     if given is None:
+        if required and returned_by:
+            raise InvalidDataloaderError(
+                f"An invalid dataloader was returned from `{returned_by}`. Found None: it must return a DataLoader "
+                "or another iterable of batches."
+            )
         if required:
-            raise UserError(
-                f"No data for {stage}: pass dataloaders to trainer.{stage}(...), a datamodule "
-                f"defining {method}(), or define {method}() on the module"
+            raise InvalidDataloaderError(
+                f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}"
+                f"dataloaders=...)`. Found None. No data for {stage}: pass the dataloader to the `.{stage}()` method "
+                f"OR implement {method}() in your LightningModule/LightningDataModule."
             )
         return None
     train = stage == "fit"
@@ -282,11 +288,11 @@ def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
         if isinstance(entry, DataLoader) or hasattr(entry, "__iter__") or hasattr(entry, "__getitem__"):
             continue
         where = (
-            f"An invalid object was returned from `{returned_by}`"
+            f"An invalid dataloader was returned from `{returned_by}`"
             if returned_by
             else f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}dataloaders=...)`"
         )
-        raise TypeError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
+        raise InvalidDataloaderError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
 
 
 def _refuse_nested(given: Any, stage: str) -> None:
