@@ -487,6 +487,53 @@ def test_reload_dataloaders_every_n_epochs() -> None:
         Trainer(reload_dataloaders_every_n_epochs=-1)
 
 
+@pytest.mark.parametrize(
+    ("sanity", "every_val", "every_reload", "train_at", "val_at", "validated_at"),
+    [
+        (1, 1, 1, list(range(6)), [("sanity", 0), 1, 2, 3, 4, 5], list(range(6))),
+        (0, 3, 4, [0, 4], [2], [2, 5]),
+        (1, 3, 4, [0, 4], [("sanity", 0), 2], [2, 5]),
+        (0, 2, 1, list(range(6)), [1, 3, 5], [1, 3, 5]),
+    ],
+)
+def test_loaders_are_requested_at_lightnings_moments(
+    sanity: int, every_val: int, every_reload: int, train_at: list[int], val_at: list[Any], validated_at: list[int]
+) -> None:
+    """val_dataloader() inside the sanity check, then train_dataloader(); later val requests at validations only."""
+    calls: list[Any] = []
+
+    class Module(TinyMLP):
+        def on_fit_start(self) -> None:
+            calls.append("on_fit_start")
+
+        def train_dataloader(self) -> Any:
+            calls.append(("train", self.current_epoch))
+            return make_batches(2)
+
+        def val_dataloader(self) -> Any:
+            calls.append(("sanity" if self.trainer.sanity_checking else "val", self.current_epoch))
+            return make_batches(1)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            if not self.trainer.sanity_checking:
+                calls.append(("step", self.current_epoch))
+
+    trainer = quiet_trainer(
+        max_epochs=6,
+        num_sanity_val_steps=sanity,
+        check_val_every_n_epoch=every_val,
+        reload_dataloaders_every_n_epochs=every_reload,
+        limit_train_batches=1,
+    )
+    trainer.fit(Module())
+    assert calls[0] == "on_fit_start"
+    assert [epoch for kind, epoch in calls[1:] if kind == "train"] == train_at
+    assert [c if c[0] == "sanity" else c[1] for c in calls[1:] if c[0] in ("val", "sanity")] == val_at
+    assert [epoch for kind, epoch in calls[1:] if kind == "step"] == validated_at
+    if sanity:  # the sanity check asks first, as Lightning
+        assert calls[1:3] == [("sanity", 0), ("train", 0)]
+
+
 # ----------------------------------------------------------------- torch switches
 @pytest.fixture
 def restore_torch_flags() -> Any:

@@ -162,7 +162,10 @@ class BatchCounts(Callback):
         self.seen: dict[str, tuple[Any, ...]] = {}
 
     def on_sanity_check_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self.seen["sanity"] = (trainer.num_val_batches, trainer.num_sanity_val_batches)
+        self.seen["before"] = (trainer.num_val_batches, trainer.num_sanity_val_batches)  # not requested yet
+
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self.seen.setdefault("sanity", (trainer.num_val_batches, trainer.num_sanity_val_batches))
 
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         self.seen["train"] = (trainer.num_val_batches, trainer.num_sanity_val_batches)
@@ -181,7 +184,7 @@ def test_batch_counts_are_lists_per_loader_as_lightning(make_trainer: Any) -> No
     assert (trainer.num_val_batches, trainer.num_test_batches, trainer.num_predict_batches) == ([], [], [])
     assert trainer.num_sanity_val_batches == []
     trainer.fit(Regressor(), make_loader(8, 2), make_loader(8, 2))
-    assert counts.seen == {"sanity": ([4], [2]), "train": ([4], [2])}
+    assert counts.seen == {"before": ([], []), "sanity": ([4], [2]), "train": ([4], [2])}
     trainer.test(Regressor(), make_loader(6, 2), verbose=False)
     assert trainer.num_test_batches == [3]
     trainer.validate(SeveralLoaders(), [make_loader(6, 3), make_loader(2, 2)], verbose=False)

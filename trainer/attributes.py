@@ -398,9 +398,9 @@ class TrainerAttributes:
             return False
         if self.run_state.loop.limits["validate"] in (0, 0.0):
             return False
-        if "validate" in self.run_state.loaders:
-            return self.run_state.loaders["validate"] is not None
-        return any(_defines(source, "val_dataloader") for source in (self.run_state.datamodule, self.run_state.module))
+        from trainer.data.fit_loaders import has_val_data
+
+        return has_val_data(self.run_state)
 
     @property
     def estimated_stepping_batches(self) -> float:
@@ -455,12 +455,3 @@ def _one_or_list(loaders: list[Any] | None) -> Any:
     if loaders is None:
         return None
     return loaders[0] if len(loaders) == 1 else list(loaders)
-
-
-def _defines(source: Any, method: str) -> bool:
-    if source is None or not hasattr(source, method):
-        return False
-    from trainer.module import DataModule, TrainModule
-
-    base = DataModule if isinstance(source, DataModule) else TrainModule
-    return getattr(type(source), method, None) is not getattr(base, method, None)

@@ -13,6 +13,7 @@ import torch
 
 from trainer.common.errors import MissingStepError, PossibleUserWarning
 from trainer.common.rng import rng_state, set_rng_state
+from trainer.data.fit_loaders import has_val_data, request_val_loaders
 from trainer.loops.dataloader_iter import DataloaderIter, takes_dataloader_iter
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import make_eval_batch
@@ -238,11 +239,11 @@ def set_num_batches(state: RunState, stage: str, nums: list[float]) -> None:
 
 
 def validation_enabled(state: RunState) -> bool:
-    """Whether ``fit`` validates: validation data, a ``validation_step``, and a limit above 0."""
+    """Whether ``fit`` validates: validation data (requested or not yet), a ``validation_step``, a limit above 0."""
     return (
-        state.loaders.get("validate") is not None
-        and getattr(state.module, "validation_step", None) is not None
+        getattr(state.module, "validation_step", None) is not None
         and state.loop.limits["validate"] not in (0, 0.0)
+        and has_val_data(state)
     )
 
 
@@ -280,7 +281,8 @@ def sanity_check(trainer: Trainer, state: RunState) -> None:
     try:
         state.hooks.callbacks_only("on_sanity_check_start")
         steps = state.loop.num_sanity_val_steps
-        eval_loop(trainer, state, "validate", max_batches=math.inf if steps < 0 else steps)
+        if request_val_loaders(trainer) is not None:  # val_dataloader() runs here, its random draws undone
+            eval_loop(trainer, state, "validate", max_batches=math.inf if steps < 0 else steps)
         state.hooks.callbacks_only("on_sanity_check_end")
     finally:
         state.sanity_checking = False

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.sampling import EmptyShardError
 from trainer.common.errors import PossibleUserWarning, Preempted
+from trainer.data.fit_loaders import request_train_loader, request_val_loaders
 from trainer.loops.dataloader_iter import DataloaderIter, check_training_options, iter_steps, takes_dataloader_iter
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled, warn_if_validation_is_half_defined
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
@@ -44,7 +45,8 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
         a fresh run's first epoch's loader iterator is created
         on_train_start
         for each epoch:
-            every reload_dataloaders_every_n_epochs epochs: train/val loaders requested again
+            every reload_dataloaders_every_n_epochs epochs: the train loader requested again (the val
+            loaders: by the first validation that is that many epochs after their last request)
             on_train_epoch_start
             (later epochs: the loader's iterator is created)
             for each batch:                                 (trainer/loops/step.py)
@@ -79,6 +81,10 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     warn_if_validation_is_half_defined(state)
     if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
         sanity_check(trainer, state)
+    request_train_loader(trainer)  # after the sanity check's val_dataloader(), as Lightning asks
+    every = state.loop.check_val_every_n_epoch
+    if validation_enabled(state) and (every is None or (p.epoch + 1) % every == 0):
+        request_val_loaders(trainer)  # as Lightning: known before on_train_start when this epoch validates
     assert state.module is not None
     if no_training_batches(trainer, state):
         with refusing("on_fit_end"):
@@ -188,11 +194,8 @@ def train_epoch(
     p, hooks = state.progress, state.hooks
     router, preemption = trainer.metric_router, trainer.preemption
     reload_every = trainer.reload_dataloaders_every_n_epochs
-    if reload_every and p.epoch and p.epoch % reload_every == 0 and p.batch_in_epoch == 0:
-        from trainer.run import reload_loaders  # run imports the loops: imported here, once per epoch
-
-        reload_loaders(trainer)
-    loader = state.loaders["fit"]
+    reload = bool(reload_every and p.epoch and p.epoch % reload_every == 0 and p.batch_in_epoch == 0)
+    loader = request_train_loader(trainer, reload=reload)
     assert loader is not None
     num = num_batches(loader, state.loop.limits["fit"])
     state.num_training_batches = num
@@ -242,7 +245,8 @@ def train_epoch(
     def validate() -> None:
         nonlocal last_val_at
         p.validated_at = p.batches_before_epoch + p.batch_in_epoch
-        eval_loop(trainer, state, "validate")
+        if request_val_loaders(trainer) is not None:  # requested when first needed, or again when due
+            eval_loop(trainer, state, "validate")
         last_val_at = p.batch_in_epoch
 
     if p.batch_in_epoch and checks_validation and validation_due(p.batch_in_epoch - 1):
