@@ -428,7 +428,7 @@ def test_overfit_batches_trains_and_validates_on_the_first_batches_unshuffled(ov
     module = Recorder()
     train = DataLoader(_dataset(), batch_size=4, shuffle=True)
     val = DataLoader(_dataset(), batch_size=4)
-    with pytest.warns(UserWarning, match="overfit_batches: the training dataloader's sampler is replaced"):
+    with pytest.warns(UserWarning, match="You requested to overfit but enabled train dataloader shuffling"):
         quiet_trainer(max_epochs=3, overfit_batches=overfit).fit(module, train, val)
     first = [i * 4 * 32.0 for i in range(batches)]  # the first input value of batches 0, 1 in order
     assert module.seen["train"] == first * 3
@@ -532,6 +532,28 @@ def test_loaders_are_requested_at_lightnings_moments(
     assert [epoch for kind, epoch in calls[1:] if kind == "step"] == validated_at
     if sanity:  # the sanity check asks first, as Lightning
         assert calls[1:3] == [("sanity", 0), ("train", 0)]
+
+
+def test_val_dataloader_draws_in_the_sanity_check_leave_the_training_data_as_lightning() -> None:
+    """Both loader methods draw their data from torch's generator: the sanity check's draws are undone before
+    train_dataloader() runs (Lightning's isolate_rng), so with overfit_batches=1 both see the same batch."""
+    seen: dict[str, list[torch.Tensor]] = {"train": [], "val": []}
+
+    class Random(TinyMLP):
+        def train_dataloader(self) -> Any:
+            return DataLoader(TensorDataset(torch.randn(8, 32), torch.zeros(8, dtype=torch.long)), batch_size=4)
+
+        val_dataloader = train_dataloader
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            seen["train"].append(batch[0])
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            seen["val"].append(batch[0])
+
+    quiet_trainer(max_epochs=1, overfit_batches=1, num_sanity_val_steps=1).fit(Random())
+    assert torch.equal(seen["train"][0], seen["val"][0])
 
 
 # ----------------------------------------------------------------- torch switches

@@ -303,8 +303,11 @@ def convert_sync_batchnorm(module: nn.Module, sync_batchnorm: bool, world_size: 
             convert_sync_batchnorm(child, sync_batchnorm, world_size)
 
 
-def overfit_loader(loader: Iterable[Any]) -> Iterable[Any]:
-    """``overfit_batches``: the same first batches every epoch, so the loader's sampler is made sequential."""
+def overfit_loader(loader: Iterable[Any], prefix: str = "train") -> Iterable[Any]:
+    """``overfit_batches``: the same first batches every epoch, so the loader's sampler is made sequential.
+
+    ``prefix``: ``"train"`` or ``"val"``, the loader's stage in the warning (Lightning's words).
+    """
     from torch.utils.data import DataLoader, SequentialSampler
 
     from trainer.common.loaders import rebuild_dataloader
@@ -314,8 +317,9 @@ def overfit_loader(loader: Iterable[Any]) -> Iterable[Any]:
     if loader.batch_size is None:
         return loader  # a custom batch sampler decides its own order
     warnings.warn(
-        "overfit_batches: the training dataloader's sampler is replaced by a SequentialSampler, so every epoch "
-        "sees the same first batches",
+        f"You requested to overfit but enabled {prefix} dataloader shuffling. We are turning off the {prefix} "
+        "dataloader shuffling for you (overfit_batches: its sampler is replaced by a SequentialSampler, so every "
+        "epoch sees the same first batches).",
         stacklevel=3,
     )
     return rebuild_dataloader(loader, sampler=SequentialSampler(loader.dataset))  # type: ignore[arg-type]

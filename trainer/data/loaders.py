@@ -338,7 +338,7 @@ def _prepare(trainer: Trainer, loader: Iterable[Any], train: bool, overfit: bool
     if overfit:  # Trainer(overfit_batches=...): training and validation on the first training batches
         from trainer.arguments import overfit_loader
 
-        loader = overfit_loader(loader)
+        loader = overfit_loader(loader, "train" if train else "val")
     if getattr(trainer, "use_distributed_sampler", True):
         loader = trainer.strategy.process_dataloader(loader, train=train)
     prepared = add_worker_seeding(loader, trainer.strategy.global_rank)
