@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -554,6 +555,18 @@ def test_val_dataloader_draws_in_the_sanity_check_leave_the_training_data_as_lig
 
     quiet_trainer(max_epochs=1, overfit_batches=1, num_sanity_val_steps=1).fit(Random())
     assert torch.equal(seen["train"][0], seen["val"][0])
+
+
+def test_an_epoch_shorter_than_the_logging_interval_is_said_as_lightning(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match=r"The number of training batches \(3\) is smaller than the logging interval"):
+        quiet_trainer(max_epochs=1, log_every_n_steps=5, logger=cbs.CSVLogger(tmp_path)).fit(TinyMLP(), make_batches(3))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_trainer(max_epochs=1, log_every_n_steps=5).fit(TinyMLP(), make_batches(3))  # no logger: nothing lost
+        quiet_trainer(log_every_n_steps=5, logger=cbs.CSVLogger(tmp_path), fast_dev_run=2).fit(
+            TinyMLP(), make_batches(3)
+        )
+    assert not [w for w in seen if "logging interval" in str(w.message)]
 
 
 # ----------------------------------------------------------------- torch switches

@@ -81,7 +81,8 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     warn_if_validation_is_half_defined(state)
     if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
         sanity_check(trainer, state)
-    request_train_loader(trainer)  # after the sanity check's val_dataloader(), as Lightning asks
+    loader = request_train_loader(trainer)  # after the sanity check's val_dataloader(), as Lightning asks
+    _warn_if_fewer_batches_than_log_interval(trainer, state, loader)
     every = state.loop.check_val_every_n_epoch
     if validation_enabled(state) and (every is None or (p.epoch + 1) % every == 0):
         request_val_loaders(trainer)  # as Lightning: known before on_train_start when this epoch validates
@@ -123,6 +124,22 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
         hooks("on_train_end")
     with refusing("on_fit_end"):
         hooks("on_fit_end")
+
+
+def _warn_if_fewer_batches_than_log_interval(trainer: Trainer, state: RunState, loader: Any) -> None:
+    """Lightning's warning: with loggers, an epoch shorter than ``log_every_n_steps`` logs no training step."""
+    if loader is None or not trainer.loggers or state.loop.fast_dev_run:
+        return
+    num = num_batches(loader, state.loop.limits["fit"])
+    every = state.loop.log_every_n_steps
+    if num < every and trainer.is_global_zero:
+        warnings.warn(
+            f"The number of training batches ({int(num)}) is smaller than the logging interval "
+            f"Trainer(log_every_n_steps={every}). Set a lower value for log_every_n_steps if you want to see logs "
+            "for the training epoch.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_if_in_eval_mode(module: torch.nn.Module) -> None:
