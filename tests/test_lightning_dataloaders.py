@@ -147,3 +147,23 @@ def test_a_len_raising_not_implemented_is_a_loader_without_length(make_trainer: 
     pattern = r"When using an `IterableDataset`, `Trainer\(limit_val_batches\)` must be `1.0` or an int"
     with pytest.raises(MisconfigurationException, match=pattern):
         make_trainer(limit_val_batches=0.5).validate(Regressor(), NoLength(8))
+
+
+class TransferIdx(TwoLoaders):
+    def __init__(self) -> None:
+        super().__init__()
+        self.transfer_idx: list[int] = []
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self.transfer_idx.append(dataloader_idx)
+        return batch
+
+
+def test_batch_transfer_hooks_get_the_loaders_index_in_evaluation(make_trainer: Any) -> None:
+    """As Lightning: the evaluation loader's index (training: 0) reaches the batch transfer hooks."""
+    module = TransferIdx()
+    make_trainer().validate(module, [make_loader(4, 2), make_loader(2, 2)], verbose=False)
+    assert module.transfer_idx == [0, 0, 1]
+    module.transfer_idx.clear()
+    make_trainer(max_epochs=1, limit_val_batches=0).fit(module, make_loader(4, 2))
+    assert module.transfer_idx == [0, 0]

@@ -311,7 +311,7 @@ def make_eval_batch(
     (:func:`~trainer.loops.dataloader_iter.make_fetching_eval_batch`).
     """
     strategy, router, hooks = trainer.strategy, trainer.metric_router, state.hooks
-    to_device, step = _batch_to_device(strategy, trainer), _step_call(strategy, step_name)
+    to_device, step = _batch_to_device(strategy, trainer, dataloader_idx or 0), _step_call(strategy, step_name)
     to_device = profiled(trainer.profiler, strategy_action(strategy, "batch_to_device"), to_device)
     step = profiled(trainer.profiler, strategy_action(strategy, step_name), step)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
@@ -369,12 +369,15 @@ def _forward_context(strategy: Strategy) -> Callable[[], Any] | None:
     return strategy.forward_context
 
 
-def _batch_to_device(strategy: Strategy, trainer: Trainer | None = None) -> Callable[[Any], Any]:
+def _batch_to_device(
+    strategy: Strategy, trainer: Trainer | None = None, dataloader_idx: int = 0
+) -> Callable[[Any], Any]:
     """The batch transfer: the user's hooks where overridden around ``strategy.batch_to_device``, or the
     plain move where neither the strategy nor its precision changes it (bound once; no cost when unused).
 
     ``on_before_batch_transfer``/``transfer_batch_to_device``/``on_after_batch_transfer`` are the data
-    module's when it overrides them, else the module's (Lightning's rule); ``dataloader_idx`` is 0.
+    module's when it overrides them, else the module's (Lightning's rule); they get ``dataloader_idx``
+    (0 in training, the loader's index in evaluation), as in Lightning.
     """
     if _keeps(strategy, Strategy, "batch_to_device") and _keeps(strategy.precision, Precision, "convert_input"):
         move = device_mover(strategy.root_device)
@@ -392,10 +395,10 @@ def _batch_to_device(strategy: Strategy, trainer: Trainer | None = None) -> Call
 
     def to_device(batch: Any) -> Any:
         if before is not None:
-            batch = before(batch, 0)
-        batch = move(batch) if transfer is None else transfer(batch, device, 0)
+            batch = before(batch, dataloader_idx)
+        batch = move(batch) if transfer is None else transfer(batch, device, dataloader_idx)
         if after is not None:
-            batch = after(batch, 0)
+            batch = after(batch, dataloader_idx)
         return batch
 
     return to_device
