@@ -310,11 +310,44 @@ def test_fit_combines_loaders_in_lightnings_modes(tmp_path: Path, mode: str, exp
     assert seen == expected
 
 
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("max_size_cycle", [(0, 10), (1, 11), (2, 10), (3, 11), (4, 10)]),
+        ("min_size", [(0, 10), (1, 11)]),
+        ("max_size", [(0, 10), (1, 11), (2, None), (3, None), (4, None)]),
+    ],
+)
+def test_validate_and_test_evaluate_combined_batches_in_lightnings_modes(
+    tmp_path: Path, mode: str, expected: list[Any]
+) -> None:
+    """As Lightning: a non-sequential CombinedLoader is one loader of combined batches; counts are per iterable."""
+    seen: list[Any] = []
+
+    class Sees(Regressor):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            b = batch["b"]
+            seen.append((int(batch["a"]), None if b is None else int(b)))
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.validation_step(batch, batch_idx)
+
+    loaders = {"a": torch.arange(5).view(5, 1).unbind(), "b": (torch.tensor([10]), torch.tensor([11]))}
+    trainer = quiet_trainer(tmp_path)
+    trainer.validate(Sees(), CombinedLoader(loaders, mode), verbose=False)
+    assert seen == expected and trainer.num_val_batches == [5, 2]
+    seen.clear()
+    trainer.test(Sees(), CombinedLoader(loaders, mode), verbose=False)
+    assert seen == expected and trainer.num_test_batches == [5, 2]
+
+
 def test_combined_loader_modes_a_stage_cannot_run_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r'trainer.fit does not support CombinedLoader\(mode="sequential"\)'):
         quiet_trainer(tmp_path, max_epochs=1).fit(Regressor(), CombinedLoader([make_loader()], "sequential"))
-    with pytest.raises(ValueError, match=r'CombinedLoader\(mode="min_size"\) is not supported there'):
-        quiet_trainer(tmp_path).validate(Regressor(), CombinedLoader([make_loader(), make_loader()], "min_size"))
+    with pytest.raises(
+        ValueError, match=r'`trainer.predict\(\)` only supports the `CombinedLoader\(mode="sequential"\)`'
+    ):
+        quiet_trainer(tmp_path).predict(Regressor(), CombinedLoader([make_loader(), make_loader()], "min_size"))
     with pytest.raises(ValueError, match="Unsupported mode 'zip'"):
         CombinedLoader([], "zip")
     both = CombinedLoader([make_loader(), make_loader()], "sequential")

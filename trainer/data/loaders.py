@@ -236,12 +236,13 @@ def resolve_loaders(
     train = stage == "fit"
     overfit = bool(trainer.overfit_batches) and stage in ("fit", "validate") and trainer.stage == "fit"
     mode = "max_size_cycle"
+    combined = isinstance(given, CombinedLoader)
     if isinstance(given, CombinedLoader):
         given, mode = _combined(given, stage), given.mode
     several: list[Any] | Mapping[str, Any]
     if isinstance(given, Mapping):
         several = {key: _prepare(trainer, loader, train, overfit) for key, loader in given.items()}
-    elif isinstance(given, (list, tuple)) and all(_is_loader(item) for item in given):
+    elif isinstance(given, (list, tuple)) and (combined or all(_is_loader(item) for item in given)):
         several = [_prepare(trainer, loader, train, overfit) for loader in given]
     else:
         one = _prepare(trainer, given, train, overfit)
@@ -254,6 +255,8 @@ def resolve_loaders(
         if len(several) > 1 or mode != "max_size_cycle":
             return ZipLoaders(several, mode)
         return make_resumable(next(iter(_values(several))))
+    if combined and mode in ZIP_MODES:  # as Lightning: evaluated as one loader of combined batches
+        return [ZipLoaders(several, mode)]
     return list(_values(several))
 
 
@@ -322,10 +325,10 @@ def _combined(loader: CombinedLoader, stage: str) -> Any:
             f'trainer.fit does not support CombinedLoader(mode="{loader.mode}"); training combines loaders in one '
             f"of {list(ZIP_MODES)}. For loaders one after another, run them in separate fits."
         )
-    if stage != "fit" and loader.mode != "sequential":
+    if stage == "predict" and loader.mode != "sequential":
         raise ValueError(
-            f'trainer.{stage} runs loaders one after another: CombinedLoader(mode="{loader.mode}") is not supported '
-            'there; pass CombinedLoader(..., mode="sequential") or the list/dict of loaders itself'
+            '`trainer.predict()` only supports the `CombinedLoader(mode="sequential")` mode '
+            f'(got mode="{loader.mode}"): predictions are kept per loader, one after another.'
         )
     return loader.iterables
 

@@ -14,6 +14,7 @@ import torch
 from trainer.common.errors import MissingStepError, PossibleUserWarning
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.data.fit_loaders import has_val_data, request_val_loaders
+from trainer.data.loaders import ZipLoaders
 from trainer.loops.dataloader_iter import DataloaderIter, takes_dataloader_iter
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import make_eval_batch
@@ -77,7 +78,7 @@ def eval_loop(
     loaders = state.loaders[stage]
     assert isinstance(loaders, list)
     nums = [num_batches(loader, state.loop.limits[stage], stage) for loader in loaders]
-    set_num_batches(state, stage, nums)
+    set_num_batches(state, stage, _per_iterable(loaders, nums, state.loop.limits[stage], stage))
     if max_batches is not None:
         nums = [min(num, max_batches) for num in nums]
     if state.fn == "fit":  # as Lightning: a validation sampler may shuffle by the training epoch
@@ -224,6 +225,17 @@ def _follow_fetch(router: Any, several: bool) -> Callable[[Any, int], None]:
         router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
 
     return on_fetch
+
+
+def _per_iterable(loaders: list[Any], nums: list[float], limit: Any, stage: str) -> list[float]:
+    """The batch counts Lightning reports: per loader, and for a combined loader per iterable it combines."""
+    counts: list[float] = []
+    for loader, num in zip(loaders, nums):
+        if isinstance(loader, ZipLoaders):
+            counts += [num_batches(inner, limit, stage) for inner in loader.loaders]
+        else:
+            counts.append(num)
+    return counts
 
 
 def set_num_batches(state: RunState, stage: str, nums: list[float]) -> None:
