@@ -153,7 +153,11 @@ def test_optimizer_configs_lightning_warns_about_or_refuses(make_trainer: Any) -
         ({"val_check_interval": 0}, ValueError, "val_check_interval as a batch count must be >= 1, got 0"),
         ({"max_epochs": -2}, ValueError, "max_epochs must be >= -1 or None, got -2"),
         ({"max_steps": -3}, ValueError, "max_steps must be >= -1, got -3"),
-        ({"fast_dev_run": -1}, ValueError, "fast_dev_run must be a bool or a positive int, got -1"),
+        (
+            {"fast_dev_run": -1},
+            MisconfigurationException,
+            "fast_dev_run=-1 is not a valid configuration. It should be >= 0",
+        ),
         (
             {"strategy": "nope"},
             ValueError,
@@ -353,3 +357,10 @@ def test_an_integral_float_limit_above_one_is_a_batch_count(tmp_path: Path) -> N
     assert trainer.num_test_batches == [3]
     trainer.validate(Regressor(), make_loader(12, 4), verbose=False)
     assert trainer.num_val_batches == [2]
+
+
+@pytest.mark.parametrize(("given", "read"), [(True, True), (1, True), (3, 3), (False, False), (0, False)])
+def test_fast_dev_run_reads_as_lightnings(tmp_path: Path, given: Any, read: Any) -> None:
+    """As Lightning: ``fast_dev_run=1`` reads ``True``, other counts as given, off as ``False``."""
+    value = quiet_trainer(tmp_path, fast_dev_run=given).fast_dev_run
+    assert value == read and type(value) is type(read)

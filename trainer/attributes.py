@@ -68,7 +68,6 @@ class TrainerAttributes:
     #: ``limit_*_batches`` by stage (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``).
     limits: Reads[dict[str, int | float | None]] = Reads("loop", "limits", doc="``limit_*_batches`` by stage.")
     log_every_n_steps: Reads[int] = Reads("loop", "log_every_n_steps", doc="Step values reach the loggers this often.")
-    fast_dev_run: Reads[int] = Reads("loop", "fast_dev_run", doc="Batches of the quick check run (0: off).")
     overfit_batches: Reads[int | float] = Reads(
         "loop", "overfit_batches", doc="Train and validate on this many batches."
     )
@@ -390,6 +389,12 @@ class TrainerAttributes:
     def predict_dataloaders(self) -> Any:
         """The predict loader (a list when several)."""
         return _one_or_list(self.run_state.loaders.get("predict"))
+
+    @property
+    def fast_dev_run(self) -> bool | int:
+        """Lightning's value: ``False`` when off, ``True`` for one batch per stage, else the number of batches."""
+        n = self.run_state.loop.fast_dev_run
+        return True if n == 1 else n if n else False
 
     @property
     def enable_validation(self) -> bool:

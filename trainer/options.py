@@ -135,7 +135,10 @@ def loop_options(
         limits["fit"] = limits["validate"] = overfit_batches
     n = int(fast_dev_run)
     if n < 0:
-        raise ValueError(f"fast_dev_run must be a bool or a positive int, got {fast_dev_run}")
+        raise UserError(
+            f"fast_dev_run={fast_dev_run!r} is not a valid configuration. It should be >= 0 (a bool, or a number of "
+            "batches per stage)."
+        )
     if n:
         max_epochs, max_steps = 1, n
         limits = dict.fromkeys(limits, n)
