@@ -345,9 +345,12 @@ def test_barebones_turns_everything_off_and_refuses_what_it_turns_off(tmp_path: 
         ("num_sanity_val_steps", 2),
         ("fast_dev_run", True),
         ("detect_anomaly", True),
+        ("profiler", "simple"),
     ):
         with pytest.raises(ValueError, match=f"barebones=True.*turns {name} off"):
             Trainer(barebones=True, **{name: value})
+        with pytest.raises(ValueError, match=re.escape(f"`Trainer(barebones=True, {name}={value!r})` was passed")):
+            Trainer(barebones=True, **{name: value})  # Lightning's words
 
 
 def test_default_root_dir_none_is_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -154,11 +154,12 @@ def resolve_switches(
     log_every_n_steps: int | None,
     fast_dev_run: bool | int,
     detect_anomaly: bool,
+    profiler: Any = None,
 ) -> Switches:
     """Resolve ``None`` to the default, as Lightning does; ``barebones=True`` turns everything off.
 
     Under ``barebones`` asking for checkpointing, a logger, the progress bar, the model summary,
-    step logging, sanity checks, ``fast_dev_run`` or ``detect_anomaly`` is refused, as in Lightning.
+    step logging, sanity checks, ``fast_dev_run``, ``detect_anomaly`` or a profiler is refused, as in Lightning.
     """
     if not barebones:
         return Switches(
@@ -170,19 +171,21 @@ def resolve_switches(
             log_every_n_steps=50 if log_every_n_steps is None else log_every_n_steps,
         )
     asked = {
-        "enable_checkpointing": bool(enable_checkpointing),
-        "logger": logger is not None and logger is not False,
-        "enable_progress_bar": bool(enable_progress_bar),
-        "enable_model_summary": bool(enable_model_summary),
-        "log_every_n_steps": log_every_n_steps not in (None, 0),
-        "num_sanity_val_steps": num_sanity_val_steps not in (None, 0),
-        "fast_dev_run": bool(fast_dev_run),
-        "detect_anomaly": bool(detect_anomaly),
+        "enable_checkpointing": (bool(enable_checkpointing), enable_checkpointing),
+        "logger": (logger is not None and logger is not False, logger),
+        "enable_progress_bar": (bool(enable_progress_bar), enable_progress_bar),
+        "enable_model_summary": (bool(enable_model_summary), enable_model_summary),
+        "log_every_n_steps": (log_every_n_steps not in (None, 0), log_every_n_steps),
+        "num_sanity_val_steps": (num_sanity_val_steps not in (None, 0), num_sanity_val_steps),
+        "fast_dev_run": (bool(fast_dev_run), fast_dev_run),
+        "detect_anomaly": (bool(detect_anomaly), detect_anomaly),
+        "profiler": (profiler is not None, profiler),
     }
-    for name, on in asked.items():
-        if on:
+    for name, (on, value) in asked.items():
+        if on:  # Lightning's words first
             raise ValueError(
-                f"Trainer(barebones=True) turns {name} off (it costs speed); remove {name} or barebones=True"
+                f"`Trainer(barebones=True, {name}={value!r})` was passed. Trainer(barebones=True) turns {name} off "
+                f"(it costs speed); remove {name} or barebones=True"
             )
     # log_every_n_steps=0 means "never" here: a count larger than any run.
     return Switches(False, False, False, False, 0, 2**62)

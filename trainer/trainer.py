@@ -129,6 +129,7 @@ class Trainer(TrainerAttributes):
             log_every_n_steps=log_every_n_steps,
             fast_dev_run=fast_dev_run,
             detect_anomaly=detect_anomaly,
+            profiler=profiler,
         )
         loop = options.loop_options(
             max_epochs=max_epochs,
