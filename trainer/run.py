@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["FITS_STARTED", "adopt", "final_state", "launch", "run_stage"]
+__all__ = ["FITS_STARTED", "adopt", "default_ckpt_path", "final_state", "launch", "run_stage"]
 
 #: How many ``fit`` calls this process has started (the ``geartrain`` command's Ctrl-C line reads it).
 FITS_STARTED = [0]
@@ -186,6 +186,24 @@ def run_stage(
         t.profiler.describe()  # rank 0 prints the report and writes it to the log directory
         t.profiler.teardown(stage)
         state.fn = None
+
+
+def default_ckpt_path(
+    trainer: Trainer, stage: str, model: TrainModule | None, ckpt_path: str | os.PathLike[str] | None
+) -> str | os.PathLike[str] | None:
+    """Lightning's rule for ``validate``/``test``/``predict``: without a model and a ``ckpt_path``, after a run
+    that connected a module, the best checkpoint of the previous ``fit`` is evaluated, said in Lightning's
+    warning. With a model passed, its current weights are (None stays None)."""
+    if ckpt_path is not None or model is not None or trainer.module is None:
+        return ckpt_path
+    if trainer.is_global_zero:
+        warnings.warn(
+            f"`.{stage}(ckpt_path=None)` was called without a model. The best model of the previous `fit` call will "
+            f"be used. You can pass `.{stage}(ckpt_path='best')` to use the best model or `.{stage}(ckpt_path='last')` "
+            "to use the last model. If you pass a value, this warning will be silenced.",
+            stacklevel=4,
+        )
+    return "best"
 
 
 def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:

@@ -10,7 +10,6 @@ hook order). The loops reach the trainer through the attributes documented here.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -304,7 +303,7 @@ class Trainer(TrainerAttributes):
         """
         dataloaders, datamodule = split_datamodule(dataloaders, datamodule, "predict")
         keep = return_predictions is None or bool(return_predictions)
-        ckpt_path = self._default_ckpt_path("predict", model, ckpt_path)
+        ckpt_path = run.default_ckpt_path(self, "predict", model, ckpt_path)
         module = self._module_for(model, "predict")
         outputs = run.launch(self, "predict", module, dataloaders, None, datamodule, ckpt_path, keep)
         if not keep or outputs is None:
@@ -321,7 +320,7 @@ class Trainer(TrainerAttributes):
         datamodule: DataModule | None,
     ) -> list[dict[str, float]]:
         dataloaders, datamodule = split_datamodule(dataloaders, datamodule, stage)
-        ckpt_path = self._default_ckpt_path(stage, model, ckpt_path)
+        ckpt_path = run.default_ckpt_path(self, stage, model, ckpt_path)
         module = self._module_for(model, stage)
         results: list[dict[str, float]] = run.launch(self, stage, module, dataloaders, None, datamodule, ckpt_path)
         if verbose and results is not None and self.is_global_zero:
@@ -387,24 +386,6 @@ class Trainer(TrainerAttributes):
 
     def _is_sanity_checking(self) -> bool:
         return self.run_state.sanity_checking
-
-    def _default_ckpt_path(
-        self, stage: str, model: TrainModule | None, ckpt_path: str | os.PathLike[str] | None
-    ) -> str | os.PathLike[str] | None:
-        """Lightning's rule: without a model and a ``ckpt_path``, after a run that connected a module, the
-        best checkpoint of the previous ``fit`` is evaluated, said in Lightning's warning. With a model
-        passed, its current weights are (None stays None)."""
-        if ckpt_path is not None or model is not None or self.module is None:
-            return ckpt_path
-        if self.is_global_zero:
-            warnings.warn(
-                f"`.{stage}(ckpt_path=None)` was called without a model. The best model of the previous `fit` call "
-                f"will be used. You can pass `.{stage}(ckpt_path='best')` to use the best model or "
-                f"`.{stage}(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
-                "silenced.",
-                stacklevel=3,
-            )
-        return "best"
 
     def _module_for(self, module: TrainModule | None, stage: str) -> TrainModule:
         module = options.unwrap_compiled(module) if module is not None else self.module
