@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
+from trainer.common.errors import UserError
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -35,6 +37,8 @@ __all__ = [
     "TRAINER_ARGS",
     "Switches",
     "anomaly_context",
+    "batch_limit",
+    "check_non_negative_int",
     "check_sync_batchnorm",
     "check_unsupported",
     "convert_sync_batchnorm",
@@ -351,3 +355,28 @@ def defaults_from_env(init: _Init) -> _Init:
         init(self, *args, **kwargs)
 
     return with_env  # type: ignore[return-value]
+
+
+def check_non_negative_int(name: str, value: Any) -> None:
+    """``value`` must be an int >= 0 (bools refused); Lightning's words and exception type."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise UserError(f"`{name}` should be an int >= 0, got {value!r}.")
+
+
+def batch_limit(name: str, value: Any) -> Any:
+    """A ``limit_*_batches``-like value as Lightning reads it: None, an int >= 0 (batches) or a float in [0, 1].
+
+    A float above 1 with no fractional part is that many batches (``1e50`` is an int), as in Lightning.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an int (batches), a float in [0, 1] (fraction) or None, got {value!r}")
+    if isinstance(value, float) and value > 1 and value % 1.0 == 0 and value != float("inf"):
+        return int(value)
+    if value < 0 or (isinstance(value, float) and value > 1):
+        raise UserError(
+            f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] (a fraction of the "
+            "batches) or an int (a number of batches)."
+        )
+    return value

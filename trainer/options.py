@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.arguments import batch_limit
 from trainer.common.errors import MissingStepError, PossibleUserWarning, UserError
 
 if TYPE_CHECKING:
@@ -275,31 +276,6 @@ def check_positive_int(name: str, value: Any) -> None:
         raise UserError(f"`{name}` should be an integer. {name} must be a positive int, got {value!r}")
     if value < 1:
         raise UserError(f"{name} must be a positive int, got {value!r}")
-
-
-def check_non_negative_int(name: str, value: Any) -> None:
-    """``value`` must be an int >= 0 (bools refused); Lightning's words and exception type."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise UserError(f"`{name}` should be an int >= 0, got {value!r}.")
-
-
-def batch_limit(name: str, value: Any) -> Any:
-    """A ``limit_*_batches``-like value as Lightning reads it: None, an int >= 0 (batches) or a float in [0, 1].
-
-    A float above 1 with no fractional part is that many batches (``1e50`` is an int), as in Lightning.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be an int (batches), a float in [0, 1] (fraction) or None, got {value!r}")
-    if isinstance(value, float) and value > 1 and value % 1.0 == 0 and value != float("inf"):
-        return int(value)
-    if value < 0 or (isinstance(value, float) and value > 1):
-        raise UserError(
-            f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] (a fraction of the "
-            "batches) or an int (a number of batches)."
-        )
-    return value
 
 
 def unwrap_compiled(module: Any) -> Any:

@@ -152,7 +152,7 @@ class Trainer(TrainerAttributes):
         options.check_step_options(
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
         )
-        options.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
+        arguments.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
         self.strategy: Strategy = resolve_strategy(
             strategy,
             devices=arguments.resolve_devices(devices),

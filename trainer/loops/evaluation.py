@@ -262,7 +262,7 @@ def validation_enabled(state: RunState) -> bool:
 def warn_if_validation_is_half_defined(state: RunState) -> None:
     """Lightning's warnings when ``fit`` has validation data but no ``validation_step``, or the reverse:
     the validation loop is skipped, which is seldom what was meant."""
-    has_loader = state.loaders.get("validate") is not None
+    has_loader = has_val_data(state)  # requested, or given / defined and requested when first needed
     has_step = getattr(state.module, "validation_step", None) is not None
     if has_loader and not has_step:
         warnings.warn(
