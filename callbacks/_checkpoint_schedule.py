@@ -102,8 +102,8 @@ class SaveSchedule(Checkpoint):
         """
         if self.save_on_train_epoch_end is not None:
             return not self.save_on_train_epoch_end
-        batches = trainer.num_val_batches
-        if not (sum(batches) if isinstance(batches, list) else batches):
+        batches = trainer.num_val_batches  # [] until the first validation requests its loaders
+        if not trainer.enable_validation or (batches and not sum(batches)):
             return False
         return trainer.check_val_every_n_epoch != 1 or trainer.val_check_interval not in (None, 1.0)
 

@@ -17,6 +17,7 @@ import torch
 
 from callbacks._attrs import get_attr, has_attr, set_attr
 from callbacks.base import Callback
+from trainer.common.errors import MisconfigurationException
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainModule
@@ -68,7 +69,7 @@ class BatchSizeFinder(Callback):
     ) -> None:
         mode = mode.lower()
         if mode not in self.SUPPORTED_MODES:
-            raise ValueError(f"BatchSizeFinder(mode={mode!r}): choose 'power' or 'binsearch'")
+            raise ValueError(f"`mode` should be either of {self.SUPPORTED_MODES}: BatchSizeFinder(mode={mode!r})")
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"BatchSizeFinder(margin={margin}): the margin is a share in [0, 1)")
         for name, value in (
@@ -77,8 +78,9 @@ class BatchSizeFinder(Callback):
             ("max_trials", max_trials),
             ("max_val", max_val),
         ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"BatchSizeFinder({name}={value!r}): need a positive int")
+            least = 0 if name == "max_trials" else 1  # no trial: init_val is the answer, as in Lightning
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"BatchSizeFinder({name}={value!r}): need an int >= {least}")
         self._mode, self._steps_per_trial, self._init_val = mode, steps_per_trial, init_val
         self._max_trials, self._batch_arg_name, self._margin, self._max_val = (
             max_trials,
@@ -96,6 +98,12 @@ class BatchSizeFinder(Callback):
     def scale_batch_size(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Run the search now (inside ``fit``); the found size is set and the training loader rebuilt with it."""
         name = self._batch_arg_name
+        if trainer.run_state.given_loaders.get("fit") is not None:  # its batch size is not ours to change
+            raise MisconfigurationException(
+                "Batch size finder cannot be used with dataloaders passed directly to `.fit()`. Please disable the "
+                "feature or incorporate the dataloader into your LightningModule or LightningDataModule "
+                f"(its train_dataloader() reads {name!r})."
+            )
         if not has_attr(pl_module, name):
             raise AttributeError(
                 f"scale_batch_size(batch_arg_name={name!r}): neither {type(pl_module).__name__} nor its hparams "
@@ -111,6 +119,8 @@ class BatchSizeFinder(Callback):
 
     def _run(self, trainer: Trainer, module: TrainModule, size: int) -> int:
         name = self._batch_arg_name
+        if not self._max_trials:
+            return size
         low, high = 0, None  # the largest size known to fit, the smallest known not to
         for _ in range(self._max_trials):
             size = min(size, self._max_val)

@@ -18,6 +18,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from callbacks._attrs import has_attr, set_attr
 from callbacks.base import Callback
+from trainer.common.errors import MisconfigurationException
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainModule
@@ -201,6 +202,11 @@ class _Sweep(Callback):
             raise ValueError(
                 "lr_find: configure_optimizers returned no optimizer, so there is no learning rate to sweep"
             )
+        if len(trainer.optimizers) != 1:  # which one's rate would the suggestion be?
+            raise MisconfigurationException(
+                f"`model.configure_optimizers()` returned {len(trainer.optimizers)}, but learning rate finder only "
+                "works with single optimizer"
+            )
         optimizer = trainer.optimizers[0]
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] = self.min_lr
@@ -280,9 +286,9 @@ class LearningRateFinder(Callback):
     ) -> None:
         mode = mode.lower()
         if mode not in _MODES:
-            raise ValueError(f"LearningRateFinder(mode={mode!r}): choose one of {', '.join(_MODES)}")
-        if not 0 < min_lr < max_lr:
-            raise ValueError(f"LearningRateFinder(min_lr={min_lr}, max_lr={max_lr}): need 0 < min_lr < max_lr")
+            raise ValueError(f"`mode` should be either of {tuple(_MODES)}: LearningRateFinder(mode={mode!r})")
+        if not (min_lr > 0 and max_lr > 0):  # min_lr above max_lr sweeps downwards, as in Lightning
+            raise ValueError(f"LearningRateFinder(min_lr={min_lr}, max_lr={max_lr}): need positive learning rates")
         if not isinstance(num_training_steps, int) or num_training_steps < 1:
             raise ValueError(f"LearningRateFinder(num_training_steps={num_training_steps!r}): need a positive int")
         self._min_lr, self._max_lr, self._num_training_steps = min_lr, max_lr, num_training_steps
@@ -351,7 +357,9 @@ def lr_attr_name(module: Any, attr_name: str, datamodule: Any = None) -> str:
         if has_attr(module, name, datamodule):
             return name
     raise AttributeError(
-        f"lr_find(update_attr=True) sets the learning rate on the module, but {type(module).__name__} has no "
+        "When using the learning rate finder, either `model` or `model.hparams` should have one of these fields: "
+        f"('lr', 'learning_rate'). lr_find(update_attr=True) sets the learning rate on the module, but "
+        f"{type(module).__name__} has no "
         "`lr` or `learning_rate` (attribute or hparams key): add one and read it in configure_optimizers, "
         "name yours with attr_name=..., or pass update_attr=False and use the suggestion yourself"
     )

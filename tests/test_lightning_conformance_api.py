@@ -71,15 +71,6 @@ def test_log_refuses_values_it_cannot_record_naming_key_and_type(tmp_path: Path,
         quiet_trainer(tmp_path, max_steps=1).fit(Logs(), make_loader())
 
 
-def test_dataloader_iter_step_is_refused_by_name(tmp_path: Path) -> None:
-    class Iterates(Regressor):
-        def training_step(self, dataloader_iter: Any) -> Any:  # type: ignore[override]
-            return super().training_step(next(dataloader_iter), 0)
-
-    with pytest.raises(NotImplementedError, match=r"training_step\(self, dataloader_iter\) is not supported"):
-        quiet_trainer(tmp_path, max_steps=1).fit(Iterates(), make_loader())
-
-
 # ----------------------------------------------------------------- manual optimisation
 class TwiceBackward(Regressor):
     """Backward of one loss twice (the graph kept by ``retain_graph=True``), then a step with a keyword."""
@@ -319,11 +310,44 @@ def test_fit_combines_loaders_in_lightnings_modes(tmp_path: Path, mode: str, exp
     assert seen == expected
 
 
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("max_size_cycle", [(0, 10), (1, 11), (2, 10), (3, 11), (4, 10)]),
+        ("min_size", [(0, 10), (1, 11)]),
+        ("max_size", [(0, 10), (1, 11), (2, None), (3, None), (4, None)]),
+    ],
+)
+def test_validate_and_test_evaluate_combined_batches_in_lightnings_modes(
+    tmp_path: Path, mode: str, expected: list[Any]
+) -> None:
+    """As Lightning: a non-sequential CombinedLoader is one loader of combined batches; counts are per iterable."""
+    seen: list[Any] = []
+
+    class Sees(Regressor):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            b = batch["b"]
+            seen.append((int(batch["a"]), None if b is None else int(b)))
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.validation_step(batch, batch_idx)
+
+    loaders = {"a": torch.arange(5).view(5, 1).unbind(), "b": (torch.tensor([10]), torch.tensor([11]))}
+    trainer = quiet_trainer(tmp_path)
+    trainer.validate(Sees(), CombinedLoader(loaders, mode), verbose=False)
+    assert seen == expected and trainer.num_val_batches == [5, 2]
+    seen.clear()
+    trainer.test(Sees(), CombinedLoader(loaders, mode), verbose=False)
+    assert seen == expected and trainer.num_test_batches == [5, 2]
+
+
 def test_combined_loader_modes_a_stage_cannot_run_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r'trainer.fit does not support CombinedLoader\(mode="sequential"\)'):
         quiet_trainer(tmp_path, max_epochs=1).fit(Regressor(), CombinedLoader([make_loader()], "sequential"))
-    with pytest.raises(ValueError, match=r'CombinedLoader\(mode="min_size"\) is not supported there'):
-        quiet_trainer(tmp_path).validate(Regressor(), CombinedLoader([make_loader(), make_loader()], "min_size"))
+    with pytest.raises(
+        ValueError, match=r'`trainer.predict\(\)` only supports the `CombinedLoader\(mode="sequential"\)`'
+    ):
+        quiet_trainer(tmp_path).predict(Regressor(), CombinedLoader([make_loader(), make_loader()], "min_size"))
     with pytest.raises(ValueError, match="Unsupported mode 'zip'"):
         CombinedLoader([], "zip")
     both = CombinedLoader([make_loader(), make_loader()], "sequential")
@@ -378,9 +402,10 @@ def test_progress_bar_knows_its_trainer_and_validation_batches(tmp_path: Path) -
     bar = Bar(refresh_rate=0)
     with pytest.raises(TypeError, match="set when a Trainer sets this callback up"):
         _ = bar.trainer
-    trainer = quiet_trainer(tmp_path, callbacks=[bar], max_epochs=2, check_val_every_n_epoch=2)
+    trainer = quiet_trainer(tmp_path, callbacks=[bar], max_epochs=4, check_val_every_n_epoch=2)
     trainer.fit(SeveralLoaders(), make_loader(), [make_loader(), make_loader(8)])
-    assert seen == [(True, 3, 0), (True, 3, 5)]
+    # As Lightning: the validation loaders are first requested by epoch 1's validation, so its start knows none.
+    assert seen == [(True, 3, 0), (True, 3, 0), (True, 3, 0), (True, 3, 5)]
 
 
 def test_early_stopping_reason_is_lightnings_enum(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from callbacks import Callback
 from tests.helpers.regression import Regressor, assert_same_weights, make_dataset, make_loader, plain_copy, sgd
 from trainer import Trainer, TrainModule
+from trainer.common.errors import MisconfigurationException
 
 
 class TwoLoaders(Regressor):
@@ -120,3 +121,49 @@ def test_several_train_loaders_combine_in_max_size_cycle_mode(make_trainer: Any,
     assert_same_weights(module.net, net)
     loaders = trainer.train_dataloader
     assert (list(loaders) == ["long", "short"]) if as_dict else (len(loaders) == 2)
+
+
+class NoLength:
+    """A loader whose ``__len__`` raises ``NotImplementedError`` (Lightning's way to say 'no length')."""
+
+    def __init__(self, n: int) -> None:
+        self.loader = make_loader(n, 2)
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+def test_a_len_raising_not_implemented_is_a_loader_without_length(make_trainer: Any) -> None:
+    """It trains as an unsized loader (same weights as the sized one); a fraction of it is refused as Lightning."""
+    sized, unsized = Regressor(), Regressor()
+    make_trainer(max_epochs=2).fit(sized, make_loader(8, 2))
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(unsized, NoLength(8))
+    assert_same_weights(sized, unsized)
+    assert trainer.num_training_batches == float("inf")
+    pattern = r"When using an `IterableDataset`, `Trainer\(limit_val_batches\)` must be `1.0` or an int"
+    with pytest.raises(MisconfigurationException, match=pattern):
+        make_trainer(limit_val_batches=0.5).validate(Regressor(), NoLength(8))
+
+
+class TransferIdx(TwoLoaders):
+    def __init__(self) -> None:
+        super().__init__()
+        self.transfer_idx: list[int] = []
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self.transfer_idx.append(dataloader_idx)
+        return batch
+
+
+def test_batch_transfer_hooks_get_the_loaders_index_in_evaluation(make_trainer: Any) -> None:
+    """As Lightning: the evaluation loader's index (training: 0) reaches the batch transfer hooks."""
+    module = TransferIdx()
+    make_trainer().validate(module, [make_loader(4, 2), make_loader(2, 2)], verbose=False)
+    assert module.transfer_idx == [0, 0, 1]
+    module.transfer_idx.clear()
+    make_trainer(max_epochs=1, limit_val_batches=0).fit(module, make_loader(4, 2))
+    assert module.transfer_idx == [0, 0]

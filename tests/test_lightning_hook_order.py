@@ -224,17 +224,14 @@ RECORDED = [
 def as_geartrain(lightning: list[str]) -> list[str]:
     """Lightning's order with geartrain's documented differences applied.
 
-    1. ``on_fit_start`` comes after the dataloaders are requested (they are resolved at set-up).
-    2. ``on_before_zero_grad``/``optimizer_zero_grad`` run after the optimizer step (right after
+    1. ``on_before_zero_grad``/``optimizer_zero_grad`` run after the optimizer step (right after
        ``configure_gradient_clipping`` and the step), not before the next backward: the gradients
        are freed before validation and checkpoints; the arithmetic is the same.
-    3. Epoch-interval schedulers step after ``on_train_epoch_end`` (after validation, so a
+    2. Epoch-interval schedulers step after ``on_train_epoch_end`` (after validation, so a
        ReduceLROnPlateau sees this epoch's value), not at the epoch's last batch.
     """
-    out = [h for h in lightning if h not in ("on_fit_start", "on_before_zero_grad", "optimizer_zero_grad")]
+    out = [h for h in lightning if h not in ("on_before_zero_grad", "optimizer_zero_grad")]
     out = [h for h in out if h != "lr_scheduler_step"]
-    if "on_fit_start" in lightning:
-        out.insert(out.index("val_dataloader") + 1, "on_fit_start")
     result: list[str] = []
     for hook in out:
         result.append(hook)

@@ -428,7 +428,7 @@ def test_a_dataloader_that_cannot_be_iterated_is_lightnings_type_error() -> None
         def val_dataloader(self) -> Any:
             return 5
 
-    with pytest.raises(TypeError, match=r"invalid object was returned from `Returns5.val_dataloader\(\)`. Found 5"):
+    with pytest.raises(TypeError, match=r"invalid dataloader was returned from `Returns5.val_dataloader\(\)`. Found 5"):
         quiet_trainer().validate(Returns5())
     trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
     trainer.fit(Line(), [(torch.ones(1, 2),), (torch.ones(1, 2),)])  # a list of batches is still one loader

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.helpers import REPO_ROOT
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, arguments
+from trainer.common.errors import MisconfigurationException
 
 # Lightning 2.6.6's Trainer.__init__, in order, with its defaults (from lightning-2.6-api.md).
 LIGHTNING_ARGS: list[tuple[str, Any]] = [
@@ -343,9 +345,12 @@ def test_barebones_turns_everything_off_and_refuses_what_it_turns_off(tmp_path: 
         ("num_sanity_val_steps", 2),
         ("fast_dev_run", True),
         ("detect_anomaly", True),
+        ("profiler", "simple"),
     ):
         with pytest.raises(ValueError, match=f"barebones=True.*turns {name} off"):
             Trainer(barebones=True, **{name: value})
+        with pytest.raises(ValueError, match=re.escape(f"`Trainer(barebones=True, {name}={value!r})` was passed")):
+            Trainer(barebones=True, **{name: value})  # Lightning's words
 
 
 def test_default_root_dir_none_is_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -427,7 +432,7 @@ def test_overfit_batches_trains_and_validates_on_the_first_batches_unshuffled(ov
     module = Recorder()
     train = DataLoader(_dataset(), batch_size=4, shuffle=True)
     val = DataLoader(_dataset(), batch_size=4)
-    with pytest.warns(UserWarning, match="overfit_batches: the training dataloader's sampler is replaced"):
+    with pytest.warns(UserWarning, match="You requested to overfit but enabled train dataloader shuffling"):
         quiet_trainer(max_epochs=3, overfit_batches=overfit).fit(module, train, val)
     first = [i * 4 * 32.0 for i in range(batches)]  # the first input value of batches 0, 1 in order
     assert module.seen["train"] == first * 3
@@ -482,8 +487,89 @@ def test_reload_dataloaders_every_n_epochs() -> None:
     Module.calls = Module.val_calls = 0
     quiet_trainer(max_epochs=5).fit(Module())
     assert (Module.calls, Module.val_calls) == (1, 1)
-    with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs must be an int >= 0"):
+    with pytest.raises(MisconfigurationException, match="`reload_dataloaders_every_n_epochs` should be an int >= 0"):
         Trainer(reload_dataloaders_every_n_epochs=-1)
+
+
+@pytest.mark.parametrize(
+    ("sanity", "every_val", "every_reload", "train_at", "val_at", "validated_at"),
+    [
+        (1, 1, 1, list(range(6)), [("sanity", 0), 1, 2, 3, 4, 5], list(range(6))),
+        (0, 3, 4, [0, 4], [2], [2, 5]),
+        (1, 3, 4, [0, 4], [("sanity", 0), 2], [2, 5]),
+        (0, 2, 1, list(range(6)), [1, 3, 5], [1, 3, 5]),
+    ],
+)
+def test_loaders_are_requested_at_lightnings_moments(
+    sanity: int, every_val: int, every_reload: int, train_at: list[int], val_at: list[Any], validated_at: list[int]
+) -> None:
+    """val_dataloader() inside the sanity check, then train_dataloader(); later val requests at validations only."""
+    calls: list[Any] = []
+
+    class Module(TinyMLP):
+        def on_fit_start(self) -> None:
+            calls.append("on_fit_start")
+
+        def train_dataloader(self) -> Any:
+            calls.append(("train", self.current_epoch))
+            return make_batches(2)
+
+        def val_dataloader(self) -> Any:
+            calls.append(("sanity" if self.trainer.sanity_checking else "val", self.current_epoch))
+            return make_batches(1)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            if not self.trainer.sanity_checking:
+                calls.append(("step", self.current_epoch))
+
+    trainer = quiet_trainer(
+        max_epochs=6,
+        num_sanity_val_steps=sanity,
+        check_val_every_n_epoch=every_val,
+        reload_dataloaders_every_n_epochs=every_reload,
+        limit_train_batches=1,
+    )
+    trainer.fit(Module())
+    assert calls[0] == "on_fit_start"
+    assert [epoch for kind, epoch in calls[1:] if kind == "train"] == train_at
+    assert [c if c[0] == "sanity" else c[1] for c in calls[1:] if c[0] in ("val", "sanity")] == val_at
+    assert [epoch for kind, epoch in calls[1:] if kind == "step"] == validated_at
+    if sanity:  # the sanity check asks first, as Lightning
+        assert calls[1:3] == [("sanity", 0), ("train", 0)]
+
+
+def test_val_dataloader_draws_in_the_sanity_check_leave_the_training_data_as_lightning() -> None:
+    """Both loader methods draw their data from torch's generator: the sanity check's draws are undone before
+    train_dataloader() runs (Lightning's isolate_rng), so with overfit_batches=1 both see the same batch."""
+    seen: dict[str, list[torch.Tensor]] = {"train": [], "val": []}
+
+    class Random(TinyMLP):
+        def train_dataloader(self) -> Any:
+            return DataLoader(TensorDataset(torch.randn(8, 32), torch.zeros(8, dtype=torch.long)), batch_size=4)
+
+        val_dataloader = train_dataloader
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            seen["train"].append(batch[0])
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            seen["val"].append(batch[0])
+
+    quiet_trainer(max_epochs=1, overfit_batches=1, num_sanity_val_steps=1).fit(Random())
+    assert torch.equal(seen["train"][0], seen["val"][0])
+
+
+def test_an_epoch_shorter_than_the_logging_interval_is_said_as_lightning(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match=r"The number of training batches \(3\) is smaller than the logging interval"):
+        quiet_trainer(max_epochs=1, log_every_n_steps=5, logger=cbs.CSVLogger(tmp_path)).fit(TinyMLP(), make_batches(3))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_trainer(max_epochs=1, log_every_n_steps=5).fit(TinyMLP(), make_batches(3))  # no logger: nothing lost
+        quiet_trainer(log_every_n_steps=5, logger=cbs.CSVLogger(tmp_path), fast_dev_run=2).fit(
+            TinyMLP(), make_batches(3)
+        )
+    assert not [w for w in seen if "logging interval" in str(w.message)]
 
 
 # ----------------------------------------------------------------- torch switches

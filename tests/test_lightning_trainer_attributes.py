@@ -134,8 +134,8 @@ def test_model_data_and_estimated_steps(make_trainer: Any) -> None:
     assert estimates[-1] == 4
     trainer.test(module, make_loader(4, 2), verbose=False)
     trainer.predict(module, make_loader(6, 2))
-    assert trainer.test_dataloaders is not None and trainer.num_test_batches == 2
-    assert trainer.predict_dataloaders is not None and trainer.num_predict_batches == 3
+    assert trainer.test_dataloaders is not None and trainer.num_test_batches == [2]
+    assert trainer.predict_dataloaders is not None and trainer.num_predict_batches == [3]
 
 
 def test_print_writes_on_rank_zero(make_trainer: Any, capsys: Any) -> None:
@@ -153,3 +153,39 @@ def test_sigterm_sets_received_sigterm_and_interrupted(make_trainer: Any) -> Non
     trainer.fit(Regressor(), make_loader(8, 2))
     assert trainer.received_sigterm and trainer.interrupted and trainer.global_step == 2
     assert not make_trainer().received_sigterm
+
+
+class BatchCounts(Callback):
+    """Records Lightning's per-loader batch counts where a callback reads them."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[Any, ...]] = {}
+
+    def on_sanity_check_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self.seen["before"] = (trainer.num_val_batches, trainer.num_sanity_val_batches)  # not requested yet
+
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self.seen.setdefault("sanity", (trainer.num_val_batches, trainer.num_sanity_val_batches))
+
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self.seen["train"] = (trainer.num_val_batches, trainer.num_sanity_val_batches)
+
+
+class SeveralLoaders(Regressor):
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        super().validation_step(batch, batch_idx)
+
+
+def test_batch_counts_are_lists_per_loader_as_lightning(make_trainer: Any) -> None:
+    """One loader or several, ``num_val/test/predict/sanity_val_batches`` are lists (empty before a stage runs);
+    during the sanity check ``num_val_batches`` is the full validation's, the sanity check's own is cut."""
+    counts = BatchCounts()
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=2, callbacks=[counts])
+    assert (trainer.num_val_batches, trainer.num_test_batches, trainer.num_predict_batches) == ([], [], [])
+    assert trainer.num_sanity_val_batches == []
+    trainer.fit(Regressor(), make_loader(8, 2), make_loader(8, 2))
+    assert counts.seen == {"before": ([], []), "sanity": ([4], [2]), "train": ([4], [2])}
+    trainer.test(Regressor(), make_loader(6, 2), verbose=False)
+    assert trainer.num_test_batches == [3]
+    trainer.validate(SeveralLoaders(), [make_loader(6, 3), make_loader(2, 2)], verbose=False)
+    assert trainer.num_val_batches == [2, 1]

@@ -134,16 +134,27 @@ def test_ckpt_path_best_and_last_after_fit_load_those_weights(tmp_path: Path) ->
         assert _val_loss(module) == _val_loss(reference)  # the weights were loaded into the module
 
 
-def test_ckpt_path_none_after_fit_evaluates_the_current_weights(make_trainer: Any) -> None:
-    trainer = make_trainer(max_epochs=2)
+def test_ckpt_path_none_after_fit_evaluates_the_best_checkpoint_as_lightning(make_trainer: Any, tmp_path: Path) -> None:
+    """No model and no ckpt_path after fit: Lightning's warning, then the best checkpoint is loaded and evaluated;
+    with the module passed, its current weights are."""
+    best_cb = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="val_loss", save_top_k=1)
+    trainer = make_trainer(max_epochs=3, callbacks=[best_cb], enable_checkpointing=True)
     module = Regressor()
-    trainer.fit(module, make_loader(8, 2))
-    trainer.save_checkpoint(trainer.default_root_dir / "a.ckpt")
-    trainer.test(dataloaders=make_loader(6, 3, seed=1), verbose=False, ckpt_path=trainer.default_root_dir / "a.ckpt")
-    assert trainer.ckpt_path == str(trainer.default_root_dir / "a.ckpt")
-    result = trainer.test(dataloaders=make_loader(6, 3, seed=1), verbose=False)
+    trainer.fit(module, make_loader(8, 2), make_loader(6, 3, seed=1))
+    reference = Regressor()
+    reference.load_state_dict(torch.load(best_cb.best_model_path, weights_only=True)["state_dict"])
+    module.load_state_dict(Regressor(seed=5).state_dict())  # other weights: which ones are evaluated shows
+    result = trainer.test(module, make_loader(6, 3, seed=1), verbose=False)
     assert result == [{"test_loss": pytest.approx(_val_loss(module), rel=1e-6)}]
     assert trainer.ckpt_path is None  # this run loaded nothing
+    with pytest.warns(UserWarning, match=r"`.test\(ckpt_path=None\)` was called without a model. The best model"):
+        result = trainer.test(dataloaders=make_loader(6, 3, seed=1), verbose=False)
+    assert result == [{"test_loss": pytest.approx(_val_loss(reference), rel=1e-6)}]
+    assert trainer.ckpt_path == best_cb.best_model_path
+    without = make_trainer(max_epochs=1)
+    without.fit(Regressor(), make_loader(4, 2))
+    with pytest.warns(UserWarning, match="The best model"), pytest.raises(ValueError, match="'best'"):
+        without.validate(dataloaders=make_loader(4, 2))  # no checkpoint callback: no best checkpoint, as Lightning
     with pytest.raises(CheckpointError, match="'best'"):
         make_trainer().test(Regressor(), make_loader(6, 3), ckpt_path="best")
 

@@ -172,3 +172,20 @@ def test_str_of_a_datamodule_lists_each_stages_dataset_size(make_trainer: Any) -
     trainer = make_trainer()
     trainer.datamodule = dm
     assert trainer.datamodule is dm
+
+
+def test_no_dataloader_is_lightnings_type_error(make_trainer: Any) -> None:
+    """As Lightning: a missing loader, or a method returning None, is a TypeError naming the call or the method."""
+    with pytest.raises(
+        TypeError, match=r"An invalid dataloader was passed to `Trainer.fit\(train_dataloaders=\.\.\.\)`"
+    ):
+        make_trainer(max_epochs=1).fit(Regressor(), train_dataloaders=None)
+    with pytest.raises(TypeError, match=r"An invalid dataloader was passed to `Trainer.test\(dataloaders=\.\.\.\)`"):
+        make_trainer().test(Regressor())
+
+    class ReturnsNone(Regressor):
+        def predict_dataloader(self) -> Any:
+            return None
+
+    with pytest.raises(TypeError, match=r"invalid dataloader was returned from `ReturnsNone.predict_dataloader\(\)`"):
+        make_trainer().predict(ReturnsNone())

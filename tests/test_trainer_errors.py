@@ -141,14 +141,23 @@ def test_optimizer_configs_lightning_warns_about_or_refuses(make_trainer: Any) -
             ValueError,
             r"gradient_clip_val must be >= 0 or None \(0: no clipping, as None\), got -1.0",
         ),
-        ({"limit_train_batches": 1.5}, ValueError, r"limit_train_batches as a fraction must be in \[0, 1\], got 1.5"),
-        ({"limit_val_batches": -2}, ValueError, "limit_val_batches as a batch count must be >= 0, got -2"),
+        (
+            {"limit_train_batches": 1.5},
+            MisconfigurationException,
+            r"passed invalid value 1.5 for limit_train_batches, it has to be in \[0.0, 1.0\]",
+        ),
+        ({"limit_val_batches": -2}, ValueError, "You have passed invalid value -2 for limit_val_batches"),
         ({"limit_test_batches": "all"}, TypeError, "limit_test_batches must be an int .* got 'all'"),
-        ({"val_check_interval": 1.5}, ValueError, r"val_check_interval as a fraction must be in \(0, 1\], got 1.5"),
+        ({"val_check_interval": 1.5}, ValueError, "You have passed invalid value 1.5 for val_check_interval"),
+        ({"overfit_batches": -0.1}, MisconfigurationException, "passed invalid value -0.1 for overfit_batches"),
         ({"val_check_interval": 0}, ValueError, "val_check_interval as a batch count must be >= 1, got 0"),
         ({"max_epochs": -2}, ValueError, "max_epochs must be >= -1 or None, got -2"),
         ({"max_steps": -3}, ValueError, "max_steps must be >= -1, got -3"),
-        ({"fast_dev_run": -1}, ValueError, "fast_dev_run must be a bool or a positive int, got -1"),
+        (
+            {"fast_dev_run": -1},
+            MisconfigurationException,
+            "fast_dev_run=-1 is not a valid configuration. It should be >= 0",
+        ),
         (
             {"strategy": "nope"},
             ValueError,
@@ -339,3 +348,19 @@ def test_a_keyboard_interrupt_in_a_run_ends_it_as_lightning_does(capsys: pytest.
     assert seen == ["callback KeyboardInterrupt", "strategy KeyboardInterrupt", "teardown fit"]
     assert trainer.interrupted and trainer.global_step == 1
     assert "Detected KeyboardInterrupt, attempting graceful shutdown" in capsys.readouterr().err
+
+
+def test_an_integral_float_limit_above_one_is_a_batch_count(tmp_path: Path) -> None:
+    """As Lightning: ``limit_test_batches=1e50`` means that many batches (all of them), not a bad fraction."""
+    trainer = quiet_trainer(tmp_path, limit_test_batches=1e50, limit_val_batches=2.0)
+    trainer.test(Regressor(), make_loader(12, 4), verbose=False)
+    assert trainer.num_test_batches == [3]
+    trainer.validate(Regressor(), make_loader(12, 4), verbose=False)
+    assert trainer.num_val_batches == [2]
+
+
+@pytest.mark.parametrize(("given", "read"), [(True, True), (1, True), (3, 3), (False, False), (0, False)])
+def test_fast_dev_run_reads_as_lightnings(tmp_path: Path, given: Any, read: Any) -> None:
+    """As Lightning: ``fast_dev_run=1`` reads ``True``, other counts as given, off as ``False``."""
+    value = quiet_trainer(tmp_path, fast_dev_run=given).fast_dev_run
+    assert value == read and type(value) is type(read)

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import BatchSizeFinder, LearningRateFinder
 from trainer import Trainer, TrainModule, Tuner, seed_everything
+from trainer.common.errors import MisconfigurationException
 
 
 def _data(n: int = 256, batch_size: int = 16) -> DataLoader[Any]:
@@ -271,3 +272,44 @@ def test_a_finder_in_a_resumed_fit_leaves_the_resume_exact(tmp_path: Path) -> No
     (plain, plain_steps), (tuned, tuned_steps) = resumed
     assert plain_steps == tuned_steps > 5
     assert all(torch.equal(plain[k], v) for k, v in tuned.items())
+
+
+class TwoOptimizers(Regression):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        for opt in self.optimizers():
+            opt.zero_grad()
+            self.manual_backward(loss, retain_graph=True)
+            opt.step()
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.SGD(self.parameters(), lr=self.lr), torch.optim.Adam(self.parameters(), lr=self.lr)]
+
+
+def test_the_tuners_refusals_are_lightnings() -> None:
+    """Lightning's exception types and words: several optimizers, loaders passed to fit, bad methods and modes."""
+    with pytest.raises(MisconfigurationException, match="returned 2, but learning rate finder only works with single"):
+        Tuner(_trainer()).lr_find(TwoOptimizers(), num_training=5)
+    with pytest.raises(MisconfigurationException, match="Batch size finder cannot be used with dataloaders passed"):
+        Tuner(_trainer()).scale_batch_size(Regression(), train_dataloaders=_data(), max_trials=2)
+    with pytest.raises(ValueError, match="method 'prediction' is invalid"):
+        Tuner(_trainer()).scale_batch_size(Regression(), method="prediction")
+    with pytest.raises(MisconfigurationException, match="please consider setting `dataloaders` instead"):
+        Tuner(_trainer()).scale_batch_size(Regression(), val_dataloaders=_data(), method="validate")
+    with pytest.raises(ValueError, match="`mode` should be either of"):
+        Tuner(_trainer()).scale_batch_size(Regression(), mode="triple")
+
+
+def test_lr_find_sweeps_down_when_min_lr_is_above_max_lr_and_zero_trials_keep_the_size() -> None:
+    result = Tuner(_trainer()).lr_find(Regression(), min_lr=1.0, max_lr=1e-4, num_training=5, update_attr=False)
+    assert result is not None
+    lrs = result.results["lr"]
+    assert lrs == sorted(lrs, reverse=True) and all(1e-4 <= lr <= 1.0 for lr in lrs)
+    module = Regression(batch_size=16)
+    assert Tuner(_trainer()).scale_batch_size(module, max_trials=0, init_val=4) == 4
+    assert module.batch_size == 4 and module.seen_sizes == []

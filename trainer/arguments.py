@@ -37,6 +37,8 @@ __all__ = [
     "TRAINER_ARGS",
     "Switches",
     "anomaly_context",
+    "batch_limit",
+    "check_non_negative_int",
     "check_sync_batchnorm",
     "check_unsupported",
     "convert_sync_batchnorm",
@@ -167,11 +169,12 @@ def resolve_switches(
     log_every_n_steps: int | None,
     fast_dev_run: bool | int,
     detect_anomaly: bool,
+    profiler: Any = None,
 ) -> Switches:
     """Resolve ``None`` to the default, as Lightning does; ``barebones=True`` turns everything off.
 
     Under ``barebones`` asking for checkpointing, a logger, the progress bar, the model summary,
-    step logging, sanity checks, ``fast_dev_run`` or ``detect_anomaly`` is refused, as in Lightning.
+    step logging, sanity checks, ``fast_dev_run``, ``detect_anomaly`` or a profiler is refused, as in Lightning.
     """
     if not barebones:
         return Switches(
@@ -183,19 +186,21 @@ def resolve_switches(
             log_every_n_steps=50 if log_every_n_steps is None else log_every_n_steps,
         )
     asked = {
-        "enable_checkpointing": bool(enable_checkpointing),
-        "logger": logger is not None and logger is not False,
-        "enable_progress_bar": bool(enable_progress_bar),
-        "enable_model_summary": bool(enable_model_summary),
-        "log_every_n_steps": log_every_n_steps not in (None, 0),
-        "num_sanity_val_steps": num_sanity_val_steps not in (None, 0),
-        "fast_dev_run": bool(fast_dev_run),
-        "detect_anomaly": bool(detect_anomaly),
+        "enable_checkpointing": (bool(enable_checkpointing), enable_checkpointing),
+        "logger": (logger is not None and logger is not False, logger),
+        "enable_progress_bar": (bool(enable_progress_bar), enable_progress_bar),
+        "enable_model_summary": (bool(enable_model_summary), enable_model_summary),
+        "log_every_n_steps": (log_every_n_steps not in (None, 0), log_every_n_steps),
+        "num_sanity_val_steps": (num_sanity_val_steps not in (None, 0), num_sanity_val_steps),
+        "fast_dev_run": (bool(fast_dev_run), fast_dev_run),
+        "detect_anomaly": (bool(detect_anomaly), detect_anomaly),
+        "profiler": (profiler is not None, profiler),
     }
-    for name, on in asked.items():
-        if on:
+    for name, (on, value) in asked.items():
+        if on:  # Lightning's words first
             raise ValueError(
-                f"Trainer(barebones=True) turns {name} off (it costs speed); remove {name} or barebones=True"
+                f"`Trainer(barebones=True, {name}={value!r})` was passed. Trainer(barebones=True) turns {name} off "
+                f"(it costs speed); remove {name} or barebones=True"
             )
     # log_every_n_steps=0 means "never" here: a count larger than any run.
     return Switches(False, False, False, False, 0, 2**62)
@@ -316,8 +321,11 @@ def convert_sync_batchnorm(module: nn.Module, sync_batchnorm: bool, world_size: 
             convert_sync_batchnorm(child, sync_batchnorm, world_size)
 
 
-def overfit_loader(loader: Iterable[Any]) -> Iterable[Any]:
-    """``overfit_batches``: the same first batches every epoch, so the loader's sampler is made sequential."""
+def overfit_loader(loader: Iterable[Any], prefix: str = "train") -> Iterable[Any]:
+    """``overfit_batches``: the same first batches every epoch, so the loader's sampler is made sequential.
+
+    ``prefix``: ``"train"`` or ``"val"``, the loader's stage in the warning (Lightning's words).
+    """
     from torch.utils.data import DataLoader, SequentialSampler
 
     from trainer.common.loaders import rebuild_dataloader
@@ -327,8 +335,9 @@ def overfit_loader(loader: Iterable[Any]) -> Iterable[Any]:
     if loader.batch_size is None:
         return loader  # a custom batch sampler decides its own order
     warnings.warn(
-        "overfit_batches: the training dataloader's sampler is replaced by a SequentialSampler, so every epoch "
-        "sees the same first batches",
+        f"You requested to overfit but enabled {prefix} dataloader shuffling. We are turning off the {prefix} "
+        "dataloader shuffling for you (overfit_batches: its sampler is replaced by a SequentialSampler, so every "
+        "epoch sees the same first batches).",
         stacklevel=3,
     )
     return rebuild_dataloader(loader, sampler=SequentialSampler(loader.dataset))  # type: ignore[arg-type]
@@ -357,3 +366,28 @@ def defaults_from_env(init: _Init) -> _Init:
         init(self, *args, **kwargs)
 
     return with_env  # type: ignore[return-value]
+
+
+def check_non_negative_int(name: str, value: Any) -> None:
+    """``value`` must be an int >= 0 (bools refused); Lightning's words and exception type."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise UserError(f"`{name}` should be an int >= 0, got {value!r}.")
+
+
+def batch_limit(name: str, value: Any) -> Any:
+    """A ``limit_*_batches``-like value as Lightning reads it: None, an int >= 0 (batches) or a float in [0, 1].
+
+    A float above 1 with no fractional part is that many batches (``1e50`` is an int), as in Lightning.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an int (batches), a float in [0, 1] (fraction) or None, got {value!r}")
+    if isinstance(value, float) and value > 1 and value % 1.0 == 0 and value != float("inf"):
+        return int(value)
+    if value < 0 or (isinstance(value, float) and value > 1):
+        raise UserError(
+            f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] (a fraction of the "
+            "batches) or an int (a number of batches)."
+        )
+    return value

@@ -68,7 +68,6 @@ class TrainerAttributes:
     #: ``limit_*_batches`` by stage (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``).
     limits: Reads[dict[str, int | float | None]] = Reads("loop", "limits", doc="``limit_*_batches`` by stage.")
     log_every_n_steps: Reads[int] = Reads("loop", "log_every_n_steps", doc="Step values reach the loggers this often.")
-    fast_dev_run: Reads[int] = Reads("loop", "fast_dev_run", doc="Batches of the quick check run (0: off).")
     overfit_batches: Reads[int | float] = Reads(
         "loop", "overfit_batches", doc="Train and validate on this many batches."
     )
@@ -101,10 +100,10 @@ class TrainerAttributes:
     is_last_batch: Reads[bool] = Reads("is_last_batch", doc="True while the last batch of an epoch trains.")
     ckpt_path: Reads[str | None] = Reads("ckpt_path", doc="The checkpoint the last entry point loaded, else None.")
     num_training_batches: Reads[float] = Reads("num_training_batches", doc="Training batches per epoch.")
-    num_val_batches: Reads[float | list[float]] = Reads("num_val_batches", doc="Validation batches, per loader.")
-    num_test_batches: Reads[float | list[float]] = Reads("num_test_batches", doc="Test batches, per loader.")
-    num_predict_batches: Reads[float | list[float]] = Reads("num_predict_batches", doc="Predict batches, per loader.")
-    num_sanity_val_batches: Reads[float | list[float]] = Reads("num_sanity_val_batches", doc="Sanity-check batches.")
+    num_val_batches: Reads[list[float]] = Reads("num_val_batches", doc="Validation batches, per loader.")
+    num_test_batches: Reads[list[float]] = Reads("num_test_batches", doc="Test batches, per loader.")
+    num_predict_batches: Reads[list[float]] = Reads("num_predict_batches", doc="Predict batches, per loader.")
+    num_sanity_val_batches: Reads[list[float]] = Reads("num_sanity_val_batches", doc="Sanity-check batches.")
 
     # ----------------------------------------------------------------- state
     @property
@@ -389,15 +388,21 @@ class TrainerAttributes:
         return _one_or_list(self.run_state.loaders.get("predict"))
 
     @property
+    def fast_dev_run(self) -> bool | int:
+        """Lightning's value: ``False`` when off, ``True`` for one batch per stage, else the number of batches."""
+        n = self.run_state.loop.fast_dev_run
+        return True if n == 1 else n if n else False
+
+    @property
     def enable_validation(self) -> bool:
         """Whether ``fit`` validates: validation data, a ``validation_step`` and a limit above 0."""
         if self.run_state.module is None or getattr(self.run_state.module, "validation_step", None) is None:
             return False
         if self.run_state.loop.limits["validate"] in (0, 0.0):
             return False
-        if "validate" in self.run_state.loaders:
-            return self.run_state.loaders["validate"] is not None
-        return any(_defines(source, "val_dataloader") for source in (self.run_state.datamodule, self.run_state.module))
+        from trainer.data.fit_loaders import has_val_data
+
+        return has_val_data(self.run_state)
 
     @property
     def estimated_stepping_batches(self) -> float:
@@ -452,12 +457,3 @@ def _one_or_list(loaders: list[Any] | None) -> Any:
     if loaders is None:
         return None
     return loaders[0] if len(loaders) == 1 else list(loaders)
-
-
-def _defines(source: Any, method: str) -> bool:
-    if source is None or not hasattr(source, method):
-        return False
-    from trainer.module import DataModule, TrainModule
-
-    base = DataModule if isinstance(source, DataModule) else TrainModule
-    return getattr(type(source), method, None) is not getattr(base, method, None)

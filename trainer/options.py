@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.arguments import batch_limit
 from trainer.common.errors import MissingStepError, PossibleUserWarning, UserError
 
 if TYPE_CHECKING:
@@ -112,13 +113,14 @@ def loop_options(
         ("overfit_batches", overfit_batches),
     ):
         _say_what_one_means(option, given)
-    check_limit("overfit_batches", overfit_batches)
+    overfit_batches = batch_limit("overfit_batches", overfit_batches)
     if max_epochs is not None and max_epochs < -1:
         raise ValueError(f"max_epochs must be >= -1 or None, got {max_epochs}")
     if max_steps < -1:
         raise ValueError(f"max_steps must be >= -1, got {max_steps}")
     if val_check_interval is not None:
-        if isinstance(val_check_interval, float) and not 0.0 < val_check_interval <= 1.0:
+        val_check_interval = batch_limit("val_check_interval", val_check_interval)
+        if val_check_interval == 0.0 and isinstance(val_check_interval, float):
             raise ValueError(f"val_check_interval as a fraction must be in (0, 1], got {val_check_interval}")
         if isinstance(val_check_interval, int) and val_check_interval < 1:
             raise ValueError(f"val_check_interval as a batch count must be >= 1, got {val_check_interval}")
@@ -129,12 +131,15 @@ def loop_options(
         "predict": limit_predict_batches,
     }
     for stage, name in (("fit", "train"), ("validate", "val"), ("test", "test"), ("predict", "predict")):
-        check_limit(f"limit_{name}_batches", limits[stage])
+        limits[stage] = batch_limit(f"limit_{name}_batches", limits[stage])
     if overfit_batches:
         limits["fit"] = limits["validate"] = overfit_batches
     n = int(fast_dev_run)
     if n < 0:
-        raise ValueError(f"fast_dev_run must be a bool or a positive int, got {fast_dev_run}")
+        raise UserError(
+            f"fast_dev_run={fast_dev_run!r} is not a valid configuration. It should be >= 0 (a bool, or a number of "
+            "batches per stage)."
+        )
     if n:
         max_epochs, max_steps = 1, n
         limits = dict.fromkeys(limits, n)
@@ -271,24 +276,6 @@ def check_positive_int(name: str, value: Any) -> None:
         raise UserError(f"`{name}` should be an integer. {name} must be a positive int, got {value!r}")
     if value < 1:
         raise UserError(f"{name} must be a positive int, got {value!r}")
-
-
-def check_non_negative_int(name: str, value: Any) -> None:
-    """``value`` must be an int >= 0 (bools refused)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-
-
-def check_limit(name: str, value: Any) -> None:
-    """A ``limit_*_batches`` value: None, an int >= 0 (batches) or a float in [0, 1] (a fraction)."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be an int (batches), a float in [0, 1] (fraction) or None, got {value!r}")
-    if isinstance(value, float) and not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} as a fraction must be in [0, 1], got {value}")
-    if isinstance(value, int) and value < 0:
-        raise ValueError(f"{name} as a batch count must be >= 0, got {value}")
 
 
 def unwrap_compiled(module: Any) -> Any:

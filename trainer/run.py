@@ -10,6 +10,7 @@ caller's trainer and module, so code after ``fit`` reads the same on every strat
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import warnings
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["FITS_STARTED", "adopt", "final_state", "launch", "reload_loaders", "run_stage"]
+__all__ = ["FITS_STARTED", "adopt", "default_ckpt_path", "final_state", "launch", "run_stage"]
 
 #: How many ``fit`` calls this process has started (the ``geartrain`` command's Ctrl-C line reads it).
 FITS_STARTED = [0]
@@ -100,6 +101,8 @@ def run_stage(
     # Prepared when first needed (``estimated_stepping_batches`` in configure_optimizers may ask first).
     for key in ("fit", "validate") if stage == "fit" else (stage,):
         state.loaders.pop(key, None)  # other stages' loaders stay readable (``trainer.test_dataloaders``)
+    if stage == "fit":  # requested when needed (trainer/data/fit_loaders.py)
+        state.val_loaders_epoch, state.num_val_batches, state.num_sanity_val_batches = -math.inf, [], []
     state.given_loaders, state.ckpt_path = {stage: loader}, None
     if stage == "fit":
         t.checkpointing.resume_point = None
@@ -148,7 +151,6 @@ def run_stage(
                 t.checkpointing.run_id = t.strategy.broadcast(t.checkpointing.run_id)
             t.preemption.install(t.strategy)
             state.given_loaders = {"fit": loader, "validate": val_loader}
-            reload_loaders(t, first=True)
             with arguments.anomaly_context(t.detect_anomaly):
                 loops.fit_loop(t, state)
             t.strategy.sync_buffers()  # every rank keeps rank 0's buffers, also when fit ended without validating
@@ -184,6 +186,24 @@ def run_stage(
         t.profiler.describe()  # rank 0 prints the report and writes it to the log directory
         t.profiler.teardown(stage)
         state.fn = None
+
+
+def default_ckpt_path(
+    trainer: Trainer, stage: str, model: TrainModule | None, ckpt_path: str | os.PathLike[str] | None
+) -> str | os.PathLike[str] | None:
+    """Lightning's rule for ``validate``/``test``/``predict``: without a model and a ``ckpt_path``, after a run
+    that connected a module, the best checkpoint of the previous ``fit`` is evaluated, said in Lightning's
+    warning. With a model passed, its current weights are (None stays None)."""
+    if ckpt_path is not None or model is not None or trainer.module is None:
+        return ckpt_path
+    if trainer.is_global_zero:
+        warnings.warn(
+            f"`.{stage}(ckpt_path=None)` was called without a model. The best model of the previous `fit` call will "
+            f"be used. You can pass `.{stage}(ckpt_path='best')` to use the best model or `.{stage}(ckpt_path='last')` "
+            "to use the last model. If you pass a value, this warning will be silenced.",
+            stacklevel=4,
+        )
+    return "best"
 
 
 def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
@@ -251,26 +271,6 @@ def _adopt_optimizers(trainer: Trainer, module: TrainModule, state: dict[str, An
         warnings.warn(f"trainer.optimizers after fit: rank 0's optimizer state did not load here ({err})", stacklevel=3)
         return
     trainer.run_state.optimizers, trainer.run_state.lr_scheduler_configs = optimizers, schedulers
-
-
-def reload_loaders(trainer: Trainer, first: bool = False) -> None:
-    """(Re)build the fit stage's loaders: at fit start, and every ``reload_dataloaders_every_n_epochs``.
-
-    Loaders passed to ``fit`` are used again as they are; the datamodule's or module's
-    ``train_dataloader()``/``val_dataloader()`` are called again. At fit start a training loader
-    already resolved (an attribute such as ``estimated_stepping_batches`` read it) is kept.
-    """
-    state = trainer.run_state
-    given = state.given_loaders
-    if not (first and "fit" in state.loaders):
-        state.loaders["fit"] = resolve_loaders(trainer, "fit", given.get("fit"))
-    state.loaders["validate"] = resolve_loaders(trainer, "validate", given.get("validate"), required=False)
-    val = state.loaders["validate"]
-    if isinstance(val, list):  # known before the first validation, as Lightning's (progress bars read it)
-        from trainer.loops.evaluation import set_num_batches
-        from trainer.loops.iteration import num_batches
-
-        set_num_batches(state, "validate", [num_batches(loader, state.loop.limits["validate"]) for loader in val])
 
 
 def _attach_module_callbacks(trainer: Trainer, module: TrainModule) -> None:

@@ -71,6 +71,7 @@ class RunState:
         optimizer_handles: what ``self.optimizers()`` returns under manual optimisation.
         loaders: the dataloaders by stage, prepared for the strategy (sharded, resumable).
         given_loaders: the dataloaders passed to the entry point, before preparing.
+        val_loaders_epoch: the epoch the fit's validation loaders were last requested in (reloads count from it).
         num_training_batches / num_*_batches: batch counts of the loops (Lightning's attributes).
         ckpt_path: the checkpoint the entry point loaded (``"last"``/``"best"`` resolved).
     """
@@ -96,11 +97,12 @@ class RunState:
     manual_backward: Callable[..., None] | None = None
     loaders: dict[str, Any] = field(default_factory=dict)
     given_loaders: dict[str, Any] = field(default_factory=dict)
+    val_loaders_epoch: float = -math.inf
     num_training_batches: float = math.inf
-    num_val_batches: float | list[float] = 0
-    num_test_batches: float | list[float] = 0
-    num_predict_batches: float | list[float] = 0
-    num_sanity_val_batches: float | list[float] = 0
+    num_val_batches: list[float] = field(default_factory=list)
+    num_test_batches: list[float] = field(default_factory=list)
+    num_predict_batches: list[float] = field(default_factory=list)
+    num_sanity_val_batches: list[float] = field(default_factory=list)
     ckpt_path: str | None = None
 
     def state_dict(self, weights: bool = False) -> dict[str, Any]:

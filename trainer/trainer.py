@@ -129,6 +129,7 @@ class Trainer(TrainerAttributes):
             log_every_n_steps=log_every_n_steps,
             fast_dev_run=fast_dev_run,
             detect_anomaly=detect_anomaly,
+            profiler=profiler,
         )
         loop = options.loop_options(
             max_epochs=max_epochs,
@@ -152,7 +153,7 @@ class Trainer(TrainerAttributes):
         options.check_step_options(
             accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
         )
-        options.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
+        arguments.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
         arguments.check_devices_given(devices, accelerator)
         device_kind = resolve_accelerator(accelerator)  # before devices=, as Lightning: a missing GPU is named first
         self.strategy: Strategy = resolve_strategy(
@@ -275,7 +276,8 @@ class Trainer(TrainerAttributes):
         """One pass over validation data; one dict of epoch values per dataloader (table if ``verbose``).
 
         ``ckpt_path``: a file, or ``"best"``/``"last"`` of the preceding ``fit``; None evaluates the
-        module's current weights.
+        module passed with its current weights, and without one (after ``fit``) the best checkpoint, with
+        a warning, as Lightning.
         """
         return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)
 
@@ -306,6 +308,7 @@ class Trainer(TrainerAttributes):
         """
         dataloaders, datamodule = split_datamodule(dataloaders, datamodule, "predict")
         keep = return_predictions is None or bool(return_predictions)
+        ckpt_path = run.default_ckpt_path(self, "predict", model, ckpt_path)
         module = self._module_for(model, "predict")
         outputs = run.launch(self, "predict", module, dataloaders, None, datamodule, ckpt_path, keep)
         if not keep or outputs is None:
@@ -322,6 +325,7 @@ class Trainer(TrainerAttributes):
         datamodule: DataModule | None,
     ) -> list[dict[str, float]]:
         dataloaders, datamodule = split_datamodule(dataloaders, datamodule, stage)
+        ckpt_path = run.default_ckpt_path(self, stage, model, ckpt_path)
         module = self._module_for(model, stage)
         results: list[dict[str, float]] = run.launch(self, stage, module, dataloaders, None, datamodule, ckpt_path)
         if verbose and results is not None and self.is_global_zero:
@@ -373,10 +377,8 @@ class Trainer(TrainerAttributes):
         self.metric_router.emit(values, max(self.global_step - 1, 0) if step is None else step, with_epoch=False)
 
     def run_trial(self, callback: Callback, steps: int, reload_dataloaders: bool = False) -> None:
-        """Train ``steps`` steps with only ``callback`` listening, then restore the run exactly (finders use it).
-
-        See :func:`trainer.tuner.trial.run_trial` (what is restored, ``reload_dataloaders``).
-        """
+        """Train ``steps`` steps with only ``callback`` listening, then restore the run exactly (finders use it:
+        :func:`trainer.tuner.trial.run_trial`)."""
         from trainer.tuner.trial import run_trial
 
         run_trial(self, callback, steps, reload_dataloaders)
@@ -391,9 +393,7 @@ class Trainer(TrainerAttributes):
     def _module_for(self, module: TrainModule | None, stage: str) -> TrainModule:
         module = options.unwrap_compiled(module) if module is not None else self.module
         if module is None:  # Lightning's error and words, so code catching its TypeError catches this
-            raise TypeError(
-                f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run: "
-                f"pass the module, trainer.{stage}(model, ...)"
-            )
+            msg = f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run"
+            raise TypeError(f"{msg}: pass the module, trainer.{stage}(model, ...)")
         options.check_is_module(module, stage)
         return module

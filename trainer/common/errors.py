@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "Interrupted",
+    "InvalidDataloaderError",
     "LightningDeprecationWarning",
     "MetricNotLoggedError",
     "MisconfigurationException",
@@ -58,6 +59,13 @@ class MisconfigurationException(Exception):
 
 class UserError(MisconfigurationException, ValueError):
     """A mistake in what the user asked for; the message names it and the fix."""
+
+
+class InvalidDataloaderError(UserError, TypeError):
+    """No dataloader, or one that cannot be iterated, where a stage needs one.
+
+    A ``TypeError`` as Lightning's; a :class:`UserError` (so a ``ValueError``) as geartrain's was.
+    """
 
 
 class ConfigError(UserError):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainer.common.errors import UserError
+from trainer.common.errors import InvalidDataloaderError
 from trainer.data.resumable import add_worker_seeding, make_resumable
 
 if TYPE_CHECKING:
@@ -221,21 +221,28 @@ def resolve_loaders(
         _check_iterable(given, stage, returned_by)
         _refuse_nested(given.iterables if isinstance(given, CombinedLoader) else given, stage)
     if given is None:
+        if required and returned_by:
+            raise InvalidDataloaderError(
+                f"An invalid dataloader was returned from `{returned_by}`. Found None: it must return a DataLoader "
+                "or another iterable of batches."
+            )
         if required:
-            raise UserError(
-                f"No data for {stage}: pass dataloaders to trainer.{stage}(...), a datamodule "
-                f"defining {method}(), or define {method}() on the module"
+            raise InvalidDataloaderError(
+                f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}"
+                f"dataloaders=...)`. Found None. No data for {stage}: pass the dataloader to the `.{stage}()` method "
+                f"OR implement {method}() in your LightningModule/LightningDataModule."
             )
         return None
     train = stage == "fit"
     overfit = bool(trainer.overfit_batches) and stage in ("fit", "validate") and trainer.stage == "fit"
     mode = "max_size_cycle"
+    combined = isinstance(given, CombinedLoader)
     if isinstance(given, CombinedLoader):
         given, mode = _combined(given, stage), given.mode
     several: list[Any] | Mapping[str, Any]
     if isinstance(given, Mapping):
         several = {key: _prepare(trainer, loader, train, overfit) for key, loader in given.items()}
-    elif isinstance(given, (list, tuple)) and all(_is_loader(item) for item in given):
+    elif isinstance(given, (list, tuple)) and (combined or all(_is_loader(item) for item in given)):
         several = [_prepare(trainer, loader, train, overfit) for loader in given]
     else:
         one = _prepare(trainer, given, train, overfit)
@@ -248,6 +255,8 @@ def resolve_loaders(
         if len(several) > 1 or mode != "max_size_cycle":
             return ZipLoaders(several, mode)
         return make_resumable(next(iter(_values(several))))
+    if combined and mode in ZIP_MODES:  # as Lightning: evaluated as one loader of combined batches
+        return [ZipLoaders(several, mode)]
     return list(_values(several))
 
 
@@ -282,11 +291,11 @@ def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
         if isinstance(entry, DataLoader) or hasattr(entry, "__iter__") or hasattr(entry, "__getitem__"):
             continue
         where = (
-            f"An invalid object was returned from `{returned_by}`"
+            f"An invalid dataloader was returned from `{returned_by}`"
             if returned_by
             else f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}dataloaders=...)`"
         )
-        raise TypeError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
+        raise InvalidDataloaderError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
 
 
 def _refuse_nested(given: Any, stage: str) -> None:
@@ -316,10 +325,10 @@ def _combined(loader: CombinedLoader, stage: str) -> Any:
             f'trainer.fit does not support CombinedLoader(mode="{loader.mode}"); training combines loaders in one '
             f"of {list(ZIP_MODES)}. For loaders one after another, run them in separate fits."
         )
-    if stage != "fit" and loader.mode != "sequential":
+    if stage == "predict" and loader.mode != "sequential":
         raise ValueError(
-            f'trainer.{stage} runs loaders one after another: CombinedLoader(mode="{loader.mode}") is not supported '
-            'there; pass CombinedLoader(..., mode="sequential") or the list/dict of loaders itself'
+            '`trainer.predict()` only supports the `CombinedLoader(mode="sequential")` mode '
+            f'(got mode="{loader.mode}"): predictions are kept per loader, one after another.'
         )
     return loader.iterables
 
@@ -332,7 +341,7 @@ def _prepare(trainer: Trainer, loader: Iterable[Any], train: bool, overfit: bool
     if overfit:  # Trainer(overfit_batches=...): training and validation on the first training batches
         from trainer.arguments import overfit_loader
 
-        loader = overfit_loader(loader)
+        loader = overfit_loader(loader, "train" if train else "val")
     if getattr(trainer, "use_distributed_sampler", True):
         loader = trainer.strategy.process_dataloader(loader, train=train)
     prepared = add_worker_seeding(loader, trainer.strategy.global_rank)

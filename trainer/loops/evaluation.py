@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.common.errors import MissingStepError, PossibleUserWarning
 from trainer.common.rng import rng_state, set_rng_state
+from trainer.data.fit_loaders import has_val_data, request_val_loaders
+from trainer.data.loaders import ZipLoaders
+from trainer.loops.dataloader_iter import DataloaderIter, takes_dataloader_iter
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
 from trainer.loops.step import make_eval_batch
 from trainer.metrics.routing import EPOCH_DEFAULTS
@@ -72,10 +77,10 @@ def eval_loop(
         )
     loaders = state.loaders[stage]
     assert isinstance(loaders, list)
-    nums = [num_batches(loader, state.loop.limits[stage]) for loader in loaders]
+    nums = [num_batches(loader, state.loop.limits[stage], stage) for loader in loaders]
+    set_num_batches(state, stage, _per_iterable(loaders, nums, state.loop.limits[stage], stage))
     if max_batches is not None:
         nums = [min(num, max_batches) for num in nums]
-    set_num_batches(state, stage, nums)
     if state.fn == "fit":  # as Lightning: a validation sampler may shuffle by the training epoch
         for loader in loaders:
             set_sampler_epoch(loader, state.progress.epoch)
@@ -109,13 +114,25 @@ def _run_epoch(
     several = len(loaders) > 1
     hooks(f"on_{prefix}_start")
     hooks(f"on_{prefix}_epoch_start")
-    for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums)):
+    pending = store.pending_step
+    it_mode = takes_dataloader_iter(getattr(state.module, f"{prefix}_step"))
+    if it_mode:  # Lightning's step(self, dataloader_iter): the step fetches its own batches
+        it = DataloaderIter(_sources(loaders, nums), on_fetch=_follow_fetch(router, several))
+        fetching_batch = make_eval_batch(trainer, state, f"{prefix}_step", prefix, 0 if several else None)
+        while not it.done:
+            try:
+                fetching_batch(it, 0)
+            except StopIteration:  # the step found the data exhausted: the loop ends, as in Lightning
+                break
+            if pending:
+                router.emit_eval_step(dict(pending), prefix, it.dataloader_idx)
+                pending.clear()
+    for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums) if not it_mode else ()):
         # Lightning's rule: with several loaders, steps and batch hooks get ``dataloader_idx``
         # and logged names the ``/dataloader_idx_N`` suffix.
         router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
         eval_batch = make_eval_batch(trainer, state, f"{prefix}_step", prefix, dataloader_idx if several else None)
         batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
-        pending = store.pending_step
         for batch_idx, batch, _ in batches:
             eval_batch(batch, batch_idx)
             if pending:  # values logged with on_step=True go to the loggers now, as in Lightning
@@ -155,7 +172,7 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
         )
     loaders = state.loaders["predict"]
     assert isinstance(loaders, list)
-    nums = [num_batches(loader, state.loop.limits["predict"]) for loader in loaders]
+    nums = [num_batches(loader, state.loop.limits["predict"], "predict") for loader in loaders]
     set_num_batches(state, "predict", nums)
     outputs: list[list[Any]] = []
     modes = module_modes(module)
@@ -164,7 +181,20 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
         with _no_grad(trainer), strategy.evaluation_context():
             hooks("on_predict_start")
             hooks("on_predict_epoch_start")
-            for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums)):
+            it_mode = takes_dataloader_iter(module.predict_step)
+            if it_mode:  # Lightning's predict_step(self, dataloader_iter): the step fetches its own batches
+                outputs = [[] for _ in loaders]
+                it = DataloaderIter(_sources(loaders, nums))
+                several = len(loaders) > 1
+                predict_step = make_eval_batch(trainer, state, "predict_step", "predict", 0 if several else None)
+                while not it.done:
+                    try:
+                        out = predict_step(it, 0)
+                    except StopIteration:
+                        break
+                    if keep:
+                        outputs[it.dataloader_idx].append(out)
+            for dataloader_idx, (loader, num) in enumerate(zip(loaders, nums) if not it_mode else ()):
                 predict_batch = make_eval_batch(
                     trainer, state, "predict_step", "predict", dataloader_idx if len(loaders) > 1 else None
                 )
@@ -182,28 +212,57 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
     return outputs
 
 
+def _sources(loaders: list[Any], nums: list[float]) -> list[tuple[int, float, Callable[[], Iterator[Any]]]]:
+    """The loaders as :class:`~trainer.loops.dataloader_iter.DataloaderIter` reads them, one after another."""
+    return [(idx, num, functools.partial(iterate, loader, num)) for idx, (loader, num) in enumerate(zip(loaders, nums))]
+
+
+def _follow_fetch(router: Any, several: bool) -> Callable[[Any, int], None]:
+    """What the logging follows as a step fetches: the batch (``self.log``'s batch size), the loader's suffix."""
+
+    def on_fetch(batch: Any, dataloader_idx: int) -> None:
+        router.current_batch = batch
+        router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
+
+    return on_fetch
+
+
+def _per_iterable(loaders: list[Any], nums: list[float], limit: Any, stage: str) -> list[float]:
+    """The batch counts Lightning reports: per loader, and for a combined loader per iterable it combines."""
+    counts: list[float] = []
+    for loader, num in zip(loaders, nums):
+        if isinstance(loader, ZipLoaders):
+            counts += [num_batches(inner, limit, stage) for inner in loader.loaders]
+        else:
+            counts.append(num)
+    return counts
+
+
 def set_num_batches(state: RunState, stage: str, nums: list[float]) -> None:
-    """``state.num_val_batches`` (or test's, predict's): a number for one loader, a list for several."""
-    value: float | list[float] = nums[0] if len(nums) == 1 else nums
-    name = "num_sanity_val_batches" if state.sanity_checking else _NUM_BATCHES[stage]
-    setattr(state, name, value)
-    if stage == "validate":
-        state.num_val_batches = value
+    """``state.num_val_batches`` (or test's, predict's): one count per loader, a list as Lightning's.
+
+    During the sanity check ``num_val_batches`` holds the full validation's counts, as in Lightning;
+    the sanity check's own (cut by ``num_sanity_val_steps``) are ``num_sanity_val_batches``.
+    """
+    setattr(state, _NUM_BATCHES[stage], list(nums))
+    if stage == "validate" and state.fn == "fit":
+        steps = state.loop.num_sanity_val_steps
+        state.num_sanity_val_batches = [min(num, math.inf if steps < 0 else steps) for num in nums]
 
 
 def validation_enabled(state: RunState) -> bool:
-    """Whether ``fit`` validates: validation data, a ``validation_step``, and a limit above 0."""
+    """Whether ``fit`` validates: validation data (requested or not yet), a ``validation_step``, a limit above 0."""
     return (
-        state.loaders.get("validate") is not None
-        and getattr(state.module, "validation_step", None) is not None
+        getattr(state.module, "validation_step", None) is not None
         and state.loop.limits["validate"] not in (0, 0.0)
+        and has_val_data(state)
     )
 
 
 def warn_if_validation_is_half_defined(state: RunState) -> None:
     """Lightning's warnings when ``fit`` has validation data but no ``validation_step``, or the reverse:
     the validation loop is skipped, which is seldom what was meant."""
-    has_loader = state.loaders.get("validate") is not None
+    has_loader = has_val_data(state)  # requested, or given / defined and requested when first needed
     has_step = getattr(state.module, "validation_step", None) is not None
     if has_loader and not has_step:
         warnings.warn(
@@ -234,7 +293,8 @@ def sanity_check(trainer: Trainer, state: RunState) -> None:
     try:
         state.hooks.callbacks_only("on_sanity_check_start")
         steps = state.loop.num_sanity_val_steps
-        eval_loop(trainer, state, "validate", max_batches=math.inf if steps < 0 else steps)
+        if request_val_loaders(trainer) is not None:  # val_dataloader() runs here, its random draws undone
+            eval_loop(trainer, state, "validate", max_batches=math.inf if steps < 0 else steps)
         state.hooks.callbacks_only("on_sanity_check_end")
     finally:
         state.sanity_checking = False

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.sampling import EmptyShardError
 from trainer.common.errors import PossibleUserWarning, Preempted
+from trainer.data.fit_loaders import request_train_loader, request_val_loaders
+from trainer.loops.dataloader_iter import DataloaderIter, check_training_options, iter_steps, takes_dataloader_iter
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled, warn_if_validation_is_half_defined
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
 from trainer.loops.step import make_train_batch, step_schedulers
@@ -43,7 +45,8 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
         a fresh run's first epoch's loader iterator is created
         on_train_start
         for each epoch:
-            every reload_dataloaders_every_n_epochs epochs: train/val loaders requested again
+            every reload_dataloaders_every_n_epochs epochs: the train loader requested again (the val
+            loaders: by the first validation that is that many epochs after their last request)
             on_train_epoch_start
             (later epochs: the loader's iterator is created)
             for each batch:                                 (trainer/loops/step.py)
@@ -78,6 +81,11 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     warn_if_validation_is_half_defined(state)
     if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
         sanity_check(trainer, state)
+    loader = request_train_loader(trainer)  # after the sanity check's val_dataloader(), as Lightning asks
+    _warn_if_fewer_batches_than_log_interval(trainer, state, loader)
+    every = state.loop.check_val_every_n_epoch
+    if validation_enabled(state) and (every is None or (p.epoch + 1) % every == 0):
+        request_val_loaders(trainer)  # as Lightning: known before on_train_start when this epoch validates
     assert state.module is not None
     if no_training_batches(trainer, state):
         with refusing("on_fit_end"):
@@ -116,6 +124,22 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
         hooks("on_train_end")
     with refusing("on_fit_end"):
         hooks("on_fit_end")
+
+
+def _warn_if_fewer_batches_than_log_interval(trainer: Trainer, state: RunState, loader: Any) -> None:
+    """Lightning's warning: with loggers, an epoch shorter than ``log_every_n_steps`` logs no training step."""
+    if loader is None or not trainer.loggers or state.loop.fast_dev_run:
+        return
+    num = num_batches(loader, state.loop.limits["fit"])
+    every = state.loop.log_every_n_steps
+    if num < every and trainer.is_global_zero:
+        warnings.warn(
+            f"The number of training batches ({int(num)}) is smaller than the logging interval "
+            f"Trainer(log_every_n_steps={every}). Set a lower value for log_every_n_steps if you want to see logs "
+            "for the training epoch.",
+            PossibleUserWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_if_in_eval_mode(module: torch.nn.Module) -> None:
@@ -187,11 +211,8 @@ def train_epoch(
     p, hooks = state.progress, state.hooks
     router, preemption = trainer.metric_router, trainer.preemption
     reload_every = trainer.reload_dataloaders_every_n_epochs
-    if reload_every and p.epoch and p.epoch % reload_every == 0 and p.batch_in_epoch == 0:
-        from trainer.run import reload_loaders  # run imports the loops: imported here, once per epoch
-
-        reload_loaders(trainer)
-    loader = state.loaders["fit"]
+    reload = bool(reload_every and p.epoch and p.epoch % reload_every == 0 and p.batch_in_epoch == 0)
+    loader = request_train_loader(trainer, reload=reload)
     assert loader is not None
     num = num_batches(loader, state.loop.limits["fit"])
     state.num_training_batches = num
@@ -224,7 +245,11 @@ def train_epoch(
     with router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_epoch_start")
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
-    train_batch = make_train_batch(trainer, state, last_batch_share(loader, num))
+    assert state.module is not None
+    fetches_itself = takes_dataloader_iter(state.module.training_step)  # Lightning's training_step(dataloader_iter)
+    if fetches_itself:
+        check_training_options(trainer, state)
+    train_batch = make_train_batch(trainer, state, None if fetches_itself else last_batch_share(loader, num))
     log_every = state.loop.log_every_n_steps
 
     # Whether a batch can end with a validation run at all: if not, the loop asks nothing per batch.
@@ -237,7 +262,8 @@ def train_epoch(
     def validate() -> None:
         nonlocal last_val_at
         p.validated_at = p.batches_before_epoch + p.batch_in_epoch
-        eval_loop(trainer, state, "validate")
+        if request_val_loaders(trainer) is not None:  # requested when first needed, or again when due
+            eval_loop(trainer, state, "validate")
         last_val_at = p.batch_in_epoch
 
     if p.batch_in_epoch and checks_validation and validation_due(p.batch_in_epoch - 1):
@@ -248,11 +274,15 @@ def train_epoch(
     with router.logging(store, STEP_DEFAULTS):
         if batches is None:
             batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
+        if fetches_itself:  # one call of the step per iteration, until the step has fetched the last batch
+            opened = batches
+            batches = iter_steps(DataloaderIter([(0, num, lambda: opened)]))
         # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
         for batch_idx, batch, is_last in profiled_iter(trainer.profiler, "train_dataloader_next", batches):
             steps_before = p.global_step
             state.is_last_batch = is_last
             result = train_batch(batch, batch_idx, is_last)
+            is_last = state.is_last_batch  # a step that fetches its own batches says so only after it ran
             # An identity-and-type test: ``out == -1`` on a loss tensor would run a kernel and, on a GPU,
             # wait for it (a host-device sync every step).
             if type(result) is int and result == -1:
@@ -268,7 +298,8 @@ def train_epoch(
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
-            due = checks_validation and validation_due(batch_idx)
+            # A step that fetches its own batches also validates after the epoch's last (Lightning's rule).
+            due = checks_validation and (validation_due(batch_idx) or (fetches_itself and is_last))
             if due:
                 validate()
             if should_stop_training(state):

@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from trainer.common.errors import UserError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.data.loaders import set_sampler_epoch
 from trainer.data.resumable import ResumableBatchSampler
@@ -18,11 +19,15 @@ from trainer.data.resumable import ResumableBatchSampler
 __all__ = ["iterate", "last_batch_share", "num_batches", "set_sampler_epoch"]  # the last: the data room's
 
 
-def num_batches(loader: Iterable[Any], limit: int | float | None) -> float:
-    """Batches a stage will use: the loader's length cut by its ``limit_*_batches`` (inf if unsized)."""
+def num_batches(loader: Iterable[Any], limit: int | float | None, stage: str = "fit") -> float:
+    """Batches a stage will use: the loader's length cut by its ``limit_*_batches`` (inf if unsized).
+
+    A loader whose ``__len__`` raises ``TypeError`` or ``NotImplementedError`` has no length, as in
+    Lightning. A fraction other than 1.0 of such a loader is refused with Lightning's message.
+    """
     try:
         total: float = len(loader)  # type: ignore[arg-type]
-    except TypeError:
+    except (TypeError, NotImplementedError):
         total = math.inf
     if limit is None:
         return total
@@ -30,9 +35,17 @@ def num_batches(loader: Iterable[Any], limit: int | float | None) -> float:
         if math.isinf(total):
             if limit == 1.0:
                 return total
-            raise ValueError(f"A fractional limit ({limit}) needs a dataloader with a length")
+            prefix = _PREFIX.get(stage, stage)
+            raise UserError(
+                f"When using an `IterableDataset`, `Trainer(limit_{prefix}_batches)` must be `1.0` or an int. An int "
+                f"specifies `num_{prefix}_batches` to use (limit_{prefix}_batches={limit}: a fraction needs a "
+                "dataloader with a length)."
+            )
         return int(total * limit)
     return min(total, limit)
+
+
+_PREFIX = {"fit": "train", "validate": "val"}
 
 
 def iterate(

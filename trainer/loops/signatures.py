@@ -1,4 +1,4 @@
-"""What the loops check of the steps' signatures: ``dataloader_idx`` as Lightning passes it, ``dataloader_iter`` refused.
+"""What the loops check of the steps' signatures: ``dataloader_idx`` as Lightning passes it.
 
 Said once before the first batch, naming the method and the fix, instead of a ``TypeError`` from the call.
 """
@@ -9,7 +9,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DataloaderIdxError", "check_takes_dataloader_idx", "refuse_dataloader_iter", "with_last_arg"]
+from trainer.loops.dataloader_iter import takes_dataloader_iter
+
+__all__ = ["DataloaderIdxError", "check_takes_dataloader_idx", "with_last_arg"]
 
 
 def with_last_arg(fn: Callable[..., Any] | None, value: Any) -> Any:
@@ -43,7 +45,7 @@ def check_takes_dataloader_idx(module: Any, prefix: str, several: bool) -> None:
     loader = "val_dataloader" if prefix == "validation" else f"{prefix}_dataloader"
     for name in (f"{prefix}_step", f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"):
         fn = getattr(module, name, None)
-        if fn is None:
+        if fn is None or (name.endswith("_step") and takes_dataloader_iter(fn)):  # it gets the iterator alone
             continue
         try:
             params = inspect.signature(fn).parameters
@@ -62,17 +64,3 @@ def check_takes_dataloader_idx(module: Any, prefix: str, several: bool) -> None:
                 f"You provided only a single `{loader}`, but have included `dataloader_idx` in "
                 f"`{type(module).__name__}.{name}()`. Either remove the argument or give it a default value of 0."
             )
-
-
-def refuse_dataloader_iter(fn: Callable[..., Any], name: str) -> None:
-    """Lightning's experimental ``def training_step(self, dataloader_iter)`` form is refused, by name."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return
-    if "dataloader_iter" in params:
-        raise NotImplementedError(
-            f"{name}(self, dataloader_iter) is not supported: geartrain hands each step one batch; define "
-            f"{name}(self, batch, batch_idx), and to look ahead (prefetching), do it in the DataLoader "
-            "(num_workers, prefetch_factor)"
-        )

@@ -23,6 +23,7 @@ from strategies.base import Strategy
 from strategies.precision import Precision
 from trainer.common.tree import device_mover
 from trainer.data.microbatch import micro_batches
+from trainer.loops.dataloader_iter import make_fetching_eval_batch, make_iter_train_batch, takes_dataloader_iter
 from trainer.loops.optimizer_step import (
     ManualOptimizer,
     NonFinite,
@@ -33,7 +34,7 @@ from trainer.loops.optimizer_step import (
     step_schedulers,
     zero_grad_hook,
 )
-from trainer.loops.signatures import check_takes_dataloader_idx, refuse_dataloader_iter, with_last_arg
+from trainer.loops.signatures import check_takes_dataloader_idx, with_last_arg
 from trainer.module import TrainModule
 from trainer.profilers.base import profiled, strategy_action
 
@@ -89,6 +90,11 @@ def make_train_batch(trainer: Trainer, state: RunState, last_share: float | None
         def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
             with forward_context():
                 return training_step(batch, batch_idx)
+
+    if takes_dataloader_iter(module.training_step):  # the step fetches its batches (trainer/loops/dataloader_iter.py)
+        return profiled(
+            profiler, "run_training_batch", make_iter_train_batch(state, step, batch_start, batch_end, router)
+        )
 
     def train_batch(batch: Any, batch_idx: int, is_last: bool) -> Any:
         router.current_batch = batch = to_device(batch)
@@ -301,15 +307,18 @@ def make_eval_batch(
     Hook order: the batch-transfer hooks (as in :func:`make_train_batch`); ``on_<prefix>_batch_start(batch, i)``;
     ``<step_name>(batch, i)`` under forward_context; ``on_<prefix>_batch_end(out, batch, i)``. With
     ``dataloader_idx`` (one of several loaders) the step and both hooks get it as their last argument,
-    as in Lightning.
+    as in Lightning. A step that takes ``dataloader_iter`` gets ``eval_batch(dataloader_iter, 0)``
+    (:func:`~trainer.loops.dataloader_iter.make_fetching_eval_batch`).
     """
     strategy, router, hooks = trainer.strategy, trainer.metric_router, state.hooks
-    to_device, step = _batch_to_device(strategy, trainer), _step_call(strategy, step_name)
+    to_device, step = _batch_to_device(strategy, trainer, dataloader_idx or 0), _step_call(strategy, step_name)
     to_device = profiled(trainer.profiler, strategy_action(strategy, "batch_to_device"), to_device)
     step = profiled(trainer.profiler, strategy_action(strategy, step_name), step)
     start, end = hooks.bound(f"on_{prefix}_batch_start"), hooks.bound(f"on_{prefix}_batch_end")
     forward_context = _forward_context(strategy)
     check_takes_dataloader_idx(state.module, prefix, several=dataloader_idx is not None)
+    if takes_dataloader_iter(getattr(state.module, step_name)):  # trainer/loops/dataloader_iter.py
+        return make_fetching_eval_batch(step, forward_context, start, end, several=dataloader_idx is not None)
     if dataloader_idx is not None:
         step, start, end = (with_last_arg(fn, dataloader_idx) for fn in (step, start, end))
 
@@ -360,12 +369,15 @@ def _forward_context(strategy: Strategy) -> Callable[[], Any] | None:
     return strategy.forward_context
 
 
-def _batch_to_device(strategy: Strategy, trainer: Trainer | None = None) -> Callable[[Any], Any]:
+def _batch_to_device(
+    strategy: Strategy, trainer: Trainer | None = None, dataloader_idx: int = 0
+) -> Callable[[Any], Any]:
     """The batch transfer: the user's hooks where overridden around ``strategy.batch_to_device``, or the
     plain move where neither the strategy nor its precision changes it (bound once; no cost when unused).
 
     ``on_before_batch_transfer``/``transfer_batch_to_device``/``on_after_batch_transfer`` are the data
-    module's when it overrides them, else the module's (Lightning's rule); ``dataloader_idx`` is 0.
+    module's when it overrides them, else the module's (Lightning's rule); they get ``dataloader_idx``
+    (0 in training, the loader's index in evaluation), as in Lightning.
     """
     if _keeps(strategy, Strategy, "batch_to_device") and _keeps(strategy.precision, Precision, "convert_input"):
         move = device_mover(strategy.root_device)
@@ -383,10 +395,10 @@ def _batch_to_device(strategy: Strategy, trainer: Trainer | None = None) -> Call
 
     def to_device(batch: Any) -> Any:
         if before is not None:
-            batch = before(batch, 0)
-        batch = move(batch) if transfer is None else transfer(batch, device, 0)
+            batch = before(batch, dataloader_idx)
+        batch = move(batch) if transfer is None else transfer(batch, device, dataloader_idx)
         if after is not None:
-            batch = after(batch, 0)
+            batch = after(batch, dataloader_idx)
         return batch
 
     return to_device
@@ -406,11 +418,11 @@ def _user_data_hook(trainer: Trainer, name: str) -> Callable[..., Any] | None:
 def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:
     """The user's step ``name`` as the strategy calls it (through its wrapper where it routes steps).
 
-    A step defined without ``batch_idx`` (``def training_step(self, batch)``) is called without it;
-    the signature is read once, here, not per batch.
+    A step defined without ``batch_idx`` (``def training_step(self, batch)``, or Lightning's
+    ``def training_step(self, dataloader_iter)``) is called without it; the signature is read once,
+    here, not per batch.
     """
     assert strategy.module is not None
-    refuse_dataloader_iter(getattr(strategy.module, name), name)
     takes_index = _takes_batch_idx(getattr(strategy.module, name))
     fn: Callable[..., Any]
     if _keeps(strategy, Strategy, "step"):

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from trainer.common.errors import UserError
+from trainer.common.errors import MisconfigurationException, UserError
 from trainer.common.tree import batch_size_of
 from trainer.metrics.state import load_store_state, store_state
 from trainer.metrics.store import MetricStore, _Entry
 
-__all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter", "PlainLog"]
+__all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter", "PlainLog", "UnknownBatchSize"]
 
 #: ``(on_step, on_epoch)`` defaults of ``self.log`` in training steps ...
 STEP_DEFAULTS = (True, False)
@@ -32,6 +32,14 @@ EPOCH_DEFAULTS = (False, True)
 PlainLog = tuple[
     _Entry, dict[str, torch.Tensor], dict[str, torch.Tensor], "dict[str, torch.Tensor] | None", torch.dtype
 ]
+
+
+class UnknownBatchSize:
+    """A current batch whose size nobody knows (a step that fetches its own batches): ``self.log`` without
+    ``batch_size=`` raises ``MisconfigurationException(message)`` instead of guessing, as Lightning."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
 
 
 class MetricRouter:
@@ -144,6 +152,8 @@ class MetricRouter:
         if self.dataloader_suffix:
             name += self.dataloader_suffix
         self.plain.pop(name, None)  # this call may change what the next one must do; the end decides anew
+        if batch_size is None and type(self.current_batch) is UnknownBatchSize:
+            raise MisconfigurationException(self.current_batch.message)
         size = self._current_batch_size if batch_size is None else lambda: batch_size
         key = store.log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, size)
         if key is None:

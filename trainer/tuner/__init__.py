@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from callbacks._attrs import set_attr
 from callbacks.batch_size_finder import BatchSizeFinder
 from callbacks.lr_finder import LearningRateFinder, LRFinderResult, log_lr_curve, lr_attr_name
+from trainer.common.errors import UserError
 from trainer.hooks import HookDispatch
 from trainer.tuner.trial import restore_run, save_run
 
@@ -60,7 +61,7 @@ class Tuner:
         set on ``attr_name`` (or ``lr`` / ``learning_rate``: module attribute, ``hparams`` key or
         datamodule attribute). With a TensorBoard logger the curve is written there (a figure).
         """
-        _check_method("lr_find", method, dataloaders)
+        _check_method("lr_find", method, dataloaders, train_dataloaders, val_dataloaders)
         finder = LearningRateFinder(min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr, attr_name)
         loggers = self._host(finder, model, train_dataloaders, val_dataloaders, datamodule)
         result = finder.optimal_lr
@@ -95,7 +96,7 @@ class Tuner:
         It is set on ``batch_arg_name`` (module attribute, ``hparams`` key or datamodule attribute)
         and returned; weights and optimizer are as before.
         """
-        _check_method("scale_batch_size", method, dataloaders)
+        _check_method("scale_batch_size", method, dataloaders, train_dataloaders, val_dataloaders)
         finder = BatchSizeFinder(mode, steps_per_trial, init_val, max_trials, batch_arg_name, margin, max_val)
         self._host(finder, model, train_dataloaders, val_dataloaders, datamodule)
         size = finder.optimal_batch_size
@@ -132,14 +133,25 @@ class Tuner:
         return loggers
 
 
-def _check_method(name: str, method: str, dataloaders: Any) -> None:
+def _check_method(
+    name: str, method: str, dataloaders: Any, train_dataloaders: Any = None, val_dataloaders: Any = None
+) -> None:
+    """Lightning's checks of ``method`` and the loaders passed with it; then geartrain's: tuning is for ``fit``."""
+    methods = ("fit", "validate", "test", "predict")
+    if method not in methods:
+        raise ValueError(f"method {method!r} is invalid. Should be one of {methods}.")
+    if method == "fit" and dataloaders is not None:
+        raise UserError(
+            f"In tuner with method={method!r}, `dataloaders` argument should be None, please consider setting "
+            "`train_dataloaders` and `val_dataloaders` instead."
+        )
+    if method != "fit" and (train_dataloaders is not None or val_dataloaders is not None):
+        raise UserError(
+            f"In tuner with `method`={method!r}, `train_dataloaders` and `val_dataloaders` arguments should be None, "
+            "please consider setting `dataloaders` instead."
+        )
     if method != "fit":
-        raise ValueError(
+        raise UserError(
             f"Tuner.{name}(method={method!r}): geartrain tunes for training only; use method='fit' "
             "(Lightning's other methods need the predict/validate loops to raise OutOfMemoryError too)"
-        )
-    if dataloaders is not None:
-        raise ValueError(
-            f"Tuner.{name}(method='fit', dataloaders=...): `dataloaders` is for the other methods; pass "
-            "train_dataloaders / val_dataloaders or datamodule"
         )

@@ -14,6 +14,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.rng import rng_state, set_rng_state
+from trainer.data.fit_loaders import request_train_loader
 from trainer.hooks import HookDispatch
 from trainer.loops.fit import should_stop_training, train_epoch
 from trainer.loops.step import Window
@@ -69,10 +70,10 @@ def run_trial(trainer: Trainer, callback: Callback, steps: int, reload_dataloade
 
 
 def _reload(trainer: Trainer) -> None:
-    from trainer.run import reload_loaders  # run imports the loops, which import this room's callers
-
+    """The loaders built again (a batch size changed): training's now, validation's when next needed."""
     trainer.loaders.pop("fit", None)
-    reload_loaders(trainer)
+    trainer.loaders.pop("validate", None)
+    request_train_loader(trainer)
 
 
 def save_run(trainer: Trainer, weights: bool = False) -> dict[str, Any]:
