@@ -297,7 +297,7 @@ def _artifact_key(path: str) -> str:
     return key.replace("\\", "/")
 
 
-class NeptuneLogger:
+class NeptuneLogger(Logger):
     """Lightning 2.6 retired ``NeptuneLogger`` (Neptune was shut down); building one raises, naming :class:`LitLogger`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> NoReturn:

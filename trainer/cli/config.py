@@ -57,7 +57,8 @@ def _check_trainer_values(cfg: Any) -> None:
         if cfg.micro_batch_size is not None:
             MicroBatcher(cfg.micro_batch_size)
     except ValueError as err:
-        raise ValueError(f"trainer.{err}") from None
+        # The message starts with the argument's name (Lightning's wording quotes it: `name`).
+        raise ValueError(f"trainer.{str(err).replace('`', '', 2)}") from None
 
 
 def strategy_schema(cls: type, name: str, implied: dict[str, Any] | None = None) -> type:
