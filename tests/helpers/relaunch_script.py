@@ -74,6 +74,7 @@ def main() -> None:
         devices=args.devices,
         max_epochs=2,
         logger=logger,
+        log_every_n_steps=4,  # within an epoch's batches: Lightning warns about a longer interval
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,
