@@ -105,6 +105,11 @@ def test_patching_a_method_through_lightnings_path_patches_geartrains_class(tmp_
             "E   FileNotFoundError: [Errno 2] No such file or directory: '/w/tests/legacy/back-compatible-versions.txt'",
             (cls.SKIPPED, "needs Lightning's archive of old checkpoints (its CI downloads it): not measured"),
         ),
+        (
+            "failed",
+            'E   AssertionError: No checkpoints found in folder "/w/tests/legacy/checkpoints/1.9.0"',
+            (cls.SKIPPED, "needs Lightning's archive of old checkpoints (its CI downloads it): not measured"),
+        ),
         ("crashed", run.CRASHED.format(code=-11), (cls.CRASH, run.CRASHED.format(code=-11))),
         (
             "failed",
@@ -256,3 +261,17 @@ def test_a_callers_pythonpath_follows_the_alias(tmp_path: Path, monkeypatch: pyt
     assert paths[-1] == "/elsewhere/geartrain"
     monkeypatch.delenv("PYTHONPATH")
     assert "" not in run.environment(settings, tmp_path / "r.jsonl")["PYTHONPATH"].split(os.pathsep)
+
+
+def test_a_long_report_keeps_its_start_and_its_end() -> None:
+    """An assertion's message comes first and the error last: a cut keeps both (the classes read them)."""
+    sys.path.insert(0, str(Path(alias.__file__).parent / "harness"))
+    try:
+        import suite_plugin
+    finally:
+        sys.path.pop(0)
+    text = "AssertionError: Should not import standalone package\n" + "x" * 20000 + "\nE   assert not True"
+    kept = suite_plugin.kept(text)
+    assert len(kept) <= 8000 + 10 and kept.startswith("AssertionError: Should not import")
+    assert kept.endswith("E   assert not True")
+    assert suite_plugin.kept("short") == "short"

@@ -52,7 +52,10 @@ _OBJECT_ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'|type object 
 _MOCK_ATTR = re.compile(r"does not have the attribute '(\w+)'")
 _NETWORK = re.compile(r"socket\.gaierror|Name or service not known|Temporary failure in name resolution")
 #: Lightning's back-compatibility tests read an archive of old checkpoints its CI downloads (``tests/legacy``).
-_LEGACY_ARCHIVE = re.compile(r"No such file or directory: '[^']*/legacy/(back-compatible-versions\.txt|checkpoints/)")
+_LEGACY_ARCHIVE = re.compile(
+    r"No such file or directory: '[^']*/legacy/(back-compatible-versions\.txt|checkpoints/)"
+    r"|No checkpoints found in folder \"[^\"]*/legacy/checkpoints/"
+)
 _OURS = ("trainer", "callbacks", "strategies", "lightning", "tests_pytorch")
 #: Lightning's migration tests assert that no ``pytorch_lightning`` module exists: the alias is one.
 _ALIAS_IS_STANDALONE = "Should not import standalone package"

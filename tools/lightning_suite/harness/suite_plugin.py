@@ -43,12 +43,20 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             "nodeid": report.nodeid,
             "when": report.when,
             "outcome": outcome,
-            "longrepr": text[-8000:],
+            "longrepr": kept(text),
             "duration": round(report.duration, 3),
         }
     )
 
 
+def kept(text: str, limit: int = 8000) -> str:
+    """The report text, cut to ``limit`` characters: its start (an assertion's message) and its end (the error)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    return text[:head] + "\n[...]\n" + text[-(limit - head) :]
+
+
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
-        _write({"event": "collect_error", "nodeid": report.nodeid, "longrepr": report.longreprtext[-8000:]})
+        _write({"event": "collect_error", "nodeid": report.nodeid, "longrepr": kept(report.longreprtext)})
