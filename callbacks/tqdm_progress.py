@@ -218,6 +218,17 @@ class TQDMProgressBar(ProgressBar):
     def _should_update(self, current: int, total: int | float | None) -> bool:
         return self.is_enabled and (current % self.refresh_rate == 0 or current == total)
 
+    def _advance(self, bar: _tqdm | None, batch_idx: int) -> None:
+        """An evaluation bar after batch ``batch_idx``: redrawn every ``refresh_rate`` batches and at the end."""
+        n = batch_idx + 1
+        if bar is not None and self._should_update(n, bar.total):
+            _update_n(bar, n)
+
+    def _next_loader(self, bar: _tqdm, total: int | float | None, description: str, dataloader_idx: int) -> None:
+        """Start ``bar`` again for a new evaluation loader (Lightning names it ``<description> DataLoader <i>``)."""
+        if self.has_dataloader_changed(dataloader_idx):
+            self._restart(bar, total, f"{description} DataLoader {dataloader_idx}")
+
     def _restart(self, bar: _tqdm, total: int | float | None, description: str) -> None:
         bar.reset()
         bar.total = convert_inf(total)
@@ -276,10 +287,8 @@ class TQDMProgressBar(ProgressBar):
     def on_validation_batch_start(
         self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if self.has_dataloader_changed(dataloader_idx):
-            desc = self.sanity_check_description if trainer.sanity_checking else self.validation_description
-            total = self.total_val_batches_current_dataloader
-            self._restart(self.val_progress_bar, total, f"{desc} DataLoader {dataloader_idx}")
+        desc = self.sanity_check_description if trainer.sanity_checking else self.validation_description
+        self._next_loader(self.val_progress_bar, self.total_val_batches_current_dataloader, desc, dataloader_idx)
 
     @override
     def on_validation_batch_end(
@@ -291,10 +300,7 @@ class TQDMProgressBar(ProgressBar):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        n = batch_idx + 1
-        bar = self._val_progress_bar
-        if bar is not None and self._should_update(n, bar.total):
-            _update_n(bar, n)
+        self._advance(self._val_progress_bar, batch_idx)
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -311,9 +317,9 @@ class TQDMProgressBar(ProgressBar):
     def on_test_batch_start(
         self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if self.has_dataloader_changed(dataloader_idx):
-            total = self.total_test_batches_current_dataloader
-            self._restart(self.test_progress_bar, total, f"{self.test_description} DataLoader {dataloader_idx}")
+        self._next_loader(
+            self.test_progress_bar, self.total_test_batches_current_dataloader, self.test_description, dataloader_idx
+        )
 
     @override
     def on_test_batch_end(
@@ -325,10 +331,7 @@ class TQDMProgressBar(ProgressBar):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        n = batch_idx + 1
-        bar = self._test_progress_bar
-        if bar is not None and self._should_update(n, bar.total):
-            _update_n(bar, n)
+        self._advance(self._test_progress_bar, batch_idx)
 
     @override
     def on_test_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -343,9 +346,12 @@ class TQDMProgressBar(ProgressBar):
     def on_predict_batch_start(
         self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if self.has_dataloader_changed(dataloader_idx):
-            total = self.total_predict_batches_current_dataloader
-            self._restart(self.predict_progress_bar, total, f"{self.predict_description} DataLoader {dataloader_idx}")
+        self._next_loader(
+            self.predict_progress_bar,
+            self.total_predict_batches_current_dataloader,
+            self.predict_description,
+            dataloader_idx,
+        )
 
     @override
     def on_predict_batch_end(
@@ -357,10 +363,7 @@ class TQDMProgressBar(ProgressBar):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        n = batch_idx + 1
-        bar = self._predict_progress_bar
-        if bar is not None and self._should_update(n, bar.total):
-            _update_n(bar, n)
+        self._advance(self._predict_progress_bar, batch_idx)
 
     @override
     def on_predict_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
