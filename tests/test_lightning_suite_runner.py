@@ -83,6 +83,25 @@ def test_patching_a_method_through_lightnings_path_patches_geartrains_class(tmp_
     assert done.returncode == 0, done.stderr
 
 
+def test_the_alias_imports_afresh_into_a_sys_modules_without_lightnings_modules(tmp_path: Path) -> None:
+    """A test that swaps ``sys.modules`` for a copy without every ``*lightning*`` module and imports
+    ``lightning.pytorch`` again gets the whole tree again in that copy."""
+    alias.write_site(tmp_path)
+    done = _python(
+        """
+        import sys, importlib
+        import lightning.pytorch
+        first = sys.modules
+        sys.modules = {key: value for key, value in first.items() if "lightning" not in key}
+        again = importlib.import_module("lightning.pytorch")
+        assert "trainer.lightning.callbacks" in sys.modules and again.Trainer.__name__ == "Trainer"
+        sys.modules = first
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.parametrize(
     ("outcome", "text", "expected"),
     [

@@ -132,8 +132,13 @@ def _flag(name: str) -> bool | None:
 
 
 def install(prefix: str) -> types.ModuleType:
-    """Put ``trainer.lightning``'s modules in ``sys.modules`` under ``prefix`` and return the root."""
-    import trainer.lightning as root
+    """Put ``trainer.lightning``'s modules in ``sys.modules`` under ``prefix`` and return the root.
+
+    Imported through ``importlib`` rather than an ``import`` statement: a test that swaps ``sys.modules``
+    for a copy without the ``lightning`` modules (to import them afresh) gets them afresh in that copy,
+    where the statement would find the interpreter's first import and leave the copy without them.
+    """
+    root = importlib.import_module("trainer.lightning")
 
     for path in root.TREE:
         module = sys.modules[f"trainer.lightning.{path}" if path else "trainer.lightning"]
