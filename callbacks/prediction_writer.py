@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from callbacks.base import Callback
+from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainModule
@@ -68,8 +69,9 @@ class BasePredictionWriter(Callback):
 
     def __init__(self, write_interval: str = "batch") -> None:
         if write_interval not in _INTERVALS:
-            raise ValueError(
-                f"BasePredictionWriter(write_interval={write_interval!r}): choose one of {', '.join(_INTERVALS)}"
+            raise UserError(
+                f"BasePredictionWriter(write_interval={write_interval!r}): `write_interval` should be one of "
+                f"{list(_INTERVALS)}"
             )
         self.interval = write_interval
         self._recorders: list[_RecordingBatchSampler | None] = []

@@ -68,8 +68,12 @@ def test_batch_indices_are_the_samplers_and_the_epoch_gets_them_all(tmp_path: Pa
     torch.testing.assert_close(joined, torch.cat(expected), rtol=1e-6, atol=1e-6)  # type: ignore[arg-type]
 
 
-def test_write_interval_is_checked() -> None:
+def test_write_interval_is_checked_as_lightnings_misconfiguration() -> None:
+    from trainer.errors import MisconfigurationException
+
     with pytest.raises(ValueError, match="batch_and_epoch"):
+        BasePredictionWriter("step")
+    with pytest.raises(MisconfigurationException, match=r"`write_interval` should be one of \['batch"):
         BasePredictionWriter("step")
 
 
