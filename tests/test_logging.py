@@ -151,6 +151,28 @@ def test_torchmetrics_metric_is_computed_on_all_data_and_reset_each_epoch(make_t
     assert sums == [pytest.approx(y_sum, rel=1e-5)] * 2  # reset between epochs: not 2x in epoch 2
 
 
+def test_a_metric_whose_compute_is_not_a_tensor_is_refused_by_name(make_trainer: Any) -> None:
+    """A tuple from ``compute()`` would become one vector under the metric's name; refused as Lightning does."""
+
+    class Pair(torchmetrics.Metric):
+        def update(self) -> None:
+            pass
+
+        def compute(self) -> Any:
+            return torch.tensor(1.0), torch.tensor(2.0)
+
+    class M(Regressor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pair = Pair()
+
+        def on_train_start(self) -> None:
+            self.log("pair", self.pair)
+
+    with pytest.raises(ValueError, match=r"`.compute\(\)` return of the metric logged as 'pair' must be a tensor"):
+        make_trainer(max_epochs=1).fit(M(), make_loader(4, 2))
+
+
 def test_metric_logged_per_step_only_is_reset_at_epoch_end(make_trainer: Any) -> None:
     """A metric logged with on_step only still must not keep growing over the whole run."""
 

@@ -89,6 +89,18 @@ class _Entry:
             self.total = torch.minimum(self.total, value)
         self.weight += batch_size
 
+    def _computed(self) -> torch.Tensor:
+        """The logged Metric's ``compute()``, which must be a tensor (or a number, made one), as Lightning's.
+
+        A tuple of tensors would otherwise become one vector silently, not the scalar a metric name stands for.
+        """
+        value = self.metric.compute()
+        if not isinstance(value, (torch.Tensor, int, float)):
+            raise ValueError(
+                f"The `.compute()` return of the metric logged as {self.name!r} must be a tensor. Found {value}"
+            )
+        return torch.as_tensor(value).detach()
+
     def compute(self, reduce: Callable[[torch.Tensor, str], torch.Tensor]) -> torch.Tensor | None:
         if self.metric is not None:
             if getattr(self.metric, "_update_count", 1) == 0:
@@ -96,8 +108,8 @@ class _Entry:
                 # sync, which gives every rank the result; torchmetrics' warning would be noise.
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    return torch.as_tensor(self.metric.compute()).detach()
-            return torch.as_tensor(self.metric.compute()).detach()
+                    return self._computed()
+            return self._computed()
         if self.total is None:
             return None
         total = self.total
