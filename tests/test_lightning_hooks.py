@@ -13,6 +13,7 @@ from callbacks import EarlyStopping, ModelCheckpoint
 from tests.helpers.regression import Regressor, assert_same_weights, make_loader, plain_copy
 from tests.helpers.trainers import quiet_trainer
 from trainer.datamodule import DataModule
+from trainer.errors import MisconfigurationException
 
 LR = 0.05
 
@@ -73,8 +74,9 @@ def test_optimizer_step_that_skips_the_closure_is_an_error(tmp_path: Path) -> No
         def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
             optimizer.step()
 
-    with pytest.raises(RuntimeError, match="did not run optimizer_closure"):
+    with pytest.raises(RuntimeError, match="^The closure hasn't been executed.*did not run optimizer_closure") as caught:
         quiet_trainer(tmp_path, max_epochs=1).fit(NoClosure(), make_loader(10, 4))
+    assert isinstance(caught.value, MisconfigurationException)  # Lightning's type
 
 
 def test_optimizer_zero_grad_override_is_honoured(tmp_path: Path) -> None:

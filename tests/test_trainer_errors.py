@@ -191,18 +191,27 @@ def test_epoch_and_step_limits_follow_lightning(make_trainer: Any) -> None:
         (
             {"loss_value": 1.0},
             KeyError,
+            r"^In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present: "
             r"training_step returned a dict without a 'loss' entry \(keys: \['loss_value'\]\)",
         ),
-        ("loss", TypeError, "training_step must return a loss tensor, a dict with 'loss', or None; got str"),
+        (
+            "loss",
+            TypeError,
+            r"^In automatic optimization, `training_step` must return a Tensor, a dict, or None \(where the step "
+            "will be skipped\\): training_step must return a loss tensor, a dict with 'loss', or None; got str",
+        ),
     ],
 )
 def test_bad_training_step_output(make_trainer: Any, returned: Any, error: type[Exception], pattern: str) -> None:
+    """Lightning's type and words first (a ``MisconfigurationException``), the old type kept."""
+
     class Bad(Regressor):
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             return returned
 
-    with pytest.raises(error, match=pattern):
+    with pytest.raises(error, match=pattern) as caught:
         make_trainer(max_epochs=1).fit(Bad(), make_loader())
+    assert isinstance(caught.value, MisconfigurationException)
 
 
 def test_module_outside_a_trainer() -> None:

@@ -7,6 +7,7 @@ name takes the shortcut its first call worked out there (:data:`~trainer.metrics
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,14 @@ class LoggingMixin(nn.Module):
                 if shown is not None:
                     shown[name] = tensor
                 return
+        if trainer.barebones:  # after the shortcut: under barebones no call ever takes it
+            warnings.warn(  # Lightning's words: logging is off, not an error
+                "You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can impact raw "
+                f"speed so it is disabled under this setting: {name!r} is not recorded.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
         if (
             logger is False
             or rank_zero_only

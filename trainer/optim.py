@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,8 @@ class SchedulerConfig:
     name: str | None = None
     #: Whether the scheduler steps on a metric (``ReduceLROnPlateau``); set from the scheduler, as Lightning's.
     reduce_on_plateau: bool = False
+    #: The keys the user's scheduler dict gave (empty for a bare scheduler).
+    given_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.interval not in ("step", "epoch"):
@@ -64,6 +66,8 @@ class SchedulerConfig:
 
 
 _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+#: The keys of a scheduler dict that only the trainer's own stepping reads (ignored under manual optimisation).
+_TRAINER_STEPPING_KEYS = frozenset({"monitor", "strict"})
 
 
 def _scheduler_config(value: Any, monitor: str | None = None) -> SchedulerConfig:
@@ -83,7 +87,7 @@ def _scheduler_config(value: Any, monitor: str | None = None) -> SchedulerConfig
             )
         options = {k: v for k, v in value.items() if k in _SCHEDULER_KEYS}
         options.setdefault("monitor", monitor)
-        return SchedulerConfig(**options)
+        return SchedulerConfig(**options, given_keys=frozenset(value) & _SCHEDULER_KEYS)
     return SchedulerConfig(scheduler=value, monitor=monitor)
 
 
@@ -111,20 +115,31 @@ def _is_optimizer(value: Any) -> bool:
 
 
 def parse_optimizers(
-    returned: Any, automatic: bool = True
+    returned: Any, automatic: bool = True, steps_schedulers: bool = False
 ) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     """Accept every form Lightning's ``configure_optimizers`` may return; otherwise raise naming what was returned.
 
-    Under automatic optimisation (the trainer steps the schedulers) a scheduler needs ``step()`` and a
-    ``ReduceLROnPlateau`` a ``monitor``; under manual optimisation the user steps them, so they do not
-    (as in Lightning). Every scheduler needs ``state_dict``/``load_state_dict``, as Lightning requires.
+    Under automatic optimisation (the trainer steps the schedulers) a scheduler needs ``step()``,
+    unless the module overrides ``lr_scheduler_step`` (``steps_schedulers``: it steps them its own way),
+    and a ``ReduceLROnPlateau`` a ``monitor``; under manual optimisation the user steps them, so they
+    do not, and the keys that only matter to the trainer's stepping are said to be ignored (as in
+    Lightning). Every scheduler needs ``state_dict``/``load_state_dict``, as Lightning requires.
     """
     optimizers, schedulers = _parse(returned)
     for cfg in schedulers:
-        if automatic and not callable(getattr(cfg.scheduler, "step", None)):  # the trainer calls it
-            raise OptimizerConfigError(
-                f"lr_scheduler 'scheduler' must be a learning-rate scheduler with .step(), "
-                f"got {type(cfg.scheduler).__name__}"
+        if automatic and not steps_schedulers and not callable(getattr(cfg.scheduler, "step", None)):
+            name = type(cfg.scheduler).__name__
+            raise OptimizerConfigError(  # Lightning's words first
+                f"The provided lr scheduler `{name}` doesn't follow PyTorch's LRScheduler API. You should override "
+                "the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a custom LR "
+                f"scheduler: lr_scheduler 'scheduler' must be a learning-rate scheduler with .step(), got {name}"
+            )
+        if not automatic and cfg.given_keys & _TRAINER_STEPPING_KEYS:
+            warnings.warn(  # Lightning's words
+                f"The lr scheduler dict contains the key(s) {sorted(cfg.given_keys & _TRAINER_STEPPING_KEYS)}, but "
+                "the keys will be ignored. You need to call `lr_scheduler.step()` manually in manual optimization.",
+                RuntimeWarning,
+                stacklevel=4,
             )
         if not all(callable(getattr(cfg.scheduler, m, None)) for m in ("state_dict", "load_state_dict")):
             raise OptimizerConfigError(

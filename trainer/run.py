@@ -26,6 +26,7 @@ from trainer.common.errors import Interrupted, Preempted
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.data.loaders import resolve_loaders, results_per_loader
+from trainer.hooks import is_overridden
 from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer, manual_backward
 from trainer.optim import parse_optimizers
@@ -261,7 +262,9 @@ def adopt(trainer: Trainer, module: TrainModule, final: dict[str, Any]) -> None:
 def _adopt_optimizers(trainer: Trainer, module: TrainModule, state: dict[str, Any]) -> None:
     """The caller's ``trainer.optimizers`` and schedulers, as Lightning's are after fit: the module's own,
     holding rank 0's end state (the processes that trained them are gone)."""
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), module.automatic_optimization)
+    optimizers, schedulers = parse_optimizers(
+        module.configure_optimizers(), module.automatic_optimization, is_overridden("lr_scheduler_step", module)
+    )
     try:
         for opt, opt_state in zip(optimizers, state["optimizer_states"], strict=True):
             opt.load_state_dict(opt_state)
@@ -316,7 +319,9 @@ def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> 
 
 
 def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
-    optimizers, schedulers = parse_optimizers(module.configure_optimizers(), module.automatic_optimization)
+    optimizers, schedulers = parse_optimizers(
+        module.configure_optimizers(), module.automatic_optimization, is_overridden("lr_scheduler_step", module)
+    )
     if module.automatic_optimization and len(optimizers) > 1:
         raise ValueError(
             f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimisation "

@@ -13,15 +13,18 @@ from collections.abc import Iterable
 
 __all__ = [
     "CheckpointError",
+    "ClosureNotRunError",
     "ConfigError",
     "Interrupted",
     "InvalidDataloaderError",
     "LightningDeprecationWarning",
     "MetricNotLoggedError",
     "MisconfigurationException",
+    "MissingLossError",
     "MissingStepError",
     "PossibleUserWarning",
     "Preempted",
+    "StepOutputError",
     "UserError",
     "closest",
     "disable_possible_user_warnings",
@@ -88,6 +91,30 @@ class MetricNotLoggedError(UserError, KeyError):
     def __str__(self) -> str:
         # KeyError's str() quotes its argument, as it expects a key; this one carries a sentence.
         return str(self.args[0]) if self.args else ""
+
+
+class StepOutputError(MisconfigurationException, TypeError):
+    """``training_step`` returned something the automatic optimisation cannot take a loss from.
+
+    Lightning's type; a ``TypeError`` as it was before it had its own.
+    """
+
+
+class MissingLossError(MisconfigurationException, KeyError):
+    """``training_step`` returned a dict without a ``"loss"`` under automatic optimisation.
+
+    Lightning's type; a ``KeyError`` as it was before it had its own.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ClosureNotRunError(MisconfigurationException, RuntimeError):
+    """An overridden ``optimizer_step`` never ran the closure (forward and backward) it was given.
+
+    Lightning's type; a ``RuntimeError`` as it was before it had its own.
+    """
 
 
 class PossibleUserWarning(UserWarning):

@@ -223,7 +223,8 @@ def train_epoch(
             "ends without training more. Raise limit_train_batches to train the rest of it.",
             stacklevel=2,
         )
-    set_sampler_epoch(loader, p.epoch)
+    if batches is None:  # an epoch opened before on_train_start was told its epoch then (once, as Lightning)
+        set_sampler_epoch(loader, p.epoch)
     if store is None:
         store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
     val_every = _val_every(state, num)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.common.errors import MetricNotLoggedError
+from trainer.common.errors import MetricNotLoggedError, MissingLossError, StepOutputError
 from trainer.run_state import Window
 
 if TYPE_CHECKING:
@@ -126,18 +126,35 @@ class ManualOptimizer:
         return self.optimizer.param_groups
 
     def step(self, closure: Any = None, **kwargs: Any) -> bool:
-        """Run ``closure`` if given, then step; returns False if the step was skipped (fp16 overflow, NaN).
+        """Step, the optimizer running ``closure`` if given; returns False if the step was skipped (fp16
+        overflow, NaN).
 
-        ``kwargs`` reach the optimizer's own ``step`` (as Lightning's ``LightningOptimizer.step`` passes them).
+        As Lightning's ``LightningOptimizer.step``: ``closure`` and ``kwargs`` reach the optimizer's own
+        ``step`` (an optimizer that evaluates its closure several times, LBFGS, gets it), and
+        ``on_before_optimizer_step`` runs after the closure, inside that step. Under
+        ``Trainer(on_nonfinite=...)`` the closure runs first instead, so a non-finite loss can drop the step.
         """
+        trainer, state = self._trainer, self._trainer.run_state
+        if closure is not None and trainer.on_nonfinite is None:
+            optimizer, hooks = self.optimizer, state.hooks
+
+            def closure_then_hook() -> Any:
+                out = closure()
+                hooks("on_before_optimizer_step", optimizer)
+                return out
+
+            return self._count(trainer.strategy.optimizer_step(optimizer, closure=closure_then_hook, **kwargs))
         if closure is not None:
             closure()
-        trainer, state = self._trainer, self._trainer.run_state
         if self._window.nonfinite:
             NonFinite(trainer).skip_step(self._window)
             return False
         state.hooks("on_before_optimizer_step", self.optimizer)
-        stepped = trainer.strategy.optimizer_step(self.optimizer, **kwargs)
+        return self._count(trainer.strategy.optimizer_step(self.optimizer, **kwargs))
+
+    def _count(self, stepped: bool) -> bool:
+        """Count the step just made (a global step; a skipped one too, as fp16 overflow skips count)."""
+        state = self._trainer.run_state
         state.progress.global_step += 1
         state.progress.nonfinite_in_a_row = 0
         if not stepped:
@@ -168,12 +185,18 @@ def loss_of(out: Any) -> torch.Tensor | None:
     if out is None or isinstance(out, torch.Tensor):
         return out
     if isinstance(out, Mapping):
-        if "loss" not in out:
-            raise KeyError(f"training_step returned a dict without a 'loss' entry (keys: {sorted(out)})")
+        if "loss" not in out:  # Lightning's words first, then which keys there were
+            raise MissingLossError(
+                "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be "
+                f"present: training_step returned a dict without a 'loss' entry (keys: {sorted(out)})"
+            )
         loss = out["loss"]
         if loss is None or isinstance(loss, torch.Tensor):
             return loss
-    raise TypeError(f"training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}")
+    raise StepOutputError(
+        "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will be "
+        f"skipped): training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}"
+    )
 
 
 def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None, metrics_due: bool = True) -> None:

@@ -21,6 +21,7 @@ import torch
 
 from strategies.base import Strategy
 from strategies.precision import Precision
+from trainer.common.errors import ClosureNotRunError
 from trainer.common.tree import device_mover
 from trainer.data.microbatch import micro_batches
 from trainer.loops.dataloader_iter import make_fetching_eval_batch, make_iter_train_batch, takes_dataloader_iter
@@ -270,9 +271,10 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         assert user_optimizer_step is not None
         user_optimizer_step(progress.epoch, batch_idx, handle, optimizer_closure)
         if not outputs:
-            raise RuntimeError(
-                f"{type(module).__name__}.optimizer_step did not run optimizer_closure (forward and backward); "
-                "call optimizer.step(closure=optimizer_closure)"
+            raise ClosureNotRunError(  # Lightning's words first
+                "The closure hasn't been executed. HINT: did you call `optimizer_closure()` in your "
+                f"`optimizer_step` hook? {type(module).__name__}.optimizer_step did not run optimizer_closure "
+                "(forward and backward); call optimizer.step(closure=optimizer_closure)"
             )
         if handle.counted:
             end_window()
