@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, RandomSampler, default_collate
 
 from tests.helpers.regression import Regressor, assert_same_weights, make_dataset, make_loader, plain_copy
 from tests.helpers.trainers import quiet_trainer
@@ -161,3 +161,113 @@ def test_manual_optimisation_says_which_scheduler_keys_it_ignores(tmp_path: Path
     with pytest.warns(RuntimeWarning, match=r"\['monitor'\], but the keys will be ignored"):
         trainer.fit(Manual(), make_loader())
     assert trainer.lr_scheduler_configs[0].interval == "step"
+
+
+class SeesOutputs(Regressor):
+    """Returns a dict with the loss and more; records what ``on_train_batch_end`` is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Any] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        return {"loss": loss, "idx": batch_idx, "raw": loss}
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.append(outputs)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_on_train_batch_end_gets_lightnings_outputs(tmp_path: Path, accumulate: int) -> None:
+    """Lightning hands ``{"loss": the loss detached and divided by the accumulation, **the other keys}``,
+    and trains as before (bit for bit the same weights as a module that keeps the hook's default)."""
+    model, plain = SeesOutputs(), Regressor()
+    quiet_trainer(tmp_path, max_epochs=1, accumulate_grad_batches=accumulate).fit(model, make_loader())
+    quiet_trainer(tmp_path, max_epochs=1, accumulate_grad_batches=accumulate).fit(plain, make_loader())
+    assert_same_weights(model.net, plain.net)
+    assert [list(o) for o in model.seen] == [["loss", "idx", "raw"]] * 3
+    for out in model.seen:
+        assert out["loss"].grad_fn is None and out["raw"].grad_fn is not None  # only the loss is detached
+        assert torch.equal(out["loss"], out["raw"].detach() / accumulate)
+
+
+class SkipsNoneBatches(Regressor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stepped: list[int] = []
+        self.ended: list[tuple[int, Any, Any]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.stepped.append(batch_idx)
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.ended.append((batch_idx, outputs if outputs is None else sorted(outputs), batch))
+
+
+def test_a_none_batch_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """Lightning's rule for a training loader that yields None: warned, no step, ``on_train_batch_end``
+    told with None; the other batches train as a hand-written loop over them alone."""
+    batches = [b for b in make_loader(12, 4)]
+    model = SkipsNoneBatches()
+    reference = plain_copy(model)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    for x, y in (batches[0], batches[2]):
+        F.mse_loss(reference(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    calls = iter(range(3))
+
+    def none_second(samples: list[Any]) -> Any:
+        return None if next(calls) == 1 else default_collate(samples)
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    with pytest.warns(UserWarning, match=r"train_dataloader yielded None"):
+        trainer.fit(model, DataLoader(make_dataset(12), batch_size=4, collate_fn=none_second))
+    assert model.stepped == [0, 2] and trainer.global_step == 2
+    assert [(i, out) for i, out, _ in model.ended] == [(0, ["loss"]), (1, None), (2, ["loss"])]
+    assert model.ended[1][2] is None
+    assert_same_weights(model.net, reference)
+
+
+class ReturnsNone(Regressor):
+    """A step that trains nothing (Lightning's test programs do this to watch the data alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.seen.append(batch_idx)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [optimizer], [{"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1), "interval": "step"}]
+
+
+def test_steps_returning_none_count_towards_max_steps_and_the_schedulers(tmp_path: Path) -> None:
+    """As in Lightning, a step that returned None is a global step: ``max_steps`` stops the fit after it and a
+    step-interval scheduler moves; the weights stay as they were (no gradient)."""
+    model = ReturnsNone()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = quiet_trainer(tmp_path, max_steps=2)
+    trainer.fit(model, make_loader(40, 4))
+    assert model.seen == [0, 1] and trainer.global_step == 2
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.slow  # two spawned processes
+@pytest.mark.timeout(120)
+def test_under_ddp_a_step_returning_none_is_refused(tmp_path: Path, clean_distributed_env: None) -> None:
+    """Lightning refuses it: the other processes would wait for this one's gradients."""
+    from strategies.launch import WorkerFailedError
+    from tests.helpers.trainers import spawned
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, strategy=spawned("ddp"), devices=2, accelerator="cpu")
+    with pytest.raises(WorkerFailedError) as failed:
+        trainer.fit(ReturnsNone(), make_loader())
+    assert "Skipping the `training_step` by returning None in distributed training is not supported" in (
+        failed.value.cause
+    )

@@ -103,6 +103,19 @@ class HookDispatch:
         for cb in callbacks:
             getattr(cb, hook)(self._owner, self._module, *args)
 
+    def reaches_user_code(self, hook: str) -> bool:
+        """Whether ``hook`` calls code of the user's: the module's override, or a callback whose class's
+        ``hook`` is not geartrain's own. The loops shape an argument that only such code reads (Lightning's
+        ``on_train_batch_end`` outputs) for it alone: geartrain's callbacks take it as it comes, for free."""
+        try:
+            module_fn, _ = self._resolved[hook]
+        except KeyError:
+            module_fn, _ = self._resolved[hook] = self._resolve(hook)
+        if module_fn is not None:
+            return True
+        own = ("callbacks", "trainer", "strategies")
+        return any(getattr(type(cb), hook).__module__.split(".")[0] not in own for cb in self._by_hook.get(hook, ()))
+
     def overridden(self, hook: str) -> bool:
         """Whether the module or a callback does something in ``hook``, so it must be called at all."""
         try:

@@ -22,6 +22,7 @@ __all__ = [
     "NonFinite",
     "StepOptimizer",
     "Window",
+    "batch_outputs",
     "loss_of",
     "manual_backward",
     "step_schedulers",
@@ -197,6 +198,28 @@ def loss_of(out: Any) -> torch.Tensor | None:
         "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will be "
         f"skipped): training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}"
     )
+
+
+def batch_outputs(out: Any, automatic: bool, k: int) -> Any:
+    """What ``training_step`` returned as Lightning's ``on_train_batch_end`` receives it: a dict whose ``"loss"``
+    is detached (automatic optimisation: divided by the accumulation ``k``, as the loss backpropagated),
+    the other keys as returned; ``{}`` for None. Anything else (manual optimisation's other returns) as it is.
+    """
+    if out is None:
+        return {}
+    if isinstance(out, torch.Tensor):
+        return {"loss": (out / k if automatic and k != 1 else out).detach()}
+    if isinstance(out, Mapping):
+        shaped = dict(out)
+        loss = shaped.get("loss")
+        if isinstance(loss, torch.Tensor):
+            shaped["loss"] = (loss / k if automatic and k != 1 else loss).detach()
+            if automatic:
+                return {"loss": shaped.pop("loss"), **shaped}
+        elif automatic:
+            return {}  # a step that skipped (loss None): Lightning hands an empty dict
+        return shaped
+    return out
 
 
 def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = None, metrics_due: bool = True) -> None:

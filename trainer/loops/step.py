@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from trainer.loops.optimizer_step import (
     NonFinite,
     StepOptimizer,
     Window,
+    batch_outputs,
     loss_of,
     manual_backward,
     step_schedulers,
@@ -97,17 +99,37 @@ def make_train_batch(trainer: Trainer, state: RunState, last_share: float | None
             profiler, "run_training_batch", make_iter_train_batch(state, step, batch_start, batch_end, router)
         )
 
+    # Lightning's outputs for on_train_batch_end (a dict, the loss detached), shaped only where user code reads them.
+    shape = hooks.reaches_user_code("on_train_batch_end")
+    automatic, k = module.automatic_optimization, trainer.accumulate_grad_batches
+
     def train_batch(batch: Any, batch_idx: int, is_last: bool) -> Any:
+        if batch is None:  # Lightning's rule: no step for it, on_train_batch_end still told (outputs None)
+            return _none_batch(batch_end, progress, batch_idx)
         router.current_batch = batch = to_device(batch)
         if batch_start is not None and batch_start(batch, batch_idx) == -1:
             return -1
         out = step(batch, batch_idx, is_last)
         progress.batch_in_epoch = batch_idx + 1  # before the hook: a checkpoint saved there resumes after it
         if batch_end is not None:
-            batch_end(out, batch, batch_idx)
+            batch_end(batch_outputs(out, automatic, k) if shape else out, batch, batch_idx)
         return out
 
     return profiled(profiler, "run_training_batch", train_batch)
+
+
+def _none_batch(batch_end: Callable[..., Any] | None, progress: Any, batch_idx: int) -> None:
+    """A batch the training loader yielded as None: said, then skipped (no transfer, no step, no
+    ``on_train_batch_start``); ``on_train_batch_end`` receives None for its outputs and its batch."""
+    warnings.warn(
+        "train_dataloader yielded None. If this was on purpose, ignore this warning... (batch "
+        f"{batch_idx} is skipped: no training_step, no optimizer step)",
+        UserWarning,
+        stacklevel=3,
+    )
+    progress.batch_in_epoch = batch_idx + 1
+    if batch_end is not None:
+        batch_end(None, None, batch_idx)
 
 
 def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | None = None) -> TrainBatch:
@@ -172,6 +194,7 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
                 "cannot call (it runs backward itself); remove the override"
             )
     nonfinite = NonFinite(trainer) if trainer.on_nonfinite is not None else None
+    distributed = strategy.world_size > 1
     schedulers = any(cfg.interval == "step" for cfg in state.lr_scheduler_configs)
     before_backward, after_backward, before_optimizer_step, before_zero_grad = (
         hooks.bound(name)
@@ -209,6 +232,13 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
             if after_backward is not None:
                 after_backward()
             window.has_loss = True
+        elif distributed and not window.nonfinite:
+            raise RuntimeError(  # Lightning's words: the other processes would wait for this one's gradients
+                "Skipping the `training_step` by returning None in distributed training is not supported. It is "
+                "recommended that you rewrite your training logic to avoid having to skip the step in the first "
+                f"place. ({type(module).__name__}.training_step returned None for batch {batch_idx} on rank "
+                f"{strategy.global_rank} of {strategy.world_size}.)"
+            )
         return out
 
     def synced(piece: Any, batch_idx: int, sync: bool, share: float = 1.0) -> Any:
@@ -224,9 +254,13 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     )
 
     def finish_window() -> bool:
-        """After the window's backward: the optimizer step; whether a step counts (not skipped for NaN)."""
-        if not (window.has_loss or window.nonfinite):
-            return False
+        """After the window's backward: the optimizer step; whether a step counts (not skipped for NaN).
+
+        A window whose every ``training_step`` returned None counts as a step, as in Lightning (which
+        hands the optimizer a closure giving None): ``on_before_optimizer_step``, the step-interval
+        schedulers and ``global_step`` move; the optimizer's own step is left out, as no gradient
+        exists for it to apply (and a ``GradScaler`` refuses a step without one).
+        """
         if window.nonfinite:
             assert nonfinite is not None
             nonfinite.skip_step(window)
@@ -234,6 +268,10 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         progress.nonfinite_in_a_row = 0
         if before_optimizer_step is not None:
             before_optimizer_step(optimizer)
+        if not window.has_loss:
+            if schedulers:
+                step_schedulers(trainer, "step", steps_done=progress.global_step + 1)
+            return True
         if clip is not None:
             clip(optimizer, clip_val, clip_algorithm)
         if optimizer_step() is not False:
