@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -24,7 +25,9 @@ class OnExceptionCheckpoint(Checkpoint):
     (gathering every rank's random state or optimizer shards) would wait forever for ranks that are
     still inside the step, so the file holds the weights, counters and hyperparameters (a
     ``save_weights_only`` checkpoint) of the rank that raised; with DDP every rank holds the same
-    weights. A signal that ends a run is not an exception here: preemption saves ``last.ckpt``.
+    weights. An exception inside an accumulation window (one process) saves the weights only, with a
+    warning: no checkpoint there can resume exactly (Lightning's resumes without the window's gradients).
+    A signal that ends a run is not an exception here: preemption saves ``last.ckpt``.
 
     Args:
         dirpath: folder of the checkpoint (given up front: an exception may come before any setup).
@@ -57,6 +60,19 @@ class OnExceptionCheckpoint(Checkpoint):
     def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
         self._raised = True
         if trainer.world_size == 1:
+            if trainer.checkpointing.in_accumulation_window:
+                # A full checkpoint here would resume without the window's gradients (refused, so that
+                # the user's exception is not replaced by that refusal): the weights are what exists.
+                warnings.warn(
+                    f"OnExceptionCheckpoint: the exception came inside an accumulation window "
+                    f"(accumulate_grad_batches={trainer.accumulate_grad_batches}), where no checkpoint can "
+                    f"resume exactly; {self.ckpt_path} holds the weights only (load them with "
+                    "load_from_checkpoint; resume from the last full checkpoint instead).",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                trainer.save_checkpoint(self.ckpt_path, weights_only=True)
+                return
             trainer.save_checkpoint(self.ckpt_path)
             return
         # No collective under DDP: this rank's weights and counters, written atomically by the trainer's

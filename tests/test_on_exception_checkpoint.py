@@ -89,3 +89,25 @@ def test_under_ddp_the_rank_that_raised_saves_without_waiting_for_the_others(tmp
         tmp_path / "ref", max_steps=2, strategy=DDPStrategy(devices=2, device="cpu", start_method="spawn")
     ).fit(two_steps)
     assert all(torch.equal(state["state_dict"][k], v) for k, v in two_steps.state_dict().items())
+
+
+def test_inside_an_accumulation_window_the_users_exception_comes_through_and_the_weights_are_saved(
+    tmp_path: Path,
+) -> None:
+    """No full checkpoint resumes exactly mid-window: the weights are saved, with a warning, and the
+    exception the user's code raised is the one the caller sees (not a refusal to save)."""
+
+    class FailsAtBatch(FailsAtStep):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 4:  # the second batch of the second window of three
+                raise Crash(f"batch {batch_idx}")
+            return super().training_step(batch, batch_idx)
+
+    module = FailsAtBatch(fail_at=None)
+    callback = OnExceptionCheckpoint(tmp_path / "ckpts")
+    trainer = quiet_trainer(tmp_path, callbacks=[callback], max_steps=6, accumulate_grad_batches=3)
+    with pytest.raises(Crash), pytest.warns(UserWarning, match="inside an accumulation window"):
+        trainer.fit(module)
+    state = torch.load(callback.ckpt_path, weights_only=True)
+    assert "optimizer_states" not in state and state["progress"]["global_step"] == 1
+    assert all(torch.equal(state["state_dict"][k], v) for k, v in module.state_dict().items())
