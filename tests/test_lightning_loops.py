@@ -271,3 +271,36 @@ def test_under_ddp_a_step_returning_none_is_refused(tmp_path: Path, clean_distri
     assert "Skipping the `training_step` by returning None in distributed training is not supported" in (
         failed.value.cause
     )
+
+
+class DoublingLoader(DataLoader):  # type: ignore[type-arg]
+    """A DataLoader subclass whose own ``__iter__`` changes the batches (its constructor takes other arguments)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__(make_dataset(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+        self.factor = factor
+        self.iterations: list[int] = []
+
+    def __iter__(self) -> Any:
+        self.iterations.append(len(self.iterations))
+        for x, y in super().__iter__():
+            yield x * self.factor, y * self.factor
+
+
+def test_a_dataloader_subclass_stays_itself_in_training(tmp_path: Path) -> None:
+    """The trainer's resumable sampler goes into a copy of the user's loader, which keeps its class (its
+    ``__iter__`` scales every batch here) and shares its attributes: training sees what the loader yields,
+    as in Lightning, which uses the user's loader itself."""
+    loader = DoublingLoader(factor=2.0)
+    model = Regressor()
+    reference = plain_copy(model)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    plain_loader = DoublingLoader(factor=2.0)
+    for _ in range(2):
+        for x, y in plain_loader:
+            F.mse_loss(reference(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    quiet_trainer(tmp_path, max_epochs=2).fit(model, loader)
+    assert loader.iterations == [0, 1]  # the copy appended to the user's loader's own list
+    assert_same_weights(model.net, reference)

@@ -7,9 +7,10 @@ of the user's loader (workers, pinning, collate function, ...) is lost on the wa
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 __all__ = ["rebuild_dataloader"]
 
@@ -20,7 +21,12 @@ def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[An
     Giving ``sampler`` or ``batch_sampler`` replaces the batching (the original batch size and
     ``drop_last`` are kept when only ``sampler`` is given). A loader over an ``IterableDataset``
     keeps its batch size and ``drop_last`` (such a loader has no sampler to carry over).
+
+    A subclass of ``DataLoader`` stays one (its ``__iter__``, its own attributes): it is copied, not
+    built again, as its constructor may take other arguments (Lightning keeps the user's class too).
     """
+    if type(loader) is not DataLoader:
+        return _copy_with(loader, changes)
     kwargs: dict[str, Any] = {
         "dataset": loader.dataset,
         "num_workers": loader.num_workers,
@@ -47,3 +53,25 @@ def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[An
         kwargs["batch_sampler"] = loader.batch_sampler
     kwargs.update(changes)
     return DataLoader(**kwargs)
+
+
+def _copy_with(loader: DataLoader[Any], changes: dict[str, Any]) -> DataLoader[Any]:
+    """A shallow copy of a ``DataLoader`` subclass with ``changes`` set (as its constructor would set them).
+
+    The copy shares the original's own attributes (a list it appends to stays one list) and starts
+    without an iterator (persistent workers belong to the loader that started them).
+    """
+    new = copy.copy(loader)
+    fields = dict(changes)
+    if "sampler" in fields and "batch_sampler" not in fields:
+        batch_size = loader.batch_size
+        fields["batch_sampler"] = (
+            None if batch_size is None else BatchSampler(fields["sampler"], batch_size, loader.drop_last)
+        )
+    elif "batch_sampler" in fields:
+        fields.update(batch_size=None, drop_last=False)
+    fields["_iterator"] = None
+    for name, value in fields.items():
+        # DataLoader refuses these assignments after its constructor ran; the copy is under construction.
+        object.__setattr__(new, name, value)
+    return new
