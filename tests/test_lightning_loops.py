@@ -42,6 +42,11 @@ def test_a_sampler_is_told_each_epoch_once(tmp_path: Path) -> None:
     )
     assert train.epochs == [0, 1]
     assert val.epochs == [0, 0, 1]  # the sanity check, then each epoch's validation
+    # validate/test/predict after it: the count of epochs trained, as Lightning tells it.
+    for call in (trainer.validate, trainer.test, trainer.predict):
+        sampler = EpochRecordingSampler(make_dataset())
+        call(Regressor(), DataLoader(make_dataset(), batch_size=4, sampler=sampler))
+        assert sampler.epochs == [2], call.__name__
 
 
 class LogsEverywhere(Regressor):

@@ -81,9 +81,11 @@ def eval_loop(
     set_num_batches(state, stage, _per_iterable(loaders, nums, state.loop.limits[stage], stage))
     if max_batches is not None:
         nums = [min(num, max_batches) for num in nums]
-    if state.fn == "fit":  # as Lightning: a validation sampler may shuffle by the training epoch
-        for loader in loaders:
-            set_sampler_epoch(loader, state.progress.epoch)
+    # As Lightning: a sampler may shuffle by the training epoch; in fit the one in progress, in a
+    # validate/test call the count of epochs trained (Lightning tells it when the loader is prepared).
+    epoch = state.progress.epoch if state.fn == "fit" else _epochs_trained(state)
+    for loader in loaders:
+        set_sampler_epoch(loader, epoch)
     modes = module_modes(module)
     if state.fn == "fit" and not state.sanity_checking and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
@@ -150,6 +152,12 @@ def _run_epoch(
     return router.publish_epoch(store, max(steps - 1, 0) if state.fn == "fit" else steps)
 
 
+def _epochs_trained(state: RunState) -> int:
+    """Lightning's ``fit_loop.epoch_progress.current.processed`` outside fit: the epochs trained so far."""
+    p = state.progress
+    return p.epoch + 1 if p.epoch_finished else p.epoch
+
+
 def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[list[Any]]:
     """``predict_step`` over the predict data; returns the outputs in order, one list per loader.
 
@@ -174,6 +182,8 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
     assert isinstance(loaders, list)
     nums = [num_batches(loader, state.loop.limits["predict"], "predict") for loader in loaders]
     set_num_batches(state, "predict", nums)
+    for loader in loaders:  # as Lightning, when it prepares the loader: the count of epochs trained
+        set_sampler_epoch(loader, _epochs_trained(state))
     outputs: list[list[Any]] = []
     modes = module_modes(module)
     model_mode(module, "on_predict_model_eval")
