@@ -309,3 +309,20 @@ def test_a_dataloader_subclass_stays_itself_in_training(tmp_path: Path) -> None:
     quiet_trainer(tmp_path, max_epochs=2).fit(model, loader)
     assert loader.iterations == [0, 1]  # the copy appended to the user's loader's own list
     assert_same_weights(model.net, reference)
+
+
+def test_persistent_workers_end_with_the_run(tmp_path: Path) -> None:
+    """As Lightning: the worker processes of persistent-worker loaders are stopped when fit (or validate)
+    ends, not left running as long as the loader object lives."""
+
+    def loader() -> DataLoader[Any]:
+        return DataLoader(make_dataset(), batch_size=4, num_workers=1, persistent_workers=True)
+
+    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_val_batches=1)
+    trainer.fit(Regressor(), loader(), loader())
+    for stage in ("fit", "validate"):
+        (prepared,) = trainer.run_state.loaders[stage] if stage == "validate" else [trainer.run_state.loaders[stage]]
+        assert prepared.persistent_workers and prepared._iterator is None, stage
+    given = loader()
+    trainer.validate(Regressor(), given)
+    assert all(getattr(dl, "_iterator", None) is None for dl in trainer.run_state.loaders["validate"])

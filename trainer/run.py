@@ -23,6 +23,7 @@ from trainer import arguments, loops
 from trainer.common import lightning_rank
 from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.common.errors import Interrupted, Preempted
+from trainer.common.loaders import shut_down_workers
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.data.loaders import resolve_loaders, results_per_loader
@@ -184,6 +185,8 @@ def run_stage(
         t.checkpointing.close()
         module.teardown(stage)
         t.strategy.teardown()
+        for used in ("fit", "validate") if stage == "fit" else (stage,):  # as Lightning: no worker outlives its run
+            shut_down_workers(state.loaders.get(used))
         t.profiler.describe()  # rank 0 prints the report and writes it to the log directory
         t.profiler.teardown(stage)
         state.fn = None

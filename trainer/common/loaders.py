@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-__all__ = ["rebuild_dataloader"]
+__all__ = ["rebuild_dataloader", "shut_down_workers"]
 
 
 def rebuild_dataloader(loader: DataLoader[Any], **changes: Any) -> DataLoader[Any]:
@@ -75,3 +75,23 @@ def _copy_with(loader: DataLoader[Any], changes: dict[str, Any]) -> DataLoader[A
         # DataLoader refuses these assignments after its constructor ran; the copy is under construction.
         object.__setattr__(new, name, value)
     return new
+
+
+def shut_down_workers(loaders: Any) -> None:
+    """Stop the persistent worker processes of every ``DataLoader`` in ``loaders`` (a loader, a list or dict
+    of them, or a combination with ``loaders``), as Lightning does when a run ends or fails: they would
+    otherwise live as long as the loader object. The next iteration starts new ones."""
+    if isinstance(loaders, DataLoader):
+        iterator = loaders.__dict__.get("_iterator")
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+            loaders._iterator = None
+        return
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    inner = getattr(loaders, "loaders", None)
+    if isinstance(inner, (list, tuple, dict)):
+        loaders = inner
+    if isinstance(loaders, (list, tuple)):
+        for loader in loaders:
+            shut_down_workers(loader)
