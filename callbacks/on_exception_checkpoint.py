@@ -25,8 +25,9 @@ class OnExceptionCheckpoint(Checkpoint):
     (gathering every rank's random state or optimizer shards) would wait forever for ranks that are
     still inside the step, so the file holds the weights, counters and hyperparameters (a
     ``save_weights_only`` checkpoint) of the rank that raised; with DDP every rank holds the same
-    weights. An exception inside an accumulation window (one process) saves the weights only, with a
-    warning: no checkpoint there can resume exactly (Lightning's resumes without the window's gradients).
+    weights. An exception inside an accumulation window (one process) drops the window's gradients and
+    saves the state at the window's first batch, with a warning: the file resumes exactly by training
+    the window again (Lightning's file resumes after the lost gradients).
     A signal that ends a run is not an exception here: preemption saves ``last.ckpt``.
 
     Args:
@@ -61,18 +62,15 @@ class OnExceptionCheckpoint(Checkpoint):
         self._raised = True
         if trainer.world_size == 1:
             if trainer.checkpointing.in_accumulation_window:
-                # A full checkpoint here would resume without the window's gradients (refused, so that
-                # the user's exception is not replaced by that refusal): the weights are what exists.
+                # The window's gradients cannot be saved: the file resumes at the window's first batch and
+                # trains the window again (as ModelCheckpoint(save_on_exception=True) does).
+                start = trainer.checkpointing.rewind_open_window()
                 warnings.warn(
-                    f"OnExceptionCheckpoint: the exception came inside an accumulation window "
-                    f"(accumulate_grad_batches={trainer.accumulate_grad_batches}), where no checkpoint can "
-                    f"resume exactly; {self.ckpt_path} holds the weights only (load them with "
-                    "load_from_checkpoint; resume from the last full checkpoint instead).",
+                    f"OnExceptionCheckpoint: {type(exception).__name__} raised inside an accumulation window; its "
+                    f"gradients are dropped and {self.ckpt_path} resumes at its first batch ({start})",
                     UserWarning,
                     stacklevel=2,
                 )
-                trainer.save_checkpoint(self.ckpt_path, weights_only=True)
-                return
             trainer.save_checkpoint(self.ckpt_path)
             return
         # No collective under DDP: this rank's weights and counters, written atomically by the trainer's

@@ -91,23 +91,34 @@ def test_under_ddp_the_rank_that_raised_saves_without_waiting_for_the_others(tmp
     assert all(torch.equal(state["state_dict"][k], v) for k, v in two_steps.state_dict().items())
 
 
-def test_inside_an_accumulation_window_the_users_exception_comes_through_and_the_weights_are_saved(
+def test_inside_an_accumulation_window_the_users_exception_comes_through_and_the_file_resumes_exactly(
     tmp_path: Path,
 ) -> None:
-    """No full checkpoint resumes exactly mid-window: the weights are saved, with a warning, and the
-    exception the user's code raised is the one the caller sees (not a refusal to save)."""
+    """The window's gradients cannot be saved: the file holds the state at the window's first batch, with a
+    warning, and resumes as a run that never raised; the exception the user's code raised is the one the
+    caller sees (not a refusal to save inside the window)."""
 
     class FailsAtBatch(FailsAtStep):
+        def __init__(self, fail: bool) -> None:
+            super().__init__(fail_at=None)
+            self.fail = fail
+
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if batch_idx == 4:  # the second batch of the second window of three
+            if self.fail and batch_idx == 4:  # the second batch of the second window of three
                 raise Crash(f"batch {batch_idx}")
             return super().training_step(batch, batch_idx)
 
-    module = FailsAtBatch(fail_at=None)
+    torch.manual_seed(0)
+    module = FailsAtBatch(fail=True)
     callback = OnExceptionCheckpoint(tmp_path / "ckpts")
     trainer = quiet_trainer(tmp_path, callbacks=[callback], max_steps=6, accumulate_grad_batches=3)
-    with pytest.raises(Crash), pytest.warns(UserWarning, match="inside an accumulation window"):
+    with pytest.raises(Crash), pytest.warns(UserWarning, match="inside an accumulation window.*first batch \\(3\\)"):
         trainer.fit(module)
     state = torch.load(callback.ckpt_path, weights_only=True)
-    assert "optimizer_states" not in state and state["progress"]["global_step"] == 1
-    assert all(torch.equal(state["state_dict"][k], v) for k, v in module.state_dict().items())
+    assert state["progress"]["global_step"] == 1 and state["progress"]["batch_in_epoch"] == 3
+    torch.manual_seed(0)
+    reference = FailsAtBatch(fail=False)
+    quiet_trainer(tmp_path / "ref", max_steps=6, accumulate_grad_batches=3).fit(reference)
+    resumed = FailsAtBatch(fail=False)
+    quiet_trainer(tmp_path / "res", max_steps=6, accumulate_grad_batches=3).fit(resumed, ckpt_path=callback.ckpt_path)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), reference.parameters(), strict=True))
