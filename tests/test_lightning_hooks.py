@@ -74,7 +74,9 @@ def test_optimizer_step_that_skips_the_closure_is_an_error(tmp_path: Path) -> No
         def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
             optimizer.step()
 
-    with pytest.raises(RuntimeError, match="^The closure hasn't been executed.*did not run optimizer_closure") as caught:
+    with pytest.raises(
+        RuntimeError, match=r"^The closure hasn't been executed.*did not run optimizer_closure"
+    ) as caught:
         quiet_trainer(tmp_path, max_epochs=1).fit(NoClosure(), make_loader(10, 4))
     assert isinstance(caught.value, MisconfigurationException)  # Lightning's type
 

@@ -141,7 +141,9 @@ def test_a_scheduler_without_step_trains_when_the_module_steps_it(tmp_path: Path
     trainer = quiet_trainer(tmp_path, max_epochs=2)
     trainer.fit(model, make_loader())
     assert trainer.lr_scheduler_configs[0].scheduler.ticks == 2  # once an epoch, by the module's hook
-    with pytest.raises(MisconfigurationException, match="^The provided lr scheduler `StepLess` doesn't follow PyTorch"):
+    with pytest.raises(
+        MisconfigurationException, match=r"^The provided lr scheduler `StepLess` doesn't follow PyTorch"
+    ):
         quiet_trainer(tmp_path, max_epochs=1).fit(OwnScheduler(), make_loader())
 
 
