@@ -3,13 +3,9 @@
 ``ModelCheckpoint``, ``OnExceptionCheckpoint``, ``Trainer.save_checkpoint`` and the converter all
 save through :func:`write_checkpoint` (one file, its extra names as hard links, then the files it
 supersedes removed, in that order) or :class:`AsyncCheckpointWriter` (the same, in a thread, after a
-CPU snapshot). A checkpoint is one dict of tensors and plain containers, so it loads with
-``torch.load(path, weights_only=True)``; what goes in is the connector's, the names on disk are
-:mod:`trainer.checkpoint.format`'s. A sharded directory is written by every rank together
-(``Strategy.save_sharded``, ``strategies.sharded_checkpoint``): the shards are the strategy's.
-
-The format's names, the reader's ``load_checkpoint`` and the leaf's state-dict and RNG helpers stay
-importable from here, where earlier versions had them.
+CPU snapshot). What goes in is the connector's, the names on disk :mod:`trainer.checkpoint.format`'s;
+a sharded directory's shards are written by every rank together (``strategies.sharded_checkpoint``).
+``load_checkpoint`` and the leaf's RNG and state-dict helpers stay importable from here.
 """
 
 from __future__ import annotations
@@ -29,77 +25,43 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.format import FORMAT_NAME, FORMAT_VERSION, check_version
+from trainer.checkpoint.format import FORMAT_VERSION
 from trainer.checkpoint.reader import first_reason, load_checkpoint
 from trainer.common.errors import CheckpointError
 from trainer.common.fs_safety import check_replaceable, fsync_dir, swap_in
 from trainer.common.rng import rng_state, set_rng_state
-from trainer.common.state_dict import load_module_state, plain_state_dict, strip_wrapper_prefixes, to_plain
+from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 
 __all__ = [
-    "FORMAT_NAME",
     "FORMAT_VERSION",
     "AsyncCheckpointWriter",
     "CheckpointError",
-    "check_version",
-    "copy_checkpoint",
     "load_checkpoint",
     "load_module_state",
     "place_checkpoint",
-    "plain_state_dict",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
-    "strip_wrapper_prefixes",
-    "to_plain",
     "write_checkpoint",
 ]
 
 
 def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``state`` to ``path`` atomically: temporary file in the same folder, fsync, rename.
-
-    A crash at any point leaves either the old file or the complete new one under ``path``, never a
-    partial file. A failed write (disk full, ...) raises :class:`CheckpointError` and removes the
-    temporary file.
-    """
-    return _write_atomically(Path(path), lambda f: torch.save(dict(state), f))
+    """Write ``state`` to ``path`` atomically (:func:`write_checkpoint` with no extra names)."""
+    return write_checkpoint(state, path)
 
 
-def copy_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
-    """Copy a checkpoint file to ``path`` as atomically as :func:`save_checkpoint` writes one.
-
-    Cheaper than saving the same state twice (``last.ckpt`` next to a top-k file): no state to
-    build, nothing to serialise.
-    """
-    return _copy(Path(source), Path(path), sync_dir=True)
-
-
-def _copy(source: Path, path: Path, sync_dir: bool) -> Path:
-    def copy(f: Any) -> None:
-        with open(source, "rb") as src:
-            shutil.copyfileobj(src, f, 1 << 20)
-
-    return _write_atomically(path, copy, sync_dir)
-
-
-def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str], sync_dir: bool = True) -> Path:
     """Put the checkpoint file ``source`` also at ``path``: a hard link where possible, else a copy.
 
-    A link costs no second write (``last.ckpt`` next to a top-k file of 400 MB: microseconds instead
-    of a copy and an fsync). It is made atomically: linked under a temporary name in ``path``'s
-    folder, renamed over ``path``, folder fsynced; a reader sees the old ``path`` or the new one.
-    The two names then share one inode, which is safe because geartrain never writes into an
-    existing checkpoint file: every save writes a new temporary file and renames it over the name,
-    so replacing one name later leaves the other with its content. Where the filesystem refuses
-    links (another device, FAT, some network mounts, ...) the file is copied as
-    :func:`copy_checkpoint` does.
+    A link costs no second write. It is made atomically: linked under a temporary name in ``path``'s
+    folder, renamed over ``path``; a reader sees the old ``path`` or the new one. The two names share
+    one inode, which is safe because geartrain never writes into an existing checkpoint file (every
+    save renames a new file over the name). Where the filesystem refuses links (another device, FAT,
+    some network mounts) the file is copied, as atomically as a save.
     """
-    return _place(Path(source), Path(path), sync_dir=True)
-
-
-def _place(source: Path, path: Path, sync_dir: bool) -> Path:
+    source, path = Path(source), Path(path)
     if source.resolve() == path.resolve():
         return path
     check_replaceable(path)
@@ -112,9 +74,13 @@ def _place(source: Path, path: Path, sync_dir: bool) -> Path:
             break
         except FileExistsError:
             continue
-        except OSError:
-            # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
-            return _copy(source, path, sync_dir)
+        except OSError:  # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
+
+            def copy(f: Any) -> None:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
+
+            return _write_atomically(path, copy, sync_dir)
     try:
         swap_in(tmp, path)
     except OSError as err:
@@ -134,18 +100,18 @@ def write_checkpoint(
 ) -> Path:
     """One whole save, in the order that never loses a checkpoint: write, place copies, remove old files.
 
-    ``state`` is written atomically to ``path`` (:func:`save_checkpoint`), then placed at every
-    ``also_at`` path (:func:`place_checkpoint`: hard link, else copy), and only then are the files
-    it supersedes (``replaces``, e.g. a top-k file it pushed out) deleted. A failure at any step
-    raises :class:`CheckpointError` and skips the later steps, so the old files are still there. A
+    ``state`` is written to a temporary file in ``path``'s folder, fsynced and renamed over ``path``
+    (a crash leaves the old file or the new one, never a partial file), then placed at every
+    ``also_at`` path (:func:`place_checkpoint`), and only then are the files it supersedes
+    (``replaces``, e.g. a top-k file it pushed out) deleted. A failure at any step raises
+    :class:`CheckpointError` and skips the later steps, so the old files are still there. A
     superseded file that cannot be deleted only warns: nothing is lost by keeping it.
     """
     extra = [Path(p) for p in also_at]
-    # The folders are fsynced once, after every rename (the usual last.ckpt sits next to its top-k
-    # file) and before any deletion: an old file goes only once the new names are durable.
+    # The folders are fsynced once, after every rename and before any deletion.
     path = _write_atomically(Path(path), lambda f: torch.save(dict(state), f), sync_dir=False)
     for other in extra:
-        _place(path, other, sync_dir=False)
+        place_checkpoint(path, other, sync_dir=False)
     for folder in dict.fromkeys(p.parent for p in (path, *extra)):
         fsync_dir(folder)
     keep = {path, *extra}
@@ -164,8 +130,7 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp creates the file private (0600); a checkpoint follows the umask like the run's logs
-        # and configs, so teammates in the group can read it where the umask lets them.
+        # mkstemp creates the file private (0600); a checkpoint follows the umask like the run's logs.
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -186,8 +151,8 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
 def _umask() -> int:
     """The process's umask, read without changing it where Linux shows it (``/proc/self/status``).
 
-    Elsewhere reading it means setting it and straight back, which another thread creating a file at
-    that instant could observe; the writer thread of asynchronous saves is such a thread.
+    Elsewhere reading it means setting it and straight back, which the writer thread of asynchronous
+    saves, creating a file at that instant, could observe.
     """
     try:
         with open("/proc/self/status") as status:
@@ -204,23 +169,16 @@ def _umask() -> int:
 def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
     """A copy of ``state`` that later training cannot change: every tensor cloned into CPU memory.
 
-    Containers are rebuilt, tensors are detached and copied (from any device) to the CPU; numbers and
-    strings are shared, being immutable. Tensors that shared storage (tied weights) become separate
-    copies, which loads the same.
-
-    Args:
-        state: the checkpoint dict.
-        reuse: CPU tensors of an earlier snapshot that nobody reads any more, in the order this
-            function meets tensors; where shape and dtype match, the copy goes into them instead of
-            new memory (fresh memory costs page faults, often more than the copy). On return it holds
-            this snapshot's tensors, for the next call.
+    Containers are rebuilt and tensors copied to the CPU (tied weights become separate copies, which
+    load the same). ``reuse``: the CPU tensors of an earlier snapshot nobody reads any more, in the
+    order this function meets tensors; where shape and dtype match the copy goes into them (fresh
+    memory costs page faults, often more than the copy). On return it holds this snapshot's tensors.
     """
     old = list(reuse) if reuse is not None else []
     new: list[torch.Tensor] = []
 
     def copy(t: torch.Tensor) -> torch.Tensor:
-        i = len(new)
-        buffer = old[i] if i < len(old) else None
+        buffer = old[len(new)] if len(new) < len(old) else None
         if buffer is not None and buffer.shape == t.shape and buffer.dtype == t.dtype:
             buffer.copy_(t.detach())
         else:
@@ -238,15 +196,11 @@ def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = 
 class AsyncCheckpointWriter:
     """Write checkpoints in a background thread, so training is blocked only for a CPU snapshot.
 
-    :meth:`save` copies the state into CPU memory in the caller (that is the stall training sees),
-    then a thread does the whole :func:`write_checkpoint` (atomic write: temporary file, fsync,
-    rename; then the extra names; then removal of the files it supersedes, in that order, so a
-    failed write removes nothing). Writes never overlap: a save first waits for the previous one. An error raised while writing is
-    re-raised by the next :meth:`save` or by :meth:`wait`. The process does not end with a write in
-    flight: the writer thread is not a daemon, and an ``atexit`` hook waits as well.
-
-    The snapshot's CPU memory is kept and reused by the next save (one copy of the state stays
-    allocated between saves; :meth:`close` frees it): re-touching fresh memory costs more than copying.
+    :meth:`save` copies the state into CPU memory in the caller (the stall training sees), then a
+    thread does the whole :func:`write_checkpoint`. Writes never overlap: a save first waits for the
+    previous one. A write's error is re-raised by the next :meth:`save` or by :meth:`wait`. The
+    process does not end with a write in flight: the thread is not a daemon, and an ``atexit`` hook
+    waits too. The snapshot's CPU memory is reused by the next save (:meth:`close` frees it).
 
     Example:
         >>> import tempfile, torch
@@ -262,14 +216,8 @@ class AsyncCheckpointWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._registered = True
         self._buffers: list[torch.Tensor] = []
         atexit.register(self._at_exit)
-
-    @property
-    def pending(self) -> bool:
-        """True while a write is in flight."""
-        return self._thread is not None and self._thread.is_alive()
 
     def save(
         self,
@@ -278,49 +226,39 @@ class AsyncCheckpointWriter:
         also_at: Iterable[str | os.PathLike[str]] = (),
         replaces: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
-        """Snapshot ``state`` to CPU memory now; write it to ``path`` in the background.
+        """Snapshot ``state`` now; write it as :func:`write_checkpoint` does, in the background.
 
-        ``also_at`` and ``replaces`` are as in :func:`write_checkpoint`, done by the writer thread
-        after the file is on disk. First waits for the previous write and re-raises its error, in
-        which case this state is not written.
+        First waits for the previous write and re-raises its error, in which case this state is not written.
         """
         self.wait()
         snapshot = snapshot_state(state, reuse=self._buffers)
         args = (snapshot, Path(path), tuple(also_at), tuple(replaces))
-        self._thread = threading.Thread(target=self._write, args=args, name="geartrain-checkpoint-writer", daemon=False)
-        self._thread.start()
 
-    def _write(
-        self,
-        snapshot: dict[str, Any],
-        path: Path,
-        also_at: tuple[str | os.PathLike[str], ...],
-        replaces: tuple[str | os.PathLike[str], ...],
-    ) -> None:
-        try:
-            write_checkpoint(snapshot, path, also_at, replaces)
-        except BaseException as err:
-            self._error = err
+        def write() -> None:
+            try:
+                write_checkpoint(*args)
+            except BaseException as err:
+                self._error = err
+
+        self._thread = threading.Thread(target=write, name="geartrain-checkpoint-writer", daemon=False)
+        self._thread.start()
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is on disk; re-raise its error if it failed."""
-        thread = self._thread
+        thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
-            self._thread = None
         error, self._error = self._error, None
         if error is not None:
             raise error
 
     def close(self) -> None:
-        """Wait for the last write and drop the ``atexit`` hook."""
+        """Wait for the last write, free the snapshot's memory and drop the ``atexit`` hook."""
         try:
             self.wait()
         finally:
             self._buffers = []
-            if self._registered:
-                atexit.unregister(self._at_exit)
-                self._registered = False
+            atexit.unregister(self._at_exit)
 
     def _at_exit(self) -> None:
         try:
@@ -343,20 +281,17 @@ def write_failure(path: Path, err: BaseException) -> str:
             return f"{os.strerror(seen.errno)} ({seen})"
         seen = seen.__cause__ or seen.__context__
     if "unexpected pos" in str(err) or "inline_container" in str(err):
-        free = _free_bytes(path)
-        if free is not None and free < 1 << 20:
-            return f"the disk is full{_free_space(path)}"
-        return f"the file could not be written completely (torch: {first_reason(err)}){_free_space(path)}"
+        try:
+            full = shutil.disk_usage(path.parent).free < 1 << 20
+        except OSError:
+            full = False
+        reason = "the disk is full" if full else f"the file could not be written completely (torch: {first_reason(err)})"
+        return reason + _free_space(path)
     return str(err)
 
 
-def _free_bytes(path: Path) -> int | None:
-    try:
-        return shutil.disk_usage(path.parent).free
-    except OSError:
-        return None
-
-
 def _free_space(path: Path) -> str:
-    free = _free_bytes(path)
-    return "" if free is None else f"; {free / 2**20:.1f} MiB free in {path.parent}"
+    try:
+        return f"; {shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free in {path.parent}"
+    except OSError:
+        return ""
