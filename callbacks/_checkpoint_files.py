@@ -1,34 +1,33 @@
-"""File names for ``ModelCheckpoint``: filling the template, ``-vN`` versions, the ``last`` link."""
+"""``ModelCheckpoint``'s files as Lightning names them: templates, ``-vN`` versions, the last file, the top k.
+
+A mixin of :class:`~callbacks.ModelCheckpoint` (which holds the state these methods read): users
+override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` and
+``CHECKPOINT_EQUALS_CHAR`` on a subclass, as in Lightning, and every name follows them. Beside it,
+the options Lightning's ``ModelCheckpoint`` refuses and its default folder. How the files reach the
+disk (and the ``last`` link) is the trainer's checkpoint room's.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 import re
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.common.errors import UserError
-from trainer.common.fs_safety import check_replaceable, swap_in
 
 if TYPE_CHECKING:
+    from callbacks._monitor import Monitor
     from trainer.trainer import Trainer
 
-__all__ = [
-    "check_lightning_options",
-    "default_dirpath",
-    "fill_template",
-    "free_path",
-    "plan_top_k",
-    "rank_key",
-    "save_message",
-    "symlink",
-]
+__all__ = ["CheckpointNaming", "check_lightning_options", "default_dirpath"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=+\-]")  # anything else (/, :, spaces, ...) becomes "_" in names
 
 
 def check_lightning_options(
@@ -40,11 +39,7 @@ def check_lightning_options(
     save_top_k: int,
 ) -> None:
     """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at
-    once, a top k above one with nothing to rank by.
-
-    Raises:
-        UserError: naming the option(s) (a ``ValueError`` and Lightning's ``MisconfigurationException``).
-    """
+    once, a top k above one with nothing to rank by (a :class:`UserError` naming the options)."""
     if save_last not in (None, True, False, "link"):
         raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
     if monitor is None and save_top_k not in (-1, 0, 1):
@@ -62,102 +57,6 @@ def check_lightning_options(
         )
 
 
-def fill_template(template: str, metrics: dict[str, Any], insert_names: bool = True, equals: str = "=") -> str:
-    """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``nan`` where missing).
-
-    A field becomes ``name=value`` (``insert_names``) or ``value``; characters other than letters,
-    digits and ``._=+-`` become ``_``, so every metric name gives a valid file name.
-
-    >>> fill_template("{epoch}-{val/acc:.2f}", {"epoch": 3, "val/acc": 0.912})
-    'epoch=3-val_acc=0.91'
-    >>> fill_template("e{epoch:02d}", {"epoch": 3}, insert_names=False)
-    'e03'
-    """
-
-    def fill(match: re.Match[str]) -> str:
-        name, spec = match.group(1), match.group(2) or ""
-        value = metrics.get(name)
-        if isinstance(value, torch.Tensor):
-            value = value.item()
-        text = "nan" if value is None else format(value, spec[1:])
-        return f"{name}{equals}{text}" if insert_names else text
-
-    unsafe = _UNSAFE if equals == "=" else re.compile(rf"[^A-Za-z0-9._=+\-{re.escape(equals)}]")
-    return unsafe.sub("_", _FIELD.sub(fill, template))
-
-
-def free_path(path: str, taken: Callable[[str], bool], first_version: int = 1, join: str = "-") -> str:
-    """``path`` if not ``taken``, else the first free ``<stem>-v<N><suffix>`` (Lightning's version counter).
-
-    >>> free_path("a/epoch=1.ckpt", lambda p: p in {"a/epoch=1.ckpt", "a/epoch=1-v1.ckpt"})
-    'a/epoch=1-v2.ckpt'
-    """
-    stem, suffix = os.path.splitext(path)
-    candidate, version = path, first_version
-    while taken(candidate):
-        candidate = f"{stem}{join}v{version}{suffix}"
-        version += 1
-    return candidate
-
-
-def symlink(target: str, link: str) -> None:
-    """Point ``link`` at ``target`` (relative to the link's folder), replacing what was there atomically.
-
-    A sharded checkpoint directory at ``link`` (an earlier save without links) is moved aside and
-    removed once the link is in place; anything else that is not a checkpoint is refused.
-    """
-    check_replaceable(link)
-    tmp = f"{link}.tmp-link"
-    if os.path.lexists(tmp):
-        os.remove(tmp)
-    os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), tmp)
-    swap_in(tmp, link)
-
-
-def save_message(
-    epoch: int, step: int, monitor: str | None, top_k: int, score: float | None, best: float | None, path: str | None
-) -> str:
-    """The line ``ModelCheckpoint(verbose=True)`` prints for a ranked save, worded as Lightning's.
-
-    >>> save_message(1, 8, "val/acc", 1, 0.5, 0.5, "a.ckpt")
-    "Epoch 1, global step 8: 'val/acc' reached 0.50000 (best 0.50000), saving model to 'a.ckpt' as top 1"
-    """
-    where = f"Epoch {epoch:d}, global step {step:d}: "
-    if path is None:
-        return f"{where}{monitor!r} was not in top {top_k}"
-    if score is None or best is None:
-        return f"{where}saving model to {path!r}"
-    return f"{where}{monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} as top {top_k}"
-
-
-def rank_key(score: float, mode: str) -> float:
-    """``score`` as ``mode="min"`` ranks it; NaN counts as the worst possible."""
-    if math.isnan(score):
-        return math.inf
-    return score if mode == "min" else -score
-
-
-def plan_top_k(
-    best_k_models: dict[str, float], k: int, path: str, score: float | None, mode: str
-) -> tuple[bool, list[str]]:
-    """Whether a checkpoint at ``path`` with ``score`` joins the ``k`` kept, and which files it evicts.
-
-    ``best_k_models``: the kept files and their scores, oldest first; ``score`` None (no monitor)
-    keeps the newest ``k``.
-    """
-    if k == 0:
-        return False, []
-    others = {p: s for p, s in best_k_models.items() if p != path}
-    if k == -1 or len(others) < k:
-        return True, []
-    if score is None:
-        return True, list(others)[: len(others) - k + 1]
-    worst = max(others, key=lambda p: rank_key(others[p], mode))
-    if rank_key(score, mode) < rank_key(others[worst], mode):
-        return True, [worst]
-    return False, []
-
-
 def default_dirpath(trainer: Trainer) -> str:
     """Lightning's default folder: ``<save_dir>/<name>/<version>/checkpoints`` of the first logger
     (``version_N`` for a number), else ``<default_root_dir>/checkpoints``: each run its own folder."""
@@ -169,3 +68,173 @@ def default_dirpath(trainer: Trainer) -> str:
     version = logger.version
     version = version if isinstance(version, str) else f"version_{version}"
     return os.path.join(save_dir, str(logger.name), version, "checkpoints")
+
+
+class CheckpointNaming:
+    """Lightning's naming and ranking of checkpoint files, for :class:`~callbacks.ModelCheckpoint`."""
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
+    dirpath: str | None
+    filename: str
+    monitor: str | None
+    mode: str
+    save_top_k: int
+    auto_insert_metric_name: bool
+    enable_version_counter: bool
+    _best_k: dict[str, float]
+    _monitor: Monitor | None
+    _written: set[str]
+    last_model_path: str
+
+    def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
+        """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,
+        ``last-v1.ckpt``, ... in ``dirpath``, this run's folder only; the trainer's resolver finds them."""
+        found: set[str] = trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
+        return found
+
+    def format_filename(self, metrics: dict[str, Any]) -> str:
+        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
+
+        With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
+        """
+        return self._fill(self.filename, metrics) + self.FILE_EXTENSION
+
+    def format_checkpoint_name(
+        self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None, prefix: str = ""
+    ) -> str:
+        """Lightning's name for :meth:`format_filename`, as a path in ``dirpath`` (``-v<ver>`` appended if given)."""
+        name = self._fill(filename or self.filename, metrics)
+        name = f"{prefix}{self.CHECKPOINT_JOIN_CHAR}{name}" if prefix else name
+        name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
+        return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+
+    def _fill(self, template: str, metrics: dict[str, Any]) -> str:
+        """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``nan`` where missing).
+
+        A field becomes ``name=value`` (``auto_insert_metric_name``) or ``value``; characters other than
+        letters, digits and ``._=+-`` become ``_``, so every metric name gives a valid file name.
+        """
+        equals = self.CHECKPOINT_EQUALS_CHAR
+
+        def fill(match: re.Match[str]) -> str:
+            name, spec = match.group(1), match.group(2) or ""
+            value = metrics.get(name)
+            if isinstance(value, torch.Tensor):
+                value = value.item()
+            text = "nan" if value is None else format(value, spec[1:])
+            return f"{name}{equals}{text}" if self.auto_insert_metric_name else text
+
+        return re.sub(rf"[^A-Za-z0-9._=+\-{re.escape(equals)}]", "_", _FIELD.sub(fill, template))
+
+    def _rank_key(self, score: float) -> float:
+        """Scores as ``min`` ranks them; NaN counts as the worst possible."""
+        if math.isnan(score):
+            return math.inf
+        return score if self.mode == "min" else -score
+
+    def _plan_top_k(self, score: float | None) -> tuple[bool, list[str]]:
+        """Whether a new checkpoint with ``score`` joins the ``save_top_k`` kept, and which files it evicts.
+
+        ``score`` None (no monitor) keeps the newest ``save_top_k``.
+        """
+        k, others = self.save_top_k, self._best_k
+        if k == 0:
+            return False, []
+        if k == -1 or len(others) < k:
+            return True, []
+        if score is None:
+            return True, list(others)[: len(others) - k + 1]
+        worst = max(others, key=lambda p: self._rank_key(others[p]))
+        if self._rank_key(score) < self._rank_key(others[worst]):
+            return True, [worst]
+        return False, []
+
+    def _next_free(self, path: str, taken: Callable[[str], bool]) -> str:
+        """``path`` if not ``taken``, else the first free ``<stem>-v<N><suffix>`` (Lightning's version counter)."""
+        stem, suffix = os.path.splitext(path)
+        candidate, version = path, self.STARTING_VERSION
+        while taken(candidate):
+            candidate = f"{stem}{self.CHECKPOINT_JOIN_CHAR}v{version}{suffix}"
+            version += 1
+        return candidate
+
+    def _free_path(self, path: str, reuse: Sequence[str] = ()) -> str:
+        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already.
+
+        ``reuse``: the files this save evicts; met on the way, such a name is taken (Lightning's counter).
+        """
+        if not self.enable_version_counter:
+            return path
+        return self._next_free(path, lambda p: p not in reuse and (p in self._best_k or os.path.exists(p)))
+
+    def _read_monitor(self, trainer: Trainer) -> Any:
+        """The monitored value: ``epoch`` and ``step`` are the trainer's unless logged, as in Lightning."""
+        if self._monitor is not None:
+            return self._monitor.read(trainer)
+        logged = trainer.callback_metrics.get(str(self.monitor))
+        if logged is not None:
+            return int(logged)
+        return trainer.current_epoch if self.monitor == "epoch" else trainer.global_step
+
+    def _last_path(self, trainer: Trainer) -> str:
+        """Where ``save_last`` writes: ``CHECKPOINT_NAME_LAST`` (a template too) + ``FILE_EXTENSION`` in ``dirpath``.
+
+        ``last.ckpt`` by default, the file ``ckpt_path="last"`` resumes from; each save replaces this
+        run's last file (atomically). A file already there that this run did not write (a user's
+        own ``last.ckpt``, another run's) is kept, as Lightning keeps it: this run's is
+        ``last-v1.ckpt`` (the first free version), said once. Rank 0 looks, every rank follows.
+        """
+        if self.CHECKPOINT_NAME_LAST == "last" and self.FILE_EXTENSION == ".ckpt":
+            path = str(trainer.checkpointing.last_path(self.dirpath))
+        else:
+            metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
+            name = self._fill(self.CHECKPOINT_NAME_LAST, metrics)
+            path = str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+        if not self.enable_version_counter or path in (self.last_model_path, *self._written):
+            return path
+        stem = os.path.splitext(path)[0]
+        if os.path.dirname(self.last_model_path) == os.path.dirname(path) and self.last_model_path.startswith(
+            f"{stem}{self.CHECKPOINT_JOIN_CHAR}v"
+        ):
+            return self.last_model_path  # already moved past another's file by an earlier save
+        free = self._next_free(path, lambda p: p not in self._written and os.path.lexists(p))
+        if trainer.world_size > 1:
+            free = trainer.strategy.broadcast(free)  # rank 0's view of the folder holds everywhere
+        if free != path and trainer.is_global_zero:
+            warnings.warn(
+                f"ModelCheckpoint: {path} was not written by this run; it is kept, and this run's last "
+                f"checkpoint is {free} (as Lightning). Resume this run with ckpt_path={free!r} or "
+                f'ckpt_path="last" (the newest last file of {self.dirpath})',
+                UserWarning,
+                stacklevel=3,
+            )
+        return free
+
+    def _say(self, trainer: Trainer, score: float | None, path: str | None) -> None:
+        """``verbose``: one line per ranked save, worded as Lightning's."""
+        where = f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: "
+        if path is None:
+            print(f"{where}{self.monitor!r} was not in top {self.save_top_k}")
+        elif score is None:
+            print(f"{where}saving model to {path!r}")
+        else:
+            best = min([score, *self._best_k.values()], key=self._rank_key)
+            print(
+                f"{where}{self.monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} "
+                f"as top {self.save_top_k}"
+            )
+
+    def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
+        """Write ``best_k_models`` (path: score) as YAML, by default to ``<dirpath>/best_k_models.yaml``."""
+        import yaml
+
+        if filepath is None:
+            assert self.dirpath, "to_yaml() needs a filepath before the dirpath is known (setup)"
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        with open(filepath, "w") as f:
+            yaml.dump({path: float(score) for path, score in self._best_k.items()}, f)

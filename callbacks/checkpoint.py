@@ -14,18 +14,11 @@ from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 import torch
 from typing_extensions import override
 
-from callbacks._checkpoint_files import (
-    check_lightning_options,
-    default_dirpath,
-    plan_top_k,
-    save_message,
-    symlink,
-)
-from callbacks._checkpoint_names import CheckpointNaming
+from callbacks._checkpoint_files import CheckpointNaming, check_lightning_options, default_dirpath
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
-from trainer.common.fs_safety import is_geartrain_checkpoint, remove_checkpoint
+from trainer.common.fs_safety import is_geartrain_checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -289,7 +282,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         if ranked:
             # Planned as a new file (no kept name), then named: as in Lightning, the version counter
             # may give it the name of a file it evicts, never that of a file it keeps.
-            keep, evict = plan_top_k(self._best_k, self.save_top_k, "", score, self.mode)
+            keep, evict = self._plan_top_k(score)
             path = self._free_path(path, reuse=evict)
             if self.verbose and trainer.is_global_zero:
                 self._say(trainer, score, path if keep else None)
@@ -345,11 +338,8 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
                     also_at=also_at,
                     replaces=[] if link else replaces,
                 )
-                if link and trainer.is_global_zero:
-                    symlink(path, self.last_model_path)
-                    for old in replaces:
-                        remove_checkpoint(old)
                 if link:
+                    trainer.checkpointing.link(path, self.last_model_path, replaces)
                     self._link_only_path = path if link_only else ""
             elif self.save_last:
                 trainer.save_checkpoint(
@@ -365,13 +355,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self._notify_loggers(trainer)
         if self.async_save:
             self._unconfirmed = previous
-
-    def _say(self, trainer: Trainer, score: float | None, path: str | None) -> None:
-        """``verbose``: one line per ranked save, as Lightning prints it."""
-        best = None if score is None else min([score, *self._best_k.values()], key=self._rank_key)
-        print(
-            save_message(trainer.current_epoch, trainer.global_step, self.monitor, self.save_top_k, score, best, path)
-        )
 
     def _notify_loggers(self, trainer: Trainer) -> None:
         """Lightning's ``logger.after_save_checkpoint(self)`` for every logger of the trainer."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import resume_checks, resume_point
-from trainer.checkpoint.files import AsyncCheckpointWriter, write_checkpoint
+from trainer.checkpoint.files import AsyncCheckpointWriter, link_last, write_checkpoint
 from trainer.checkpoint.format import FORMAT_NAME, FORMAT_VERSION, LIGHTNING_LAYOUT_VERSION, lightning_loops
 from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
@@ -235,6 +235,12 @@ class CheckpointConnector:
     def write(self, state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
         """Write ``state`` to ``path`` from this process alone (no collective), through the one writer."""
         return write_checkpoint(state, path)
+
+    def link(self, target: str, link: str, replaces: Iterable[str] = ()) -> None:
+        """``ModelCheckpoint(save_last="link")``: on rank 0, ``link`` made a symbolic link to ``target``, then
+        the files ``replaces`` names removed (:func:`~trainer.checkpoint.files.link_last`)."""
+        if self._trainer.is_global_zero:
+            link_last(target, link, replaces)
 
     def save_last(self) -> Path:
         """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it (the preemption checkpoint)."""

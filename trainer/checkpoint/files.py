@@ -28,7 +28,7 @@ import torch
 from trainer.checkpoint.format import FORMAT_VERSION
 from trainer.checkpoint.reader import first_reason, load_checkpoint
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import check_replaceable, fsync_dir, swap_in
+from trainer.common.fs_safety import check_replaceable, fsync_dir, remove_checkpoint, swap_in
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
@@ -37,6 +37,7 @@ __all__ = [
     "FORMAT_VERSION",
     "AsyncCheckpointWriter",
     "CheckpointError",
+    "link_last",
     "load_checkpoint",
     "load_module_state",
     "place_checkpoint",
@@ -123,6 +124,28 @@ def write_checkpoint(
         except OSError as err:
             warnings.warn(f"Could not remove the superseded checkpoint {old}: {err}", stacklevel=2)
     return path
+
+
+def symlink(target: str | os.PathLike[str], link: str | os.PathLike[str]) -> None:
+    """Point ``link`` at ``target`` (relative to the link's folder), replacing what was there atomically.
+
+    A sharded checkpoint directory at ``link`` (an earlier save without links) is moved aside and
+    removed once the link is in place; anything else that is not a checkpoint is refused.
+    """
+    check_replaceable(link)
+    tmp = f"{link}.tmp-link"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), tmp)
+    swap_in(tmp, link)
+
+
+def link_last(target: str, link: str, replaces: Iterable[str] = ()) -> None:
+    """``ModelCheckpoint(save_last="link")``: ``link`` names ``target`` first, then ``replaces`` are removed
+    (a kill in between leaves the link naming a checkpoint)."""
+    symlink(target, link)
+    for old in replaces:
+        remove_checkpoint(old)
 
 
 def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool = True) -> Path:
@@ -285,7 +308,9 @@ def write_failure(path: Path, err: BaseException) -> str:
             full = shutil.disk_usage(path.parent).free < 1 << 20
         except OSError:
             full = False
-        reason = "the disk is full" if full else f"the file could not be written completely (torch: {first_reason(err)})"
+        reason = (
+            "the disk is full" if full else f"the file could not be written completely (torch: {first_reason(err)})"
+        )
         return reason + _free_space(path)
     return str(err)
 
