@@ -8,7 +8,7 @@ parameter), then alternate the two ways a checkpoint is written:
 - *full* (``state_dict_type="full"``, today's file): the full model and optimizer state gathered on
   rank 0 (``model_state_dict`` / ``optimizer_state_dict``), written there with ``torch.save``;
 - *sharded* (the default): every rank's own shards and the optimizer's, written by
-  ``Strategy.save_sharded`` (torch.distributed.checkpoint) into a directory.
+  ``trainer.checkpoint.sharded.save_sharded`` (torch.distributed.checkpoint) into a directory.
 
 Memory is what a process holds during the save as a fraction of the full state's size (model +
 optimizer, float32): its own shards (1/N) plus its peak resident set during the save above its
@@ -78,6 +78,7 @@ def _worker(width: int, layers: int, repeats: int, root: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from strategies import FSDPStrategy
+    from trainer.checkpoint.sharded import load_sharded, save_sharded
 
     torch.set_num_threads(1)
     strategy = FSDPStrategy()
@@ -105,7 +106,7 @@ def _worker(width: int, layers: int, repeats: int, root: str) -> dict[str, Any]:
             "state_dict": strategy.sharded_model_state_dict(),
             "optimizers": [strategy.sharded_optimizer_state_dict(optimizer)],
         }
-        strategy.save_sharded(path, state).wait()
+        save_sharded(path, state).wait()
         del state
         dist.barrier()
 
@@ -116,7 +117,8 @@ def _worker(width: int, layers: int, repeats: int, root: str) -> dict[str, Any]:
         dist.barrier()
 
     def sharded_load(path: Path) -> None:
-        strategy.load_sharded(path, [optimizer])
+        assert strategy.module is not None
+        load_sharded(path, strategy.module, [optimizer])
         dist.barrier()
 
     out: dict[str, list[float]] = {key: [] for key in ("full_mem", "sharded_mem", "full_s", "sharded_s")}

@@ -18,7 +18,6 @@ from callbacks._checkpoint_files import CheckpointNaming, check_lightning_option
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
-from trainer.common.fs_safety import is_geartrain_checkpoint
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -457,7 +456,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         folder = Path(os.path.realpath(self.dirpath))
         if folder not in Path(os.path.realpath(os.path.dirname(old) or ".")).joinpath("x").parents:
             return False
-        return old in self._written or os.path.islink(old) or is_geartrain_checkpoint(old, trainer.checkpointing.run_id)
+        return old in self._written or os.path.islink(old) or trainer.checkpointing.wrote(old)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -7,9 +7,8 @@ Every method has a working single-process default, so a new strategy overrides o
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
@@ -23,7 +22,6 @@ from trainer.common.state_dict import load_module_state
 from trainer.common.tree import move_to_device
 
 if TYPE_CHECKING:
-    from strategies.sharded_checkpoint import PendingSave
     from trainer.module import TrainModule
 
 __all__ = ["Strategy"]
@@ -52,7 +50,7 @@ class Strategy(LightningStrategyNames):
     #: Whether evaluation may run under ``torch.inference_mode()`` (``Trainer(inference_mode=True)``).
     supports_inference_mode = True
     #: How checkpoints are written: ``"full"``, one file gathered on rank 0 (the portable form), or
-    #: ``"sharded"``, a directory each rank writes its own shards into (:meth:`save_sharded`). A
+    #: ``"sharded"``, a directory each rank writes its own shards into (:meth:`sharded_model_state_dict`). A
     #: strategy opts in to sharded checkpoints by setting this to ``"sharded"``; nothing else is needed
     #: for a module whose parameters are plain tensors or DTensors (FSDP2, tensor parallel, both).
     state_dict_type: str = "full"
@@ -322,50 +320,30 @@ class Strategy(LightningStrategyNames):
 
     # ----------------------------------------------------------------- sharded state
     def sharded_model_state_dict(self) -> dict[str, Any]:
-        """The model state as this rank holds it (DTensor shards where sharded); gathers nothing."""
-        from strategies.sharded_checkpoint import sharded_model_state
+        """The model state as this rank holds it (DTensor shards where sharded); gathers nothing.
+
+        What a sharded checkpoint directory holds (``trainer.checkpoint.sharded``, with ``state_dict_type = "sharded"``).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         assert self.module is not None
-        return sharded_model_state(self.module)
+        state: dict[str, Any] = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=False))
+        return state
 
     def sharded_optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """The optimizer state as this rank holds it, keyed by parameter name; gathers nothing."""
-        from strategies.sharded_checkpoint import sharded_optimizer_state
+        """The optimizer state as this rank holds it, keyed by parameter name; gathers nothing.
+
+        ``{}`` before its first step, rather than through torch's initialising zero-learning-rate step,
+        which would give it state (Adam's ``step``) the uninterrupted run lacks.
+        """
+        if not optimizer.state:
+            return {}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         assert self.module is not None
-        return sharded_optimizer_state(self.module, optimizer)
-
-    def save_sharded(
-        self,
-        path: str | os.PathLike[str],
-        state: Mapping[str, Any],
-        *,
-        async_: bool = False,
-        also_at: Iterable[str | os.PathLike[str]] = (),
-        replaces: Iterable[str | os.PathLike[str]] = (),
-    ) -> PendingSave:
-        """Write checkpoint ``state`` as a directory at ``path``, each rank its own shards; a collective.
-
-        ``state`` is the trainer's checkpoint dict with ``"state_dict"`` from
-        :meth:`sharded_model_state_dict` and ``"optimizer_states"`` from :meth:`sharded_optimizer_state_dict`.
-        See :func:`strategies.sharded_checkpoint.save_sharded` (atomic, ``async_``, ``also_at``, ``replaces``).
-        """
-        from strategies.sharded_checkpoint import save_sharded
-
-        return save_sharded(path, state, async_=async_, also_at=also_at, replaces=replaces)
-
-    def load_sharded(
-        self, path: str | os.PathLike[str], optimizers: Sequence[torch.optim.Optimizer] = (), strict: bool = True
-    ) -> None:
-        """Load a sharded checkpoint directory into the module (and ``optimizers``), resharding; a collective.
-
-        Works whatever wrote it (any world size, any strategy): the shards are read into the layout
-        the module has here. See :func:`strategies.sharded_checkpoint.load_sharded`.
-        """
-        from strategies.sharded_checkpoint import load_sharded
-
-        assert self.module is not None
-        load_sharded(path, self.module, optimizers, strict=strict)
+        options = StateDictOptions(full_state_dict=False)
+        state: dict[str, Any] = get_optimizer_state_dict(self.module, optimizer, options=options)
+        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"

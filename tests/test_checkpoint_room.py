@@ -13,10 +13,8 @@ from pathlib import Path
 
 from tests.helpers import REPO_ROOT
 
-#: Where ``torch.save``/``torch.load`` of checkpoint content may be called outside trainer/checkpoint/:
-#: the sharded save's trainer state (every rank's collective writes it into the directory being
-#: completed) and DCP's small values read back with weights_only (the strategies' load).
-_TORCH_IO_OUTSIDE = {"strategies/sharded_checkpoint.py", "strategies/sharded_safety.py"}
+#: Where ``torch.save``/``torch.load`` of checkpoint content may be called outside trainer/checkpoint/: nowhere.
+_TORCH_IO_OUTSIDE: set[str] = set()
 #: Files that save or load what is not a checkpoint: prediction shards, a spawned rank's result.
 _NOT_CHECKPOINTS = {"callbacks/prediction_writer.py", "strategies/launch.py"}
 
@@ -60,7 +58,7 @@ def test_only_the_checkpoint_room_writes_or_reads_checkpoint_bytes() -> None:
 
 
 def test_the_set_aside_name_is_spelled_once() -> None:
-    """``.<name>.old`` is the format's name, defined in one place (the leaf, which every writer imports)."""
+    """``.<name>.old`` is the format's name, defined in one place (the format, which every writer imports)."""
     spelled = [
         f"{p.relative_to(REPO_ROOT)}:{node.lineno}"
         for package in ("callbacks", "strategies", "trainer")
@@ -68,7 +66,7 @@ def test_the_set_aside_name_is_spelled_once() -> None:
         for node in ast.walk(ast.parse(p.read_text()))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith(".old")
     ]
-    assert [where.split(":")[0] for where in spelled] == ["trainer/common/fs_safety.py"], spelled
+    assert [where.split(":")[0] for where in spelled] == ["trainer/checkpoint/format.py"], spelled
 
 
 def test_a_subclass_that_overrides_find_last_checkpoints_is_asked(tmp_path: Path) -> None:

@@ -194,12 +194,12 @@ def test_a_kill_after_eviction_still_resumes_from_the_newest_checkpoint(tmp_path
 
 
 def test_relinking_happens_before_eviction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainer.checkpoint.files as files
+    import trainer.checkpoint.connector as checkpoint
 
     order: list[str] = []
-    link, remove = files.symlink, files.remove_checkpoint
-    monkeypatch.setattr(files, "symlink", lambda *a: (order.append("link"), link(*a))[1])
-    monkeypatch.setattr(files, "remove_checkpoint", lambda p: (order.append("evict"), remove(p))[1])
+    link, remove = checkpoint.symlink, checkpoint.remove_checkpoint
+    monkeypatch.setattr(checkpoint, "symlink", lambda *a: (order.append("link"), link(*a))[1])
+    monkeypatch.setattr(checkpoint, "remove_checkpoint", lambda p: (order.append("evict"), remove(p))[1])
     _sharded_fit(tmp_path, 3, save_last="link", save_top_k=1)
     assert order == ["link", "link", "evict", "link", "evict"]
 

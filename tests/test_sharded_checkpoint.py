@@ -19,13 +19,13 @@ from torch.utils.data import DataLoader
 
 from callbacks import ModelCheckpoint
 from strategies import SingleDeviceStrategy
-from strategies.sharded_checkpoint import TRAINER_STATE, load_sharded, save_sharded
 from tests.helpers import REPO_ROOT, jobs
 from tests.helpers.command_server import start
 from tests.helpers.distributed import child_env
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.convert import main as convert
 from trainer.checkpoint.files import load_checkpoint
+from trainer.checkpoint.sharded import TRAINER_STATE, load_sharded, save_sharded
 from trainer.common.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(240)

@@ -22,10 +22,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from strategies import SingleDeviceStrategy
-from strategies.sharded_checkpoint import TRAINER_STATE, load_sharded, save_sharded
 from tests.helpers import jobs
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.convert import main as convert
+from trainer.checkpoint.sharded import TRAINER_STATE, load_sharded, save_sharded
 from trainer.common.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(240)
@@ -124,7 +124,7 @@ def test_a_truncated_metadata_is_called_truncated_not_malicious(tmp_path: Path) 
 def test_a_failed_trainer_state_write_names_the_cause_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import strategies.sharded_checkpoint as sharded
+    import trainer.checkpoint.sharded as sharded
 
     def full_disk(path: Path, obj: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

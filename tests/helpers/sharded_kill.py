@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint.filesystem as fs
 
-from strategies.sharded_checkpoint import save_sharded
+from trainer.checkpoint.sharded import save_sharded
 
 
 def state(value: float) -> dict[str, Any]:

@@ -14,8 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import resume_checks, resume_point
-from trainer.checkpoint.files import AsyncCheckpointWriter, link_last, write_checkpoint
-from trainer.checkpoint.format import FORMAT_NAME, FORMAT_VERSION, LIGHTNING_LAYOUT_VERSION, lightning_loops
+from trainer.checkpoint.files import AsyncCheckpointWriter, remove_checkpoint, symlink, write_checkpoint
+from trainer.checkpoint.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    LIGHTNING_LAYOUT_VERSION,
+    is_geartrain_checkpoint,
+    lightning_loops,
+)
 from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
 from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
@@ -28,7 +34,7 @@ from trainer.hparams import hparams_record
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from strategies.sharded_checkpoint import PendingSave
+    from trainer.checkpoint.sharded import PendingSave
     from trainer.trainer import Trainer
 
 __all__ = ["LAST_CHECKPOINT", "CheckpointConnector"]
@@ -121,7 +127,7 @@ class CheckpointConnector:
         state: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "run_id": self.run_id,  # among the first bytes of the file (fs_safety.is_geartrain_checkpoint)
+            "run_id": self.run_id,  # among the first bytes of the file (format.is_geartrain_checkpoint)
             "epoch": t.current_epoch if point is None else progress["epoch"],
             "global_step": t.global_step,
             "pytorch-lightning_version": LIGHTNING_LAYOUT_VERSION,
@@ -215,9 +221,10 @@ class CheckpointConnector:
             return save_with(t, self.state(weights_only), path, also_at, replaces, storage_options)
         if t.strategy.state_dict_type == "sharded" and self.adopted is None:
             self.wait()  # one save in flight at a time, in order
-            pending = t.strategy.save_sharded(
-                path, self.state(weights_only, sharded=True), async_=async_, also_at=also_at, replaces=replaces
-            )
+            from trainer.checkpoint.sharded import save_sharded
+
+            state = self.state(weights_only, sharded=True)
+            pending = save_sharded(path, state, async_=async_, also_at=also_at, replaces=replaces)
             self._sharded_pending = pending if async_ else None
             t.strategy.barrier("save_checkpoint")
             return
@@ -236,11 +243,17 @@ class CheckpointConnector:
         """Write ``state`` to ``path`` from this process alone (no collective), through the one writer."""
         return write_checkpoint(state, path)
 
+    def wrote(self, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` is a checkpoint of this run (its run id, or a sharded directory of ours): removable."""
+        return is_geartrain_checkpoint(path, self.run_id)
+
     def link(self, target: str, link: str, replaces: Iterable[str] = ()) -> None:
         """``ModelCheckpoint(save_last="link")``: on rank 0, ``link`` made a symbolic link to ``target``, then
-        the files ``replaces`` names removed (:func:`~trainer.checkpoint.files.link_last`)."""
+        the files ``replaces`` names removed (a kill in between leaves the link naming a checkpoint)."""
         if self._trainer.is_global_zero:
-            link_last(target, link, replaces)
+            symlink(target, link)
+            for old in replaces:
+                remove_checkpoint(old)
 
     def save_last(self) -> Path:
         """Write ``last.ckpt`` where ``ckpt_path="last"`` finds it (the preemption checkpoint)."""
@@ -321,7 +334,10 @@ class CheckpointConnector:
         if full:  # before anything is loaded: a mismatch is one message, not an error from inside torch
             resume_checks.check_resumable(path, state, t)
         if sharded is not None:  # weights and optimizers in one read, resharded into this run's layout
-            t.strategy.load_sharded(sharded, t.optimizers if full else (), strict=True)
+            from trainer.checkpoint.sharded import load_sharded
+
+            assert t.strategy.module is not None
+            load_sharded(sharded, t.strategy.module, t.optimizers if full else (), strict=True)
         else:
             self._load_weights(path, state["state_dict"])
         if not full:

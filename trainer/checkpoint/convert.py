@@ -13,7 +13,7 @@ sharded directory (one shard) that any world size loads.
 The optimizer state is renumbered between the two layouts: ``optimizer.state_dict()``'s by-index
 layout in a file, keyed by parameter name in a directory (from the names a file records,
 ``optimizer_param_names``). Both writes go through the writer (:func:`~trainer.checkpoint.files.save_checkpoint`,
-``strategies.sharded_checkpoint.save_sharded``), both reads through the reader.
+:func:`~trainer.checkpoint.sharded.save_sharded`), both reads through the reader.
 """
 
 from __future__ import annotations
@@ -25,15 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from strategies.sharded_checkpoint import (
-    checkpoint_error,
-    read_sharded_metadata,
-    safe_planner,
-    safe_reader,
-    save_sharded,
-)
 from trainer.checkpoint.files import save_checkpoint
 from trainer.checkpoint.reader import complete_path, load_checkpoint, read_directory
+from trainer.checkpoint.sharded import save_sharded
+from trainer.checkpoint.sharded_safety import checkpoint_error, read_sharded_metadata, safe_planner, safe_reader
 from trainer.common.errors import CheckpointError
 
 __all__ = ["directory_to_file", "file_to_directory", "main"]

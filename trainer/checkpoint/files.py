@@ -2,10 +2,10 @@
 
 ``ModelCheckpoint``, ``OnExceptionCheckpoint``, ``Trainer.save_checkpoint`` and the converter all
 save through :func:`write_checkpoint` (one file, its extra names as hard links, then the files it
-supersedes removed, in that order) or :class:`AsyncCheckpointWriter` (the same, in a thread, after a
-CPU snapshot). What goes in is the connector's, the names on disk :mod:`trainer.checkpoint.format`'s;
-a sharded directory's shards are written by every rank together (``strategies.sharded_checkpoint``).
-``load_checkpoint`` and the leaf's RNG and state-dict helpers stay importable from here.
+supersedes removed, in that order) or :class:`AsyncCheckpointWriter` (the same in a thread, after a
+CPU snapshot). Every replacement goes through :func:`swap_in`, which replaces only checkpoints of
+ours and sets a directory aside as ``.<name>.old`` until its successor is in place; the ``last``
+link is :func:`symlink`'s. A sharded directory's shards: :mod:`trainer.checkpoint.sharded`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -25,10 +26,9 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.format import FORMAT_VERSION
+from trainer.checkpoint.format import FORMAT_VERSION, SET_ASIDE, is_our_checkpoint_dir
 from trainer.checkpoint.reader import first_reason, load_checkpoint
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import check_replaceable, fsync_dir, remove_checkpoint, swap_in
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
@@ -37,13 +37,16 @@ __all__ = [
     "FORMAT_VERSION",
     "AsyncCheckpointWriter",
     "CheckpointError",
-    "link_last",
+    "check_replaceable",
+    "fsync_dir",
     "load_checkpoint",
     "load_module_state",
     "place_checkpoint",
+    "remove_checkpoint",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "swap_in",
     "write_checkpoint",
 ]
 
@@ -126,6 +129,81 @@ def write_checkpoint(
     return path
 
 
+def check_replaceable(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`CheckpointError` unless ``path`` is absent, a file, a link, or a checkpoint folder of ours.
+
+    A file is replaced whole (as ``torch.save`` and Lightning replace one), a link as a link (what it
+    names is left alone); a folder that is not a checkpoint (a user's, the working directory) is
+    refused with a message naming it, before a byte is written.
+    """
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise CheckpointError(f"Cannot write the checkpoint {path}: {os.strerror(err.errno or 0)}") from err
+    if stat.S_ISLNK(mode) or stat.S_ISREG(mode) or is_our_checkpoint_dir(path):
+        return
+    shown = f"{path} ({path.resolve()})" if path.name in ("", ".", "..") else str(path)
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(
+            f"Refusing to replace {shown}: it is a folder, not a geartrain checkpoint (no .metadata and "
+            "trainer.pt). geartrain replaces only checkpoints it wrote; give a path inside it, e.g. "
+            f"{path / 'last.ckpt'}, or another name"
+        )
+    raise CheckpointError(
+        f"Refusing to replace {shown}: it is not a file or a checkpoint folder (a FIFO, a socket or a "
+        "device); give another name"
+    )
+
+
+def remove_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Delete the checkpoint at ``path`` (a file, a link, or a sharded directory of ours); False if left alone."""
+    path = Path(path)
+    if is_our_checkpoint_dir(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+        return True
+    return not os.path.lexists(path)
+
+
+def swap_in(new: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Rename ``new`` (a file, a link or a directory) to ``path``, over what is there (a checkpoint of ours).
+
+    ``os.replace`` where it can; where a directory is involved on either side, what is at ``path`` is
+    moved aside to ``.<name>.old`` first (a link is removed, never what it names) and deleted once
+    ``new`` is in place and the folder is synced, so a kill in between leaves a loadable checkpoint
+    (the reader's ``complete_path`` finds it).
+    """
+    new, path = Path(new), Path(path)
+    check_replaceable(path)
+    if not any(p.is_dir() and not p.is_symlink() for p in (path, new)):
+        os.replace(new, path)
+        return
+    aside = path.parent / f".{path.name}{SET_ASIDE}"
+    remove_checkpoint(aside)
+    if path.is_symlink():
+        path.unlink()  # save_last="link": the link goes, the directory it named stays
+    elif os.path.lexists(path):
+        os.replace(path, aside)
+    os.replace(new, path)
+    fsync_dir(path.parent)
+    remove_checkpoint(aside)
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make renames in ``directory`` durable (POSIX); a no-op where directories cannot be opened."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def symlink(target: str | os.PathLike[str], link: str | os.PathLike[str]) -> None:
     """Point ``link`` at ``target`` (relative to the link's folder), replacing what was there atomically.
 
@@ -138,14 +216,6 @@ def symlink(target: str | os.PathLike[str], link: str | os.PathLike[str]) -> Non
         os.remove(tmp)
     os.symlink(os.path.relpath(target, os.path.dirname(link) or "."), tmp)
     swap_in(tmp, link)
-
-
-def link_last(target: str, link: str, replaces: Iterable[str] = ()) -> None:
-    """``ModelCheckpoint(save_last="link")``: ``link`` names ``target`` first, then ``replaces`` are removed
-    (a kill in between leaves the link naming a checkpoint)."""
-    symlink(target, link)
-    for old in replaces:
-        remove_checkpoint(old)
 
 
 def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool = True) -> Path:
@@ -249,10 +319,8 @@ class AsyncCheckpointWriter:
         also_at: Iterable[str | os.PathLike[str]] = (),
         replaces: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
-        """Snapshot ``state`` now; write it as :func:`write_checkpoint` does, in the background.
-
-        First waits for the previous write and re-raises its error, in which case this state is not written.
-        """
+        """Snapshot ``state`` now and write it as :func:`write_checkpoint` does, in the background (after
+        waiting for the previous write: its error is raised here, and this state is not written)."""
         self.wait()
         snapshot = snapshot_state(state, reuse=self._buffers)
         args = (snapshot, Path(path), tuple(also_at), tuple(replaces))
@@ -299,7 +367,7 @@ def write_failure(path: Path, err: BaseException) -> str:
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"the disk is full ({os.strerror(seen.errno)}){_free_space(path)}"
+            return f"{os.strerror(seen.errno)} (the disk is full){_free_space(path)}"
         if isinstance(seen, OSError) and seen.errno is not None:
             return f"{os.strerror(seen.errno)} ({seen})"
         seen = seen.__cause__ or seen.__context__

@@ -38,13 +38,13 @@ On disk (the names the writer makes and the reader and resolver follow):
 
 from __future__ import annotations
 
+import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from strategies.sharded_safety import METADATA, TRAINER_STATE
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import PARTIAL, SET_ASIDE, SHARDED_MARKERS
 
 __all__ = [
     "FORMAT_NAME",
@@ -56,11 +56,23 @@ __all__ = [
     "SHARDED_MARKERS",
     "TRAINER_STATE",
     "check_version",
+    "is_geartrain_checkpoint",
     "is_lightning_checkpoint",
+    "is_our_checkpoint_dir",
     "lightning_loops",
     "lightning_resume_state",
     "upgrade",
 ]
+
+#: A sharded checkpoint directory holds DCP's metadata and our trainer state (everything but the model and
+#: optimizer tensors): the two mark it as ours.
+METADATA = ".metadata"
+TRAINER_STATE = "trainer.pt"
+SHARDED_MARKERS = (METADATA, TRAINER_STATE)
+#: ``.<name>`` + this: a sharded directory being written, renamed to ``<name>`` once complete.
+PARTIAL = ".partial"
+#: ``.<name>`` + this: the checkpoint a replacement moved aside, removed once the new one is in place.
+SET_ASIDE = ".old"
 
 FORMAT_NAME = "geartrain"
 #: 2: Lightning's keys (``optimizer_states``, ``hyper_parameters``, ``epoch``, ...); version 1 files
@@ -245,3 +257,33 @@ def _progress(entry: Any, field: str) -> int | None:
     if isinstance(current, Mapping) and field in current:
         return int(current[field])
     return None
+
+
+def is_our_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
+    """True for a real directory (not a link) that a geartrain sharded save wrote: it holds both markers."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and all((path / m).is_file() for m in SHARDED_MARKERS)
+
+
+def is_geartrain_checkpoint(path: str | os.PathLike[str], run_id: str | None = None) -> bool:
+    """True for a checkpoint geartrain wrote: a sharded directory of ours, or a ``torch.save`` file whose
+    pickle opens with geartrain's format key (every file we write puts ``"format": "geartrain"`` first)
+    and, with ``run_id``, names that run among its first keys (``"run_id"``, third).
+
+    A file named by a checkpoint's bookkeeping is deleted only when this holds: a user's file (their
+    own or Lightning's checkpoint, another run's) is never ours to delete, whatever the bookkeeping
+    says. Reads the first bytes of the archive's pickle only, never the tensors.
+    """
+    path = Path(path)
+    if path.is_symlink() or path.is_dir():
+        return is_our_checkpoint_dir(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(pickles) != 1:
+                return False
+            with archive.open(pickles[0]) as data:
+                head = data.read(256)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+    return b"format" in head and b"geartrain" in head and (run_id is None or run_id.encode() in head)

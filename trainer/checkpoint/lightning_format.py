@@ -143,7 +143,7 @@ def load_from_checkpoint(
                 stacklevel=3,
             )
         elif "sharded_directory" in state:
-            from strategies.sharded_checkpoint import load_sharded
+            from trainer.checkpoint.sharded import load_sharded
 
             load_sharded(state["sharded_directory"], obj, strict=use_strict)
         else:

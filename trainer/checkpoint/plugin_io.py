@@ -2,7 +2,7 @@
 
 ``TorchCheckpointIO`` is what geartrain does anyway: an atomic write (:func:`files.save_checkpoint`),
 a ``weights_only=True`` read (:func:`reader.read_checkpoint`), and a removal of our own files only
-(:func:`fs_safety.remove_checkpoint`). ``AsyncCheckpointIO`` wraps another IO and writes in a
+(:func:`files.remove_checkpoint`). ``AsyncCheckpointIO`` wraps another IO and writes in a
 background thread after a CPU snapshot taken in the caller (:func:`files.snapshot_state`, the
 copy ``ModelCheckpoint(async_save=True)`` also takes). A :class:`CheckpointIO` of the user's own
 (``Trainer(plugins=[MyIO()])``, or a strategy's ``checkpoint_io=``) writes, reads and removes the
@@ -17,9 +17,9 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from trainer.checkpoint.files import remove_checkpoint as remove_ours
 from trainer.checkpoint.files import save_checkpoint as write_atomically
 from trainer.checkpoint.files import snapshot_state
-from trainer.common.fs_safety import remove_checkpoint as remove_ours
 
 __all__ = [
     "DEFAULT_IO_TYPES",

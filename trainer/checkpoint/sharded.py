@@ -1,4 +1,4 @@
-"""Sharded checkpoints on ``torch.distributed.checkpoint`` (DCP): every rank writes its own shards.
+"""Sharded checkpoints on ``torch.distributed.checkpoint`` (DCP): every rank writes and reads its own shards.
 
 A sharded checkpoint is a directory named like the file it replaces (``last.ckpt/``,
 ``epoch=3-step=120.ckpt/``)::
@@ -9,28 +9,18 @@ A sharded checkpoint is a directory named like the file it replaces (``last.ckpt
                                    sampler, callbacks, hyperparameters, schedulers), written by
                                    rank 0, read with ``torch.load(weights_only=True)``
 
-No rank gathers the full model or optimizer: each saves what it holds (``full_state_dict=False``),
-and DCP writes a replicated tensor once. Loading reshards: the target is whatever layout the loading
-module has now (FSDP2 shards over M ranks, tensor-parallel DTensors, plain tensors on one device),
-and DCP reads into it the slices it needs, so N ranks' checkpoint resumes on M ranks or one device.
-
-A directory appears complete or not at all: it is written into a temporary sibling, then renamed
-into place (the previous one is moved aside to ``.<name>.old`` first and removed last; the reader,
-``trainer.checkpoint.reader.complete_path``, finds it if a kill came between the two renames).
-
-Loading is as safe as for a file: what DCP would unpickle freely is read by
-:mod:`strategies.sharded_safety` instead.
-
-How a strategy opts in: set ``state_dict_type = "sharded"`` (the base :class:`~strategies.Strategy`'s
-``save_sharded``/``load_sharded`` call the functions here with the user's module, which works for any
-module whose parameters are plain tensors or DTensors: FSDP2, tensor parallel, both). This module
-imports torch and the leaf only.
+No rank gathers the full model or optimizer: each saves what it holds (the strategy's
+``sharded_model_state_dict``), and DCP writes a replicated tensor once. Loading reshards: DCP reads
+into whatever layout the loading module has now (FSDP2 shards over M ranks, tensor-parallel
+DTensors, plain tensors on one device) the slices it needs, so N ranks' checkpoint resumes on M
+ranks or one device. A directory appears complete or not at all: it is written as ``.<name>.partial``
+and renamed into place by the writer's :func:`~trainer.checkpoint.files.swap_in`. What DCP would
+unpickle freely is read by :mod:`trainer.checkpoint.sharded_safety` instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 import threading
@@ -44,8 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies.sharded_safety import (
-    TRAINER_STATE,
+from trainer.checkpoint.files import check_replaceable, fsync_dir, remove_checkpoint, swap_in, write_failure
+from trainer.checkpoint.format import PARTIAL, TRAINER_STATE
+from trainer.checkpoint.sharded_safety import (
     checkpoint_error,
     dcp_failures,
     read_sharded_metadata,
@@ -53,20 +44,8 @@ from strategies.sharded_safety import (
     safe_reader,
 )
 from trainer.common.errors import CheckpointError
-from trainer.common.fs_safety import PARTIAL, check_replaceable, fsync_dir, remove_checkpoint, swap_in
 
-__all__ = [
-    "TRAINER_STATE",
-    "PendingSave",
-    "checkpoint_error",
-    "load_sharded",
-    "read_sharded_metadata",
-    "safe_planner",
-    "safe_reader",
-    "save_sharded",
-    "sharded_model_state",
-    "sharded_optimizer_state",
-]
+__all__ = ["TRAINER_STATE", "PendingSave", "load_sharded", "save_sharded"]
 
 #: The keys of a checkpoint dict whose tensors DCP writes; the rest goes into :data:`TRAINER_STATE`.
 #: Optimizer states are ``optimizer_states`` in a checkpoint dict and ``optimizers`` among DCP's tensors.
@@ -79,63 +58,33 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(full_state_dict=False, **kwargs)
 
 
-def sharded_model_state(module: nn.Module) -> dict[str, Any]:
-    """``module``'s state dict as this rank holds it (DTensor shards where sharded); gathers nothing."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    state: dict[str, Any] = get_model_state_dict(module, options=_options())
-    return state
-
-
-def sharded_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state as this rank holds it, keyed by parameter name; ``{}`` before its first step.
-
-    An optimizer that has not stepped is saved empty rather than through torch's initialising
-    zero-learning-rate step, which would give it state (Adam's ``step``) the uninterrupted run lacks.
-    """
-    if not optimizer.state:
-        return {}
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    state: dict[str, Any] = get_optimizer_state_dict(module, optimizer, options=_options())
-    return state
-
-
-# ------------------------------------------------------------------------------------------ save
 class PendingSave:
-    """A sharded save in flight (``async_save``); :meth:`wait` blocks until it is in place."""
+    """A sharded save, in flight with ``async_``; :meth:`wait` blocks until it is in place."""
 
-    def __init__(self, future: Future[Any] | None, finish: Callable[[], None] | None) -> None:
-        self._future = future
-        self._finish = finish
+    def __init__(self, future: Future[Any] | None = None, finish: Callable[[], None] = lambda: None) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
+
+        def complete(_: Any = None) -> None:
+            try:
+                if future is not None:
+                    future.result()
+                finish()
+            except BaseException as err:
+                self._error = err
+            finally:
+                self._done.set()
+
         if future is None:
-            self._complete()
+            complete()
         else:
-            future.add_done_callback(lambda _: self._complete())
-
-    def _complete(self) -> None:
-        try:
-            if self._future is not None:
-                self._future.result()
-            if self._finish is not None:
-                self._finish()
-        except BaseException as err:
-            self._error = err
-        finally:
-            self._done.set()
-
-    @property
-    def pending(self) -> bool:
-        """True while the write or its renames are still running."""
-        return not self._done.is_set()
+            future.add_done_callback(complete)
 
     def wait(self) -> None:
         """Block until the directory is in place; re-raise the error of a failed write."""
         self._done.wait()
-        if self._error is not None:
-            err, self._error = self._error, None
+        err, self._error = self._error, None
+        if err is not None:
             raise CheckpointError(f"Could not write the sharded checkpoint: {err}") from err
 
 
@@ -164,15 +113,12 @@ def save_sharded(
 ) -> PendingSave:
     """Write checkpoint ``state`` as a sharded directory at ``path``; a collective of every rank.
 
-    ``state["state_dict"]`` and ``state["optimizer_states"]`` (this rank's shards, see
-    :func:`sharded_model_state`) go through ``dcp.save``; the rest of ``state`` becomes
-    :data:`TRAINER_STATE`, written by rank 0. The directory is written into ``.<name>.partial``
-    and renamed into place once complete; then copies are placed at ``also_at`` (hard links) and
-    the directories ``replaces`` names are removed, in that order, so a failure loses nothing.
-
-    With ``async_``, tensors are staged to CPU memory now and written by DCP in the background
-    (``torch.distributed.checkpoint.async_save``); the returned :class:`PendingSave` finishes
-    the renames when the write completes.
+    ``state["state_dict"]`` and ``state["optimizer_states"]`` (this rank's shards) go through
+    ``dcp.save``; the rest of ``state`` becomes :data:`TRAINER_STATE`, written by rank 0. The
+    directory is written into ``.<name>.partial`` and renamed into place once complete; then copies
+    are placed at ``also_at`` (hard links) and the directories ``replaces`` names are removed, in
+    that order, so a failure loses nothing. With ``async_``, tensors are staged to CPU memory now
+    and written by DCP in the background; the :class:`PendingSave` finishes the renames.
     """
     import torch.distributed.checkpoint as dcp
 
@@ -192,12 +138,15 @@ def save_sharded(
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(
                 f"Could not write the sharded checkpoint {path}: writing {tmp / TRAINER_STATE} failed: "
-                f"{_write_reason(err)}"
+                f"{write_failure(tmp, err)}"
             ) from err
-    _barrier()
-    tensors = {"state_dict": dict(state.get("state_dict", {}))}
+    if dist.is_initialized():
+        dist.barrier()
     optimizers = state.get("optimizer_states", state.get("optimizers", []))
-    tensors["optimizers"] = {str(i): opt for i, opt in enumerate(optimizers) if opt}
+    tensors = {
+        "state_dict": dict(state.get("state_dict", {})),
+        "optimizers": {str(i): opt for i, opt in enumerate(optimizers) if opt},
+    }
     writer = dcp.FileSystemWriter(tmp, sync_files=True)
     old = [Path(p) for p in replaces]
 
@@ -205,20 +154,18 @@ def save_sharded(
         if rank0:
             _place(tmp, path, extra, old)
 
-    if not async_:
-        try:
-            with _one_process_quietly():
-                dcp.save(tensors, storage_writer=writer)
-        except dcp_failures() as err:
-            if rank0:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
-        finish()
-        return PendingSave(None, None)
-    group = _async_group() if dist.is_initialized() else None
-    with _one_process_quietly():
-        future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
-    return PendingSave(future, finish)  # type: ignore[arg-type]
+    if async_:
+        group = _async_group() if dist.is_initialized() else None
+        with _one_process_quietly():
+            return PendingSave(dcp.async_save(tensors, storage_writer=writer, process_group=group), finish)  # type: ignore[arg-type]
+    try:
+        with _one_process_quietly():
+            dcp.save(tensors, storage_writer=writer)
+    except dcp_failures() as err:
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
+    return PendingSave(finish=finish)
 
 
 @contextlib.contextmanager
@@ -227,21 +174,6 @@ def _one_process_quietly() -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _write_reason(err: BaseException) -> str:
-    """What stopped a write: the operating system's reason where the chain of errors holds one."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno is not None:
-            return os.strerror(seen.errno) + (" (the disk is full)" if seen.errno == errno.ENOSPC else "")
-        seen = seen.__cause__ or seen.__context__
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def _write_file(path: Path, obj: Any) -> None:
@@ -275,7 +207,6 @@ def _link_or_copy(source: str, dest: str) -> None:
         shutil.copy2(source, dest)
 
 
-# ------------------------------------------------------------------------------------------ load
 def load_sharded(
     path: str | os.PathLike[str],
     module: nn.Module,
@@ -289,12 +220,16 @@ def load_sharded(
     name; an optimizer saved before its first step stays as it is.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     path = Path(path)
-    metadata = read_sharded_metadata(path)
-    saved = set(getattr(metadata, "state_dict_metadata", {}))
-    model = sharded_model_state(module)
+    saved = set(getattr(read_sharded_metadata(path), "state_dict_metadata", {}))
+    model = get_model_state_dict(module, options=_options())
     if strict:
         missing = [k for k in model if f"state_dict.{k}" not in saved]
         if missing:
@@ -303,8 +238,8 @@ def load_sharded(
                 f"({len(missing)} missing). Pass strict=False to load what matches."
             )
         # As a file's load_state_dict(strict=True): weights the module has no place for are refused too.
-        unexpected = [k[len("state_dict.") :] for k in saved if k.startswith("state_dict.")]
-        unexpected = sorted(k for k in unexpected if k not in model)
+        unexpected = sorted(k[len("state_dict.") :] for k in saved if k.startswith("state_dict."))
+        unexpected = [k for k in unexpected if k not in model]
         if unexpected:
             raise CheckpointError(
                 f"Cannot load the weights in {path}: the checkpoint holds {unexpected[:5]} "
@@ -313,21 +248,19 @@ def load_sharded(
             )
     else:
         model = {k: v for k, v in model.items() if f"state_dict.{k}" in saved}
+    wanted = {
+        str(i): opt for i, opt in enumerate(optimizers) if any(key.startswith(f"optimizers.{i}.") for key in saved)
+    }
     target: dict[str, Any] = {"state_dict": model}
-    wanted: dict[str, tuple[torch.optim.Optimizer, dict[str, Any]]] = {}
-    for i, opt in enumerate(optimizers):
-        if any(key.startswith(f"optimizers.{i}.") for key in saved):
-            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-            template: dict[str, Any] = get_optimizer_state_dict(module, opt, options=_options())
-            wanted[str(i)] = (opt, template)
     if wanted:
-        target["optimizers"] = {key: saved_like for key, (_, saved_like) in wanted.items()}
+        target["optimizers"] = {
+            i: get_optimizer_state_dict(module, opt, options=_options()) for i, opt in wanted.items()
+        }
     try:
         with _one_process_quietly():
             dcp.load(target, storage_reader=safe_reader(path), planner=safe_planner())
     except dcp_failures() as err:
         raise checkpoint_error(err, f"Cannot load the sharded checkpoint {path}") from err
     set_model_state_dict(module, target["state_dict"], options=_options(strict=strict))
-    for key, (opt, _) in wanted.items():
-        set_optimizer_state_dict(module, opt, target["optimizers"][key], options=_options())
+    for i, opt in wanted.items():
+        set_optimizer_state_dict(module, opt, target["optimizers"][i], options=_options())

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint.format import METADATA, TRAINER_STATE
 from trainer.common.errors import CheckpointError
 
 __all__ = [
@@ -29,10 +30,6 @@ __all__ = [
     "safe_planner",
     "safe_reader",
 ]
-
-#: The file inside a sharded checkpoint directory that holds everything but model and optimizer tensors.
-TRAINER_STATE = "trainer.pt"
-METADATA = ".metadata"
 
 
 def dcp_failures() -> tuple[type[BaseException], ...]:
