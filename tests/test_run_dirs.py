@@ -19,7 +19,8 @@ import torch
 
 from tests.helpers.cli import run_dirs, run_geartrain
 from tests.helpers.command_server import start
-from trainer.cli.run_dirs import claim_run_dir, locked_run_dir, resolve_last_checkpoint, unique_run_dir_overrides
+from trainer.checkpoint.resolve import resolve_last_checkpoint
+from trainer.cli.run_dirs import claim_run_dir, locked_run_dir, unique_run_dir_overrides
 from trainer.common.errors import ConfigError
 
 QUICK = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "task=fit")

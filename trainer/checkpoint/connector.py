@@ -22,7 +22,7 @@ from trainer.checkpoint.format import (
     is_geartrain_checkpoint,
     lightning_loops,
 )
-from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, save_with, teardown_io
+from trainer.checkpoint.plugin_io import is_default_io, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
 from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
 from trainer.common.errors import CheckpointError
@@ -215,9 +215,7 @@ class CheckpointConnector:
                 "trainer.checkpointing.in_accumulation_window is False (in on_train_batch_end after the "
                 "window's optimizer step, or at an epoch's end), or pass weights_only=True"
             )
-        if (
-            type(t.strategy.checkpoint_io) not in DEFAULT_IO_TYPES
-        ):  # the user's IO writes the full state (every rank gathers)
+        if not is_default_io(t.strategy.checkpoint_io):  # the user's IO writes the full state (every rank gathers)
             return save_with(t, self.state(weights_only), path, also_at, replaces, storage_options)
         if t.strategy.state_dict_type == "sharded" and self.adopted is None:
             self.wait()  # one save in flight at a time, in order
@@ -320,7 +318,7 @@ class CheckpointConnector:
         """Read ``path`` once and load what it holds (see :meth:`restore`)."""
         t = self._trainer
         io = t.strategy.checkpoint_io
-        own = type(io) in DEFAULT_IO_TYPES  # else the user's CheckpointIO reads the file, and ours recognises it
+        own = is_default_io(io)  # else the user's CheckpointIO reads the file, and ours recognises it
         state = read_any(path) if own else recognise(io.load_checkpoint(str(path), weights_only=None), path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None

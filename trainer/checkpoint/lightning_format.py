@@ -25,7 +25,12 @@ from typing import IO, Any, TypeVar
 import torch
 
 from trainer.checkpoint.format import is_lightning_checkpoint, lightning_resume_state, upgrade
-from trainer.checkpoint.reader import LIGHTNING_SAFE_GLOBALS, check_checkpoint_file, read_checkpoint
+from trainer.checkpoint.reader import (
+    LIGHTNING_SAFE_GLOBALS,
+    PickledObjectsError,
+    check_checkpoint_file,
+    read_checkpoint,
+)
 from trainer.common.errors import CheckpointError, UserError
 from trainer.hparams import restore_hparams
 
@@ -70,20 +75,8 @@ def _read_safely(path: str | os.PathLike[str] | IO[bytes], map_location: Any, cl
     """:func:`read_checkpoint`; a refusal of pickled objects says how Lightning users load such a file."""
     try:
         return read_checkpoint(path, map_location)
-    except CheckpointError as err:
-        if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
-            raise
-        try:
-            objects = [
-                name
-                for name in torch.serialization.get_unsafe_globals_in_checkpoint(path)
-                if all(name != qualified for _, qualified in LIGHTNING_SAFE_GLOBALS)
-            ]
-        except Exception:
-            objects = []
-        if not objects:
-            raise
-        raise CheckpointError(
+    except PickledObjectsError as err:
+        raise PickledObjectsError(
             f"{err} If the file comes from a source you trust, load it with "
             f"{cls.__name__}.load_from_checkpoint(path, weights_only=False), as in Lightning: its pickled "
             "objects are then rebuilt, which runs their code."

@@ -22,7 +22,6 @@ from trainer.checkpoint.files import save_checkpoint as write_atomically
 from trainer.checkpoint.files import snapshot_state
 
 __all__ = [
-    "DEFAULT_IO_TYPES",
     "AsyncCheckpointIO",
     "CheckpointIO",
     "TorchCheckpointIO",
@@ -183,15 +182,11 @@ class AsyncCheckpointIO(_WrappingCheckpointIO):
             raise error
 
 
-#: The types of ``strategy.checkpoint_io`` that mean geartrain's own writing and reading (no IO, or a
-#: plain ``TorchCheckpointIO``; a subclass is the user's): the connector then writes and reads as it
-#: always does (links for ``last.ckpt``, asynchronous writes, sharded directories).
-DEFAULT_IO_TYPES: tuple[type, ...] = (type(None), TorchCheckpointIO)
-
-
 def is_default_io(io: Any) -> bool:
-    """Whether ``io`` is geartrain's own writing and reading (:data:`DEFAULT_IO_TYPES`)."""
-    return type(io) in DEFAULT_IO_TYPES
+    """Whether ``io`` means geartrain's own writing and reading: no IO, or a plain ``TorchCheckpointIO`` (a
+    subclass is the user's). The connector then writes and reads as it always does (links for
+    ``last.ckpt``, asynchronous writes, sharded directories); otherwise it goes through ``io``."""
+    return type(io) in (type(None), TorchCheckpointIO)
 
 
 def save_with(
@@ -200,21 +195,16 @@ def save_with(
     """A save through the user's IO (``trainer.strategy.checkpoint_io``), on rank 0, then a barrier: ``state``
     written at ``path`` and at each ``also_at`` path (the ``last`` copy), then each file in ``replaces``
     removed through it, as Lightning's callbacks do."""
+    io = trainer.strategy.checkpoint_io
     if trainer.is_global_zero:
-        _write_and_remove(trainer.strategy.checkpoint_io, state, path, also_at, replaces, storage_options)
+        for target in (path, *also_at):
+            if storage_options is None:  # Lightning's IO classes of two arguments are called as Lightning calls them
+                io.save_checkpoint(state, os.fspath(target))
+            else:
+                io.save_checkpoint(state, os.fspath(target), storage_options=storage_options)
+        for old in replaces:
+            io.remove_checkpoint(os.fspath(old))
     trainer.strategy.barrier("save_checkpoint")
-
-
-def _write_and_remove(
-    io: CheckpointIO, state: dict[str, Any], path: Any, also_at: Any, replaces: Any, storage_options: Any
-) -> None:
-    for target in (path, *also_at):
-        if storage_options is None:  # Lightning's IO classes of two arguments are called as Lightning calls them
-            io.save_checkpoint(state, os.fspath(target))
-        else:
-            io.save_checkpoint(state, os.fspath(target), storage_options=storage_options)
-    for old in replaces:
-        io.remove_checkpoint(os.fspath(old))
 
 
 def teardown_io(io: Any) -> None:

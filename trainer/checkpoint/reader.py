@@ -40,6 +40,7 @@ from trainer.common.state_dict import plain_state_dict
 
 __all__ = [
     "LIGHTNING_SAFE_GLOBALS",
+    "PickledObjectsError",
     "check_checkpoint_file",
     "complete_path",
     "first_reason",
@@ -252,11 +253,15 @@ def first_reason(err: BaseException) -> str:
 _SAFE_IMPORTS = ("torch.", "collections.OrderedDict", "builtins.")
 
 
+class PickledObjectsError(CheckpointError):
+    """A checkpoint that holds pickled Python objects, which ``weights_only=True`` refuses to rebuild."""
+
+
 def unreadable(path: Path, err: Exception) -> CheckpointError:
     """The error for a file ``torch.load(weights_only=True)`` refused: pickled objects, or a damaged file."""
     imports = _unsafe_globals(path)
     if imports:
-        return CheckpointError(
+        return PickledObjectsError(
             f"Checkpoint {path} holds pickled Python objects ({', '.join(imports[:5])}), which could run "
             "code when loaded; refusing it. geartrain checkpoints hold only tensors and plain containers."
         )

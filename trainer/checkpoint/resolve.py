@@ -1,15 +1,12 @@
 """The one resolver: which checkpoint ``ckpt_path="last"`` means, for the ``Trainer`` and the ``geartrain`` command.
 
 The ``Trainer`` (:func:`resolve_ckpt_path`, Lightning's meaning; ``"best"`` is the checkpoint
-callback's ``best_model_path``): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of this Trainer's checkpoint
-folder, else what a kill left there (:func:`newest_complete_checkpoint`). The ``geartrain`` command
-(:func:`resolve_last_checkpoint`): this run's own, else the newest ``last.ckpt`` of *the same job*, a
-run started with the same overrides but for the budget (``max_epochs``, ``max_steps``,
-``max_time``), the task and ``ckpt_path``, so a run never continues another job's state (another
-strategy, another sweep job, another experiment); ``ckpt_path=<a run folder>`` takes that run's
-newest complete checkpoint (:func:`run_folder_checkpoint`). A checkpoint is *complete* when it is a
-torch file, or a sharded directory holding both markers; a set-aside ``.<name>.old``, a dangling link
-and a half-written directory are recovered or skipped with a one-line notice.
+callback's ``best_model_path``): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of its
+checkpoint folder, else what a kill left there (:func:`newest_complete_checkpoint`: a set-aside
+``.<name>.old`` recovered, a dangling link or a half-written directory skipped, each with a notice).
+The ``geartrain`` command (:func:`resolve_last_checkpoint`): this run's own, else the newest
+``last.ckpt`` of *the same job* (:func:`same_line`), so a run never continues another job's state;
+``ckpt_path=<a run folder>`` takes that run's newest complete checkpoint (:func:`run_folder_checkpoint`).
 """
 
 from __future__ import annotations
@@ -47,20 +44,16 @@ __all__ = [
 _RESUME_KEYS = ("ckpt_path", "task", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
 
 
-def is_checkpoint_file(path: Path) -> bool:
-    """A regular file in torch's format (a zip archive; every ``torch.save`` since torch 1.6 writes one)."""
-    try:
-        return zipfile.is_zipfile(path)
-    except OSError:
-        return False
-
-
 def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """A torch checkpoint file, or a sharded directory with both markers (followed through links)."""
+    """A torch checkpoint file (a zip archive, as every ``torch.save`` writes), or a sharded directory with
+    both markers (followed through links)."""
     path = Path(path)
     if path.is_dir():
         return all((path / m).is_file() for m in SHARDED_MARKERS)
-    return path.is_file() and is_checkpoint_file(path)
+    try:
+        return path.is_file() and zipfile.is_zipfile(path)
+    except OSError:
+        return False
 
 
 def newest_complete_checkpoint(
@@ -199,16 +192,6 @@ def _overrides(run_dir: Path) -> list[str] | None:
     return [str(x) for x in loaded] if isinstance(loaded, list) else None
 
 
-def _pairs(overrides: Sequence[str]) -> dict[str, str]:
-    pairs = {}
-    for item in overrides:
-        if "=" not in item:
-            continue  # not an override (a flag's value, such as --config-dir's folder)
-        key, _, value = item.lstrip("+~").partition("=")
-        pairs[key] = value
-    return pairs
-
-
 def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool = False) -> bool:
     """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
 
@@ -217,12 +200,12 @@ def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool = False) -
     or learning rate is another job, whose state this run must never continue (in a sweep: job 1
     never takes job 0's). ``sweep`` is kept for callers; the rule is the same.
     """
-    a, b = _pairs(mine), _pairs(theirs)
 
-    def keep(key: str) -> bool:
-        return key not in _RESUME_KEYS and not key.startswith("hydra.")
+    def job(overrides: Sequence[str]) -> dict[str, str]:
+        pairs = (item.lstrip("+~").partition("=") for item in overrides if "=" in item)  # not a flag's value
+        return {key: value for key, _, value in pairs if key not in _RESUME_KEYS and not key.startswith("hydra.")}
 
-    return {k: v for k, v in a.items() if keep(k)} == {k: v for k, v in b.items() if keep(k)}
+    return job(mine) == job(theirs)
 
 
 def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str], sweep: bool) -> str:

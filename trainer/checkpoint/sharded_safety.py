@@ -18,18 +18,11 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.format import METADATA, TRAINER_STATE
+from trainer.checkpoint.format import METADATA
+from trainer.checkpoint.reader import first_reason
 from trainer.common.errors import CheckpointError
 
-__all__ = [
-    "METADATA",
-    "TRAINER_STATE",
-    "checkpoint_error",
-    "dcp_failures",
-    "read_sharded_metadata",
-    "safe_planner",
-    "safe_reader",
-]
+__all__ = ["checkpoint_error", "dcp_failures", "read_sharded_metadata", "safe_planner", "safe_reader"]
 
 
 def dcp_failures() -> tuple[type[BaseException], ...]:
@@ -47,26 +40,15 @@ def checkpoint_error(err: BaseException, what: str) -> CheckpointError:
     more, so it is passed on as it is, and any other error is named with the file it concerns.
     """
     failures = getattr(err, "failures", None)
-    if isinstance(failures, dict):
-        unwrapped = {rank: _unwrap(failure) for rank, failure in failures.items()}
-        for failure in unwrapped.values():
-            if isinstance(failure, CheckpointError):
-                return failure
-            cause = getattr(failure, "__cause__", None)
-            if isinstance(cause, CheckpointError):
-                return cause
-        reasons = "; ".join(f"rank {rank}: {_one_line(e)}" for rank, e in sorted(unwrapped.items()))
-        return CheckpointError(f"{what}: {reasons}")
-    if isinstance(err, CheckpointError):
-        return err
-    return CheckpointError(f"{what}: {_one_line(err)}")
-
-
-def _unwrap(failure: Any) -> Any:
-    """DCP's ``(exception, StackSummary)`` pair → the exception (older torch passes it bare)."""
-    if isinstance(failure, tuple) and failure and isinstance(failure[0], BaseException):
-        return failure[0]
-    return failure
+    if not isinstance(failures, dict):
+        return err if isinstance(err, CheckpointError) else CheckpointError(f"{what}: {_one_line(err)}")
+    # (exception, StackSummary) pairs; older torch passes the exception bare
+    unwrapped = {rank: f[0] if isinstance(f, tuple) and f else f for rank, f in failures.items()}
+    for failure in unwrapped.values():
+        for refusal in (failure, getattr(failure, "__cause__", None)):
+            if isinstance(refusal, CheckpointError):
+                return refusal
+    return CheckpointError(f"{what}: " + "; ".join(f"rank {r}: {_one_line(e)}" for r, e in sorted(unwrapped.items())))
 
 
 def _one_line(err: BaseException) -> str:
@@ -76,15 +58,6 @@ def _one_line(err: BaseException) -> str:
         return f"{os.strerror(err.errno)}{where}"
     text = str(err).splitlines()[0] if str(err) else ""
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-def _reason(err: BaseException) -> str:
-    """The line of torch's error that says what is wrong, never its advice to load with weights_only=False."""
-    text = str(err)
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        return text.split(marker, 1)[1].strip().splitlines()[0]
-    return type(err).__name__
 
 
 # The classes DCP's ``.metadata`` pickle may name: its own plain data classes, and torch's sizes,
@@ -210,7 +183,7 @@ def safe_planner(base: type[Any] | None = None) -> Any:
             except Exception as err:
                 raise CheckpointError(
                     f"The value {fqn!r} of a sharded checkpoint cannot be read with weights_only=True, "
-                    f"refusing it: {_reason(err)}"
+                    f"refusing it: {first_reason(err)}"
                 ) from err
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[fqn], obj)

@@ -1,4 +1,4 @@
-"""Run directories of the ``geartrain`` command: one per run, never shared, and ``ckpt_path=last`` within a run's own line.
+"""Run directories of the ``geartrain`` command: one per run, never shared, locked while the run lives.
 
 Hydra names a run's folder after the second it started (``outputs/<date>/<time>``), so runs started
 in the same second would share one: mixed checkpoints, two event files, one run's ``overrides.yaml``
@@ -7,9 +7,7 @@ process can win, and a suffix (``-2``, ``-3``, ...) is added until one is free. 
 advisory lock on its folder while it runs (``flock``: released by the operating system when the
 process ends, kill -9 included), so two runs given the same ``hydra.run.dir`` cannot interleave.
 The lock file is removed as the run ends (a run killed with kill -9 leaves it, unheld: harmless).
-
-``ckpt_path=last`` (the newest ``last.ckpt`` of the same job) is resolved by the one resolver,
-:mod:`trainer.checkpoint.resolve`, whose names are importable from here too.
+``ckpt_path=last`` (the newest ``last.ckpt`` of the same job) is the resolver's (:mod:`trainer.checkpoint.resolve`).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from trainer.common.errors import ConfigError
 
@@ -77,7 +75,7 @@ def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> l
     asked Hydra for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...).
     """
     args = list(argv)
-    if any(a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args):
+    if _runs_nothing(args):
         return []
     sweep = any(a in ("-m", "--multirun") for a in args)
     key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
@@ -89,6 +87,13 @@ def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> l
     return [f"{key}={claim_run_dir(base).as_posix()}"]
 
 
+def _runs_nothing(args: Sequence[str]) -> bool:
+    """Whether Hydra is asked for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...)."""
+    return any(
+        a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args
+    )
+
+
 def held_folder(argv: Sequence[str]) -> Path | None:
     """The folder a run on ``argv`` writes into (``hydra.run.dir``, or ``hydra.sweep.dir`` with ``-m``).
 
@@ -96,7 +101,7 @@ def held_folder(argv: Sequence[str]) -> Path | None:
     (``${now:...}``), which only Hydra can resolve.
     """
     args = list(argv)
-    if any(a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args):
+    if _runs_nothing(args):
         return None
     key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
     values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith(f"{key}=")]
@@ -173,13 +178,3 @@ def locked_run_dir(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         release_lock(lock, handle)
-
-
-def __getattr__(name: str) -> Any:
-    """``resolve_last_checkpoint`` and ``run_folder_checkpoint`` under their earlier home, imported on first
-    use (the resolver's package imports torch, which the command's start-up does not need)."""
-    if name in ("resolve_last_checkpoint", "run_folder_checkpoint"):
-        from trainer.checkpoint import resolve
-
-        return getattr(resolve, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
