@@ -421,19 +421,16 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     @override
     def state_dict(self) -> dict[str, Any]:
         # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's. Scores are
-        # 0-d tensors, as Lightning's: a float32 metric keeps its dtype and compares as it was logged.
-        def score(value: float | None) -> torch.Tensor | None:
-            return None if value is None else torch.tensor(value)
-
+        # 0-d tensors, as Lightning's (the properties below): a metric compares as it was logged.
         return {
             "monitor": self.monitor,
-            "best_model_score": score(self._best_score),
+            "best_model_score": self.best_model_score,
             "best_model_path": self.best_model_path,
-            "current_score": score(self._current_score),
+            "current_score": self.current_score,
             "dirpath": str(self.dirpath),
             "best_k_models": {path: torch.tensor(value) for path, value in self._best_k.items()},
             "kth_best_model_path": self.kth_best_model_path,
-            "kth_value": score(self._kth_value),
+            "kth_value": self.kth_value,
             "last_model_path": self.last_model_path,
             **self.schedule_state(),
         }

@@ -111,13 +111,13 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def _counts(n: int, *names: str) -> dict[str, int]:
-    return dict.fromkeys(names, n)
+def _tracked(total: int, current: int = 0, names: tuple[str, ...] = ("ready", "completed")) -> dict[str, Any]:
+    """A Lightning progress entry: each counter of ``names`` at ``total`` in the run, ``current`` in the epoch."""
+    return {"total": dict.fromkeys(names, total), "current": dict.fromkeys(names, current)}
 
 
 def _batch_progress(total: int, current: int, is_last: bool | None) -> dict[str, Any]:
-    names = ("ready", "completed", "started", "processed")
-    entry: dict[str, Any] = {"total": _counts(total, *names), "current": _counts(current, *names)}
+    entry = _tracked(total, current, ("ready", "completed", "started", "processed"))
     if is_last is not None:
         entry["is_last_batch"] = is_last
     return entry
@@ -144,12 +144,8 @@ def lightning_loops(progress: Mapping[str, Any], automatic_optimization: bool) -
     # Epochs started and epochs whose training is done: equal when no epoch is under way.
     started = epoch + 1 if finished or batches else epoch
     done = epoch + 1 if finished else epoch
-    steps = {"total": _counts(step, "ready", "completed"), "current": _counts(0, "ready", "completed")}
-    no_steps = {"total": _counts(0, "ready", "completed"), "current": _counts(0, "ready", "completed")}
-    zero_grad = {
-        "total": _counts(step if automatic_optimization else 0, "ready", "completed", "started"),
-        "current": _counts(0, "ready", "completed", "started"),
-    }
+    steps, no_steps = _tracked(step), _tracked(0)
+    zero_grad = _tracked(step if automatic_optimization else 0, names=("ready", "completed", "started"))
     fit_loop: dict[str, Any] = {
         "state_dict": {},
         "epoch_loop.state_dict": {"_batches_that_stepped": step},
@@ -164,8 +160,8 @@ def lightning_loops(progress: Mapping[str, Any], automatic_optimization: bool) -
         "epoch_loop.val_loop.state_dict": {},
         "epoch_loop.val_loop.batch_progress": _batch_progress(0, 0, False),
         "epoch_progress": {
-            "total": {**_counts(started, "ready", "started"), **_counts(done, "completed", "processed")},
-            "current": {**_counts(started, "ready", "started"), **_counts(done, "completed", "processed")},
+            key: {**dict.fromkeys(("ready", "started"), started), **dict.fromkeys(("completed", "processed"), done)}
+            for key in ("total", "current")
         },
     }
     return {
