@@ -44,7 +44,6 @@ __all__ = [
     "check_checkpoint_file",
     "complete_path",
     "first_reason",
-    "is_sharded_checkpoint",
     "load_checkpoint",
     "read_any",
     "read_checkpoint",
@@ -166,11 +165,6 @@ def complete_path(path: str | os.PathLike[str]) -> Path:
     return old if old.exists() else path
 
 
-def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """True for a directory a sharded save wrote (it holds DCP's ``.metadata``)."""
-    return (Path(path) / METADATA).is_file()
-
-
 def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A sharded checkpoint's trainer state, format-checked; ``"sharded_directory"`` names the tensors' place.
 
@@ -178,7 +172,7 @@ def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
     shards), so the resume checks count them as they count a file's.
     """
     path = Path(path)
-    if not is_sharded_checkpoint(path):
+    if not (path / METADATA).is_file():  # not a directory a sharded save wrote
         check_checkpoint_file(path)  # says what it is instead: missing, a plain directory, ...
     state = _trainer_state(path)
     if state.get("format") != FORMAT_NAME:

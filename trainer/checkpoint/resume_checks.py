@@ -146,17 +146,13 @@ def _check_kinds(
             differs = saved_types[i] != type(obj).__name__
             was = saved_types[i]
         else:  # an older checkpoint: tell the kinds apart by the keys their states hold
-            differs = _signature(state, what) != _signature(_state_of(obj), what)
+            differs = _signature(state, what) != _signature(obj.state_dict(), what)
             was = "another kind (" + ", ".join(sorted(_signature(state, what))) + ")"
         if differs:
             raise CheckpointError(
                 f"{path} was trained with the {what} {was}, this run configures {type(obj).__name__}: "
                 f"resume with the {what} it was trained with, or {weights_only_hint(path)}"
             )
-
-
-def _state_of(obj: Any) -> Any:
-    return obj.state_dict()
 
 
 def _signature(state: Any, what: str) -> set[str]:
