@@ -193,12 +193,7 @@ def _trainer_state(path: Path) -> dict[str, Any]:
             f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
             "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
         )
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise CheckpointError(
-            f"Checkpoint {file} cannot be read with weights_only=True, refusing it: {first_reason(err)}"
-        ) from err
+    state = _load(file, "cpu", ())
     if not isinstance(state, dict):
         raise CheckpointError(f"{file} holds a {type(state).__name__}, not a checkpoint dict")
     return state
@@ -257,7 +252,8 @@ def unreadable(path: Path, err: Exception) -> CheckpointError:
     if imports:
         return PickledObjectsError(
             f"Checkpoint {path} holds pickled Python objects ({', '.join(imports[:5])}), which could run "
-            "code when loaded; refusing it. geartrain checkpoints hold only tensors and plain containers."
+            "code when loaded; refusing it (weights_only=True). geartrain checkpoints hold only tensors and "
+            "plain containers."
         )
     return CheckpointError(
         f"Checkpoint {path} is not a readable torch file (truncated or corrupted?): {first_reason(err)}"
