@@ -22,7 +22,7 @@ from trainer.checkpoint.format import (
     is_geartrain_checkpoint,
     lightning_loops,
 )
-from trainer.checkpoint.plugin_io import is_default_io, save_with, teardown_io
+from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, is_default_io, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
 from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
 from trainer.common.errors import CheckpointError
@@ -318,7 +318,7 @@ class CheckpointConnector:
         """Read ``path`` once and load what it holds (see :meth:`restore`)."""
         t = self._trainer
         io = t.strategy.checkpoint_io
-        own = is_default_io(io)  # else the user's CheckpointIO reads the file, and ours recognises it
+        own = type(io) in DEFAULT_IO_TYPES  # else the user's CheckpointIO reads the file, and ours recognises it
         state = read_any(path) if own else recognise(io.load_checkpoint(str(path), weights_only=None), path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
