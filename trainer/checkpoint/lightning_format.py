@@ -15,60 +15,20 @@ from __future__ import annotations
 
 import inspect
 import os
-import pickle
-import types
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import torch
 
 from trainer.checkpoint.format import is_lightning_checkpoint, lightning_resume_state, upgrade
-from trainer.checkpoint.reader import (
-    LIGHTNING_SAFE_GLOBALS,
-    PickledObjectsError,
-    check_checkpoint_file,
-    read_checkpoint,
-)
-from trainer.common.errors import CheckpointError, UserError
+from trainer.checkpoint.reader import PickledObjectsError, read_checkpoint
+from trainer.common.errors import UserError
 from trainer.hparams import restore_hparams
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
 
 T = TypeVar("T")
-
-
-class _LightningUnpickler(pickle.Unpickler):
-    """Unpickles everything (``weights_only=False``), Lightning's ``AttributeDict`` as a plain dict,
-    so a Lightning file loads whether or not Lightning is installed."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if any(f"{module}.{name}" == qualified for _, qualified in LIGHTNING_SAFE_GLOBALS):
-            return dict
-        return super().find_class(module, name)
-
-
-#: The ``pickle_module`` handed to ``torch.load(weights_only=False)``.
-_TRUSTING_PICKLE = types.ModuleType("geartrain_trusting_pickle")
-_TRUSTING_PICKLE.Unpickler = _LightningUnpickler  # type: ignore[attr-defined]
-_TRUSTING_PICKLE.load = pickle.load  # type: ignore[attr-defined]  # files in torch's legacy format
-
-
-def _read_trusting(path: str | os.PathLike[str] | IO[bytes], map_location: Any) -> dict[str, Any]:
-    """``torch.load(weights_only=False)``: the file's pickled objects are rebuilt, running their code."""
-    where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
-    if isinstance(path, (str, os.PathLike)):
-        if Path(path).is_dir():
-            return read_checkpoint(path, map_location)  # a sharded directory holds no pickled objects
-        check_checkpoint_file(Path(path))
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=False, pickle_module=_TRUSTING_PICKLE)
-    except Exception as err:
-        raise CheckpointError(f"Cannot read checkpoint {where} (weights_only=False): {err}") from err
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
-    return state
 
 
 def _read_safely(path: str | os.PathLike[str] | IO[bytes], map_location: Any, cls: type) -> dict[str, Any]:
@@ -100,8 +60,8 @@ def load_from_checkpoint(
     hyperparameters that are pickled objects; ``None`` or ``True``: only safe types.
     """
     location = map_location if map_location is not None else "cpu"
-    if weights_only is False:
-        state = _read_trusting(checkpoint_path, location)
+    if weights_only is False:  # as Lightning: the file's pickled objects are rebuilt, running their code
+        state = read_checkpoint(checkpoint_path, location, trusted=True)
     else:
         state = _read_safely(checkpoint_path, location, cls)
     lightning = is_lightning_checkpoint(state)

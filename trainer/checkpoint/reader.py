@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import re
 import stat
+import types
 from pathlib import Path
 from typing import IO, Any
 
@@ -122,13 +124,19 @@ def _recognise(path: Path, state: dict[str, Any], lightning: bool, plain: bool) 
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
 
 
-def read_checkpoint(path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed)."""
+def read_checkpoint(
+    path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu", trusted: bool = False
+) -> dict[str, Any]:
+    """Load a geartrain or Lightning checkpoint with ``weights_only=True`` (Lightning's AttributeDict allowed).
+
+    ``trusted`` (``load_from_checkpoint(weights_only=False)``, for files the user trusts): with
+    ``weights_only=False``, every pickled object rebuilt, Lightning's ``AttributeDict`` as a plain dict.
+    """
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
     if isinstance(path, (str, os.PathLike)):
         check_checkpoint_file(Path(path))
-    state = _load(path, map_location, LIGHTNING_SAFE_GLOBALS)
+    state = _load(path, map_location, LIGHTNING_SAFE_GLOBALS, trusted)
     if not isinstance(state, dict):
         raise CheckpointError(f"{_where(path)} holds a {type(state).__name__}, not a checkpoint dict")
     return state
@@ -138,12 +146,34 @@ def _where(path: str | os.PathLike[str] | IO[bytes]) -> Any:
     return path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
 
 
-def _load(path: str | os.PathLike[str] | IO[bytes], map_location: Any, allowed: list[Any] | tuple[()]) -> Any:
-    """The one ``torch.load(weights_only=True)`` of a checkpoint file; a refusal says why (:func:`unreadable`)."""
+class _LightningUnpickler(pickle.Unpickler):
+    """Unpickles everything (``weights_only=False``), Lightning's ``AttributeDict`` as a plain dict,
+    so a Lightning file loads whether or not Lightning is installed."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if any(f"{module}.{name}" == qualified for _, qualified in LIGHTNING_SAFE_GLOBALS):
+            return dict
+        return super().find_class(module, name)
+
+
+#: The ``pickle_module`` handed to ``torch.load(weights_only=False)``.
+_TRUSTING_PICKLE = types.ModuleType("geartrain_trusting_pickle")
+_TRUSTING_PICKLE.Unpickler = _LightningUnpickler  # type: ignore[attr-defined]
+_TRUSTING_PICKLE.load = pickle.load  # type: ignore[attr-defined]  # files in torch's legacy format
+
+
+def _load(
+    path: str | os.PathLike[str] | IO[bytes], map_location: Any, allowed: list[Any] | tuple[()], trusted: bool = False
+) -> Any:
+    """The one ``torch.load`` of a checkpoint file, ``weights_only=True`` unless ``trusted``; a refusal says why."""
     try:
+        if trusted:
+            return torch.load(path, map_location=map_location, weights_only=False, pickle_module=_TRUSTING_PICKLE)
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
+        if trusted:
+            raise CheckpointError(f"Cannot read checkpoint {_where(path)} (weights_only=False): {err}") from err
         if isinstance(path, (str, os.PathLike)):
             raise unreadable(Path(path), err) from err
         raise CheckpointError(
