@@ -65,14 +65,14 @@ def types_of(objects: Sequence[Any]) -> list[str]:
 
 def weights_only_hint(path: Path) -> str:
     """How to start afresh from a checkpoint's weights: a plain state dict initialises them only."""
+    convert, file = "", str(path)
     if Path(path).is_dir():  # a sharded directory: torch.load cannot read a folder; one file first
-        return (
-            f"start afresh from its weights: convert it to one file (python -m trainer.checkpoint.convert "
-            f"to-file {path} full.ckpt), save the weights with torch.save(torch.load('full.ckpt', "
-            "weights_only=True)['state_dict'], 'weights.pt') and pass ckpt_path='weights.pt'"
+        convert, file = (
+            f"convert it to one file (python -m trainer.checkpoint.convert to-file {path} full.ckpt), ",
+            "full.ckpt",
         )
     return (
-        f"start afresh from its weights: save them with torch.save(torch.load('{path}', "
+        f"start afresh from its weights: {convert}save them with torch.save(torch.load('{file}', "
         "weights_only=True)['state_dict'], 'weights.pt') and pass ckpt_path='weights.pt'"
     )
 
