@@ -5,13 +5,15 @@ planner reads non-tensor values with ``torch.load(weights_only=False)``: a craft
 run code. Here the metadata goes through an unpickler that admits only DCP's own metadata classes
 and torch's dtypes, layouts and sizes, every value through ``torch.load(weights_only=True)`` (the
 trainer state file is read by the trainer's reader), and DCP's wrapped errors become one :class:`CheckpointError`
-that names the file and the refused name. Imports torch and the leaf only.
+that names the file and the refused name.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import os
+import pathlib
 import pickle
 from pathlib import Path
 from typing import Any
@@ -78,19 +80,13 @@ class _MetadataUnpickler(pickle.Unpickler):
                 return obj
         if (module, name) == ("torch.serialization", "_get_layout"):  # torch's weights_only loader admits it
             return torch.serialization._get_layout
-        if module == "torch" and name == "Size":
-            return torch.Size
         if module == "torch":
             obj = getattr(torch, name, None)
-            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+            if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
                 return obj
         if module == "pathlib" and name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
-            import pathlib
-
             return getattr(pathlib, name)  # the checkpoint id DCP records; making a path runs nothing
-        if module == "collections" and name == "OrderedDict":
-            import collections
-
+        if (module, name) == ("collections", "OrderedDict"):
             return collections.OrderedDict
         raise pickle.UnpicklingError(f"{module}.{name}")
 
