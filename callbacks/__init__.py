@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from callbacks.model_summary import ModelSummary, RichModelSummary
     from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from callbacks.prediction_writer import BasePredictionWriter, join_predictions
-    from callbacks.progress import ProgressBar, RichProgressBar
+    from callbacks.progress import ProgressBar
     from callbacks.pruning import ModelPruning
+    from callbacks.rich_progress import RichProgressBar
     from callbacks.spike import SpikeDetection
     from callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from callbacks.tensorboard import TensorBoardLogger
@@ -61,7 +62,7 @@ _LAZY = {
     "OnExceptionCheckpoint": "callbacks.on_exception_checkpoint",
     "ProgressBar": "callbacks.progress",
     "RichModelSummary": "callbacks.model_summary",
-    "RichProgressBar": "callbacks.progress",
+    "RichProgressBar": "callbacks.rich_progress",
     "TQDMProgressBar": "callbacks.tqdm_progress",
     "TensorBoardLogger": "callbacks.tensorboard",
     "ThroughputMonitor": "callbacks.throughput",

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["ProgressBar", "RichProgressBar", "get_standard_metrics"]
+__all__ = ["ProgressBar", "get_standard_metrics"]
 
 
 def _clock(seconds: float) -> str:
@@ -365,30 +365,6 @@ class ProgressBar(Callback):
             self._progress.stop()
             self._progress = None
             self._train_task = self._val_task = None
-
-
-class RichProgressBar(ProgressBar):
-    """Lightning's ``RichProgressBar`` name for :class:`ProgressBar`.
-
-    Args:
-        refresh_rate: batches between redraws (0: no progress output).
-        leave: accepted, without effect (finished epoch bars stay on screen here).
-        theme: accepted, without effect (colours of Lightning's bar; ``None`` stands for its default theme).
-        console_kwargs: passed to the rich ``Console``.
-        **kwargs: :class:`ProgressBar`'s options.
-    """
-
-    def __init__(
-        self,
-        refresh_rate: int = 100,
-        leave: bool = False,
-        theme: Any = None,
-        console_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(refresh_rate=refresh_rate, console_kwargs=console_kwargs, **kwargs)
-        self.leave = leave
-        self.theme = theme
 
 
 def get_standard_metrics(trainer: Trainer) -> dict[str, int | str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterable
@@ -221,7 +222,9 @@ def default_callbacks(
     if (bar := cbs.ProgressBar.check_one(given, enabled=progress_bar)) is None and progress_bar:
         defaults.append(cbs.ProgressBar())
     if model_summary and not any(issubclass(k, cbs.ModelSummary) for k in kinds):  # RichProgressBar: the rich one
-        defaults.append(cbs.RichModelSummary() if isinstance(bar, cbs.RichProgressBar) else cbs.ModelSummary())
+        rich = sys.modules.get("callbacks.rich_progress")  # not imported: no bar can be one (rich stays unloaded)
+        rich_bar = rich is not None and isinstance(bar, rich.RichProgressBar)
+        defaults.append(cbs.RichModelSummary() if rich_bar else cbs.ModelSummary())
     if logger and not any(getattr(k, "is_logger", False) for k in kinds):
         defaults.append(cbs.TensorBoardLogger(save_dir=root))
     if checkpointing and not any(issubclass(k, cbs.ModelCheckpoint) for k in kinds):

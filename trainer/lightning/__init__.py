@@ -72,6 +72,10 @@ _CALLBACKS = [
     "Timer",
     "WeightAveraging",
 ]
+#: ``callbacks.progress.rich_progress``: the bar, its theme, its rich parts (a subclass or a test replaces them).
+_RICH_PROGRESS = ["RichProgressBar", "RichProgressBarTheme", "BatchesProcessedColumn", "CustomBarColumn"]
+_RICH_PROGRESS += ["CustomInfiniteTask", "CustomProgress", "CustomTimeColumn", "MetricsTextColumn"]
+_RICH_PROGRESS += ["ProcessingSpeedColumn", "Progress", "_RICH_AVAILABLE"]
 _LOGGERS = [
     "CSVLogger",
     "CometLogger",
@@ -253,12 +257,13 @@ TREE: dict[str, dict[str, str]] = {
     "callbacks.model_checkpoint": {"ModelCheckpoint": "callbacks.checkpoint"},
     "callbacks.lr_monitor": {"LearningRateMonitor": "callbacks.lr_monitor"},
     "callbacks.progress": {
-        **_from("callbacks.progress", ["ProgressBar", "RichProgressBar"]),
+        "ProgressBar": "callbacks.progress",
+        "RichProgressBar": "callbacks.rich_progress",
         "TQDMProgressBar": "callbacks.tqdm_progress",
         **{sub: "/" for sub in ("progress_bar", "rich_progress", "tqdm_progress")},
     },
     "callbacks.progress.progress_bar": _from("callbacks.progress", ["ProgressBar", "get_standard_metrics"]),
-    "callbacks.progress.rich_progress": {"RichProgressBar": "callbacks.progress"},
+    "callbacks.progress.rich_progress": _from("callbacks.rich_progress", _RICH_PROGRESS),
     "callbacks.progress.tqdm_progress": _from("callbacks.tqdm_progress", ["TQDMProgressBar", "Tqdm", "convert_inf"]),
     "callbacks.model_summary": _from("callbacks.model_summary", ["ModelSummary"]),
     "callbacks.finetuning": _from("callbacks.finetuning", ["BackboneFinetuning", "BaseFinetuning", "multiplicative"]),

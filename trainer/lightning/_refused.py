@@ -84,7 +84,6 @@ REFUSED: dict[str, str] = {
     "core.module.MODULE_OPTIMIZERS": "a type alias of Lightning's internals: annotate with torch.optim.Optimizer",
     "callbacks.prediction_writer.WriteInterval": "give BasePredictionWriter(write_interval='batch', 'epoch' or 'batch_and_epoch') as a string",
     "callbacks.timer.Interval": "give Timer(interval='step' or 'epoch') as a string",
-    "callbacks.progress.rich_progress.RichProgressBarTheme": _NOT_YET + ": RichProgressBar takes no theme",
     "loggers.logger.merge_dicts": _NOT_YET,
     "profilers.pytorch.RegisterRecordFunction": "an internal helper of Lightning's PyTorchProfiler",
     "profilers.pytorch.ScheduleWrapper": "an internal helper of Lightning's PyTorchProfiler",
