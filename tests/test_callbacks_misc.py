@@ -117,14 +117,27 @@ def test_learning_rate_monitor_logs_the_rate_each_logged_step_used() -> None:
     assert [s for s, _ in recorder.of("train/loss")] == [1, 3, 5, 7]  # the same x positions
 
 
-def test_throughput_is_logged_through_the_loggers() -> None:
+def test_throughput_is_logged_through_the_loggers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import types
+
+    import callbacks.throughput
+
+    ticks = iter(range(1000))  # a clock that advances one second per reading: every rate is exact
+    monkeypatch.setattr(callbacks.throughput, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     recorder = Recorder()
-    train, val = loaders()
-    quiet_trainer(callbacks=[ThroughputMonitor(every_n_steps=2), recorder], max_epochs=2).fit(Scripted(), train, val)
-    samples, batches = recorder.of("throughput/samples_per_sec"), recorder.of("throughput/batches_per_sec")
-    assert [s for s, _ in samples] == [s for s, _ in batches] == [1, 3, 5, 7]
-    for (_, per_sample), (_, per_batch) in zip(samples, batches):
-        assert per_batch > 0 and per_sample == pytest.approx(8 * per_batch)  # 8 samples per batch
+    train, val = loaders()  # 4 training batches of 8, 2 validation batches
+    monitor = ThroughputMonitor(window_size=2)
+    logger = CSVLogger(tmp_path)
+    trainer = quiet_trainer(callbacks=[monitor, recorder], logger=logger, max_epochs=2, log_every_n_steps=2)
+    trainer.fit(Scripted(), train, val)
+    # every second step, at x = the step before it; the validation in between is not training time
+    assert recorder.of("train/time") == [(1, 2.0), (3, 4.0), (5, 6.0), (7, 8.0)]
+    assert recorder.of("train/samples") == [(1, 16.0), (3, 32.0), (5, 48.0), (7, 64.0)]
+    assert recorder.of("train/device/samples_per_sec") == [(s, 8.0) for s in (1, 3, 5, 7)]  # over the window
+    # validation: every second batch of a run, at x = validation batches of the fit so far
+    assert recorder.of("validate/time") == [(2, 2.0), (4, 2.0)]
+    assert recorder.of("validate/device/batches_per_sec") == [(2, 1.0), (4, 1.0)]
+    assert not [k for k, _, _ in recorder.rows if k.startswith("train/") and "items" in k]  # no length_fn
 
 
 def test_model_summary_table() -> None:
@@ -302,3 +315,19 @@ def test_a_mock_with_the_callback_spec_gets_every_hook_a_callback_overriding_all
     train, val = loaders()
     quiet_trainer(callbacks=[All(), mock], max_epochs=1).fit(Scripted(), train, val)
     assert calls and [c[0] for c in mock.method_calls if c[0] in HOOKS] == calls
+
+
+def test_a_stand_in_logger_gets_lightnings_calls(tmp_path: Path) -> None:
+    from unittest.mock import Mock
+
+    logger = Mock()  # answers every attribute: not a checkpoint callback, not a folder of its own
+    logger.save_dir = tmp_path
+    train, _ = loaders()
+    trainer = quiet_trainer(logger=logger, max_epochs=1, log_every_n_steps=2)
+    trainer.fit(Scripted(), train)
+    assert trainer.logger is logger and trainer.checkpoint_callbacks == []
+    assert trainer.log_dir == str(tmp_path)  # Lightning: the save_dir of a logger that is not TensorBoard's or CSV's
+    calls = logger.log_metrics.call_args_list
+    assert [c.kwargs["step"] for c in calls if "train/loss" in c.kwargs["metrics"]] == [1, 3]
+    assert all(type(v) in (int, float) for c in calls for v in c.kwargs["metrics"].values())  # Python numbers
+    assert logger.save.call_count == len(calls)  # saved after each, as Lightning does

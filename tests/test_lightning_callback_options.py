@@ -345,15 +345,25 @@ def test_timer_refuses_bad_durations_and_intervals_with_lightnings_words() -> No
         Timer(interval="hour")
 
 
-def test_throughput_monitor_batch_size_fn_and_length_fn() -> None:
+def test_throughput_monitor_batch_size_fn_and_length_fn(tmp_path: Path) -> None:
+    from callbacks import CSVLogger
+
     recorder = Recorder()
-    monitor = ThroughputMonitor(lambda batch: 2 * len(batch[0]), length_fn=lambda batch: 10, every_n_steps=2)
-    _fit([monitor, recorder], max_epochs=1)
-    rows = [m for _, m in recorder.rows if "throughput/items_per_sec" in m]
-    assert rows
-    for m in rows:
-        batches = m["throughput/batches_per_sec"]
-        assert m["throughput/samples_per_sec"] == pytest.approx(16 * batches)
-        assert m["throughput/items_per_sec"] == pytest.approx(10 * batches)
-    with pytest.raises(TypeError, match="window_size not supported"):
-        ThroughputMonitor(lambda b: 1, window_size=5)
+    monitor = ThroughputMonitor(
+        lambda batch: 2 * len(batch[0]), length_fn=lambda batch: 40, window_size=3, separator="|"
+    )
+    _fit([monitor, recorder], logger=CSVLogger(tmp_path), log_every_n_steps=1, max_epochs=1)
+    rows = {step: m for step, m in recorder.rows if "train|samples" in m}
+    assert [(m["train|batches"], m["train|samples"], m["train|lengths"]) for m in rows.values()] == [
+        (b, 16.0 * b, 40.0 * b)
+        for b in (1, 2, 3, 4)  # running totals from batch_size_fn and length_fn
+    ]
+    assert "train|device|items_per_sec" not in rows[1] and "train|device|items_per_sec" in rows[2]  # window: 3
+    for m in (rows[2], rows[3]):
+        batches = m["train|device|batches_per_sec"]
+        assert m["train|device|samples_per_sec"] == pytest.approx(16 * batches)
+        assert m["train|device|items_per_sec"] == pytest.approx(40 * batches)
+    with pytest.raises(TypeError, match="ThroughputMonitor got available_flops: its options are those of Throughput"):
+        ThroughputMonitor(lambda b: 1, available_flops=5)
+    with pytest.raises(ValueError, match="window_size=1"):
+        ThroughputMonitor(lambda b: 1, window_size=1)

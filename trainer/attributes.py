@@ -227,7 +227,9 @@ class TrainerAttributes:
         """Where loggers write, as a string (Lightning's type): the first logger callback's directory, else ``default_root_dir``."""
         for cb in self.callbacks:
             log_dir = getattr(cb, "log_dir", None)
-            if log_dir is not None:
+            if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+                log_dir = getattr(cb, "save_dir", None)  # a stand-in logger (a Mock): its save_dir, as Lightning's
+            if isinstance(log_dir, (str, os.PathLike)):
                 return os.fspath(log_dir)
         return os.fspath(self.default_root_dir)
 
@@ -281,8 +283,11 @@ class TrainerAttributes:
 
     @property
     def checkpoint_callbacks(self) -> list[Callback]:
-        """Every callback that saves checkpoints (has ``best_model_path``)."""
-        return [cb for cb in self.callbacks if hasattr(cb, "best_model_path")]
+        """Every callback that saves checkpoints: a :class:`~callbacks.Checkpoint` (Lightning's rule; a stand-in
+        logger, a ``Mock``, has every attribute but is not one)."""
+        from callbacks.base import Checkpoint
+
+        return [cb for cb in self.callbacks if isinstance(cb, Checkpoint)]
 
     @property
     def early_stopping_callbacks(self) -> list[Callback]:

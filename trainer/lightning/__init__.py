@@ -271,7 +271,9 @@ TREE: dict[str, dict[str, str]] = {
     "callbacks.timer": {"Timer": "callbacks.timer"},
     "callbacks.stochastic_weight_avg": {"StochasticWeightAveraging": "callbacks.stochastic_weight_avg"},
     "callbacks.lambda_function": {"LambdaCallback": "callbacks.lambda_callback"},
-    "callbacks.throughput_monitor": {"ThroughputMonitor": "callbacks.throughput"},
+    "callbacks.throughput_monitor": _from(
+        "callbacks.throughput", ["Throughput", "ThroughputMonitor", "get_available_flops"]
+    ),
     "callbacks.device_stats_monitor": {"DeviceStatsMonitor": "callbacks.device_stats"},
     "callbacks.gradient_accumulation_scheduler": {
         "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler"
