@@ -200,6 +200,10 @@ class Logger(Callback):
         if self._save_dir is None:
             self._save_dir = Path(trainer.default_root_dir)
         self._writes = trainer.is_global_zero
+        if self._writes and type(self).version is Logger.version:
+            # A folder logger picks its version_N now, before any logger of the run makes its folder: two
+            # loggers given one save_dir and name (TensorBoard and CSV) share version_0, as in Lightning.
+            _ = self.version
         # Lightning's trainer hands the hyperparameters to its loggers at every entry point, so a
         # validate-, test- or predict-only run has its hparams.yaml too. After a fit that recorded
         # them, they are not written again (TensorBoard would get a second hparams session).

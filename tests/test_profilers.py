@@ -105,7 +105,7 @@ def test_pytorch_profiler_trace_is_valid_json_with_the_record_function_markers(t
     profiler = trainer.profiler
     assert isinstance(profiler, PyTorchProfiler)
     traces = sorted(Path(trainer.log_dir).glob("*.pt.trace.json"))
-    assert [t.name.split(".")[0] for t in traces] == ["fit-rank0"] and traces == profiler.trace_files
+    assert [t.name.split(".")[0] for t in traces] == ["fit-profiler-rank0"] and traces == profiler.trace_files
     events = json.loads(traces[0].read_text())["traceEvents"]
     names = {event.get("name") for event in events}
     actions = (*STEP_ACTIONS, "run_training_batch", "[LightningModule]Regressor.optimizer_zero_grad")
@@ -124,7 +124,7 @@ def test_pytorch_profiler_under_ddp_writes_one_trace_per_rank(tmp_path: Path) ->
     trainer = quiet_trainer(tmp_path, strategy="ddp_spawn", devices=2, profiler="pytorch", max_epochs=1, logger=logger)
     trainer.fit(Regressor(), make_loader(32, 4))
     traces = sorted(Path(trainer.log_dir).glob("*.pt.trace.json"))
-    assert [t.name.split(".")[0] for t in traces] == ["fit-rank0", "fit-rank1"]
+    assert [t.name.split(".")[0] for t in traces] == ["fit-profiler-rank0", "fit-profiler-rank1"]
     for trace in traces:
         names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
         steps = ("[Strategy]DDPStrategy.training_step", "[Strategy]DDPStrategy.backward", "optimizer_step")
@@ -240,3 +240,38 @@ def test_lightnings_messages_for_misused_actions_and_table_options() -> None:
     with pytest.raises(KeyError, match=r"table_kwargs key: colour\. Should be within"):
         PyTorchProfiler(table_kwargs={"colour": "red"})
     PyTorchProfiler(table_kwargs={"max_name_column_width": 80})  # one of torch's table options
+
+
+def _recorded_steps(profiler: PyTorchProfiler) -> dict[str, int]:
+    names = [event.name for event in profiler.function_events or []]
+    return {kind: names.count(f"[pl][profile]{S}{kind}_step") for kind in ("training", "validation")}
+
+
+def test_pytorch_profiler_counts_each_kind_of_batch_apart(tmp_path: Path) -> None:
+    # 8 training batches, then 8 validation batches: each kind waits 1, warms up 1, records 3 of its own.
+    profiler = PyTorchProfiler(dirpath=tmp_path, filename="prof")
+    trainer = quiet_trainer(tmp_path, profiler=profiler, max_epochs=1, num_sanity_val_steps=2)
+    trainer.fit(Regressor(), make_loader(32, 4), make_loader(32, 4))
+    # two windows, two traces (named with the filename); function_events: the last window's
+    assert [t.name.split(".")[0] for t in profiler.trace_files] == ["fit-prof-rank0"] * 2
+    assert _recorded_steps(profiler) == {"training": 0, "validation": 3}  # the sanity check's 2 are not counted
+    train_window, val_window = (
+        [e.get("name") for e in json.loads(t.read_text())["traceEvents"]] for t in profiler.trace_files
+    )
+    assert train_window.count(f"[pl][profile]{S}training_step") == 3
+    assert val_window.count(f"[pl][profile]{S}validation_step") == 3
+
+
+def test_pytorch_profiler_records_all_of_a_stage_too_short_for_its_window(tmp_path: Path) -> None:
+    profiler = PyTorchProfiler(dirpath=tmp_path)
+    trainer = quiet_trainer(tmp_path, profiler=profiler, max_epochs=1)
+    with pytest.warns(UserWarning, match="default schedule will be overridden as there is not enough steps"):
+        trainer.fit(Regressor(), make_loader(8, 4), make_loader(4, 4))  # 2 training batches, 1 validation batch
+    assert _recorded_steps(profiler) == {"training": 1, "validation": 1}  # from the end of the first batch on
+    assert pickle.loads(pickle.dumps(profiler))._lightning_module is None  # the run's module is not kept
+
+
+def test_two_loggers_in_one_folder_share_its_version(tmp_path: Path) -> None:
+    loggers = [cbs.TensorBoardLogger(tmp_path), cbs.CSVLogger(tmp_path)]
+    quiet_trainer(tmp_path, logger=loggers, max_epochs=1).fit(Regressor(), make_loader(8, 4))
+    assert [logger.log_dir for logger in loggers] == [str(tmp_path / "lightning_logs" / "version_0")] * 2

@@ -128,6 +128,7 @@ def run_stage(
         module.setup(stage)
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank
+        t.profiler._lightning_module = module  # as Lightning's trainer: the PyTorch profiler reads the stage's batches
         t.profiler.setup(stage, local_rank=t.strategy.local_rank, log_dir=t.log_dir)
         t.strategy.connect(module)  # a model-parallel strategy's device_mesh, for configure_model
         # Before the strategy wraps (or shards) the module, as Lightning; layers made here get the

@@ -40,6 +40,8 @@ class Profiler(ABC):
         #: Whether a Trainer runs this profiler (its stages set it up); False for one used on its own.
         self.in_trainer = False
         self._local_rank: int | None = None
+        #: The module of the trainer's stage (set by the trainer for the stage, as Lightning's; None after it).
+        self._lightning_module: Any = None
 
     @abstractmethod
     def start(self, action_name: str) -> None:
@@ -82,6 +84,7 @@ class Profiler(ABC):
     def teardown(self, stage: str | None) -> None:
         """Called by the trainer after a stage, also after an exception (after :meth:`describe`)."""
         self._stage = None
+        self._lightning_module = None  # a profiled module holds wrappers that do not pickle
 
     @property
     def local_rank(self) -> int:

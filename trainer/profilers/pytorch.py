@@ -11,11 +11,12 @@ range, and with ``record_module_names`` so is each module's forward. The recorde
 from __future__ import annotations
 
 import inspect
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, record_function, tensorboard_trace_handler
+from torch.profiler import ProfilerAction, ProfilerActivity, record_function, tensorboard_trace_handler
 
 from trainer.profilers.base import Profiler
 
@@ -42,8 +43,13 @@ class PyTorchProfiler(Profiler):
     """
 
     #: Actions whose end is one step of the profiler's schedule: one training batch, one evaluation batch
-    #: (``[Strategy]<class>.validation_step``...: matched by their ending).
-    STEP_ACTIONS = frozenset({"run_training_batch", "validation_step", "test_step", "predict_step"})
+    #: (``[Strategy]<class>.validation_step``...: matched by their ending), each kind counted apart.
+    STEP_ACTIONS = {
+        "run_training_batch": "train",
+        "validation_step": "val",
+        "test_step": "test",
+        "predict_step": "predict",
+    }
     #: The prefix of every action's ``record_function`` range in the trace (Lightning's).
     RECORD_PREFIX = "[pl][profile]"
 
@@ -85,11 +91,12 @@ class PyTorchProfiler(Profiler):
         #: (after :meth:`summary`, :meth:`describe` or the stage's end); ``None`` before.
         self.function_events: Any = None
         self._used_alone = False  # started by an action outside a trainer (once)
+        self._schedule: _PerKindSchedule | None = None  # the default schedule's counts (None: the user's schedule)
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (the trainer travels to the processes it starts) before :meth:`setup` starts torch's profiler."""
         state = self.__dict__.copy()
-        state.update(_profiler=None, _ranges={}, _module_ranges=[], _hooks=[])
+        state.update(_profiler=None, _ranges={}, _module_ranges=[], _hooks=[], _schedule=None)
         return state
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | Path | None = None) -> None:
@@ -103,8 +110,9 @@ class PyTorchProfiler(Profiler):
         self._table = ""
         kwargs = dict(self.profiler_kwargs)
         kwargs.setdefault("activities", _default_activities())
-        if steps:
-            kwargs.setdefault("schedule", torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1))
+        self._schedule = None
+        if steps and "schedule" not in kwargs:
+            self._schedule = kwargs["schedule"] = _PerKindSchedule(torch.profiler.schedule(wait=1, warmup=1, active=3))
         if self.export_to_chrome and "on_trace_ready" not in kwargs:
             kwargs["on_trace_ready"] = self._write_trace
         self._profiler = torch.profiler.profile(**kwargs)
@@ -135,8 +143,38 @@ class PyTorchProfiler(Profiler):
         rf = self._ranges.pop(action_name, None)
         if rf is not None:
             rf.__exit__(None, None, None)
-        if self._profiler is not None and action_name.rpartition(".")[2] in self.STEP_ACTIONS:
+        kind = self.STEP_ACTIONS.get(action_name.rpartition(".")[2])
+        if self._profiler is not None and kind is not None:
+            schedule = self._schedule
+            if schedule is not None:
+                schedule.kind = kind
+                schedule.sanity_checking = bool(getattr(self._trainer(), "sanity_checking", False))
+                if self._stage_batches(kind) < 5:  # the default window needs 5 batches of the kind: record all
+                    warnings.warn(
+                        "The PyTorch Profiler default schedule will be overridden as there is not enough "
+                        "steps to properly record traces.",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+                    self._schedule = None
+                    self._profiler.schedule = _record_always
             self._profiler.step()
+
+    def _trainer(self) -> Any:
+        return getattr(self._lightning_module, "_trainer", None)
+
+    def _stage_batches(self, kind: str) -> float:
+        """Batches of ``kind`` this stage runs (a validation's include the sanity check's; inf: unknown)."""
+        trainer = self._trainer()
+        if trainer is None:
+            return float("inf")
+        counts = {
+            "train": [trainer.num_training_batches],
+            "val": [trainer.num_val_batches, trainer.num_sanity_val_batches],
+            "test": [trainer.num_test_batches],
+            "predict": [trainer.num_predict_batches],
+        }[kind]
+        return sum(sum(n) if isinstance(n, list) else n for n in counts)
 
     def summary(self) -> str:
         """Torch's table of the recorded window (``key_averages``); stops the profiler first."""
@@ -176,7 +214,9 @@ class PyTorchProfiler(Profiler):
         if self.dirpath is None:
             return
         directory = Path(self.dirpath)
-        worker = f"{self._stage or 'run'}-rank{self.global_rank}"
+        worker = "-".join(
+            [self._stage or "run", *([self.filename] if self.filename else []), f"rank{self.global_rank}"]
+        )
         before = set(directory.glob(f"{worker}.*.pt.trace.json")) if directory.exists() else set()
         tensorboard_trace_handler(str(directory), worker_name=worker)(prof)
         self.trace_files.extend(sorted(set(directory.glob(f"{worker}.*.pt.trace.json")) - before))
@@ -189,6 +229,40 @@ class PyTorchProfiler(Profiler):
     def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._module_ranges:
             self._module_ranges.pop().__exit__(None, None, None)
+
+
+class _PerKindSchedule:
+    """torch's schedule counted per kind of batch (training, validation, test, predict), as Lightning's.
+
+    Each kind runs through the window on its own batches and records it once; a ``fit``'s sanity check
+    counts no validation batch (nothing was trained yet).
+    """
+
+    def __init__(self, schedule: Any) -> None:
+        self.schedule = schedule
+        self.kind: str | None = None  # the kind of the batch that just ended (set before each step)
+        self.sanity_checking = False  # ... and whether it was the sanity check's
+        self.counts: dict[str, int] = {}
+        self.finished: set[str] = set()
+        self.previous = ProfilerAction.NONE
+
+    def __call__(self, step: int) -> ProfilerAction:
+        kind = self.kind
+        if kind is None or kind in self.finished:
+            return ProfilerAction.NONE
+        if not self.sanity_checking:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        action = self.schedule(self.counts.get(kind, 0))
+        if self.previous == ProfilerAction.RECORD and action == ProfilerAction.WARMUP:
+            action = ProfilerAction.RECORD  # a validation recording, then training still warming up: keep recording
+        if action == ProfilerAction.RECORD_AND_SAVE:
+            self.finished.add(kind)
+        self.previous = action
+        return action
+
+
+def _record_always(step: int) -> ProfilerAction:
+    return ProfilerAction.RECORD
 
 
 def _check_table_kwargs(table_kwargs: dict[str, Any]) -> None:
