@@ -65,6 +65,10 @@ class LearningRateMonitor(Callback):
 
     def _log(self, trainer: Trainer) -> None:
         values = self.learning_rates(trainer)
+        for key in values:  # an optimizer that gained a parameter group: its history goes on under /pg1 (Lightning's)
+            old = key.removesuffix("/pg1")
+            if old != key and old in self.lrs and key not in self.lrs:
+                self.lrs[key] = self.lrs.pop(old)
         for key, value in values.items():
             if key.endswith("-momentum"):
                 self.last_momentum_values[key] = value

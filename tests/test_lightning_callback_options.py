@@ -219,6 +219,33 @@ def test_learning_rate_monitor_names_keys_as_lightning() -> None:
     assert monitor.lrs == {"lr-SGD-1": [0.3], "lr-SGD/pg1": [0.1], "lr-SGD/pg2": [1.0], "mine": [0.2]}
 
 
+def test_learning_rate_monitor_keeps_the_history_under_pg1_when_a_group_is_added() -> None:
+    class Unfreeze(Callback):  # a second parameter group from epoch 1 on (what BackboneFinetuning does)
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.current_epoch == 1:
+                trainer.optimizers[0].add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5})
+
+    class TwoOptimizers(Scripted):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            for optimizer in self.optimizers():
+                optimizer.zero_grad()
+                self.manual_backward(super().training_step(batch, batch_idx))
+                optimizer.step()
+
+        def configure_optimizers(self) -> Any:
+            return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.Adam(self.parameters(), lr=0.2)]
+
+    monitor = LearningRateMonitor(logging_interval="epoch")
+    _fit([Unfreeze(), monitor], TwoOptimizers(), max_epochs=2)
+    # "lr-SGD" went on as "lr-SGD/pg1", moved behind the others, as in Lightning's dict
+    assert monitor.lrs == {"lr-Adam": [0.2, 0.2], "lr-SGD/pg1": [0.1, 0.1], "lr-SGD/pg2": [0.5]}
+    assert list(monitor.lrs) == ["lr-Adam", "lr-SGD/pg1", "lr-SGD/pg2"]
+
+
 def test_learning_rate_monitor_refuses_duplicate_group_names() -> None:
     class Twice(Scripted):
         def configure_optimizers(self) -> Any:
