@@ -189,3 +189,12 @@ def test_batch_counts_are_lists_per_loader_as_lightning(make_trainer: Any) -> No
     assert trainer.num_test_batches == [3]
     trainer.validate(SeveralLoaders(), [make_loader(6, 3), make_loader(2, 2)], verbose=False)
     assert trainer.num_val_batches == [2, 1]
+
+
+@pytest.mark.parametrize(("interval", "expected"), [(4, 4), (0.5, 3), (1.0, 7)])
+def test_val_check_batch_is_the_batches_between_validations(interval: int | float, expected: int) -> None:
+    from tests.helpers.trainers import quiet_trainer
+
+    trainer = quiet_trainer(max_epochs=1, val_check_interval=interval)
+    trainer.fit(Regressor(), make_loader(28, 4), make_loader(8, 4))  # 7 training batches
+    assert trainer.val_check_batch == expected  # Lightning: int as given, else max(1, int(7 * fraction))
