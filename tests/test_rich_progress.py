@@ -103,3 +103,19 @@ def test_the_lightning_module_path_reaches_the_bars_parts(monkeypatch: pytest.Mo
     assert lightning_rich.RichProgressBar is cbs.RichProgressBar is RichProgressBar
     monkeypatch.setattr(lightning_rich, "_RICH_AVAILABLE", False)  # a test of Lightning's does this
     assert rich_progress._RICH_AVAILABLE is False
+
+
+@pytest.mark.slow
+def test_building_a_trainer_does_not_import_rich() -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+
+    code = (
+        "import sys, trainer; trainer.Trainer(logger=False, enable_checkpointing=False); "
+        "print(sorted(m for m in sys.modules if m == 'rich' or m.startswith('callbacks.rich')))"
+    )
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"  # the default summary's choice looks for a RichProgressBar without importing it
