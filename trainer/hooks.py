@@ -114,7 +114,12 @@ class HookDispatch:
         if module_fn is not None:
             return True
         own = ("callbacks", "trainer", "strategies")
-        return any(getattr(type(cb), hook).__module__.split(".")[0] not in own for cb in self._by_hook.get(hook, ()))
+
+        def users(cb: Any) -> bool:  # set on the instance (a LambdaCallback's function, a Mock's): the user's
+            fn = getattr(type(cb), hook, None)
+            return fn is None or hook in getattr(cb, "__dict__", {}) or fn.__module__.split(".")[0] not in own
+
+        return any(users(cb) for cb in self._by_hook.get(hook, ()))
 
     def overridden(self, hook: str) -> bool:
         """Whether the module or a callback does something in ``hook``, so it must be called at all."""
