@@ -59,8 +59,8 @@ class TrainerAttributes:
     )
     min_epochs: Reads[int] = Reads("loop", "min_epochs", doc="``should_stop`` waits until this many epochs are done.")
     min_steps: Reads[int] = Reads("loop", "min_steps", doc="``should_stop`` waits until this many steps are done.")
-    val_check_interval: Reads[int | float | None] = Reads(
-        "loop", "val_check_interval", doc="When validation runs in an epoch."
+    val_check_batch: Reads[float | None] = Reads(
+        "val_check_batch", doc="Training batches between validations in the epoch (inf: at its end only)."
     )
     check_val_every_n_epoch: Reads[int | None] = Reads(
         "loop", "check_val_every_n_epoch", doc="Validate every n epochs."
@@ -361,6 +361,12 @@ class TrainerAttributes:
     def precision(self) -> str:
         """The precision's name (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"``)."""
         return str(self.strategy.precision.name)
+
+    @property
+    def val_check_interval(self) -> int | float:
+        """When validation runs in an epoch: a fraction of it, or every that many batches (default 1.0, as Lightning)."""
+        interval = self.run_state.loop.val_check_interval
+        return 1.0 if interval is None else interval
 
     # ----------------------------------------------------------------- data
     @property
