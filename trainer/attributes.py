@@ -371,12 +371,23 @@ class TrainerAttributes:
     # ----------------------------------------------------------------- data
     @property
     def train_dataloader(self) -> Any:
-        """The training loader(s) of the last ``fit``, prepared for the strategy (a list/dict for several)."""
+        """The training loader(s) of the last ``fit``, prepared for the strategy (a list/dict for several).
+
+        As in Lightning, a loader the trainer did not need to change is the one given; the loop itself
+        iterates a copy whose batch sampler can resume mid-epoch (:mod:`trainer.data.resumable`).
+        """
+        from trainer.data.combined import tree_unflatten
+        from trainer.data.resumable import shown_loader
+
         loader = self.run_state.loaders.get("fit")
         combined = getattr(loader, "loaders", None)
-        if combined is not None and getattr(loader, "keys", None) is not None:
-            return dict(zip(loader.keys, combined))  # type: ignore[union-attr]
-        return combined if combined is not None else loader
+        if combined is not None and getattr(loader, "spec", None) is not None:  # a nested collection
+            return tree_unflatten(list(combined), loader.spec)  # type: ignore[union-attr]
+        if combined is not None:
+            shown = [shown_loader(one) for one in combined]
+            keys = getattr(loader, "keys", None)
+            return shown if keys is None else dict(zip(keys, shown))
+        return shown_loader(loader)
 
     @property
     def val_dataloaders(self) -> Any:
