@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 from typing import Any
 
 import pytest
@@ -234,6 +235,9 @@ def test_combined_loader_is_lightnings() -> None:
         loaders = [Started(range(4), batch_size=2), Started(range(6), batch_size=2)]
         iter(CombinedLoader(loaders, mode))  # starts the iterators (their workers) at once
         assert [loader.started for loader in loaders] == started
+    combined = CombinedLoader([torch.utils.data.DataLoader(range(4)), list(range(3))])
+    next(iter(combined))
+    pickle.loads(pickle.dumps(combined))  # mid-pass too (a module holding it goes to ddp_spawn's workers)
 
 
 def test_sequential_mode_in_fit_is_refused_in_lightnings_words(make_trainer: Any) -> None:

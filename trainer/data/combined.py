@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
 __all__ = ["MODES", "CombinedLoader", "Spec", "tree_flatten", "tree_unflatten"]
 
 #: Lightning's modes and how each counts a length from the iterables' lengths.
@@ -124,6 +126,13 @@ class _Iterator:
             self.iterators = [iter(iterable) for iterable in iterables]
         self.done = [False] * len(iterables)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable mid-pass (a module holding the loader is pickled for ``ddp_spawn``): a DataLoader's
+        iterator cannot be pickled, so it is left out, as Lightning leaves it out."""
+        state = self.__dict__.copy()
+        state["iterators"] = [None if isinstance(it, _BaseDataLoaderIter) else it for it in self.iterators]
+        return state
+
     def __len__(self) -> int:
         lengths = [_length(iterable) for iterable in self.iterables]
         if self.limits is not None:
@@ -191,7 +200,7 @@ class CombinedLoader:
         self._iterables = iterables
         self._flattened, self._spec = tree_flatten(iterables)
         self._mode = mode
-        self._iterator: _Iterator | None = None
+        self._pass: _Iterator | None = None
         self._limits: list[float] | None = None
 
     @property
@@ -244,26 +253,26 @@ class CombinedLoader:
         self._limits = limits
 
     def __iter__(self) -> CombinedLoader:
-        self._iterator = _Iterator(self._flattened, self._mode, self._limits)
+        self._pass = _Iterator(self._flattened, self._mode, self._limits)
         return self
 
     def __next__(self) -> tuple[Any, int, int]:
-        if self._iterator is None:
+        if self._pass is None:
             iter(self)
-        assert self._iterator is not None
-        out, batch_idx, dataloader_idx = next(self._iterator)
+        assert self._pass is not None
+        out, batch_idx, dataloader_idx = next(self._pass)
         if self._mode == "sequential":
             return out, batch_idx, dataloader_idx
         return tree_unflatten(out, self._spec), batch_idx, dataloader_idx
 
     def __len__(self) -> int:
-        if self._iterator is None:
+        if self._pass is None:
             raise RuntimeError("Please call `iter(combined_loader)` first.")
-        return len(self._iterator)
+        return len(self._pass)
 
     def reset(self) -> None:
         """Forget the pass in progress (its iterators, and the worker processes they hold)."""
-        self._iterator = None
+        self._pass = None
         for iterable in self._flattened:
             if hasattr(iterable, "_iterator"):  # a DataLoader keeps persistent workers' iterator here
                 iterable._iterator = None
