@@ -95,8 +95,8 @@ def loop_options(
             raise UserError(  # Lightning's words first; of its durations, geartrain refuses wall-clock time
                 "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
                 "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. "
-                "(check_val_every_n_epoch=None validates every val_check_interval training batches across epochs; "
-                f"geartrain takes an int there, got {val_check_interval!r})"
+                "(check_val_every_n_epoch=None validates every val_check_interval training batches across epochs, "
+                f"so val_check_interval must be an int; got {val_check_interval!r}; time-based durations are refused)"
             )
     else:
         check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
