@@ -41,13 +41,14 @@ def has_attr(module: Any, name: str, datamodule: Any = None) -> bool:
 
 
 def get_attr(module: Any, name: str) -> Any:
-    """The first holder's value of ``name`` (module, its hparams, datamodule, its hparams)."""
+    """The value of ``name`` as Lightning's ``lightning_getattr`` reads it: the last holder's (module, its
+    hparams, datamodule, its hparams), so the datamodule's value wins over the module's."""
     holders = attr_holders(module, name)
     if not holders:
         raise AttributeError(
             f"{name!r} is neither an attribute of {type(module).__name__}, nor in its hparams, nor of the datamodule"
         )
-    holder = holders[0]
+    holder = holders[-1]
     return holder[name] if isinstance(holder, MutableMapping) else getattr(holder, name)
 
 

@@ -26,7 +26,7 @@ class Callback:
     callback when a run binds its module (the class defines neither).
     """
 
-    #: False for callbacks that write files or logs; ``fast_dev_run`` leaves those out.
+    #: False for the loggers: ``fast_dev_run`` leaves them out (a ``DummyLogger`` takes their place).
     runs_in_fast_dev_run: bool = True
     #: Where this callback's settings live in the ``geartrain`` config (``"callbacks.model_checkpoint"``),
     #: set by the command so that messages name the override that changes a setting; ``None`` in Python.

@@ -90,8 +90,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         'epoch=3-val_acc=0.91.ckpt'
     """
 
-    runs_in_fast_dev_run = False
-
     def __init__(
         self,
         dirpath: str | os.PathLike[str] | None = None,
@@ -204,6 +202,8 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        if trainer.fast_dev_run:  # as Lightning: kept in the callbacks, saves nothing
+            return
         # The final state is always recoverable as last.ckpt, whatever the saving schedule; also
         # when only a validation pass or an epoch's end (early stopping's count) came after the last save.
         if self.save_last and (trainer.global_step != self._last_saved_step or self._stale):
@@ -243,7 +243,12 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
 
     # ----------------------------------------------------------------- saving
     def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
-        """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written."""
+        """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written.
+
+        Under ``fast_dev_run`` nothing is saved (Lightning's rule).
+        """
+        if trainer.fast_dev_run:
+            return
         assert self.dirpath is not None
         if trainer.checkpointing.in_accumulation_window:
             self._deferred = True  # saved by on_train_batch_end at the window's end

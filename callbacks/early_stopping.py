@@ -70,8 +70,6 @@ class EarlyStopping(Callback):
         [False, False, False, True]
     """
 
-    runs_in_fast_dev_run = False
-
     def __init__(
         self,
         monitor: str = "val/loss",
@@ -190,6 +188,8 @@ class EarlyStopping(Callback):
             self._check(trainer)
 
     def _check(self, trainer: Trainer) -> None:
+        if trainer.fast_dev_run:  # as Lightning: kept in the callbacks, never stops the run
+            return
         local = self._monitor.read(trainer)  # strict: raises for a missing metric; else says so once
         if local is None:
             return

@@ -19,6 +19,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from callbacks._attrs import has_attr, set_attr
 from callbacks.base import Callback
 from trainer.common.errors import MisconfigurationException
+from trainer.common.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainModule
@@ -45,11 +46,8 @@ class _SweepLR(LRScheduler):
 
 
 class LRFinderResult:
-    """What ``Tuner.lr_find`` returns (Lightning's ``_LRFinder``): the sweep's rates and smoothed losses.
-
-    Attributes:
-        results: ``{"lr": [...], "loss": [...]}``, one entry per optimizer step of the sweep.
-    """
+    """What ``Tuner.lr_find`` returns (Lightning's ``_LRFinder``): the sweep's rates and smoothed losses,
+    ``results = {"lr": [...], "loss": [...]}``, one entry per optimizer step of the sweep."""
 
     def __init__(self, mode: str, lr_min: float, lr_max: float, num_training: int) -> None:
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
@@ -117,8 +115,7 @@ class LRFinderResult:
         )
 
     def _lr_at(self, index: int) -> float:
-        rates = self.results["lr"]
-        return rates[index] if 0 <= index < len(rates) else float("nan")
+        return self.results["lr"][index] if 0 <= index < len(self.results["lr"]) else float("nan")
 
     def plot(self, suggest: bool = False, show: bool = False, ax: Any = None) -> Any:
         """The loss against the rate as a matplotlib figure (log scale for the exponential sweep).
@@ -299,6 +296,10 @@ class LearningRateFinder(Callback):
 
     def lr_find(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Run the sweep now (inside ``fit``), keep the result in ``optimal_lr``, apply the suggestion."""
+        if trainer.fast_dev_run:  # as Lightning: a warning, no sweep, no result
+            rank_zero_warn("Skipping learning rate finder since `fast_dev_run` is enabled.")
+            self.optimal_lr = None
+            return
         attr = lr_attr_name(pl_module, self._attr_name) if self._update_attr else ""
         sweep = _Sweep(
             self._min_lr,

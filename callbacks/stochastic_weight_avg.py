@@ -196,7 +196,7 @@ class StochasticWeightAveraging(Callback):
             return
         self.transfer_weights(self._average_model, pl_module)
         if self._model_contains_batch_norm and finished_phase:
-            loader = trainer.train_dataloader
+            loader = trainer.loaders["fit"]  # the loop's own (resumable) loader: the order the training drew
             num = trainer.num_training_batches
             batches = loader if math.isinf(num) else itertools.islice(loader, int(num))
             update_bn(batches, pl_module, device=trainer.strategy.root_device)

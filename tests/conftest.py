@@ -50,7 +50,8 @@ def _restore_global_state() -> Iterator[None]:
     deterministic = torch.are_deterministic_algorithms_enabled()
     # The distributed variables too: a test that reads a Slurm environment sets MASTER_ADDR, RANK, ...,
     # and a later test's `geartrain` subprocess would inherit them and wait to join a group.
-    keys = ("GEARTRAIN_SEED", "GEARTRAIN_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG", *_DISTRIBUTED_KEYS)
+    keys = ("GEARTRAIN_SEED", "GEARTRAIN_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")
+    keys = (*keys, *_DISTRIBUTED_KEYS)
     env = {k: os.environ.get(k) for k in keys}
     yield
     torch.use_deterministic_algorithms(deterministic)

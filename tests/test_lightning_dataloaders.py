@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 from typing import Any
 
 import pytest
@@ -167,3 +168,133 @@ def test_batch_transfer_hooks_get_the_loaders_index_in_evaluation(make_trainer: 
     module.transfer_idx.clear()
     make_trainer(max_epochs=1, limit_val_batches=0).fit(module, make_loader(4, 2))
     assert module.transfer_idx == [0, 0]
+
+
+def test_train_dataloader_is_the_loader_given(make_trainer: Any) -> None:
+    """As Lightning: a loader the trainer need not change is the one given (its ``batch_size`` readable),
+    though the loop iterates a resumable copy of it."""
+    loader = make_loader(10, 2)
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(Regressor(), loader)
+    assert trainer.train_dataloader is loader and trainer.train_dataloader.batch_size == 2
+
+
+class Nested(Regressor):
+    """Trains on ``{"a": [batch, batch], "b": batch}``: the mean of the three losses."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        assert isinstance(batch, dict) and len(batch["a"]) == 2
+        parts = [*batch["a"], batch["b"]]
+        return sum(F.mse_loss(self(x), y) for x, y in parts) / 3
+
+
+@pytest.mark.parametrize(("mode", "batches"), [("min_size", 2), ("max_size_cycle", 5)])
+def test_a_nested_collection_of_train_loaders_combines_as_lightnings(
+    make_trainer: Any, mode: str, batches: int
+) -> None:
+    from trainer.lightning.utilities.combined_loader import CombinedLoader
+
+    def loaders() -> Any:
+        return {"a": [make_loader(10, 2), make_loader(6, 2, seed=1)], "b": make_loader(4, 2, seed=2)}
+
+    module = Nested()
+    net = plain_copy(module)
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, CombinedLoader(loaders(), mode))
+    assert trainer.num_training_batches == batches == trainer.global_step
+    shown = trainer.train_dataloader
+    assert list(shown) == ["a", "b"] and len(shown["a"]) == 2
+    opt = sgd(net)
+    a1, a2, b = loaders()["a"][0], loaders()["a"][1], loaders()["b"]
+    cycle = itertools.cycle if mode == "max_size_cycle" else iter
+    for parts in itertools.islice(zip(a1, cycle(a2), cycle(b)), batches):
+        loss = sum(F.mse_loss(net(x), y) for x, y in parts) / 3
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert_same_weights(module.net, net)
+
+
+def test_combined_loader_is_lightnings() -> None:
+    from trainer.lightning.utilities.combined_loader import CombinedLoader
+
+    class Started(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+        started = False
+
+        def _get_iterator(self) -> Any:
+            self.started = True
+            return super()._get_iterator()
+
+    combined = CombinedLoader([[0], [[1], [[2]]]])  # a list of numbers only is one iterable
+    assert combined.flattened == [[0], [1], [2]]
+    with pytest.raises(RuntimeError, match=r"Please call `iter\(combined_loader\)` first"):
+        len(combined)
+    combined.flattened = [[3], [2], [1]]
+    assert combined.iterables == [[3], [[2], [[1]]]]
+    for mode, started in (("min_size", [True, True]), ("sequential", [True, False])):
+        loaders = [Started(range(4), batch_size=2), Started(range(6), batch_size=2)]
+        iter(CombinedLoader(loaders, mode))  # starts the iterators (their workers) at once
+        assert [loader.started for loader in loaders] == started
+    combined = CombinedLoader([torch.utils.data.DataLoader(range(4)), list(range(3))])
+    next(iter(combined))
+    pickle.loads(pickle.dumps(combined))  # mid-pass too (a module holding it goes to ddp_spawn's workers)
+
+
+def test_sequential_mode_in_fit_is_refused_in_lightnings_words(make_trainer: Any) -> None:
+    from trainer.lightning.utilities.combined_loader import CombinedLoader
+
+    with pytest.raises(ValueError, match="`FitLoop` does not support"):
+        make_trainer().fit(Regressor(), CombinedLoader([make_loader(4, 2)], "sequential"))
+
+
+def test_spawned_workers_that_are_not_persistent_get_lightnings_advice(make_trainer: Any) -> None:
+    loader = torch.utils.data.DataLoader(make_dataset(8), num_workers=1, multiprocessing_context="spawn")
+    with pytest.warns(UserWarning, match="Consider setting `persistent_workers=True` in 'train_dataloader'"):
+        make_trainer(max_epochs=1, limit_train_batches=0).fit(Regressor(), loader)  # no batch: no worker started
+
+
+def test_seed_everything_sets_lightnings_variables_too() -> None:
+    import os
+
+    from trainer import seed_everything
+
+    seed_everything(3, workers=True)
+    assert (os.environ["PL_GLOBAL_SEED"], os.environ["PL_SEED_WORKERS"]) == ("3", "1")
+
+
+class OneInAList(Regressor):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        (inner,) = batch.values() if isinstance(batch, dict) else batch  # Lightning's batch keeps the collection
+        return super().training_step(inner, batch_idx)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_one_loader_in_a_collection_keeps_the_collection_and_trains_as_the_loader(
+    make_trainer: Any, as_dict: bool
+) -> None:
+    module, plain = OneInAList(), Regressor()
+    loader = make_loader(10, 2)
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(module, {"only": loader} if as_dict else [loader])
+    make_trainer(max_epochs=2).fit(plain, make_loader(10, 2))
+    assert_same_weights(module.net, plain.net)
+    assert trainer.train_dataloader == ({"only": loader} if as_dict else [loader])
+
+
+def test_one_shuffled_loader_in_a_list_resumes_mid_epoch_exactly(make_trainer: Any, tmp_path: Any) -> None:
+    from trainer import seed_everything
+
+    def loaders() -> list[Any]:
+        return [torch.utils.data.DataLoader(make_dataset(20), batch_size=2, shuffle=True)]
+
+    seed_everything(1)
+    whole = OneInAList()
+    make_trainer(max_epochs=2).fit(whole, loaders())
+    seed_everything(1)
+    module = OneInAList()
+    first = make_trainer(max_steps=3)  # stops mid-epoch 0
+    first.fit(module, loaders())
+    first.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed = OneInAList()
+    make_trainer(max_epochs=2).fit(resumed, loaders(), ckpt_path=tmp_path / "mid.ckpt")
+    assert_same_weights(resumed.net, whole.net)

@@ -106,7 +106,7 @@ def test_sanity_check_respects_limit_val_batches(make_trainer: Any) -> None:
 def test_fast_dev_run(tmp_path: Path, flag: Any, n: int) -> None:
     counter = Counter()
     root = tmp_path / "root"
-    with pytest.warns(UserWarning, match="fast_dev_run: leaving out TensorBoardLogger, ModelCheckpoint"):
+    with pytest.warns(UserWarning, match="fast_dev_run: leaving out TensorBoardLogger$"):
         trainer = Trainer(fast_dev_run=flag, default_root_dir=root, callbacks=[counter], enable_progress_bar=False)
     assert trainer.max_epochs == 1
     module = Regressor()
@@ -125,3 +125,34 @@ def test_fast_dev_run_stops_after_n_steps_even_with_a_longer_epoch_limit(tmp_pat
         trainer = Trainer(fast_dev_run=2, max_epochs=10, default_root_dir=tmp_path, enable_progress_bar=False)
     trainer.fit(Regressor(), make_loader(20, 2))
     assert (trainer.global_step, trainer.current_epoch) == (2, 1)  # finished epochs, as Lightning counts
+
+
+def test_fast_dev_run_keeps_checkpointing_and_early_stopping_doing_nothing(tmp_path: Path) -> None:
+    """As Lightning: they stay the trainer's callbacks; no checkpoint is written, no stopping is checked
+    (the monitored name is never logged, which would otherwise raise)."""
+    from callbacks import EarlyStopping, ModelCheckpoint
+
+    checkpoint, stopping = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val_loss"), EarlyStopping("missing")
+    trainer = Trainer(fast_dev_run=2, default_root_dir=tmp_path, callbacks=[checkpoint, stopping], logger=False)
+    trainer.fit(Regressor(), make_loader(20, 2), make_loader(20, 2))
+    assert trainer.checkpoint_callback is checkpoint and trainer.early_stopping_callback is stopping
+    assert trainer.global_step == 2 and not (tmp_path / "ckpt").exists()
+    assert (trainer.val_check_interval, trainer.check_val_every_n_epoch, trainer.max_steps) == (1.0, 1, 2)
+
+
+@pytest.mark.parametrize(("interval", "every"), [(None, 10), (0.25, 2), (3, 3)])
+def test_val_check_interval_reads_as_lightnings_and_val_check_batch(
+    make_trainer: Any, interval: Any, every: int
+) -> None:
+    trainer = make_trainer(max_epochs=1, val_check_interval=interval)
+    assert trainer.val_check_interval == (1.0 if interval is None else interval)  # Lightning's default: 1.0
+    assert trainer.val_check_batch is None  # until fit prepares its loader
+    trainer.fit(Regressor(), make_loader(20, 2), make_loader(4, 2))
+    assert trainer.val_check_batch == every
+
+
+def test_a_fraction_without_epoch_gating_is_refused_in_lightnings_words(make_trainer: Any) -> None:
+    from trainer.common.errors import MisconfigurationException
+
+    with pytest.raises(MisconfigurationException, match="`val_check_interval` should be an integer or a time-based"):
+        make_trainer(val_check_interval=0.5, check_val_every_n_epoch=None)

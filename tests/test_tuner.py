@@ -313,3 +313,88 @@ def test_lr_find_sweeps_down_when_min_lr_is_above_max_lr_and_zero_trials_keep_th
     module = Regression(batch_size=16)
     assert Tuner(_trainer()).scale_batch_size(module, max_trials=0, init_val=4) == 4
     assert module.batch_size == 4 and module.seen_sizes == []
+
+
+class Evaluated(Regression):
+    """Every stage's loader reads ``batch_size``; each step records its batch's size and "runs out of memory"
+    above ``oom_above``."""
+
+    def _eval(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        self.seen_sizes.append(len(x))
+        if self.oom_above is not None and len(x) > self.oom_above:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated: batch of {len(x)} > {self.oom_above})")
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self._eval(batch))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("test_loss", self._eval(batch))
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._eval(batch)
+
+    val_dataloader = test_dataloader = predict_dataloader = Regression.train_dataloader
+
+
+@pytest.mark.parametrize("method", ["validate", "test", "predict"])
+def test_scale_batch_size_searches_on_evaluation_methods_as_lightning(method: str) -> None:
+    """Lightning's search runs the stage's own batches: power doubles 2..32, 64 runs out of memory."""
+    module = Evaluated(batch_size=16, oom_above=47)
+    before = _weights(module)
+    trainer = _trainer()
+    size = Tuner(trainer).scale_batch_size(module, method=method, steps_per_trial=2, init_val=2)
+    assert size == 32 and module.batch_size == 32
+    assert module.seen_sizes == [2, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64]  # trials of 2 batches, no evaluation after
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert trainer.global_step == 0 and trainer.callback_metrics == {}
+    loaders = {"validate": trainer.val_dataloaders, "test": trainer.test_dataloaders}
+    loader = loaders.get(method, trainer.predict_dataloaders)
+    assert loader.batch_size == 32  # the stage's loader, rebuilt at the size found
+
+
+def test_the_batch_size_finder_in_test_goes_on_with_the_size_found() -> None:
+    module = Evaluated(batch_size=4, oom_above=20)
+    trainer = _trainer(callbacks=[BatchSizeFinder(steps_per_trial=1, init_val=4)])
+    (result,) = trainer.test(module, verbose=False)
+    assert module.batch_size == 16 and "test_loss" in result
+    # Trials 4, 8, 16 fit and 32 fails; then the whole test set at 16 (256 samples: 16 batches).
+    assert module.seen_sizes == [4, 8, 16, 32] + [16] * 16
+
+
+def test_the_search_stops_at_the_dataset_length_with_lightnings_messages(caplog: pytest.LogCaptureFixture) -> None:
+    module = Regression(batch_size=16)
+    with caplog.at_level("INFO"):
+        size = Tuner(_trainer()).scale_batch_size(module, init_val=128, steps_per_trial=1)
+    # 128 fits, 256 (the whole training set) fits, and the search stops there: it covers the dataset.
+    assert size == 256 and module.seen_sizes == [128, 256]
+    assert "Batch size 128 succeeded, trying batch size 256" in caplog.text
+    assert "The batch size 256 is greater or equal than the length of your dataset: 256." in caplog.text
+
+
+class TwoValLoaders(Evaluated):
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        super().validation_step(batch, batch_idx)
+
+    def val_dataloader(self) -> list[DataLoader[Any]]:
+        return [self.train_dataloader(), self.train_dataloader()]
+
+
+def test_the_tuners_other_refusals_and_skips_are_lightnings() -> None:
+    with pytest.raises(ValueError, match="Trainer is already configured with a `BatchSizeFinder` callback"):
+        Tuner(_trainer(callbacks=[BatchSizeFinder()])).scale_batch_size(Regression())
+    with pytest.raises(ValueError, match="Trainer is already configured with a `LearningRateFinder` callback"):
+        Tuner(_trainer(callbacks=[LearningRateFinder()])).lr_find(Regression())
+    with pytest.raises(MisconfigurationException, match="cannot be used with multiple val dataloaders"):
+        Tuner(_trainer()).scale_batch_size(TwoValLoaders(), method="validate")
+    with pytest.raises(MisconfigurationException, match=r"cannot be used with dataloaders passed directly to `\.test"):
+        Tuner(_trainer()).scale_batch_size(Evaluated(), method="test", dataloaders=_data())
+    module = Regression()
+    module.seen_sizes.clear()
+    fast = Tuner(_trainer(fast_dev_run=True))
+    with pytest.warns(UserWarning, match="Skipping learning rate finder since `fast_dev_run` is enabled"):
+        assert fast.lr_find(module) is None
+    with pytest.warns(UserWarning, match="Skipping batch size scaler since `fast_dev_run` is enabled"):
+        assert fast.scale_batch_size(module) is None
+    assert module.seen_sizes == []

@@ -59,8 +59,8 @@ class TrainerAttributes:
     )
     min_epochs: Reads[int] = Reads("loop", "min_epochs", doc="``should_stop`` waits until this many epochs are done.")
     min_steps: Reads[int] = Reads("loop", "min_steps", doc="``should_stop`` waits until this many steps are done.")
-    val_check_interval: Reads[int | float | None] = Reads(
-        "loop", "val_check_interval", doc="When validation runs in an epoch."
+    val_check_batch: Reads[float | None] = Reads(
+        "val_check_batch", doc="Training batches between validations in the epoch (inf: at its end only)."
     )
     check_val_every_n_epoch: Reads[int | None] = Reads(
         "loop", "check_val_every_n_epoch", doc="Validate every n epochs."
@@ -367,15 +367,32 @@ class TrainerAttributes:
         """The precision's name (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"``)."""
         return str(self.strategy.precision.name)
 
+    @property
+    def val_check_interval(self) -> int | float:
+        """When validation runs in an epoch: a fraction of it, or every that many batches (default 1.0, as Lightning)."""
+        interval = self.run_state.loop.val_check_interval
+        return 1.0 if interval is None else interval
+
     # ----------------------------------------------------------------- data
     @property
     def train_dataloader(self) -> Any:
-        """The training loader(s) of the last ``fit``, prepared for the strategy (a list/dict for several)."""
+        """The training loader(s) of the last ``fit``, prepared for the strategy (a list/dict for several).
+
+        As in Lightning, a loader the trainer did not need to change is the one given; the loop itself
+        iterates a copy whose batch sampler can resume mid-epoch (:mod:`trainer.data.resumable`).
+        """
+        from trainer.data.combined import tree_unflatten
+        from trainer.data.resumable import shown_loader
+
         loader = self.run_state.loaders.get("fit")
         combined = getattr(loader, "loaders", None)
-        if combined is not None and getattr(loader, "keys", None) is not None:
-            return dict(zip(loader.keys, combined))  # type: ignore[union-attr]
-        return combined if combined is not None else loader
+        if combined is not None and getattr(loader, "spec", None) is not None:  # a nested collection
+            return tree_unflatten(list(combined), loader.spec)  # type: ignore[union-attr]
+        if combined is not None:
+            shown = [shown_loader(one) for one in combined]
+            keys = getattr(loader, "keys", None)
+            return shown if keys is None else dict(zip(keys, shown))
+        return shown_loader(loader)
 
     @property
     def val_dataloaders(self) -> Any:

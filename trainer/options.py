@@ -93,9 +93,11 @@ def loop_options(
         )
     if check_val_every_n_epoch is None:
         if not isinstance(val_check_interval, int) or isinstance(val_check_interval, bool):
-            raise ValueError(
-                "check_val_every_n_epoch=None validates every val_check_interval training batches across "
-                f"epochs, so val_check_interval must be an int; got {val_check_interval!r}"
+            raise UserError(  # Lightning's words first; of its durations, geartrain refuses wall-clock time
+                "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+                "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. "
+                "(check_val_every_n_epoch=None validates every val_check_interval training batches across epochs, "
+                f"so val_check_interval must be an int; got {val_check_interval!r}; time-based durations are refused)"
             )
     else:
         check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
@@ -212,7 +214,8 @@ def default_callbacks(
     ``loggers`` (``Trainer(logger=[...])``) join the callbacks after the defaults; ``max_time`` adds a
     :class:`~callbacks.Timer` (as Lightning does).
 
-    Under ``fast_dev_run`` callbacks that write files or logs are left out, with a warning naming them.
+    Under ``fast_dev_run`` the loggers are left out, with a warning naming them, and a ``DummyLogger`` takes
+    their place; checkpointing and early stopping stay and do nothing (as in Lightning).
     """
     import callbacks as cbs
 

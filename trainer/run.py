@@ -22,7 +22,7 @@ import torch
 from trainer import arguments, loops
 from trainer.common import lightning_rank
 from trainer.common.env import STARTED_BY_LAUNCHER
-from trainer.common.errors import Interrupted, Preempted
+from trainer.common.errors import Interrupted, Preempted, TunerExit
 from trainer.common.loaders import shut_down_workers
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
@@ -169,6 +169,9 @@ def run_stage(
         t.preemption.preempted = True
         state.status = TrainerStatus.INTERRUPTED
         return None, final_state(t, "fit")
+    except TunerExit:  # a finder the Tuner hosted has its result: the stage ends here, as Lightning's
+        state.status = TrainerStatus.FINISHED
+        return None, final_state(t, stage)
     except BaseException as exc:
         state.status = TrainerStatus.INTERRUPTED
         state.hooks.callbacks_only("on_exception", exc)

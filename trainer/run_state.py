@@ -73,6 +73,7 @@ class RunState:
         given_loaders: the dataloaders passed to the entry point, before preparing.
         val_loaders_epoch: the epoch the fit's validation loaders were last requested in (reloads count from it).
         num_training_batches / num_*_batches: batch counts of the loops (Lightning's attributes).
+        val_check_batch: training batches between validations in this epoch (inf: at its end only).
         ckpt_path: the checkpoint the entry point loaded (``"last"``/``"best"`` resolved).
     """
 
@@ -103,6 +104,7 @@ class RunState:
     num_test_batches: list[float] = field(default_factory=list)
     num_predict_batches: list[float] = field(default_factory=list)
     num_sanity_val_batches: list[float] = field(default_factory=list)
+    val_check_batch: float | None = None
     ckpt_path: str | None = None
 
     def state_dict(self, weights: bool = False) -> dict[str, Any]:

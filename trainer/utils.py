@@ -36,7 +36,8 @@ def seed_everything(seed: int = 0, workers: bool = False) -> int:
     seeds, derived from the loader's base seed (drawn from the generators seeded here), the worker's
     id and the process's global rank, so workers of different ranks draw different augmentations and
     runs repeat (:func:`trainer.common.rng.seed_worker`; the ``GEARTRAIN_SEED_WORKERS`` environment
-    variable tells the trainer, and processes it starts inherit it). Returns the seed.
+    variable tells the trainer, and processes it starts inherit it; Lightning's ``PL_GLOBAL_SEED`` and
+    ``PL_SEED_WORKERS`` are set too). Returns the seed.
 
     >>> seed_everything(7)
     7
@@ -47,6 +48,8 @@ def seed_everything(seed: int = 0, workers: bool = False) -> int:
         raise ValueError(f"seed must be in [0, 2**32), got {seed}")
     os.environ[SEED] = str(seed)
     os.environ[SEED_WORKERS] = str(int(workers))
+    # Lightning's names too: Fabric's and Lightning's own helpers (``_auto_add_worker_init_fn``) read them.
+    os.environ["PL_GLOBAL_SEED"], os.environ["PL_SEED_WORKERS"] = str(seed), str(int(workers))
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # seeds CUDA too

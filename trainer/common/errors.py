@@ -25,6 +25,7 @@ __all__ = [
     "PossibleUserWarning",
     "Preempted",
     "StepOutputError",
+    "TunerExit",
     "UserError",
     "closest",
     "disable_possible_user_warnings",
@@ -38,6 +39,13 @@ class CheckpointError(RuntimeError):
 
 class Preempted(Exception):
     """Raised inside the loop after a preemption checkpoint was saved; ``trainer/run.py`` catches it."""
+
+
+class TunerExit(Exception):
+    """A finder hosted by the ``Tuner`` ends the entry point it ran in (Lightning's ``_TunerExitException``).
+
+    ``trainer/run.py`` catches it: the stage ends as finished, without ``on_exception`` hooks.
+    """
 
 
 class Interrupted(RuntimeError):

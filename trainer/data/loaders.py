@@ -4,13 +4,17 @@ Lightning lets every stage take one dataloader or several (a list or a dict). Ev
 loaders one after another, each with its ``dataloader_idx`` (:func:`resolve_loaders`). Training zips
 them in Lightning's default ``"max_size_cycle"`` mode (:class:`MaxSizeCycle`): each batch is a list
 (or dict) with one batch from every loader, the shorter loaders start over until the longest ends.
-A single loader is used as it is, so the one-loader path costs nothing extra. A list counts as several
+A single loader is used as it is, so the one-loader path costs nothing extra; one loader in a list or
+dict (``[loader]``) gives batches in that collection, as Lightning's (:class:`InCollection`). A list counts as several
 loaders when its items are loaders; a list of batches (tensors, tuples, dicts) is one loader.
+Collections of collections of loaders (``{"a": [l1, l2], "b": l3}``) are combined as Lightning's
+``CombinedLoader`` combines them: flattened, and each batch put back in their shape.
 Lightning's :class:`CombinedLoader` chooses another of its modes (``"min_size"``, ``"max_size"``).
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +22,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainer.common.errors import InvalidDataloaderError
+from trainer.common.rank_zero import rank_zero_warn
+from trainer.data.combined import CombinedLoader, Spec, tree_flatten, tree_unflatten
 from trainer.data.resumable import add_worker_seeding, make_resumable
 
 if TYPE_CHECKING:
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ZIP_MODES",
     "CombinedLoader",
+    "InCollection",
     "MaxSizeCycle",
     "ZipLoaders",
     "is_datamodule",
@@ -61,11 +68,17 @@ class ZipLoaders:
     """
 
     def __init__(
-        self, loaders: list[Iterable[Any]] | Mapping[str, Iterable[Any]], mode: str = "max_size_cycle"
+        self,
+        loaders: list[Iterable[Any]] | Mapping[str, Iterable[Any]],
+        mode: str = "max_size_cycle",
+        spec: Spec | None = None,
     ) -> None:
         if mode not in ZIP_MODES:
             raise ValueError(f"mode={mode!r}: training combines loaders in one of {list(ZIP_MODES)}")
         self.mode = mode
+        #: The shape of a nested collection of loaders (``{"a": [l1, l2], "b": l3}``): each batch is put
+        #: into it, and ``loaders`` are its flattened loaders (:mod:`trainer.data.combined`).
+        self.spec = spec
         self.keys: list[str] | None = list(loaders) if isinstance(loaders, Mapping) else None
         #: The loaders, in order (a dict's values in its order).
         self.loaders: list[Iterable[Any]] = list(loaders.values()) if isinstance(loaders, Mapping) else list(loaders)
@@ -94,12 +107,39 @@ class ZipLoaders:
                         continue
                     iterators[i] = iter(loader)
                     batch.append(next(iterators[i]))  # type: ignore[arg-type]
-            yield dict(zip(self.keys, batch)) if self.keys is not None else batch
+            if self.spec is not None:
+                yield tree_unflatten(batch, self.spec)
+            else:
+                yield dict(zip(self.keys, batch)) if self.keys is not None else batch
 
     def set_epoch(self, epoch: int) -> None:
         """Tell every loader's epoch-aware sampler and dataset which epoch it is."""
         for loader in self.loaders:
             set_sampler_epoch(loader, epoch)
+
+
+class InCollection:
+    """One training loader given in a list or dict (``[loader]``, ``{"a": loader}``): as in Lightning, each
+    batch keeps the collection (``[batch]``, ``{"a": batch}``). The loader inside stays resumable: its
+    ``batch_sampler``, ``dataset``, length ... are read through this wrapper."""
+
+    def __init__(self, loader: Iterable[Any], key: Any = None) -> None:
+        self.loader, self.key = loader, key
+        self.loaders, self.keys = [loader], None if key is None else [key]
+
+    def __iter__(self) -> Iterator[Any]:
+        # The loader's iterator is made now, not at the first batch: a resume replays the sampler's
+        # order and the random state the iterator draws from around this call (trainer/loops/iteration.py).
+        key = self.key
+        return map((lambda batch: [batch]) if key is None else (lambda batch: {key: batch}), iter(self.loader))
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
 
 def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
@@ -123,59 +163,6 @@ MaxSizeCycle = ZipLoaders
 
 #: Lightning's ways of combining loaders that training takes; evaluation takes ``"sequential"``.
 ZIP_MODES = ("max_size_cycle", "min_size", "max_size")
-
-
-class CombinedLoader:
-    """Lightning's ``CombinedLoader``: several loaders (a list or dict) handed over as one.
-
-    Give it to ``trainer.fit`` to choose how training combines loaders (``"max_size_cycle"``,
-    ``"min_size"``, ``"max_size"``: see :class:`ZipLoaders`); give it in ``"sequential"`` mode to
-    ``validate``/``test``/``predict`` (or as validation loaders), which run the loaders one after
-    another with their ``dataloader_idx``. Iterating it yields Lightning's
-    ``(batch, batch_idx, dataloader_idx)`` triples.
-
-    >>> list(CombinedLoader({"a": [1, 2], "b": [10]}, "max_size_cycle"))
-    [({'a': 1, 'b': 10}, 0, 0), ({'a': 2, 'b': 10}, 1, 0)]
-    >>> list(CombinedLoader([[1, 2], [10]], "sequential"))
-    [(1, 0, 0), (2, 1, 0), (10, 0, 1)]
-    """
-
-    MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
-
-    def __init__(self, iterables: Any, mode: str = "min_size") -> None:
-        if mode not in self.MODES:
-            raise ValueError(f"Unsupported mode {mode!r}, please select one of: {list(self.MODES)}.")
-        self.iterables = iterables
-        self.mode = mode
-
-    @property
-    def flattened(self) -> list[Any]:
-        """The loaders, in order (a dict's values in its order; one loader given alone is a list of one)."""
-        if isinstance(self.iterables, Mapping):
-            return list(self.iterables.values())
-        if isinstance(self.iterables, (list, tuple)):
-            return list(self.iterables)
-        return [self.iterables]
-
-    def _rebuilt(self, loaders: list[Any]) -> list[Any] | dict[str, Any]:
-        """``loaders`` (prepared versions of :attr:`flattened`) in the shape of :attr:`iterables`."""
-        if isinstance(self.iterables, Mapping):
-            return dict(zip(self.iterables, loaders, strict=True))
-        return loaders
-
-    def __iter__(self) -> Iterator[tuple[Any, int, int]]:
-        if self.mode == "sequential":
-            for dataloader_idx, loader in enumerate(self.flattened):
-                for batch_idx, batch in enumerate(loader):
-                    yield batch, batch_idx, dataloader_idx
-            return
-        for batch_idx, batch in enumerate(ZipLoaders(self._rebuilt(self.flattened), self.mode)):
-            yield batch, batch_idx, 0
-
-    def __len__(self) -> int:
-        if self.mode == "sequential":
-            return sum(len(loader) for loader in self.flattened)
-        return len(ZipLoaders(self._rebuilt(self.flattened), self.mode))
 
 
 def is_datamodule(obj: Any) -> bool:
@@ -219,7 +206,6 @@ def resolve_loaders(
                 given = None
     if given is not None:
         _check_iterable(given, stage, returned_by)
-        _refuse_nested(given.iterables if isinstance(given, CombinedLoader) else given, stage)
     if given is None:
         if required and returned_by:
             raise InvalidDataloaderError(
@@ -239,24 +225,30 @@ def resolve_loaders(
     combined = isinstance(given, CombinedLoader)
     if isinstance(given, CombinedLoader):
         given, mode = _combined(given, stage), given.mode
+    spec = None
+    if _nested(given):  # {"a": [l1, l2], "b": l3}: its loaders flat, each batch put back in its shape
+        given, spec = tree_flatten(given)
     several: list[Any] | Mapping[str, Any]
     if isinstance(given, Mapping):
-        several = {key: _prepare(trainer, loader, train, overfit) for key, loader in given.items()}
+        several = {key: _prepare(trainer, loader, train, overfit, method) for key, loader in given.items()}
     elif isinstance(given, (list, tuple)) and (combined or all(_is_loader(item) for item in given)):
-        several = [_prepare(trainer, loader, train, overfit) for loader in given]
+        several = [_prepare(trainer, loader, train, overfit, method) for loader in given]
     else:
-        one = _prepare(trainer, given, train, overfit)
+        one = _prepare(trainer, given, train, overfit, method)
         return make_resumable(one) if train else [one]
     if not several:
         if required:
             raise ValueError(f"{method}: an empty {type(given).__name__} of dataloaders")
         return None
     if train:
-        if len(several) > 1 or mode != "max_size_cycle":
-            return ZipLoaders(several, mode)
-        return make_resumable(next(iter(_values(several))))
+        if len(several) > 1 or mode != "max_size_cycle" or spec is not None:
+            return ZipLoaders(several, mode, spec)
+        key = next(iter(several)) if isinstance(several, Mapping) else None
+        only = make_resumable(next(iter(_values(several))))
+        assert only is not None
+        return InCollection(only, key)
     if combined and mode in ZIP_MODES:  # as Lightning: evaluated as one loader of combined batches
-        return [ZipLoaders(several, mode)]
+        return [ZipLoaders(several, mode, spec)]
     return list(_values(several))
 
 
@@ -298,17 +290,15 @@ def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
         raise InvalidDataloaderError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
 
 
-def _refuse_nested(given: Any, stage: str) -> None:
-    """A collection of collections of loaders (``{"a": [loader, loader]}``) is refused, not read as batches."""
+def _nested(given: Any) -> bool:
+    """Whether a list or dict of loaders holds collections of loaders (``{"a": [loader, loader]}``)."""
     items = given.values() if isinstance(given, Mapping) else given if isinstance(given, (list, tuple)) else ()
     for item in items:
-        inner = list(item.values()) if isinstance(item, Mapping) else item if isinstance(item, (list, tuple)) else ()
-        if inner and all(_is_loader(loader) for loader in inner):
-            raise NotImplementedError(
-                f"trainer.{stage} got nested collections of dataloaders ({type(given).__name__} of "
-                f"{type(item).__name__}s of loaders): not supported yet. Pass one flat list or dict of "
-                "loaders (or a CombinedLoader of one); each batch is then a list or dict of their batches."
-            )
+        if isinstance(item, (list, tuple, Mapping)):
+            leaves = tree_flatten(item)[0]
+            if leaves and all(_is_loader(leaf) for leaf in leaves):
+                return True
+    return False
 
 
 def _is_loader(obj: Any) -> bool:
@@ -321,9 +311,9 @@ def _is_loader(obj: Any) -> bool:
 def _combined(loader: CombinedLoader, stage: str) -> Any:
     """The loaders of a :class:`CombinedLoader`, refusing a mode ``stage`` cannot run (as Lightning does)."""
     if stage == "fit" and loader.mode not in ZIP_MODES:
-        raise ValueError(
-            f'trainer.fit does not support CombinedLoader(mode="{loader.mode}"); training combines loaders in one '
-            f"of {list(ZIP_MODES)}. For loaders one after another, run them in separate fits."
+        raise ValueError(  # Lightning's words first
+            f'`FitLoop` does not support the `CombinedLoader(mode="{loader.mode}")` mode. The available modes are: '
+            f"{list(ZIP_MODES)} (training combines loaders; for loaders one after another, run separate fits)"
         )
     if stage == "predict" and loader.mode != "sequential":
         raise ValueError(
@@ -337,7 +327,10 @@ def _values(several: list[Any] | Mapping[str, Any]) -> Iterable[Any]:
     return several.values() if isinstance(several, Mapping) else several
 
 
-def _prepare(trainer: Trainer, loader: Iterable[Any], train: bool, overfit: bool = False) -> Iterable[Any]:
+def _prepare(
+    trainer: Trainer, loader: Iterable[Any], train: bool, overfit: bool = False, method: str = "train_dataloader"
+) -> Iterable[Any]:
+    _check_workers(loader, method)
     if overfit:  # Trainer(overfit_batches=...): training and validation on the first training batches
         from trainer.arguments import overfit_loader
 
@@ -347,3 +340,16 @@ def _prepare(trainer: Trainer, loader: Iterable[Any], train: bool, overfit: bool
     prepared = add_worker_seeding(loader, trainer.strategy.global_rank)
     assert prepared is not None
     return prepared
+
+
+def _check_workers(loader: Iterable[Any], method: str) -> None:
+    """Lightning's advice: worker processes started with ``spawn`` each epoch are slow to start."""
+    if not isinstance(loader, DataLoader) or loader.num_workers == 0 or loader.persistent_workers:
+        return
+    context = loader.multiprocessing_context
+    start = context.get_start_method() if context is not None else mp.get_start_method()
+    if start == "spawn":
+        rank_zero_warn(
+            f"Consider setting `persistent_workers=True` in '{method}' to speed up the dataloader worker "
+            "initialization."
+        )

@@ -26,7 +26,15 @@ from trainer.common.env import SEED_WORKERS, seed_from_env
 from trainer.common.loaders import rebuild_dataloader
 from trainer.common.rng import WorkerInit, rng_state, set_rng_state
 
-__all__ = ["ResumableBatchSampler", "SampleSeededDataset", "add_worker_seeding", "make_resumable", "rebuild_dataloader"]
+__all__ = [
+    "SHOWN_AS",
+    "ResumableBatchSampler",
+    "SampleSeededDataset",
+    "add_worker_seeding",
+    "make_resumable",
+    "rebuild_dataloader",
+    "shown_loader",
+]
 
 
 class SampleSeededDataset(Dataset[Any]):
@@ -142,7 +150,20 @@ def make_resumable(loader: Iterable[Any] | None) -> Iterable[Any] | None:
     changes: dict[str, Any] = {"batch_sampler": ResumableBatchSampler(loader.batch_sampler)}
     if loader.num_workers > 0 and not loader.persistent_workers:
         changes["dataset"] = SampleSeededDataset(loader.dataset, seed_from_env())
-    return rebuild_dataloader(loader, **changes)
+    resumable = rebuild_dataloader(loader, **changes)
+    resumable.__dict__[SHOWN_AS] = loader
+    return resumable
+
+
+#: The attribute of a :func:`make_resumable` loader holding the loader it was made from: what
+#: ``trainer.train_dataloader`` shows (its ``batch_size``, ``sampler``, ``dataset`` are the user's, as in
+#: Lightning), while the loop iterates the resumable one.
+SHOWN_AS = "_geartrain_shown_as"
+
+
+def shown_loader(loader: Any) -> Any:
+    """The loader users see for ``loader``: the one :func:`make_resumable` was given, else ``loader`` itself."""
+    return getattr(loader, SHOWN_AS, loader)
 
 
 def add_worker_seeding(loader: Iterable[Any] | None, rank: int) -> Iterable[Any] | None:

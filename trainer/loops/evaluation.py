@@ -75,17 +75,7 @@ def eval_loop(
             f"No `{prefix}_step()` method defined to run `Trainer.{stage}`. "
             f"({type(module).__name__} does not define {prefix}_step(self, batch, batch_idx))"
         )
-    loaders = state.loaders[stage]
-    assert isinstance(loaders, list)
-    nums = [num_batches(loader, state.loop.limits[stage], stage) for loader in loaders]
-    set_num_batches(state, stage, _per_iterable(loaders, nums, state.loop.limits[stage], stage))
-    if max_batches is not None:
-        nums = [min(num, max_batches) for num in nums]
-    # As Lightning: a sampler may shuffle by the training epoch; in fit the one in progress, in a
-    # validate/test call the count of epochs trained (Lightning tells it when the loader is prepared).
-    epoch = state.progress.epoch if state.fn == "fit" else _epochs_trained(state)
-    for loader in loaders:
-        set_sampler_epoch(loader, epoch)
+    loaders, nums = _batch_counts(state, stage, max_batches)
     modes = module_modes(module)
     if state.fn == "fit" and not state.sanity_checking and overrides(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
@@ -97,7 +87,7 @@ def eval_loop(
     try:
         with _no_grad(trainer), strategy.evaluation_context():
             with router.logging(store, EPOCH_DEFAULTS, evaluating=True):
-                values = _run_epoch(trainer, state, prefix, loaders, nums, store)
+                values = _run_epoch(trainer, state, stage, (loaders, nums), store, max_batches)
             with router.refusing(f"on_{prefix}_end"):
                 hooks(f"on_{prefix}_end")
     finally:
@@ -108,13 +98,41 @@ def eval_loop(
     return values
 
 
+def _batch_counts(state: RunState, stage: str, max_batches: float | None = None) -> tuple[list[Any], list[float]]:
+    """``stage``'s prepared loaders and how many batches of each run; the counts are published
+    (``trainer.num_val_batches``...) and the samplers told the epoch (see below)."""
+    loaders = state.loaders[stage]
+    assert isinstance(loaders, list)
+    nums = [num_batches(loader, state.loop.limits[stage], stage) for loader in loaders]
+    set_num_batches(
+        state, stage, _per_iterable(loaders, nums, state.loop.limits[stage], stage) if stage != "predict" else nums
+    )
+    if max_batches is not None:
+        nums = [min(num, max_batches) for num in nums]
+    # As Lightning: a sampler may shuffle by the training epoch; in fit the one in progress, in a
+    # validate/test/predict call the count of epochs trained (Lightning tells it when the loader is prepared).
+    epoch = state.progress.epoch if state.fn == "fit" else _epochs_trained(state)
+    for loader in loaders:
+        set_sampler_epoch(loader, epoch)
+    return loaders, nums
+
+
 def _run_epoch(
-    trainer: Trainer, state: RunState, prefix: str, loaders: list[Any], nums: list[float], store: MetricStore
+    trainer: Trainer,
+    state: RunState,
+    stage: str,
+    prepared: tuple[list[Any], list[float]],
+    store: MetricStore,
+    max_batches: float | None,
 ) -> dict[str, torch.Tensor]:
     """The part of :func:`eval_loop` where ``self.log`` is allowed: from ``on_X_start`` to the epoch's values."""
     hooks, router = state.hooks, trainer.metric_router
-    several = len(loaders) > 1
+    prefix = "validation" if stage == "validate" else "test"
+    loaders, nums = prepared
     hooks(f"on_{prefix}_start")
+    if state.loaders[stage] is not loaders:  # rebuilt in on_X_start (the batch-size finder's new size)
+        loaders, nums = _batch_counts(state, stage, max_batches)
+    several = len(loaders) > 1
     hooks(f"on_{prefix}_epoch_start")
     pending = store.pending_step
     it_mode = takes_dataloader_iter(getattr(state.module, f"{prefix}_step"))
@@ -178,18 +196,15 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
             "`Trainer.predict` requires `forward` method to run. (The default predict_step calls "
             f"{type(module).__name__}.forward; define it, or override predict_step)"
         )
-    loaders = state.loaders["predict"]
-    assert isinstance(loaders, list)
-    nums = [num_batches(loader, state.loop.limits["predict"], "predict") for loader in loaders]
-    set_num_batches(state, "predict", nums)
-    for loader in loaders:  # as Lightning, when it prepares the loader: the count of epochs trained
-        set_sampler_epoch(loader, _epochs_trained(state))
+    loaders, nums = _batch_counts(state, "predict")
     outputs: list[list[Any]] = []
     modes = module_modes(module)
     model_mode(module, "on_predict_model_eval")
     try:
         with _no_grad(trainer), strategy.evaluation_context():
             hooks("on_predict_start")
+            if state.loaders["predict"] is not loaders:  # rebuilt in on_predict_start (the batch-size finder)
+                loaders, nums = _batch_counts(state, "predict")
             hooks("on_predict_epoch_start")
             it_mode = takes_dataloader_iter(module.predict_step)
             if it_mode:  # Lightning's predict_step(self, dataloader_iter): the step fetches its own batches

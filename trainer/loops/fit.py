@@ -228,6 +228,7 @@ def train_epoch(
     if store is None:
         store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
     val_every = _val_every(state, num)
+    state.val_check_batch = math.inf if val_every is None else val_every  # Lightning's trainer.val_check_batch
     # check_val_every_n_epoch=None: every val_check_interval batches, counted across epochs.
     across = state.loop.check_val_every_n_epoch is None
     batch_offset = p.batches_before_epoch if across else 0

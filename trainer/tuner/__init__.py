@@ -1,12 +1,13 @@
-"""Lightning's ``Tuner``: ``lr_find`` and ``scale_batch_size`` before training.
+"""Lightning's ``Tuner``: ``lr_find`` and ``scale_batch_size`` before training (or evaluating).
 
 >>> from trainer import Tuner
 
 Each hosts its finder callback (:class:`callbacks.LearningRateFinder`,
-:class:`callbacks.BatchSizeFinder`) in a ``fit`` that trains no step of its own: the finder runs its
-trials from ``on_fit_start`` through :meth:`Trainer.run_trial`, which restores the module and
-optimizer after each. The trainer's callbacks, loggers, limits and counters are put back afterwards,
-so a ``fit`` after tuning gives what a fresh trainer gives.
+:class:`callbacks.BatchSizeFinder`) in a run of its own: ``fit``, or for ``scale_batch_size(method=)``
+``validate``/``test``/``predict``. The finder runs its trials from the stage's start hook
+through :meth:`Trainer.run_trial`, which restores the module and optimizer after each; the batch-size
+finder then ends the hosting run (Lightning's early exit). The trainer's callbacks, loggers, limits
+and counters are put back afterwards, so a ``fit`` after tuning gives what a fresh trainer gives.
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ class Tuner:
         set on ``attr_name`` (or ``lr`` / ``learning_rate``: module attribute, ``hparams`` key or
         datamodule attribute). With a TensorBoard logger the curve is written there (a figure).
         """
-        _check_method("lr_find", method, dataloaders, train_dataloaders, val_dataloaders)
+        if method != "fit":
+            raise UserError("method='fit' is the only valid configuration to run lr finder.")
+        _check_method(method, dataloaders, train_dataloaders, val_dataloaders)
+        self._check_not_configured(LearningRateFinder)
         finder = LearningRateFinder(min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr, attr_name)
-        loggers = self._host(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        loggers = self._host(finder, model, "fit", (train_dataloaders, val_dataloaders), datamodule)
         result = finder.optimal_lr
         if result is None:
             return None
@@ -91,30 +95,42 @@ class Tuner:
         margin: float = 0.05,
         max_val: int = 8192,
     ) -> int | None:
-        """The largest batch size that trains ``steps_per_trial`` steps without running out of memory.
+        """The largest batch size that runs ``steps_per_trial`` steps of ``method`` without running out of memory.
 
-        It is set on ``batch_arg_name`` (module attribute, ``hparams`` key or datamodule attribute)
-        and returned; weights and optimizer are as before.
+        ``method="fit"`` trains (optimizer steps), ``"validate"``/``"test"``/``"predict"`` run that
+        stage's batches. The size is set on ``batch_arg_name`` (module attribute, ``hparams`` key or
+        datamodule attribute) and returned; weights and optimizer are as before. None under ``fast_dev_run``.
         """
-        _check_method("scale_batch_size", method, dataloaders, train_dataloaders, val_dataloaders)
+        _check_method(method, dataloaders, train_dataloaders, val_dataloaders)
+        self._check_not_configured(BatchSizeFinder)
         finder = BatchSizeFinder(mode, steps_per_trial, init_val, max_trials, batch_arg_name, margin, max_val)
-        self._host(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        given = (train_dataloaders, val_dataloaders) if method == "fit" else (dataloaders,)
+        self._host(finder, model, method, given, datamodule)
         size = finder.optimal_batch_size
         if size is not None:
             set_attr(model, batch_arg_name, size, datamodule)
         return size
 
+    def _check_not_configured(self, kind: type[Callback]) -> None:
+        """Lightning's refusal: the trainer's own finder callback would run a second search."""
+        if any(isinstance(cb, kind) for cb in self._trainer.callbacks):
+            raise ValueError(
+                f"Trainer is already configured with a `{kind.__name__}` callback.Please remove it if you want to "
+                "use the Tuner."
+            )
+
     def _host(
         self,
         finder: Callback,
         model: TrainModule,
-        train_dataloaders: Any,
-        val_dataloaders: Any,
+        method: str,
+        dataloaders: tuple[Any, ...],
         datamodule: DataModule | None,
     ) -> list[Callback]:
-        """``fit`` with ``finder`` as the only callback and no step of its own; then the trainer put back.
+        """``method`` with ``finder`` as the only callback, which ends it once it has searched; then the trainer
+        put back. ``dataloaders``: ``fit``'s training and validation loaders, or the stage's.
 
-        Returns the trainer's loggers (they were left out of the hosting fit).
+        Returns the trainer's loggers (they were left out of the hosting run).
         """
         t = self._trainer
         finder._early_exit = True  # type: ignore[attr-defined]
@@ -126,17 +142,18 @@ class Tuner:
         # The finder's trials are the only steps, and there is no sanity check.
         state.loop = dataclasses.replace(state.loop, max_steps=t.global_step, num_sanity_val_steps=0)
         try:
-            t.fit(model, train_dataloaders, val_dataloaders, datamodule)
+            if method == "fit":
+                t.fit(model, dataloaders[0], dataloaders[1], datamodule)
+            else:
+                getattr(t, method)(model, *dataloaders, datamodule=datamodule)
         finally:
             t.callbacks[:] = callbacks
             restore_run(t, saved)
         return loggers
 
 
-def _check_method(
-    name: str, method: str, dataloaders: Any, train_dataloaders: Any = None, val_dataloaders: Any = None
-) -> None:
-    """Lightning's checks of ``method`` and the loaders passed with it; then geartrain's: tuning is for ``fit``."""
+def _check_method(method: str, dataloaders: Any, train_dataloaders: Any = None, val_dataloaders: Any = None) -> None:
+    """Lightning's checks of ``method`` and the loaders passed with it."""
     methods = ("fit", "validate", "test", "predict")
     if method not in methods:
         raise ValueError(f"method {method!r} is invalid. Should be one of {methods}.")
@@ -149,9 +166,4 @@ def _check_method(
         raise UserError(
             f"In tuner with `method`={method!r}, `train_dataloaders` and `val_dataloaders` arguments should be None, "
             "please consider setting `dataloaders` instead."
-        )
-    if method != "fit":
-        raise UserError(
-            f"Tuner.{name}(method={method!r}): geartrain tunes for training only; use method='fit' "
-            "(Lightning's other methods need the predict/validate loops to raise OutOfMemoryError too)"
         )
