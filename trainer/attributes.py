@@ -427,15 +427,6 @@ class TrainerAttributes:
         return has_val_data(self.run_state)
 
     @property
-    def val_check_batch(self) -> int | float:
-        """Training batches between validation runs in an epoch (Lightning's): an int ``val_check_interval``
-        itself, a fraction of the epoch's batches (at least 1), ``inf`` for a loader without a length."""
-        from trainer.loops.fit import _val_every
-
-        every = _val_every(self.run_state, self.num_training_batches)
-        return float("inf") if every is None else every
-
-    @property
     def estimated_stepping_batches(self) -> float:
         """Optimizer steps the fit will take: epochs x batches / accumulation, capped by ``max_steps``.
 
