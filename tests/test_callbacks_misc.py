@@ -207,7 +207,7 @@ def test_every_hook_exists_and_is_called_in_order(tmp_path: Path) -> None:
         pass
 
     for hook in HOOKS:
-        setattr(Each, hook, lambda self, *args, _h=hook: self.calls.append(_h))
+        setattr(Each, hook, lambda self, *args, _h=hook, **kwargs: self.calls.append(_h))
     each: Any = Each()
     each.calls = []
     train, val = loaders(n_train=16)

@@ -107,7 +107,10 @@ def test_steps_run_until_the_limited_data_is_fetched(make_trainer: Any, limit: i
     expected = [n // 2, n, 0] if n else None
     for stage in ("train", "validate", "test", "predict"):
         assert model.record.get(stage) == expected, stage
-    assert predictions is not None and len(predictions) == n // 2
+    if n == 0:  # as Lightning: a stage limited to no batch runs no loop, and predict returns None
+        assert predictions is None
+    else:
+        assert predictions is not None and len(predictions) == n // 2
 
 
 class StopsItself(Regressor):

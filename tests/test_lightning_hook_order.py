@@ -554,9 +554,9 @@ def record_dispatch(stage: str, root: Path) -> list[str]:
     def wrap(cls: type, name: str, prefix: str) -> None:
         base = getattr(cls, name)
 
-        def hook(self: Any, *args: Any) -> Any:
+        def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
             calls.append(prefix + name)
-            return base(self, *args)
+            return base(self, *args, **kwargs)
 
         setattr(cls, name, hook)
 

@@ -274,8 +274,8 @@ def test_hooks_set_on_the_instance_and_a_mock_callback(tmp_path: Path) -> None:
     trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback])
     trainer.validate(model, make_loader(4, 4), verbose=False)
     assert seen == ["val_eval"] and not model.training and model.net[0].training
-    callback.setup.assert_called_once_with(trainer, model, "validate")
-    callback.teardown.assert_called_once_with(trainer, model, "validate")
+    callback.setup.assert_called_once_with(trainer, model, stage="validate")  # by name, as Lightning passes it
+    callback.teardown.assert_called_once_with(trainer, model, stage="validate")
 
 
 def test_on_exception_reaches_module_and_datamodule(tmp_path: Path) -> None:

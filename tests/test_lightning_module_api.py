@@ -32,13 +32,22 @@ def test_plain_properties_outside_a_trainer(capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().out == "hello 1\n"
 
 
-def test_toggle_optimizer_switches_off_and_restores_requires_grad() -> None:
+def test_toggle_optimizer_switches_off_and_restores_requires_grad(tmp_path: Path) -> None:
+    """Lightning's rule: the trainer's other optimizers' parameters are switched off; a parameter no optimizer
+    holds keeps requiring grad (a layer trained by none still carries the loss's graph)."""
     m = Two()
+    m.c = nn.Linear(2, 2)  # held by no optimizer
     m.b.bias.requires_grad = False  # a user's own choice, restored as it was
-    opt = torch.optim.SGD(m.a.parameters(), lr=0.1)
-    with m.toggled_optimizer(opt):
-        assert [p.requires_grad for p in m.parameters()] == [True, True, False, False]
-    assert [p.requires_grad for p in m.parameters()] == [True, True, True, False]
+    opt_a, opt_b = torch.optim.SGD(m.a.parameters(), lr=0.1), torch.optim.SGD(m.b.parameters(), lr=0.1)
+    trainer = quiet_trainer(tmp_path)
+    trainer.optimizers = [opt_a, opt_b]
+    m.trainer = trainer
+    with m.toggled_optimizer(opt_a):
+        assert [p.requires_grad for p in m.parameters()] == [True, True, False, False, True, True]
+    assert [p.requires_grad for p in m.parameters()] == [True, True, True, False, True, True]
+    with m.toggled_optimizer(opt_b):
+        assert [p.requires_grad for p in m.parameters()] == [False, False, True, False, True, True]
+    assert [p.requires_grad for p in m.parameters()] == [True, True, True, False, True, True]
 
 
 def test_freeze_and_unfreeze() -> None:
@@ -194,7 +203,9 @@ def test_clip_gradients_refuses_a_value_the_trainer_sets_otherwise(tmp_path: Pat
             super().__init__()
             self.clip = clip
 
-        def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any, algorithm: Any) -> None:
+        def configure_gradient_clipping(
+            self, optimizer: Any, gradient_clip_val: Any, gradient_clip_algorithm: Any
+        ) -> None:
             self.clip_gradients(optimizer, **self.clip)
 
     with pytest.raises(MisconfigurationException, match=r"gradient_clip_val=0\.5\)` and have passed `clip_grad"):

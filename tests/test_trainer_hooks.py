@@ -36,15 +36,15 @@ class HookCallback(Callback):
 
 
 def _module_recorder(name: str) -> Any:
-    def hook(self: HookModule, *args: Any) -> Any:
+    def hook(self: HookModule, *args: Any, **kwargs: Any) -> Any:
         self.calls.append(name)
-        return getattr(Regressor, name)(self, *args)
+        return getattr(Regressor, name)(self, *args, **kwargs)
 
     return hook
 
 
 def _callback_recorder(name: str) -> Any:
-    def hook(self: HookCallback, trainer: Any, module: Any, *args: Any) -> None:
+    def hook(self: HookCallback, trainer: Any, module: Any, *args: Any, **kwargs: Any) -> None:
         self.calls.append(f"cb.{name}")
 
     return hook

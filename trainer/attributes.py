@@ -418,7 +418,10 @@ class TrainerAttributes:
     @property
     def enable_validation(self) -> bool:
         """Whether ``fit`` validates: validation data, a ``validation_step`` and a limit above 0."""
-        if self.run_state.module is None or getattr(self.run_state.module, "validation_step", None) is None:
+        from trainer.hooks import is_overridden
+
+        module = self.run_state.module
+        if module is None or not is_overridden("validation_step", module):
             return False
         if self.run_state.loop.limits["validate"] in (0, 0.0):
             return False

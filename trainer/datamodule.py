@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterable, Mapping, Sized
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -38,22 +39,6 @@ class DataModule(HyperparametersMixin, DataHooks):
         if name == "trainer":  # subclasses that do not call super().__init__()
             return None
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def train_dataloader(self) -> Iterable[Any]:
-        """The training data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define train_dataloader()")
-
-    def val_dataloader(self) -> Iterable[Any]:
-        """The validation data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define val_dataloader()")
-
-    def test_dataloader(self) -> Iterable[Any]:
-        """The test data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define test_dataloader()")
-
-    def predict_dataloader(self) -> Iterable[Any]:
-        """The prediction data."""
-        raise NotImplementedError(f"{type(self).__name__} does not define predict_dataloader()")
 
     def __str__(self) -> str:
         """The dataset size of each stage's loader, as Lightning prints a data module.
@@ -95,10 +80,12 @@ class DataModule(HyperparametersMixin, DataHooks):
         num_workers: int = 0,
         **datamodule_kwargs: Any,
     ) -> DataModule:
-        """A data module serving these datasets with ``DataLoader(batch_size, num_workers)``.
+        """A data module serving these datasets with ``DataLoader(batch_size, num_workers, pin_memory=True)``.
 
         The training loader shuffles (unless the dataset is iterable); the others do not. A list or
-        dict of datasets gives a list or dict of loaders. ``datamodule_kwargs`` go to ``cls(...)``.
+        dict of datasets gives a list or dict of loaders. ``datamodule_kwargs`` go to ``cls(...)``, and so
+        do ``batch_size`` and ``num_workers`` where its ``__init__`` takes them (or takes ``**kwargs``), as in
+        Lightning.
 
         >>> import torch
         >>> from torch.utils.data import TensorDataset
@@ -117,9 +104,14 @@ class DataModule(HyperparametersMixin, DataHooks):
                 batch_size=batch_size,
                 shuffle=shuffle and not isinstance(ds, IterableDataset),
                 num_workers=num_workers,
+                pin_memory=True,
             )
 
-        datamodule = cls(**datamodule_kwargs)
+        params = inspect.signature(cls.__init__).parameters
+        special = {"batch_size": batch_size, "num_workers": num_workers}
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            special = {k: v for k, v in special.items() if k in params}
+        datamodule = cls(**datamodule_kwargs, **special)
         if train_dataset is not None:
             datamodule.train_dataloader = lambda: loaders(train_dataset, True)  # type: ignore[method-assign]
         if val_dataset is not None:

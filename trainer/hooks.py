@@ -16,6 +16,7 @@ one the resolved callables are the hooks themselves, as before profilers existed
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -78,17 +79,26 @@ class HookDispatch:
             fn(*args)
         return module_fn(*args) if module_fn is not None else None
 
-    def module(self, hook: str, *args: Any) -> Any:
+    def module(self, hook: str, *args: Any, **kwargs: Any) -> Any:
         """Call only the module's ``hook`` (for epoch ends, where metrics are computed in between)."""
         assert self._module is not None
         if self._profiler is not None:
             with self._profiler.profile(f"[LightningModule]{type(self._module).__name__}.{hook}"):
-                return getattr(self._module, hook)(*args)
-        return getattr(self._module, hook)(*args)
+                return getattr(self._module, hook)(*args, **kwargs)
+        return getattr(self._module, hook)(*args, **kwargs)
 
-    def callbacks_only(self, hook: str, *args: Any, monitors: bool | None = None) -> None:
+    def datamodule(self, datamodule: Any, hook: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the data module's ``hook``, in the profiler's ``[LightningDataModule]<class>.<hook>`` action
+        when one profiles (Lightning's name), so its ``prepare_data``/``setup``/``state_dict`` show in the report."""
+        if self._profiler is not None:
+            with self._profiler.profile(f"[LightningDataModule]{type(datamodule).__name__}.{hook}"):
+                return getattr(datamodule, hook)(*args, **kwargs)
+        return getattr(datamodule, hook)(*args, **kwargs)
+
+    def callbacks_only(self, hook: str, *args: Any, monitors: bool | None = None, **kwargs: Any) -> None:
         """Call only the callbacks overriding ``hook`` (hooks the module does not have, e.g. ``on_log_metrics``).
 
+        ``kwargs`` are passed by name, as Lightning passes them (``setup(trainer, module, stage=...)``).
         ``monitors``: True for only the callbacks that monitor a metric (checkpointing, early
         stopping), False for only the others, None for all (see :mod:`trainer.hook_order`).
         """
@@ -98,10 +108,10 @@ class HookDispatch:
         if self._profiler is not None:
             for cb in callbacks:
                 with self._profiler.profile(f"[Callback]{cb.state_key}.{hook}"):
-                    getattr(cb, hook)(self._owner, self._module, *args)
+                    getattr(cb, hook)(self._owner, self._module, *args, **kwargs)
             return
         for cb in callbacks:
-            getattr(cb, hook)(self._owner, self._module, *args)
+            getattr(cb, hook)(self._owner, self._module, *args, **kwargs)
 
     def reaches_user_code(self, hook: str) -> bool:
         """Whether ``hook`` calls code of the user's: the module's override, or a callback whose class's
@@ -176,8 +186,8 @@ def is_overridden(method_name: str, instance: object | None = None, parent: type
     ``parent`` defaults to :class:`~trainer.TrainModule`, :class:`~trainer.DataModule` or
     :class:`~callbacks.Callback`, whichever ``instance`` is. A method set to ``None`` on the instance
     (``model.validation_step = None``) counts as not overridden, as does a missing one; one ``parent``
-    does not define (TrainModule has no default ``validation_step``) counts as overridden; a
-    ``functools.wraps`` wrapper or a ``functools.partial`` is judged by the function it wraps.
+    does not define counts as overridden; a ``functools.wraps`` wrapper, a ``functools.partial`` or a
+    ``Mock(wraps=...)`` is judged by the function it wraps (a wrapper around None is not overridden).
 
     >>> from trainer import TrainModule
     >>> class Net(TrainModule):
@@ -201,10 +211,15 @@ def is_overridden(method_name: str, instance: object | None = None, parent: type
     if fn is None:
         return False
     fn = getattr(fn, "__wrapped__", fn)
-    if isinstance(fn, functools.partial):
+    mock = sys.modules.get("unittest.mock")  # a Mock exists only where that module was imported
+    if mock is not None and isinstance(fn, mock.Mock):  # Mock(wraps=...): judged by what it wraps
+        fn = fn._mock_wraps
+    elif isinstance(fn, functools.partial):
         fn = fn.func
+    if fn is None:  # a wrapper around None (a hook switched off on the class): not overridden, as Lightning
+        return False
     parent_fn = getattr(parent, method_name, None)
-    if parent_fn is None:  # TrainModule has no default validation_step, ...: defining one overrides
+    if parent_fn is None:  # a method the parent lacks: defining one overrides
         return True
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     return code is None or code is not getattr(getattr(parent_fn, "__func__", parent_fn), "__code__", None)

@@ -89,6 +89,7 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
         self._automatic_optimization = True
         self._strict_loading: bool | None = None
         self._example_input_array: Any = None
+        self._param_requires_grad_state: dict[torch.Tensor, bool] = {}  # toggle_optimizer's saved flags
         self._device_mesh: Any = None
 
     # ----------------------------------------------------------------- plain settings
@@ -305,21 +306,25 @@ class TrainModule(HyperparametersMixin, ModelHooks, ModelDefaults, DataHooks, Lo
         loss.backward(*args, **kwargs)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
-        """Let only ``optimizer``'s parameters require grad (others switched off until untoggled)."""
-        opt = getattr(optimizer, "optimizer", optimizer)
-        own = {id(p) for group in opt.param_groups for p in group["params"]}
-        saved: dict[int, bool] = self.__dict__.setdefault("_toggled", {})
-        for param in self.parameters():
-            if id(param) not in own:
-                saved.setdefault(id(param), param.requires_grad)
-                param.requires_grad = False
+        """Switch off the other optimizers' parameters until :meth:`untoggle_optimizer` (Lightning's rule:
+        parameters no optimizer holds keep their flag, and ``optimizer``'s keep the one they had)."""
+        state: dict[torch.Tensor, bool] = {}
+        for opt in self.trainer.optimizers:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param not in state:
+                        state[param] = param.requires_grad
+                        param.requires_grad = False
+        for group in getattr(optimizer, "optimizer", optimizer).param_groups:
+            for param in group["params"]:
+                param.requires_grad = state.get(param, param.requires_grad)
+        self._param_requires_grad_state = state
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Restore the ``requires_grad`` flags :meth:`toggle_optimizer` switched off."""
-        saved: dict[int, bool] = self.__dict__.pop("_toggled", {})
-        for param in self.parameters():
-            if id(param) in saved:
-                param.requires_grad = saved[id(param)]
+        for param, flag in self.__dict__.get("_param_requires_grad_state", {}).items():
+            param.requires_grad = flag
+        self._param_requires_grad_state = {}
 
     @contextlib.contextmanager
     def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:

@@ -8,17 +8,18 @@ uses its own plain path when the module keeps the default, so an un-overridden h
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.common.errors import MissingStepError
 from trainer.common.tree import move_to_device
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
 
-__all__ = ["DataHooks", "ModelDefaults", "ModelHooks"]
+__all__ = ["DataHooks", "ModelDefaults", "ModelHooks", "given_clip_algorithm"]
 
 
 class DataHooks:
@@ -51,6 +52,37 @@ class DataHooks:
 
     def on_exception(self, exception: BaseException) -> None:
         """Called when fit/validate/test/predict raises, before the exception propagates."""
+
+    # The loaders of each stage, Lightning's defaults: a module or data module overrides those it has.
+    def train_dataloader(self) -> Iterable[Any]:
+        """The training data: a loader, or a list or dict of loaders."""
+        raise _no_loader(self, "train_dataloader")
+
+    def val_dataloader(self) -> Iterable[Any]:
+        """The validation data."""
+        raise _no_loader(self, "val_dataloader")
+
+    def test_dataloader(self) -> Iterable[Any]:
+        """The test data."""
+        raise _no_loader(self, "test_dataloader")
+
+    def predict_dataloader(self) -> Iterable[Any]:
+        """The prediction data."""
+        raise _no_loader(self, "predict_dataloader")
+
+
+def given_clip_algorithm(trainer: Any) -> str | None:
+    """``Trainer(gradient_clip_algorithm=...)`` as given, None where it was not: what Lightning hands
+    ``configure_gradient_clipping`` (the clipping itself then defaults to ``"norm"``)."""
+    return trainer.gradient_clip_algorithm if trainer.__dict__.get("_gradient_clip_algorithm_given") else None
+
+
+def _no_loader(owner: object, method: str) -> MissingStepError:
+    """Lightning's error for a loader method left at its default (a ``MisconfigurationException``)."""
+    return MissingStepError(
+        f"`{method}` must be implemented to be used with the Lightning Trainer "
+        f"({type(owner).__name__} does not define {method}())"
+    )
 
 
 class ModelHooks:
@@ -100,6 +132,12 @@ class ModelDefaults:
         """Callbacks this module needs; they replace the trainer's callbacks of the same type."""
         return []
 
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """One validation batch (Lightning's default does nothing); without an override ``fit`` does not validate."""
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        """One test batch (Lightning's default does nothing); ``Trainer.test`` needs an override."""
+
     def configure_model(self) -> None:
         """Build layers here (inside the strategy's set-up, before wrapping) to create them sharded."""
 
@@ -132,7 +170,9 @@ class ModelDefaults:
         gradient_clip_algorithm: str | None = None,
     ) -> None:
         """Clip before each step; the default clips with the Trainer's ``gradient_clip_val``/``_algorithm``."""
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)  # type: ignore[attr-defined]
+        self.clip_gradients(  # type: ignore[attr-defined]
+            optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm
+        )
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any | None) -> None:
         """Step one scheduler (``metric``: the monitored value for ReduceLROnPlateau, else None)."""
@@ -150,8 +190,8 @@ class ModelDefaults:
         self.trainer.strategy.model.train()  # type: ignore[attr-defined]
 
     def on_validation_model_zero_grad(self) -> None:
-        """Free the gradients before validation in fit (``zero_grad(set_to_none=True)``)."""
-        self.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        """Free the gradients before validation in fit (``zero_grad()``: to None)."""
+        self.zero_grad()  # type: ignore[attr-defined]
 
     def on_test_model_eval(self) -> None:
         """Put the model in eval mode for testing."""

@@ -120,12 +120,13 @@ def run_stage(
         ckpt_path = t.strategy.broadcast(ckpt_path)
     try:
         _prepare_data(t, module, datamodule)
+        # ``stage=`` by name, as Lightning passes it; data module, callbacks, module (trainer/hook_order.py)
         if datamodule is not None:
-            datamodule.setup(stage)
-        state.hooks.callbacks_only("setup", stage)  # data module, callbacks, module (trainer/hook_order.py)
+            state.hooks.datamodule(datamodule, "setup", stage=stage)
+        state.hooks.callbacks_only("setup", stage=stage)
         if stage == "fit":  # the checkpoint folders are known now (ModelCheckpoint.setup)
             check_checkpoint_folders(t)
-        module.setup(stage)
+        state.hooks.module("setup", stage=stage)
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank
         t.profiler._lightning_module = module  # as Lightning's trainer: the PyTorch profiler reads the stage's batches
@@ -133,9 +134,12 @@ def run_stage(
         t.strategy.connect(module)  # a model-parallel strategy's device_mesh, for configure_model
         # Before the strategy wraps (or shards) the module, as Lightning; layers made here get the
         # precision's dtype ("64-true": float64), as Lightning's module_init_context gives them.
+        # Each only where overridden (Lightning's rule: its is_overridden, which sees through wrappers).
         with t.strategy.precision.module_init_context():
-            module.configure_model()
-            module.configure_sharded_model()
+            if is_overridden("configure_sharded_model", module):
+                module.configure_sharded_model()
+            if is_overridden("configure_model", module):
+                module.configure_model()
         materialize_lazy(t, module, loader)  # lazy layers get their shapes before the strategy wraps them
         _apply_memory_options(t, module, stage)
         arguments.convert_sync_batchnorm(module, t.sync_batchnorm, t.strategy.world_size)
@@ -159,6 +163,11 @@ def run_stage(
             t.strategy.sync_buffers()  # every rank keeps rank 0's buffers, also when fit ended without validating
             state.status = TrainerStatus.FINISHED
             return None, final_state(t, stage)
+        module.zero_grad()  # as Lightning's stage starts (fit: after on_fit_start, in the fit loop)
+        if stage != "predict":
+            loops.evaluation.require_step(module, stage)
+        if state.loop.limits[stage] in (0, 0.0):  # as Lightning: no data is requested and no loop runs
+            return (None if stage == "predict" else []), final_state(t, stage)
         loaders = state.loaders[stage] = resolve_loaders(t, stage, loader)
         assert isinstance(loaders, list)
         if stage == "predict":
@@ -184,10 +193,10 @@ def run_stage(
         state.running_stage = None
         t.preemption.restore()
         if datamodule is not None:
-            datamodule.teardown(stage)
-        state.hooks.callbacks_only("teardown", stage)  # data module, callbacks, module (trainer/hook_order.py)
+            state.hooks.datamodule(datamodule, "teardown", stage=stage)
+        state.hooks.callbacks_only("teardown", stage=stage)  # data module, callbacks, module (trainer/hook_order.py)
         t.checkpointing.close()
-        module.teardown(stage)
+        state.hooks.module("teardown", stage=stage)
         t.strategy.teardown()
         for used in ("fit", "validate") if stage == "fit" else (stage,):  # as Lightning: no worker outlives its run
             shut_down_workers(state.loaders.get(used))
@@ -237,7 +246,9 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
         ),
         "run_id": t.checkpointing.run_id,
         "progress": state.progress.state_dict(),
-        "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
+        # Only where the stage ran in processes the strategy started (adopt reads them; Lightning calls no
+        # callback's state_dict at a stage's end).
+        "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks} if launched else {},
         "metrics": [
             {k: v.detach().to(cpu) for k, v in metrics.items()}
             for metrics in (t.callback_metrics, t.logged_metrics, t.metric_router.progress_bar_metrics)
@@ -309,7 +320,9 @@ def _prepare_data(trainer: Trainer, module: TrainModule, datamodule: DataModule 
         if owner is None:
             continue
         rank = strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank
-        if rank == 0:
+        if rank == 0 and owner is datamodule:
+            trainer.run_state.hooks.datamodule(owner, "prepare_data")  # profiled, as Lightning's
+        elif rank == 0:
             owner.prepare_data()
     strategy.barrier("prepare_data")
 

@@ -135,13 +135,14 @@ def can_test(module: Any, datamodule: Any) -> bool:
     The default task, ``fit_test``, tests only then: a project without a test set still trains.
     """
     from trainer import DataModule
+    from trainer.hooks import is_overridden
 
     def defines_test_data(source: Any) -> bool:
         own = getattr(type(source), "test_dataloader", None)
         return own is not None and own is not getattr(DataModule, "test_dataloader", None)
 
     has_data = any(defines_test_data(s) for s in (datamodule, module) if s is not None)
-    return has_data and callable(getattr(module, "test_step", None))
+    return has_data and is_overridden("test_step", module)
 
 
 def check_config(cfg: Any) -> None:

@@ -209,7 +209,8 @@ TREE: dict[str, dict[str, str]] = {
     "core": {**_CORE, "module": "/", "datamodule": "/", "hooks": "/", "mixins": "/", "saving": "/"},
     "core.saving": _from("trainer.hparams_yaml", ["load_hparams_from_yaml", "save_hparams_to_yaml"]),
     "core.module": {"LightningModule": _CORE["LightningModule"]},
-    "core.datamodule": {"LightningDataModule": _CORE["LightningDataModule"]},
+    # DataLoader: what from_datasets builds, patchable here as in Lightning's module
+    "core.datamodule": {"LightningDataModule": _CORE["LightningDataModule"], "DataLoader": "trainer.datamodule"},
     "core.hooks": _from("trainer.module_hooks", ["DataHooks", "ModelHooks"]),
     "core.mixins": {"HyperparametersMixin": "trainer.hparams", "hparams_mixin": "/"},
     "core.mixins.hparams_mixin": _from("trainer.hparams", ["AttributeDict", "HyperparametersMixin"]),

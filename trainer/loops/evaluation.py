@@ -32,6 +32,7 @@ __all__ = [
     "eval_loop",
     "module_modes",
     "predict_loop",
+    "require_step",
     "restore_modes",
     "sanity_check",
     "set_num_batches",
@@ -70,14 +71,11 @@ def eval_loop(
     prefix = "validation" if stage == "validate" else "test"
     module, strategy, hooks, router = state.module, trainer.strategy, state.hooks, trainer.metric_router
     assert module is not None
-    if getattr(module, f"{prefix}_step", None) is None:  # missing, or set to None (Lightning's way to switch off)
-        raise MissingStepError(
-            f"No `{prefix}_step()` method defined to run `Trainer.{stage}`. "
-            f"({type(module).__name__} does not define {prefix}_step(self, batch, batch_idx))"
-        )
+    require_step(module, stage)
     loaders, nums = _batch_counts(state, stage, max_batches)
     modes = module_modes(module)
-    if state.fn == "fit" and not state.sanity_checking and overrides(module, "on_validation_model_zero_grad"):
+    # Called unless it is TrainModule's own (which frees gradients the step freed already), as Lightning calls it.
+    if state.fn == "fit" and not state.sanity_checking and _replaced(module, "on_validation_model_zero_grad"):
         module.on_validation_model_zero_grad()
     model_mode(module, f"on_{prefix}_model_eval")
     store = MetricStore(strategy.reduce, epoch_agreement(trainer))
@@ -115,6 +113,20 @@ def _batch_counts(state: RunState, stage: str, max_batches: float | None = None)
     for loader in loaders:
         set_sampler_epoch(loader, epoch)
     return loaders, nums
+
+
+def require_step(module: TrainModule, stage: str) -> None:
+    """``Trainer.validate``/``test`` need the module's own ``validation_step``/``test_step``.
+
+    Raises:
+        MissingStepError: TrainModule's default is kept, or the step is set to None (Lightning's way to switch off).
+    """
+    prefix = "validation" if stage == "validate" else "test"
+    if not overrides(module, f"{prefix}_step"):
+        raise MissingStepError(
+            f"No `{prefix}_step()` method defined to run `Trainer.{stage}`. "
+            f"({type(module).__name__} does not define {prefix}_step(self, batch, batch_idx))"
+        )
 
 
 def _run_epoch(
@@ -278,7 +290,8 @@ def set_num_batches(state: RunState, stage: str, nums: list[float]) -> None:
 def validation_enabled(state: RunState) -> bool:
     """Whether ``fit`` validates: validation data (requested or not yet), a ``validation_step``, a limit above 0."""
     return (
-        getattr(state.module, "validation_step", None) is not None
+        state.module is not None
+        and overrides(state.module, "validation_step")
         and state.loop.limits["validate"] not in (0, 0.0)
         and has_val_data(state)
     )
@@ -288,7 +301,7 @@ def warn_if_validation_is_half_defined(state: RunState) -> None:
     """Lightning's warnings when ``fit`` has validation data but no ``validation_step``, or the reverse:
     the validation loop is skipped, which is seldom what was meant."""
     has_loader = has_val_data(state)  # requested, or given / defined and requested when first needed
-    has_step = getattr(state.module, "validation_step", None) is not None
+    has_step = state.module is not None and overrides(state.module, "validation_step")
     if has_loader and not has_step:
         warnings.warn(
             "You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",
@@ -349,6 +362,15 @@ def overrides(module: TrainModule, hook: str) -> bool:
     from trainer.module import TrainModule
 
     return is_overridden(hook, module, TrainModule)
+
+
+def _replaced(module: TrainModule, hook: str) -> bool:
+    """Whether ``module.<hook>`` is anything but TrainModule's own method: a subclass's override, or a callable
+    set on the instance (a wrapper around the default, a ``Mock``); None on the instance is not."""
+    from trainer.module import TrainModule
+
+    fn = getattr(module, hook, None)
+    return fn is not None and getattr(fn, "__func__", None) is not getattr(TrainModule, hook)
 
 
 def module_modes(module: torch.nn.Module) -> dict[str, bool]:

@@ -39,7 +39,7 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
 
     Hook order::
 
-        on_fit_start
+        on_fit_start; module.zero_grad()
         on_sanity_check_start, validation loop on num_sanity_val_steps batches, on_sanity_check_end
             (the random state is put back afterwards)
         a fresh run's first epoch's loader iterator is created
@@ -78,6 +78,8 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     p, hooks, refusing = state.progress, state.hooks, trainer.metric_router.refusing
     with refusing("on_fit_start"):  # self.log is refused by name where Lightning refuses it
         hooks("on_fit_start")
+    assert state.module is not None
+    state.module.zero_grad()  # as Lightning's stage starts: gradients left from before the fit are freed
     warn_if_validation_is_half_defined(state)
     if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
         sanity_check(trainer, state)

@@ -170,6 +170,10 @@ class ManualOptimizer:
         """The wrapped optimizer's state."""
         return self.optimizer.state_dict()
 
+    def __repr__(self) -> str:
+        """The wrapped optimizer's, named as Lightning names its wrapper (``LightningSGD (...)``)."""
+        return f"Lightning{self.optimizer!r}"
+
 
 def manual_backward(trainer: Trainer, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     """``TrainModule.manual_backward``: the non-finite policy, then the strategy's backward (``args``/``kwargs``,

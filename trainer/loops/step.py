@@ -39,6 +39,7 @@ from trainer.loops.optimizer_step import (
 )
 from trainer.loops.signatures import check_takes_dataloader_idx, with_last_arg
 from trainer.module import TrainModule
+from trainer.module_hooks import given_clip_algorithm
 from trainer.profilers.base import profiled, strategy_action
 
 if TYPE_CHECKING:
@@ -175,8 +176,10 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     )
     if clip is not None and type(precision).clip_gradients.__module__.split(".")[0] != "strategies":
         clip = precision.clip_gradients  # a precision plugin of the user's clips itself, as in Lightning
-    if not _keeps(module, TrainModule, "configure_gradient_clipping"):
-        clip = module.configure_gradient_clipping  # called at every step, as in Lightning
+    if not _keeps(module, TrainModule, "configure_gradient_clipping"):  # every step, with Lightning's arguments:
+        # the Trainer's algorithm as given (None when not given; the clipping then defaults to "norm")
+        given = given_clip_algorithm(trainer)
+        clip = functools.partial(_configure_clipping, module.configure_gradient_clipping, algorithm=given)
     user_optimizer_step = None if _keeps(module, TrainModule, "optimizer_step") else module.optimizer_step
     zero_grad = (
         _zero_grad_to_none(optimizer)
@@ -388,6 +391,11 @@ def _zero_grad_to_none(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
     return optimizer.zero_grad if default is True else functools.partial(optimizer.zero_grad, set_to_none=True)
 
 
+def _configure_clipping(hook: Callable[..., Any], optimizer: Any, clip_val: Any, _: Any, algorithm: Any) -> Any:
+    """The module's ``configure_gradient_clipping``, called with Lightning's keywords and values."""
+    return hook(optimizer, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
+
+
 def _backward_through(precision: Precision, module: TrainModule, loss: torch.Tensor) -> None:
     """The strategy's backward with the module's own ``backward`` at its heart, as Lightning runs it:
     the precision prepares the loss (scales it under fp16) and calls ``module.backward`` with it."""
@@ -397,9 +405,13 @@ def _backward_through(precision: Precision, module: TrainModule, loss: torch.Ten
 
 
 def _keeps(obj: object, base: type, name: str) -> bool:
-    """Whether ``obj``'s class keeps ``base``'s version of ``name`` (compared on the types, so a subclass
-    overriding it is seen even if it calls ``super()``)."""
-    return getattr(type(obj), name) is getattr(base, name)
+    """Whether ``obj.name`` is ``base``'s own method, so the plain path may stand in for it.
+
+    Anything else is called: a subclass's override (even one calling ``super()``), and a callable set
+    on the instance (a wrapper or ``Mock`` around the default, as Lightning's hook tests set), which a
+    comparison of the types alone would miss.
+    """
+    return getattr(getattr(obj, name), "__func__", None) is getattr(base, name)
 
 
 def _forward_context(strategy: Strategy) -> Callable[[], Any] | None:
@@ -445,14 +457,17 @@ def _batch_to_device(
 
 
 def _user_data_hook(trainer: Trainer, name: str) -> Callable[..., Any] | None:
-    """The data module's ``name`` if it overrides it, else the module's if it does, else None."""
+    """The data module's ``name`` if it overrides it, else the module's (Lightning's choice, by ``is_overridden``);
+    None where that is the default itself, which the plain path stands in for."""
+    from trainer.hooks import is_overridden
     from trainer.module_hooks import DataHooks
 
     state = trainer.run_state
-    for owner in (state.datamodule, state.module):
-        if owner is not None and not _keeps(owner, DataHooks, name):
-            return getattr(owner, name)
-    return None
+    datamodule, module = state.datamodule, state.module
+    owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else module
+    if owner is None or _keeps(owner, DataHooks, name):
+        return None
+    return getattr(owner, name)
 
 
 def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:
