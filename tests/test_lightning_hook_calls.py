@@ -278,3 +278,38 @@ def test_a_manual_optimizers_repr_is_lightnings(tmp_path: Path) -> None:
     quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1).fit(model, make_loader(4, 4))
     assert seen == ["Lightning" + str(model.trainer.optimizers[0])]
     assert seen[0].startswith("LightningSGD (")
+
+
+def test_manual_backward_calls_the_backward_hooks_around_it(tmp_path: Path) -> None:
+    """As Lightning's ``manual_backward``: callbacks then the module get ``on_before_backward(loss)`` before the
+    backward and ``on_after_backward`` after it, the gradients there."""
+    calls: list[str] = []
+
+    class Says(Callback):
+        def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+            calls.append("cb.before")
+
+        def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+            calls.append("cb.after")
+
+    class Manual(Regressor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(super().training_step(batch, batch_idx))
+            calls.append("backward done")
+            opt.step()
+
+        def on_before_backward(self, loss: torch.Tensor) -> None:
+            calls.append(f"before grad={self.net[0].weight.grad is not None}")
+
+        def on_after_backward(self) -> None:
+            calls.append(f"after grad={self.net[0].weight.grad is not None}")
+
+    trainer = quiet_trainer(tmp_path, callbacks=[Says()], max_epochs=1, limit_train_batches=1)
+    trainer.fit(Manual(), make_loader(4, 4))
+    assert calls == ["cb.before", "before grad=False", "cb.after", "after grad=True", "backward done"]

@@ -176,13 +176,16 @@ class ManualOptimizer:
 
 
 def manual_backward(trainer: Trainer, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """``TrainModule.manual_backward``: the non-finite policy, then the strategy's backward (``args``/``kwargs``,
-    e.g. ``retain_graph=True``, reach ``loss.backward``)."""
+    """``TrainModule.manual_backward``: the non-finite policy, then ``on_before_backward(loss)``, the strategy's
+    backward (``args``/``kwargs``, e.g. ``retain_graph=True``, reach ``loss.backward``) and ``on_after_backward``,
+    as Lightning's manual backward calls them."""
     state = trainer.run_state
     if trainer.on_nonfinite is not None and not NonFinite(trainer).check(loss, state.progress.batch_in_epoch):
         state.window.nonfinite = True
         return
+    state.hooks("on_before_backward", loss)
     trainer.strategy.manual_backward(loss, *args, **kwargs)
+    state.hooks("on_after_backward")
 
 
 def loss_of(out: Any) -> torch.Tensor | None:
