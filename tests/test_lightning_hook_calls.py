@@ -313,3 +313,20 @@ def test_manual_backward_calls_the_backward_hooks_around_it(tmp_path: Path) -> N
     trainer = quiet_trainer(tmp_path, callbacks=[Says()], max_epochs=1, limit_train_batches=1)
     trainer.fit(Manual(), make_loader(4, 4))
     assert calls == ["cb.before", "before grad=False", "cb.after", "after grad=True", "backward done"]
+
+
+def test_the_data_modules_state_is_also_under_its_class_name(tmp_path: Path) -> None:
+    """Where Lightning's checkpoint keeps it (``checkpoint[type(dm).__qualname__]``), so Lightning restores it."""
+
+    class Cursor(DataModule):
+        def train_dataloader(self) -> Any:
+            return make_loader(8, 4)
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"cursor": 3}
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(Regressor(), datamodule=Cursor())
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    ckpt = torch.load(tmp_path / "a.ckpt", weights_only=True)
+    assert ckpt[Cursor.__qualname__] == ckpt["datamodule"] == {"cursor": 3}

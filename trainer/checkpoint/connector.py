@@ -151,6 +151,8 @@ class CheckpointConnector:
                 state["datamodule"] = t.datamodule.state_dict()
             if point is not None:
                 resume_point.apply(state, point)
+            if t.datamodule is not None:  # also under its class's name, where Lightning reads it (one object)
+                state[type(t.datamodule).__qualname__] = state["datamodule"]
         t.hooks.callbacks_only("on_save_checkpoint", state)  # callbacks first (trainer/hook_order.py)
         t.module.on_save_checkpoint(state)
         return state
