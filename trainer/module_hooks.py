@@ -19,7 +19,7 @@ from trainer.common.tree import move_to_device
 if TYPE_CHECKING:
     from callbacks.base import Callback
 
-__all__ = ["DataHooks", "ModelDefaults", "ModelHooks", "given_clip_algorithm"]
+__all__ = ["DataHooks", "ModelDefaults", "ModelHooks"]
 
 
 class DataHooks:
@@ -69,12 +69,6 @@ class DataHooks:
     def predict_dataloader(self) -> Iterable[Any]:
         """The prediction data."""
         raise _no_loader(self, "predict_dataloader")
-
-
-def given_clip_algorithm(trainer: Any) -> str | None:
-    """``Trainer(gradient_clip_algorithm=...)`` as given, None where it was not: what Lightning hands
-    ``configure_gradient_clipping`` (the clipping itself then defaults to ``"norm"``)."""
-    return trainer.gradient_clip_algorithm if trainer.__dict__.get("_gradient_clip_algorithm_given") else None
 
 
 def _no_loader(owner: object, method: str) -> MissingStepError:

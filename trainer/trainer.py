@@ -149,9 +149,9 @@ class Trainer(TrainerAttributes):
             log_every_n_steps=switches.log_every_n_steps,
         )
         self._gradient_clip_algorithm_given = gradient_clip_algorithm is not None  # see TrainModule.clip_gradients
-        gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        clip_algorithm = gradient_clip_algorithm or "norm"  # checked; the attribute keeps None, as Lightning's
         options.check_step_options(
-            accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
+            accumulate_grad_batches, gradient_clip_val, clip_algorithm, on_nonfinite, max_nonfinite_in_a_row
         )
         arguments.check_non_negative_int("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)
         arguments.check_devices_given(devices, accelerator)

@@ -39,7 +39,6 @@ from trainer.loops.optimizer_step import (
 )
 from trainer.loops.signatures import check_takes_dataloader_idx, with_last_arg
 from trainer.module import TrainModule
-from trainer.module_hooks import given_clip_algorithm
 from trainer.profilers.base import profiled, strategy_action
 
 if TYPE_CHECKING:
@@ -153,7 +152,8 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     precision = strategy.precision
     k = trainer.accumulate_grad_batches
     optimizer = state.optimizers[0]
-    clip_val, clip_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+    clip_val, given_algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm  # None: not given
+    clip_algorithm = given_algorithm or "norm"
     training_step = _step_call(strategy, "training_step")
     # Contexts that do nothing are not entered (a ``with`` costs as much as a small kernel launch).
     no_backward_sync = None if _keeps(strategy, Strategy, "no_backward_sync") else strategy.no_backward_sync
@@ -176,10 +176,8 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
     )
     if clip is not None and type(precision).clip_gradients.__module__.split(".")[0] != "strategies":
         clip = precision.clip_gradients  # a precision plugin of the user's clips itself, as in Lightning
-    if not _keeps(module, TrainModule, "configure_gradient_clipping"):  # every step, with Lightning's arguments:
-        # the Trainer's algorithm as given (None when not given; the clipping then defaults to "norm")
-        given = given_clip_algorithm(trainer)
-        clip = functools.partial(_configure_clipping, module.configure_gradient_clipping, algorithm=given)
+    if not _keeps(module, TrainModule, "configure_gradient_clipping"):  # every step, with Lightning's arguments
+        clip = functools.partial(_configure_clipping, module.configure_gradient_clipping, algorithm=given_algorithm)
     user_optimizer_step = None if _keeps(module, TrainModule, "optimizer_step") else module.optimizer_step
     zero_grad = (
         _zero_grad_to_none(optimizer)
