@@ -186,11 +186,14 @@ def test_to_onnx_exports_through_torch_onnx(tmp_path: Path, monkeypatch: pytest.
     calls: list[Any] = []
     monkeypatch.setattr(torch.onnx, "export", lambda model, args, f, **kw: calls.append((model.training, args, f, kw)))
     m = Regressor()
-    with pytest.raises(ValueError, match="needs input_sample"):
+    with pytest.raises(ValueError, match="neither `input_sample` nor `model.example_input_array` attribute is set"):
         m.to_onnx(tmp_path / "m.onnx")
     sample = torch.ones(2, 4)
     m.to_onnx(tmp_path / "m.onnx", sample, opset_version=17)
     assert calls == [(False, (sample,), str(tmp_path / "m.onnx"), {"opset_version": 17})] and m.training
+    stream = io.BytesIO()  # Lightning's: a stream is written into, not made a file name
+    m.to_onnx(stream, sample)
+    assert calls[-1][2] is stream
 
 
 def test_clip_gradients_refuses_a_value_the_trainer_sets_otherwise(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -91,18 +91,29 @@ class ExportMixin(nn.Module):
         return hooks.on_after_batch_transfer(batch, 0)
 
     def to_onnx(
-        self, file_path: str | os.PathLike[str] | None = None, input_sample: Any | None = None, **kwargs: Any
+        self,
+        file_path: str | os.PathLike[str] | IO[bytes] | None = None,
+        input_sample: Any | None = None,
+        **kwargs: Any,
     ) -> Any:
-        """Export to ONNX with ``torch.onnx.export`` (input: ``input_sample`` or :attr:`example_input_array`)."""
+        """Export to ONNX with ``torch.onnx.export`` (input: ``input_sample`` or :attr:`example_input_array`).
+
+        As Lightning's: the input goes through the module's batch-transfer hooks to its device, and
+        ``file_path`` may be a path or a binary stream (``io.BytesIO``) the model is written into.
+        """
         inputs = input_sample if input_sample is not None else self.example_input_array
         if inputs is None:
-            raise ValueError("to_onnx needs input_sample or self.example_input_array")
+            raise ValueError(
+                "Could not export to ONNX since neither `input_sample` nor `model.example_input_array` attribute is set."
+            )
+        inputs = self._to_own_device(inputs)
+        target = os.fspath(file_path) if isinstance(file_path, os.PathLike) else file_path
         mode = self.training
         self.eval()
         try:
             args = inputs if isinstance(inputs, tuple) else (inputs,)
             with _jit_is_scripting(self):
-                return torch.onnx.export(self, args, None if file_path is None else str(file_path), **kwargs)
+                return torch.onnx.export(self, args, target, **kwargs)
         finally:
             self.train(mode)
 
