@@ -203,16 +203,6 @@ DATAMODULE_METHODS: dict[str, tuple[list[str], str]] = {
     "val_dataloader": ([], "tests.test_lightning_api_walk::test_from_datasets"),
 }
 
-#: Methods a LightningModule defines itself that TrainModule need not declare (found on the user's class).
-USER_DEFINED = {
-    "train_dataloader",
-    "val_dataloader",
-    "test_dataloader",
-    "predict_dataloader",
-    "validation_step",
-    "test_step",
-}
-
 
 def _test_exists(ref: str) -> bool:
     module_name, _, func = ref.partition("::")
@@ -234,8 +224,6 @@ def test_each_lightning_method_exists_with_lightnings_parameters_and_a_test(owne
     for name, (params, ref) in table.items():
         if not _test_exists(ref):
             problems.append(f"{name}: no test {ref}")
-        if name in USER_DEFINED and owner is TrainModule:
-            continue
         fn = getattr(owner, name, None)
         if fn is None:
             problems.append(f"{name}: missing on {owner.__name__}")
