@@ -186,7 +186,7 @@ def test_to_onnx_exports_through_torch_onnx(tmp_path: Path, monkeypatch: pytest.
     calls: list[Any] = []
     monkeypatch.setattr(torch.onnx, "export", lambda model, args, f, **kw: calls.append((model.training, args, f, kw)))
     m = Regressor()
-    with pytest.raises(ValueError, match="neither `input_sample` nor `model.example_input_array` attribute is set"):
+    with pytest.raises(ValueError, match=r"neither `input_sample` nor `model\.example_input_array` attribute is set"):
         m.to_onnx(tmp_path / "m.onnx")
     sample = torch.ones(2, 4)
     m.to_onnx(tmp_path / "m.onnx", sample, opset_version=17)
