@@ -113,7 +113,7 @@ class ExportMixin(nn.Module):
         try:
             args = inputs if isinstance(inputs, tuple) else (inputs,)
             with _jit_is_scripting(self):
-                return torch.onnx.export(self, args, target, **kwargs)
+                return torch.onnx.export(self, args, target, **kwargs)  # type: ignore[arg-type]  # a BytesIO works too
         finally:
             self.train(mode)
 
