@@ -474,10 +474,11 @@ class TrainerAttributes:
         """Build modules inside this block directly on the strategy's device, in the precision's dtype
         (``"bf16-true"``: bfloat16 parameters), as Lightning's ``init_module``.
 
-        ``empty_init`` is accepted: geartrain always initialises weights (Lightning may skip it as a
-        speed-up), so a module built here holds what it would hold built anywhere else.
+        ``empty_init=True`` skips the weights' initialisation (for weights a checkpoint will overwrite), as
+        Lightning's; ``None`` and ``False`` initialise them, so the module holds what it would hold built
+        anywhere else (:meth:`~strategies.base.Strategy.tensor_init_context`).
         """
-        with torch.device(self.strategy.root_device), self.strategy.precision.tensor_init_context():
+        with self.strategy.tensor_init_context(empty_init):
             yield
 
 
