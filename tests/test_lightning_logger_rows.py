@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from callbacks import CSVLogger, Logger, TensorBoardLogger
-from tests.helpers.callback_tools import Scripted, loaders
+from tests.helpers.callback_tools import NotRankZero, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
 
 
@@ -79,3 +79,24 @@ def test_trainer_log_dir_is_a_tracker_loggers_save_dir(tmp_path: Path) -> None:
     csv = CSVLogger(tmp_path, name="csv")
     assert quiet_trainer(tmp_path, callbacks=[csv, Tracker()]).log_dir == csv.log_dir
     assert quiet_trainer(tmp_path).log_dir == str(tmp_path)
+
+
+def test_a_logger_of_the_users_own_is_called_on_every_rank(tmp_path: Path) -> None:
+    class Mine(Logger):
+        """Lightning's all-rank logger: its methods carry no rank-zero guard, so every rank's values arrive."""
+
+        def __init__(self) -> None:
+            super().__init__(save_dir=tmp_path)
+            self.rows: list[dict[str, Any]] = []
+
+        def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+            pass
+
+    mine, csv = Mine(), CSVLogger(tmp_path, name="csv")
+    train, val = loaders()
+    quiet_trainer(callbacks=[mine, csv], max_epochs=1, strategy=NotRankZero(device="cpu")).fit(Scripted(), train, val)
+    assert any("val/loss" in row for row in mine.rows)  # rank 1's own values
+    assert not (tmp_path / "csv").exists()  # geartrain's loggers still write on rank 0 only
