@@ -81,7 +81,6 @@ def eval_loop(
     store = MetricStore(strategy.reduce, epoch_agreement(trainer))
     if state.fn != "fit":  # a validate/test call counts its steps' x-axis from 0 (fit: over all runs)
         router.eval_steps.clear()
-    router.loader_keys.clear()
     outer_stage, state.running_stage = state.running_stage, "sanity_check" if state.sanity_checking else stage
     try:
         with _no_grad(trainer), strategy.evaluation_context():

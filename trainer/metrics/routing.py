@@ -103,6 +103,8 @@ class MetricRouter:
         previous = self.store, self.defaults, self.evaluating
         self.store, self.defaults, self.evaluating = store, defaults, evaluating
         self.plain.clear()
+        if evaluating:  # an evaluation's own (kept after it: its results read them)
+            self.loader_keys.clear()
         try:
             yield
         finally:
