@@ -225,9 +225,9 @@ class Logger(Callback):
     def on_log_metrics(
         self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
-        if self._writes:
-            # By keyword, as Lightning calls it: a subclass (or a test's mock) reading them by name sees the same.
-            self.log_metrics(metrics={key: float(value) for key, value in metrics.items()}, step=step)
+        # On every rank, as Lightning's trainer calls it (geartrain's own loggers write on rank 0 only; a
+        # logger of the user's own sees each rank's values). By keyword: a subclass reading them by name sees the same.
+        self.log_metrics(metrics={key: float(value) for key, value in metrics.items()}, step=step)
 
     @override
     def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:

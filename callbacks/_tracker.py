@@ -141,7 +141,7 @@ class TrackerLogger(Logger):
     @property
     @override
     def log_dir(self) -> str | None:
-        """``None``, as Lightning's: the files live in the tracker (``trainer.log_dir`` looks further)."""
+        """``None``, as Lightning's: the files live in the tracker (``trainer.log_dir`` is then its ``save_dir``)."""
         return None
 
     @override

@@ -169,7 +169,7 @@ class CometLogger(Logger):
     @property
     @override
     def log_dir(self) -> str | None:
-        """``None``: the files live in Comet (``trainer.log_dir`` falls back to ``default_root_dir``)."""
+        """``None``: the files live in Comet (``trainer.log_dir`` is then its ``save_dir``, else ``default_root_dir``)."""
         return None
 
     # ----------------------------------------------------------------- Lightning's logger methods

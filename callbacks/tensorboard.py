@@ -13,6 +13,7 @@ import torch
 from typing_extensions import override
 
 from callbacks._logger import Logger, NoOpExperiment, flat_params, run_hparams
+from callbacks._yaml_params import yaml_params
 from trainer.common.state_dict import to_plain
 
 if TYPE_CHECKING:
@@ -91,7 +92,6 @@ class TensorBoardLogger(Logger):
         self._session: dict[str, Any] = {}
         self._in_validation = False
         self._val_metrics: dict[str, float] = {}
-        self._epoch_written_at = -1
 
     @property
     def sub_dir(self) -> str | None:
@@ -163,8 +163,8 @@ class TensorBoardLogger(Logger):
         When fitting starts the trainer's call opens the run's session instead: its metrics are the
         last validation values, written when fitting ends.
         """
-        flat = flat_params(params)
-        self.hparams.update(flat)
+        flat = flat_params(params)  # TensorBoard's hparams view takes flat names
+        self.hparams.update(yaml_params(params))  # hparams.yaml: nested, as Lightning's
         if not self._writes:
             return
         if self._opening_session and metrics is None:
@@ -281,13 +281,8 @@ class TensorBoardLogger(Logger):
         numbers = {key: float(value) for key, value in metrics.items()}  # one device sync per value, here only
         if self._in_validation:
             self._val_metrics.update(self._with_prefix({k: v for k, v in numbers.items() if k != "epoch"}))
-        # The trainer's rows carry ``epoch`` (an evaluation step's do not, as Lightning's): one epoch
-        # point per step, the first one written.
-        if "epoch" in numbers:
-            if step == self._epoch_written_at:
-                numbers.pop("epoch")
-            else:
-                self._epoch_written_at = step
+        # The trainer's rows carry ``epoch`` (an evaluation step's do not), handed on as they are, as
+        # Lightning's trainer hands its rows to ``log_metrics``.
         self.log_metrics(metrics=numbers, step=step)
 
     @override

@@ -1,4 +1,5 @@
-"""Lightning's strategy attributes over ours: ``accelerator``, ``parallel_devices``, ``launcher``, ``on_exception``.
+"""Lightning's strategy attributes over ours: ``accelerator``, ``parallel_devices``, ``launcher``, ``on_exception``,
+``tensor_init_context``.
 
 Mixins of :class:`~strategies.base.Strategy` and :class:`~strategies.parallel.ParallelStrategy`, kept
 apart so the interface files hold only what the trainer calls. Each name reads or sets what the
@@ -7,11 +8,13 @@ strategy already has (its device, its precision): nothing here is a second sourc
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from strategies.accelerators import Accelerator, accelerator_for, accelerator_kind
 from strategies.precision import Precision
@@ -72,6 +75,34 @@ class LightningStrategyNames:
     def launcher(self) -> StrategyLauncher | None:
         """Lightning's ``strategy.launcher``: None where the run stays in this process (Lightning's too)."""
         return None
+
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Lightning's context for building modules: tensors made inside are on :attr:`root_device` with the
+        precision's dtype (``"16-true"``: float16). ``empty_init=True`` skips the weights' initialisation
+        (``torch.nn.init`` and the tensors' in-place random fills), for weights a checkpoint will overwrite;
+        ``None`` and ``False`` initialise them as anywhere else (``trainer.init_module`` uses it)."""
+        skip = SkipInit() if empty_init else contextlib.nullcontext()
+        with skip, torch.device(self.root_device), self.precision.tensor_init_context():
+            yield
+
+
+#: The tensors' in-place random fills that module constructors initialise weights with.
+_RANDOM_FILLS = frozenset(
+    getattr(torch.Tensor, name)
+    for name in ("uniform_", "normal_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_", "random_")
+)
+
+
+class SkipInit(TorchFunctionMode):
+    """Inside it, ``torch.nn.init``'s functions and the tensors' in-place random fills leave the tensor as it
+    is (uninitialised memory): what ``tensor_init_context(empty_init=True)`` builds modules under."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in _RANDOM_FILLS:
+            return kwargs.get("tensor", args[0] if args else None)
+        return func(*args, **kwargs)
 
 
 class LightningParallelNames:

@@ -87,7 +87,7 @@ def test_tensorboard_experiment_metrics_hyperparameters_and_prefix(tmp_path: Pat
     assert scalars["p-loss"] == [(3, 0.5)] and scalars["p-acc"] == [(3, 0.25)]
     assert scalars["p-hp_metric"] == [(0, -1.0)]  # default_hp_metric, as Lightning writes it
     saved = yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text())
-    assert saved == {"lr": 0.1, "net/width": 4}
+    assert saved == {"lr": 0.1, "net": {"width": 4}}  # nested, as Lightning's hparams.yaml
 
 
 def test_tensorboard_kwargs_go_to_the_summary_writer_and_unknown_ones_are_refused(tmp_path: Path) -> None:

@@ -135,6 +135,17 @@ def test_the_alias_imports_afresh_into_a_sys_modules_without_lightnings_modules(
             "E   AttributeError: 'Trainer' object has no attribute 'fit_loop'",
             (cls.INTERNALS, "internal Trainer.fit_loop"),
         ),
+        (  # read by the test's callback inside a ddp_spawn worker: the worker's traceback, quotes escaped
+            "failed",
+            "E     AttributeError: \\'Trainer\\' object has no attribute \\'fit_loop\\'\nE   WorkerFailedError",
+            (cls.INTERNALS, "internal Trainer.fit_loop"),
+        ),
+        (  # ... or inside a run whose error pytest.raises(match=...) did not match
+            "failed",
+            "E   Expected regex: 'crash'\nE   Actual message: \"'Trainer' object has no attribute 'fit_loop'\"\n"
+            "E   AssertionError: Regex pattern did not match.",
+            (cls.INTERNALS, "internal Trainer.fit_loop"),
+        ),
         (
             "failed",
             "E   AttributeError: type object 'EarlyStopping' has no attribute '_log_info'",

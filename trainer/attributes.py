@@ -224,14 +224,17 @@ class TrainerAttributes:
 
     @property
     def log_dir(self) -> str:
-        """Where loggers write, as a string (Lightning's type): the first logger callback's directory, else ``default_root_dir``."""
-        for cb in self.callbacks:
-            log_dir = getattr(cb, "log_dir", None)
-            if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-                log_dir = getattr(cb, "save_dir", None)  # a stand-in logger (a Mock): its save_dir, as Lightning's
-            if isinstance(log_dir, (str, os.PathLike)):
-                return os.fspath(log_dir)
-        return os.fspath(self.default_root_dir)
+        """Where loggers write, by Lightning's rule: the first logger's ``log_dir`` for a TensorBoard or CSV
+        logger, its ``save_dir`` for any other (W&B, MLflow, a stand-in such as a ``Mock``); ``default_root_dir``
+        without a logger, or when that folder is None (Lightning answers None) or not a path."""
+        from callbacks.csv_logger import CSVLogger
+        from callbacks.tensorboard import TensorBoardLogger
+
+        loggers = self.loggers
+        first = loggers[0] if loggers else None
+        tb_or_csv = isinstance(first, (TensorBoardLogger, CSVLogger))
+        folder = getattr(first, "log_dir" if tb_or_csv else "save_dir", None)
+        return os.fspath(folder if isinstance(folder, (str, os.PathLike)) else self.default_root_dir)
 
     @property
     def checkpoint_callback(self) -> Callback | None:
@@ -471,10 +474,11 @@ class TrainerAttributes:
         """Build modules inside this block directly on the strategy's device, in the precision's dtype
         (``"bf16-true"``: bfloat16 parameters), as Lightning's ``init_module``.
 
-        ``empty_init`` is accepted: geartrain always initialises weights (Lightning may skip it as a
-        speed-up), so a module built here holds what it would hold built anywhere else.
+        ``empty_init=True`` skips the weights' initialisation (for weights a checkpoint will overwrite), as
+        Lightning's; ``None`` and ``False`` initialise them, so the module holds what it would hold built
+        anywhere else (:meth:`~strategies.base.Strategy.tensor_init_context`).
         """
-        with torch.device(self.strategy.root_device), self.strategy.precision.tensor_init_context():
+        with self.strategy.tensor_init_context(empty_init):
             yield
 
 

@@ -173,7 +173,7 @@ def run_stage(
         if stage == "predict":
             return loops.predict_loop(t, state, keep_predictions), final_state(t, stage)
         metrics = {k: float(v) for k, v in loops.eval_loop(t, state, stage).items()}
-        return results_per_loader(metrics, len(loaders)), final_state(t, stage)
+        return results_per_loader(metrics, len(loaders), t.metric_router.loader_keys), final_state(t, stage)
     except Preempted:
         t.preemption.preempted = True
         state.status = TrainerStatus.INTERRUPTED

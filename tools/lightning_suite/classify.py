@@ -50,6 +50,10 @@ _CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")
 _MODULE_ATTR = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 _OBJECT_ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'|type object '(\w+)' has no attribute '(\w+)'")
 _MOCK_ATTR = re.compile(r"does not have the attribute '(\w+)'")
+#: An ``AttributeError`` anywhere in a report, its quotes possibly escaped (a worker's traceback in a message).
+_WRAPPED_ATTR = re.compile(
+    r"(?:AttributeError: |Actual message: \")[\\]*'(\w+)[\\]*' object has no attribute [\\]*'(\w+)[\\]*'"
+)
 _NETWORK = re.compile(r"socket\.gaierror|Name or service not known|Temporary failure in name resolution")
 #: Lightning's back-compatibility tests read an archive of old checkpoints its CI downloads (``tests/legacy``).
 _LEGACY_ARCHIVE = re.compile(
@@ -208,6 +212,11 @@ def _internal(text: str, line: str) -> str | None:
     found = _MOCK_ATTR.search(line)
     if found and (rules.is_private(found.group(1)) or found.group(1) in rules.INTERNAL_ATTRS):
         return f"internal {found.group(1)}"
+    # The test's own code read a loop attribute inside the run, and the error reached the test wrapped:
+    # a ``ddp_spawn`` worker's traceback, or the "Actual message" of ``pytest.raises(match=...)``.
+    for found in _WRAPPED_ATTR.finditer(text):
+        if found.group(2) in rules.INTERNAL_ATTRS:
+            return f"internal {found.group(1)}.{found.group(2)}"
     return None
 
 

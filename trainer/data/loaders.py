@@ -252,21 +252,34 @@ def resolve_loaders(
     return list(_values(several))
 
 
-def results_per_loader(metrics: Mapping[str, float], count: int) -> list[dict[str, float]]:
+def results_per_loader(
+    metrics: Mapping[str, float], count: int, loader_keys: Mapping[str, str] | None = None
+) -> list[dict[str, float]]:
     """Split an evaluation's values into one dict per loader, as Lightning returns them.
 
-    With several loaders, loader ``i``'s dict holds the keys ending in ``/dataloader_idx_i`` and the
-    keys logged without a loader index (e.g. in ``on_validation_epoch_end``).
+    With several loaders, loader ``i``'s dict holds the keys ending in ``/dataloader_idx_i``, the
+    keys its steps logged with ``add_dataloader_idx=False`` (``loader_keys``: key -> that loader's
+    suffix) and the keys logged outside any loader (e.g. in ``on_validation_epoch_end``).
 
     >>> results_per_loader({"a/dataloader_idx_0": 1.0, "a/dataloader_idx_1": 2.0, "b": 3.0}, 2)
     [{'a/dataloader_idx_0': 1.0, 'b': 3.0}, {'a/dataloader_idx_1': 2.0, 'b': 3.0}]
+    >>> results_per_loader({"c": 1.0, "d": 2.0}, 2, {"d": "/dataloader_idx_1"})
+    [{'c': 1.0}, {'c': 1.0, 'd': 2.0}]
     """
     if count <= 1:
         return [dict(metrics)]
-    return [
-        {k: v for k, v in metrics.items() if k.endswith(f"/dataloader_idx_{i}") or "/dataloader_idx_" not in k}
-        for i in range(count)
-    ]
+    owned = loader_keys or {}
+    out: list[dict[str, float]] = []
+    for i in range(count):
+        suffix = f"/dataloader_idx_{i}"
+        out.append(
+            {
+                k: v
+                for k, v in metrics.items()
+                if k.endswith(suffix) or ("/dataloader_idx_" not in k and owned.get(k, suffix) == suffix)
+            }
+        )
+    return out
 
 
 def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:

@@ -294,6 +294,8 @@ def train_epoch(
             if p.global_step != steps_before:
                 if p.global_step % log_every == 0:
                     router.emit(dict(store.pending_step), p.global_step - 1)
+                elif store.pending_step:  # as Lightning: logged_metrics holds them between logging steps too
+                    router.keep_logged(store.pending_step)
                 store.pending_step.clear()
                 # Only after an optimizer step (gradients of a half-accumulated window are not in
                 # checkpoints). One process: an attribute test; several: a small all-reduce about

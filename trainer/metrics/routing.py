@@ -70,6 +70,9 @@ class MetricRouter:
         self.current_batch: Any = None
         #: ``"/dataloader_idx_N"`` while evaluating loader N of several (Lightning's key suffix), else "".
         self.dataloader_suffix = ""
+        #: Keys logged with ``add_dataloader_idx=False`` while a loader of several ran, with that
+        #: loader's suffix: an evaluation's results give them to that loader only, as Lightning's.
+        self.loader_keys: dict[str, str] = {}
         self.store: MetricStore | None = None
         #: Evaluation steps whose values went to the loggers, by (stage, loader): their x-axis.
         self.eval_steps: dict[tuple[str, int], int] = {}
@@ -100,6 +103,8 @@ class MetricRouter:
         previous = self.store, self.defaults, self.evaluating
         self.store, self.defaults, self.evaluating = store, defaults, evaluating
         self.plain.clear()
+        if evaluating:  # an evaluation's own (kept after it: its results read them)
+            self.loader_keys.clear()
         try:
             yield
         finally:
@@ -128,6 +133,7 @@ class MetricRouter:
         sync_dist: bool,
         reduce_fx: str,
         batch_size: int | None,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Back end of ``TrainModule.log`` (arguments in its order; positional, as it runs every step)."""
         store = self.store
@@ -149,13 +155,15 @@ class MetricRouter:
                 f"self.log({name!r}): on_step and on_epoch are both False, nothing would be logged "
                 "(`self.log(on_step=False, on_epoch=False)` is not useful)"
             )
-        if self.dataloader_suffix:
-            name += self.dataloader_suffix
+        suffix = self.dataloader_suffix
+        if suffix and not add_dataloader_idx:
+            self.loader_keys.update(dict.fromkeys((name, f"{name}_step", f"{name}_epoch"), suffix))
+            suffix = ""
         self.plain.pop(name, None)  # this call may change what the next one must do; the end decides anew
         if batch_size is None and type(self.current_batch) is UnknownBatchSize:
             raise MisconfigurationException(self.current_batch.message)
         size = self._current_batch_size if batch_size is None else lambda: batch_size
-        key = store.log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, size)
+        key = store.log(name, value, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, size, suffix)
         if key is None:
             return
         tensor = store.pending_step[key]
@@ -167,9 +175,10 @@ class MetricRouter:
         # Worked out for the next call of this name that passes every option at its default, if that call
         # will only store its value under the name (on_step only: the key is the name; no suffix to strip;
         # a tensor, not a Metric). The call itself checks the rest: a scalar of the dtype stored here.
-        entry = store.entries[name]
+        entry = store.entries.get(name)
         if (
             key == name
+            and entry is not None
             and self.defaults is STEP_DEFAULTS
             and entry.metric is None
             and name.removesuffix("_step").removesuffix("_epoch") == name
@@ -197,6 +206,9 @@ class MetricRouter:
     def _remember_one(self, key: str, value: torch.Tensor, prog_bar: set[str]) -> None:
         self.callback_metrics[key] = value
         base = key.removesuffix("_step").removesuffix("_epoch")
+        if base == key and "/dataloader_idx_" in key:  # ``loss_epoch/dataloader_idx_0``: also ``loss/dataloader_idx_0``
+            head, sep, idx = key.rpartition("/dataloader_idx_")
+            base = head.removesuffix("_step").removesuffix("_epoch") + sep + idx
         if base != key:
             self.callback_metrics[base] = value
         self.epoch_keys.add(key)
@@ -223,6 +235,11 @@ class MetricRouter:
             metrics = dict(metrics)
             step, with_epoch = int(metrics.pop("step")), False
         self._emit_to_loggers(metrics, step, with_epoch)
+
+    def keep_logged(self, metrics: Mapping[str, torch.Tensor]) -> None:
+        """Make step values the loggers are not given now (off the logging interval) ``logged_metrics``."""
+        no_logger = self.no_logger_keys
+        self.logged_metrics.update((k, v) for k, v in metrics.items() if k not in no_logger)
 
     def emit_eval_step(self, metrics: dict[str, torch.Tensor], prefix: str, dataloader_idx: int) -> None:
         """Hand an evaluation step's ``on_step`` values to the loggers, at x = the count of such steps.

@@ -40,6 +40,8 @@ def store_state(store: MetricStore, module: nn.Module | None) -> dict[str, Any]:
         saved: dict[str, Any] = {flag: getattr(entry, flag) for flag in _FLAGS}
         saved["total"] = None if entry.total is None else entry.total.detach().clone()
         saved["weight"] = entry.weight
+        if entry.suffix:
+            saved["suffix"] = entry.suffix
         if entry.metric is not None:
             path = paths.get(id(entry.metric))
             saved["metric_path"] = path  # None: not an attribute of the module, its state cannot be saved
@@ -52,17 +54,15 @@ def store_state(store: MetricStore, module: nn.Module | None) -> dict[str, Any]:
 def load_store_state(store: MetricStore, state: dict[str, Any], module: nn.Module | None) -> None:
     """Put :func:`store_state`'s aggregates back into ``store`` (and the metrics into ``module``'s)."""
     for saved in state.get("entries", []):
-        entry = _Entry(*(saved[flag] for flag in _FLAGS))
+        name, on_step, on_epoch, prog_bar, sync_dist, reduce_fx = (saved[flag] for flag in _FLAGS)
+        entry = _Entry(name, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, suffix=saved.get("suffix", ""))
         entry.total, entry.weight = saved["total"], float(saved["weight"])
         path = saved.get("metric_path")
         if path is not None and module is not None:
             entry.metric = module.get_submodule(path)
             _load_metric_state(entry.metric, saved["metric_state"])
         if entry.total is not None or entry.metric is not None:
-            store.entries[entry.name] = entry
-            if entry.prog_bar:
-                both = entry.on_step and entry.on_epoch
-                store.prog_bar_keys().update({f"{entry.name}_step", f"{entry.name}_epoch"} if both else {entry.name})
+            store.add(entry)
 
 
 def _metric_state(metric: Any) -> dict[str, Any]:

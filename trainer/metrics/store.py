@@ -66,6 +66,13 @@ class _Entry:
     step_value: torch.Tensor | None = None
     total: torch.Tensor | None = None  # weighted sum (mean/sum) or running max/min
     weight: float = 0.0
+    #: ``"/dataloader_idx_N"`` for a value logged while evaluating loader N of several (Lightning's
+    #: suffix, after ``_step``/``_epoch``: ``loss_epoch/dataloader_idx_0``), else "".
+    suffix: str = ""
+
+    def key(self, fork: str = "") -> str:
+        """The name the loggers see: ``name``, then ``fork`` (``"_step"``, ``"_epoch"`` or ""), then the suffix."""
+        return f"{self.name}{fork}{self.suffix}"
 
     def update(self, value: torch.Tensor, batch_size: int) -> None:
         # The running sums are updated in place: ``total`` is always a tensor this entry created (by the
@@ -153,17 +160,18 @@ class MetricStore:
         sync_dist: bool,
         reduce_fx: str,
         batch_size: Callable[[], int],
+        suffix: str = "",
     ) -> str | None:
-        """Record ``value``; return the step-level key it produced (in :attr:`pending_step`), if any."""
+        """Record ``value``; return the step-level key it produced (in :attr:`pending_step`), if any.
+
+        ``suffix``: Lightning's ``"/dataloader_idx_N"``, which ends every key of the value.
+        """
         if reduce_fx not in _REDUCE_FX:
             reduce_fx = reduce_fx_name(name, reduce_fx)
-        entry = self.entries.get(name)
+        entry = self.entries.get(name + suffix if suffix else name)
         if entry is None:
-            entry = _Entry(name, on_step, on_epoch, prog_bar, sync_dist, reduce_fx)
-            self.entries[name] = entry
-            if prog_bar:
-                both = on_step and on_epoch
-                self._prog_bar.update({f"{name}_step", f"{name}_epoch"} if both else {name})
+            entry = _Entry(name, on_step, on_epoch, prog_bar, sync_dist, reduce_fx, suffix=suffix)
+            self.add(entry)
         metric = None if isinstance(value, torch.Tensor) else value if is_metric(value) else None
         entry.metric = metric
         if metric is not None:
@@ -193,7 +201,7 @@ class MetricStore:
         if on_step and tensor is not None:
             if sync_dist and metric is None:
                 tensor = self.reduce(tensor, "mean" if reduce_fx == "mean" else reduce_fx)
-            key = f"{name}_step" if on_epoch else name
+            key = f"{name}_step{suffix}" if on_epoch else name + suffix
             entry.step_value = tensor
             self.pending_step[key] = tensor
             return key
@@ -209,8 +217,15 @@ class MetricStore:
                 continue
             value = entry.compute(self.reduce)
             if value is not None:
-                out[f"{entry.name}_epoch" if entry.on_step else entry.name] = value
+                out[entry.key("_epoch" if entry.on_step else "")] = value
         return out
+
+    def add(self, entry: _Entry) -> None:
+        """Keep ``entry`` (new, or restored from a checkpoint), with its progress-bar keys."""
+        self.entries[entry.key()] = entry
+        if entry.prog_bar:
+            forks = ("_step", "_epoch") if entry.on_step and entry.on_epoch else ("",)
+            self._prog_bar.update(entry.key(fork) for fork in forks)
 
     def prog_bar_keys(self) -> set[str]:
         """Names of values logged with ``prog_bar=True`` (with their suffixes); do not modify."""

@@ -59,7 +59,7 @@ def agree_on_entries(
     order: dict[str, dict[str, Any]] = {}
     for described in gather_object(mine):
         for item in described:
-            order.setdefault(item["name"], item)
+            order.setdefault(item["name"] + item["suffix"], item)
     unreachable = [n for n, item in order.items() if item["metric"] and item["path"] is None and item["sync"]]
     if unreachable:  # the same answer on every rank: all raise, none waits
         raise RuntimeError(
@@ -82,6 +82,7 @@ def _describe(entry: _Entry, paths: dict[int, str]) -> dict[str, Any]:
     synced = entry.metric is not None or entry.sync_dist  # a torchmetrics object syncs itself
     return {
         "name": entry.name,
+        "suffix": entry.suffix,
         "on_step": entry.on_step,
         "reduce_fx": entry.reduce_fx,
         "sync": synced,
@@ -93,7 +94,9 @@ def _describe(entry: _Entry, paths: dict[int, str]) -> dict[str, Any]:
 
 def _neutral_entry(item: dict[str, Any], module: nn.Module | None, device: torch.device) -> _Entry:
     """An entry this rank never logged: contributes nothing to the reduction, but takes part in it."""
-    entry = _Entry(item["name"], item["on_step"], True, False, not item["metric"], item["reduce_fx"])
+    entry = _Entry(
+        item["name"], item["on_step"], True, False, not item["metric"], item["reduce_fx"], suffix=item["suffix"]
+    )
     if item["metric"]:
         assert module is not None
         entry.metric = module.get_submodule(item["path"])
