@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["DummyExperiment", "DummyLogger", "Logger", "NoOpExperiment", "run_hparams"]
+__all__ = ["DummyExperiment", "DummyLogger", "Logger", "NoOpExperiment", "run_hparams", "yaml_params"]
 
 _VERSION_DIR = re.compile(r"version_(\d+)$")
 
@@ -316,17 +316,20 @@ def _logger_methods() -> frozenset[str]:
 def run_hparams(module: Any, trainer: Any = None) -> dict[str, Any]:
     """The hyperparameters Lightning's trainer hands its loggers: the module's merged with its data module's.
 
-    A side that said ``save_hyperparameters(logger=False)`` is left out. A key both sides hold with
-    different values (another type, another tensor object, or unequal) is a ``RuntimeError``, as in
-    Lightning: the logged run would misstate one of them.
+    As in Lightning, these are ``hparams_initial``, the values ``save_hyperparameters`` recorded (a
+    later ``self.hparams.x = ...`` is not logged), without LightningCLI's ``_class_path``. A side that
+    said ``save_hyperparameters(logger=False)`` is left out. A key both sides hold with different
+    values (another type, another tensor object, or unequal) is a ``RuntimeError``, as in Lightning:
+    the logged run would misstate one of them.
     """
-    module_hparams = dict(getattr(module, "hparams", None) or {}) if getattr(module, "_log_hyperparams", True) else None
+    module_hparams = _initial_hparams(module) if getattr(module, "_log_hyperparams", True) else None
     datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
     data_hparams = None
     if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
-        data_hparams = dict(getattr(datamodule, "hparams", None) or {})
+        data_hparams = _initial_hparams(datamodule)
     if module_hparams is None or data_hparams is None:
-        return module_hparams if module_hparams is not None else (data_hparams or {})
+        chosen = module_hparams if module_hparams is not None else (data_hparams or {})
+        return {k: v for k, v in chosen.items() if k != "_class_path"}
     clashes = [
         key
         for key in module_hparams.keys() & data_hparams.keys()
@@ -338,7 +341,15 @@ def run_hparams(module: Any, trainer: Any = None) -> dict[str, Any]:
             "LightningDataModule's hparams but have different values; rename one of them, or call "
             "save_hyperparameters(logger=False) on one side"
         )
-    return {**module_hparams, **data_hparams}
+    return {k: v for k, v in {**module_hparams, **data_hparams}.items() if k != "_class_path"}
+
+
+def _initial_hparams(owner: Any) -> dict[str, Any]:
+    """``owner.hparams_initial`` as a dict (an object without one: its ``hparams``)."""
+    initial = getattr(owner, "hparams_initial", None)
+    if initial is None:
+        initial = getattr(owner, "hparams", None)
+    return dict(initial or {})
 
 
 def _differ(a: Any, b: Any) -> bool:
@@ -358,6 +369,29 @@ def _launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+def yaml_params(params: Any) -> Any:
+    """Hyperparameters as ``hparams.yaml`` holds them, nested as given (Lightning's file is not flattened).
+
+    Dicts, ``Namespace``s, lists and tuples keep their shape; numbers, strings, bools and None stay;
+    a one-element tensor is its number, an ``Enum`` its name, any other value its ``str``.
+    """
+    from enum import Enum
+
+    if isinstance(params, Namespace):
+        params = vars(params)
+    if isinstance(params, Mapping):
+        return {str(key): yaml_params(value) for key, value in params.items()}
+    if isinstance(params, (list, tuple)):
+        return [yaml_params(value) for value in params]
+    if params is None or isinstance(params, (bool, int, float, str)):
+        return params
+    if isinstance(params, torch.Tensor) and params.numel() == 1:
+        return params.item()
+    if isinstance(params, Enum):
+        return params.name
+    return str(params)
 
 
 def flat_params(params: dict[str, Any] | Namespace, separator: str = "/") -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment, flat_params
+from callbacks._logger import Logger, NoOpExperiment, yaml_params
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -172,10 +172,10 @@ class CSVLogger(Logger):
         self, params: dict[str, Any] | Namespace | None = None, metrics: dict[str, Any] | None = None
     ) -> None:
         """Write ``params`` to ``hparams.yaml`` now (``None``: an empty one, as Lightning's)."""
-        flat = flat_params(params or {})
-        self.hparams.update(flat)
+        tree = yaml_params(params or {})
+        self.hparams.update(tree)
         if self._writes:
-            self.experiment.log_hparams(flat)
+            self.experiment.log_hparams(tree)
             if metrics:
                 self.log_metrics(metrics, 0)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment, flat_params, run_hparams
+from callbacks._logger import Logger, NoOpExperiment, flat_params, run_hparams, yaml_params
 from trainer.common.state_dict import to_plain
 
 if TYPE_CHECKING:
@@ -163,8 +163,8 @@ class TensorBoardLogger(Logger):
         When fitting starts the trainer's call opens the run's session instead: its metrics are the
         last validation values, written when fitting ends.
         """
-        flat = flat_params(params)
-        self.hparams.update(flat)
+        flat = flat_params(params)  # TensorBoard's hparams view takes flat values; hparams.yaml is nested
+        self.hparams.update(yaml_params(params))
         if not self._writes:
             return
         if self._opening_session and metrics is None:

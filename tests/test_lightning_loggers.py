@@ -87,7 +87,7 @@ def test_tensorboard_experiment_metrics_hyperparameters_and_prefix(tmp_path: Pat
     assert scalars["p-loss"] == [(3, 0.5)] and scalars["p-acc"] == [(3, 0.25)]
     assert scalars["p-hp_metric"] == [(0, -1.0)]  # default_hp_metric, as Lightning writes it
     saved = yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text())
-    assert saved == {"lr": 0.1, "net/width": 4}
+    assert saved == {"lr": 0.1, "net": {"width": 4}}  # nested, as Lightning writes it
 
 
 def test_tensorboard_kwargs_go_to_the_summary_writer_and_unknown_ones_are_refused(tmp_path: Path) -> None:
@@ -342,7 +342,8 @@ def test_tensorboard_writes_an_empty_hparams_yaml_without_hyperparameters(tmp_pa
     class Bare(Scripted):
         def __init__(self) -> None:
             super().__init__()
-            self._hparams = type(self.hparams)()  # no hyperparameters at all
+            self._hparams = type(self.hparams)()  # no hyperparameters at all (loggers get the initial ones)
+            self._hparams_initial = type(self.hparams)()
 
     assert not Bare().hparams
     logger = TensorBoardLogger(save_dir=tmp_path, default_hp_metric=False)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import pickle
 import types
 import warnings
 from argparse import Namespace
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -27,9 +28,12 @@ __all__ = [
     "PRIMITIVE_TYPES",
     "AttributeDict",
     "HyperparametersMixin",
+    "clean_namespace",
+    "collect_init_args",
     "given_hyperparameters",
     "hparams_kind",
     "hparams_record",
+    "is_picklable",
     "plain_hparams",
     "restore_hparams",
 ]
@@ -157,6 +161,31 @@ class HyperparametersMixin:
         """Drop ``ignore_list`` from ``hparams`` (Lightning's helper of ``save_hyperparameters``)."""
         for name in ignore_list:
             self.hparams.pop(name, None)
+
+
+def is_picklable(obj: object) -> bool:
+    """Whether ``pickle.dumps(obj)`` works (Lightning's ``utilities.parsing.is_picklable``)."""
+    try:
+        pickle.dumps(obj)
+    except (pickle.PickleError, AttributeError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+def clean_namespace(hparams: MutableMapping[str, Any]) -> None:
+    """Drop every value pickle cannot write from ``hparams``, with Lightning's warning naming each.
+
+    The trainer does this to the module's ``hparams`` when a run starts, as Lightning's does: a
+    lambda or a local class among them would stop the processes a strategy starts and the loggers.
+    """
+    for name in [k for k, v in hparams.items() if not is_picklable(v)]:
+        warnings.warn(
+            f"Attribute {name!r} removed from hparams because it cannot be pickled. You can suppress this warning "
+            f"by setting `self.save_hyperparameters(ignore=[{name!r}])`.",
+            UserWarning,
+            stacklevel=2,
+        )
+        del hparams[name]
 
 
 def plain_hparams(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -306,26 +335,24 @@ def given_hyperparameters(hparams: Mapping[str, Any], instantiator: str) -> Iter
 
 
 def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:
-    """The arguments of every ``__init__`` of ``obj`` on the stack from ``frame`` outwards (outermost wins).
+    """The arguments of the ``__init__`` calls on the stack from ``frame`` outwards (outermost wins).
 
-    Walking outwards collects a subclass's arguments as well as its base class's, when the base
-    calls ``save_hyperparameters``; ``**kwargs`` are spread into the result, ``*args`` dropped. A
-    dataclass's are its ``init`` fields (``save_hyperparameters()`` called from ``__post_init__``).
+    Lightning's walk: frames that are not such a call are passed over until the first one is found
+    (``save_hyperparameters()`` in a helper ``__init__`` calls); from there each ``__init__`` of ``obj``,
+    or of another object with hyperparameters whose ``__init__`` calls ``super()`` (a module built inside
+    another's ``__init__``: Lightning collects the outer one's arguments too), adds its arguments; the
+    first other frame ends the walk. ``**kwargs`` are spread, ``*args`` dropped. A dataclass's are its
+    ``init`` fields (``save_hyperparameters()`` called from ``__post_init__``).
     """
     if dataclasses.is_dataclass(obj):  # save_hyperparameters() in __post_init__: the fields __init__ takes
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
     found: list[dict[str, Any]] = []
-    while frame is not None and frame.f_code.co_name == "__init__" and _first_argument(frame) is obj:
-        code, local = frame.f_code, frame.f_locals
-        names = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])  # after self (any name)
-        args = {n: local[n] for n in names if n in local}
-        flags = code.co_flags
-        index = code.co_argcount + code.co_kwonlyargcount
-        if flags & inspect.CO_VARARGS:
-            index += 1
-        if flags & inspect.CO_VARKEYWORDS:
-            args.update(local.get(code.co_varnames[index], {}))
-        found.append(args)
+    while frame is not None and frame.f_back is not None:
+        owner, args = _frame_init_args(frame)
+        if owner is obj or ("__class__" in frame.f_locals and isinstance(owner, HyperparametersMixin)):
+            found.append(args)
+        elif found:
+            break
         frame = frame.f_back
     merged: dict[str, Any] = {}
     for args in found:
@@ -333,7 +360,40 @@ def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:
     return merged
 
 
-def _first_argument(frame: types.FrameType) -> Any:
-    """The frame's first argument (``self``, whatever the method calls it), or None."""
-    code = frame.f_code
-    return frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+def collect_init_args(
+    frame: types.FrameType,
+    path_args: list[dict[str, Any]],
+    inside: bool = False,
+    classes: tuple[type, ...] = (),
+) -> list[dict[str, Any]]:
+    """Lightning's ``utilities.parsing.collect_init_args``: the ``__init__`` arguments on the stack, innermost first.
+
+    From ``frame`` outwards: each ``__init__`` frame that calls ``super()`` (whose object is an instance
+    of ``classes``, when given) appends its arguments to ``path_args``; frames before the first such one
+    are passed over (all of them when ``inside``), the first other frame after one ends the walk.
+    """
+    current: types.FrameType | None = frame
+    while current is not None and current.f_back is not None:
+        owner, args = _frame_init_args(current)
+        if owner is not None and "__class__" in current.f_locals and (not classes or isinstance(owner, classes)):
+            path_args.append(args)
+            inside = True
+        elif inside:
+            break
+        current = current.f_back
+    return path_args
+
+
+def _frame_init_args(frame: types.FrameType) -> tuple[Any, dict[str, Any]]:
+    """``(self, its arguments)`` of an ``__init__`` frame (``**kwargs`` spread in, ``*args`` out), else ``(None, {})``."""
+    code, local = frame.f_code, frame.f_locals
+    if code.co_name != "__init__" or not code.co_argcount:
+        return None, {}
+    names = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])  # after self (any name)
+    args = {n: local[n] for n in names if n in local}
+    index = code.co_argcount + code.co_kwonlyargcount
+    if code.co_flags & inspect.CO_VARARGS:
+        index += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        args.update(local.get(code.co_varnames[index], {}))
+    return local.get(code.co_varnames[0]), args

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +27,7 @@ from trainer.common.loaders import shut_down_workers
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.data.loaders import resolve_loaders, results_per_loader
+from trainer.hparams import clean_namespace
 from trainer.hooks import is_overridden
 from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer, manual_backward
@@ -57,6 +58,9 @@ def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any
         FITS_STARTED[0] += 1
         # A new fit: the state adopted from an earlier one, and where an earlier one stopped, are stale.
         trainer.checkpointing.adopted = trainer.checkpointing.resume_point = None
+    hparams = getattr(module, "hparams", None)
+    if isinstance(hparams, MutableMapping):  # as Lightning's: what pickle cannot write leaves, with a warning
+        clean_namespace(hparams)
     try:
         output, final = trainer.strategy.launch(run_stage, trainer, stage, module, *rest)
     except Interrupted as err:  # a signal stopped the processes the strategy started before they saved

@@ -68,7 +68,11 @@ def load_from_checkpoint(
     if not lightning:
         upgrade(state)
     prefix = "" if weights else "datamodule_"
-    hparams = dict(state.get(f"{prefix}hyper_parameters") or {})
+    hparams: dict[str, Any] = {}
+    if weights:  # Lightning's keys before 0.8, read beneath the current one as Lightning reads them
+        for key in ("hparams", "module_arguments"):
+            hparams.update(state.get(key) or {})
+    hparams.update(state.get(f"{prefix}hyper_parameters") or {})
     unsaved = [] if lightning else list(state.get(f"{prefix}hparams_unsaved", []))
     if hparams_file is not None:
         hparams.update(_read_hparams_file(hparams_file))
