@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["DummyExperiment", "DummyLogger", "Logger", "NoOpExperiment", "run_hparams", "yaml_params"]
+__all__ = [
+    "DummyExperiment",
+    "DummyLogger",
+    "Logger",
+    "NoOpExperiment",
+    "run_hparams",
+]
 
 _VERSION_DIR = re.compile(r"version_(\d+)$")
 
@@ -369,29 +375,6 @@ def _launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
-
-
-def yaml_params(params: Any) -> Any:
-    """Hyperparameters as ``hparams.yaml`` holds them, nested as given (Lightning's file is not flattened).
-
-    Dicts, ``Namespace``s, lists and tuples keep their shape; numbers, strings, bools and None stay;
-    a one-element tensor is its number, an ``Enum`` its name, any other value its ``str``.
-    """
-    from enum import Enum
-
-    if isinstance(params, Namespace):
-        params = vars(params)
-    if isinstance(params, Mapping):
-        return {str(key): yaml_params(value) for key, value in params.items()}
-    if isinstance(params, (list, tuple)):
-        return [yaml_params(value) for value in params]
-    if params is None or isinstance(params, (bool, int, float, str)):
-        return params
-    if isinstance(params, torch.Tensor) and params.numel() == 1:
-        return params.item()
-    if isinstance(params, Enum):
-        return params.name
-    return str(params)
 
 
 def flat_params(params: dict[str, Any] | Namespace, separator: str = "/") -> dict[str, Any]:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment, yaml_params
+from callbacks._logger import Logger, NoOpExperiment
+from callbacks._logger_calls import yaml_params
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment, flat_params, run_hparams, yaml_params
+from callbacks._logger import Logger, NoOpExperiment, flat_params, run_hparams
+from callbacks._logger_calls import yaml_params
 from trainer.common.state_dict import to_plain
 
 if TYPE_CHECKING:

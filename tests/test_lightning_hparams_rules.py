@@ -131,3 +131,30 @@ def test_lightnings_parsing_helpers() -> None:
     with pytest.warns(UserWarning, match="'fn' removed"):
         clean_namespace(hparams)
     assert hparams == {"n": 1}
+
+
+def test_a_logger_that_is_not_a_geartrain_one_is_driven_through_lightnings_logger_api(tmp_path: Path) -> None:
+    from unittest import mock
+
+    class Data(DataModule):
+        def __init__(self, root: str = "data") -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            return ones()
+
+    logger = mock.MagicMock(name="logger")
+    logger.name, logger.save_dir, logger.version = "mock", str(tmp_path), "0"
+    del logger.__iter__  # not taken for a list of loggers
+    trainer = quiet_trainer(tmp_path, logger=logger, max_steps=2, log_every_n_steps=1, enable_checkpointing=True)
+    class Logged(Net):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss)
+            return loss
+
+    trainer.fit(Logged(width=3), datamodule=Data())  # its checkpoint keeps no state of the mock
+    logger.log_hyperparams.assert_called_once_with({"width": 3, "root": "data"})
+    assert [c.kwargs["step"] for c in logger.log_metrics.call_args_list] == [0, 1]
+    logger.finalize.assert_called_with("success")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.base import callback_states
 from trainer import arguments, loops
 from trainer.common import lightning_rank
 from trainer.common.env import STARTED_BY_LAUNCHER
@@ -241,7 +242,7 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
         ),
         "run_id": t.checkpointing.run_id,
         "progress": state.progress.state_dict(),
-        "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks},
+        "callbacks": callback_states(t.callbacks),
         "metrics": [
             {k: v.detach().to(cpu) for k, v in metrics.items()}
             for metrics in (t.callback_metrics, t.logged_metrics, t.metric_router.progress_bar_metrics)

@@ -1,0 +1,87 @@
+"""What Lightning's trainer hands a logger: its calls to a logger object that is not a geartrain logger
+(:class:`LoggerDriver`), and the nested hyperparameters ``hparams.yaml`` holds (:func:`yaml_params`)."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import override
+
+from callbacks._logger import run_hparams
+from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["LoggerDriver", "yaml_params"]
+
+
+class LoggerDriver(Callback):
+    """Drives a logger object that is not a geartrain :class:`Logger` through Lightning's logger API.
+
+    geartrain's loggers are callbacks and act in their own hooks. An object given as ``logger=``
+    that is not one (a ``MagicMock`` with a logger's methods, as Lightning's tests give) gets, as
+    from Lightning's trainer: ``log_hyperparams`` with the run's hyperparameters, ``log_graph`` and
+    ``save`` when a run starts, ``log_metrics`` with each row, ``finalize`` at the end.
+    """
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return f"LoggerDriver[{type(self.logger).__name__}]"
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        if trainer.is_global_zero:
+            hparams = run_hparams(pl_module, trainer)
+            if hparams:
+                self.logger.log_hyperparams(hparams)
+            self.logger.log_graph(pl_module)
+            self.logger.save()
+
+    @override
+    def on_log_metrics(
+        self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
+    ) -> None:
+        if trainer.is_global_zero:
+            self.logger.log_metrics(metrics={key: float(value) for key, value in metrics.items()}, step=step)
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        if trainer.is_global_zero:
+            self.logger.finalize("success")
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
+        if trainer.is_global_zero:
+            self.logger.finalize("failed")
+
+
+def yaml_params(params: Any) -> Any:
+    """Hyperparameters as ``hparams.yaml`` holds them, nested as given (Lightning's file is not flattened).
+
+    Dicts, ``Namespace``s, lists and tuples keep their shape; numbers, strings, bools and None stay;
+    a one-element tensor is its number, an ``Enum`` its name, any other value its ``str``.
+    """
+    from enum import Enum
+
+    if isinstance(params, Namespace):
+        params = vars(params)
+    if isinstance(params, Mapping):
+        return {str(key): yaml_params(value) for key, value in params.items()}
+    if isinstance(params, (list, tuple)):
+        return [yaml_params(value) for value in params]
+    if params is None or isinstance(params, (bool, int, float, str)):
+        return params
+    if isinstance(params, torch.Tensor) and params.numel() == 1:
+        return params.item()
+    if isinstance(params, Enum):
+        return params.name
+    return str(params)
