@@ -11,12 +11,6 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from callbacks import CSVLogger
-from tests.helpers.trainers import quiet_trainer
-from trainer import TrainModule
-from trainer.datamodule import DataModule
-from trainer.hparams import HyperparametersMixin
 from trainer.lightning.utilities.parsing import (
     clean_namespace,
     collect_init_args,
@@ -25,6 +19,12 @@ from trainer.lightning.utilities.parsing import (
     lightning_setattr,
     parse_class_init_keys,
 )
+
+from callbacks import CSVLogger
+from tests.helpers.trainers import quiet_trainer
+from trainer import TrainModule
+from trainer.datamodule import DataModule
+from trainer.hparams import HyperparametersMixin
 
 
 def ones() -> DataLoader[Any]:
@@ -158,3 +158,21 @@ def test_a_logger_that_is_not_a_geartrain_one_is_driven_through_lightnings_logge
     logger.log_hyperparams.assert_called_once_with({"width": 3, "root": "data"})
     assert [c.kwargs["step"] for c in logger.log_metrics.call_args_list] == [0, 1]
     logger.finalize.assert_called_with("success")
+
+
+def test_omegaconf_configs_among_the_hyperparameters_come_back_as_configs(tmp_path: Path) -> None:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    class Configured(Net):
+        def __init__(self, cfg: Any, nested: Any, width: int = 4) -> None:
+            super().__init__(width=width)
+            assert cfg.layer.width == 2 and nested["all"][0].name == "a"  # attribute access needs the config
+
+    cfg = OmegaConf.create({"layer": {"width": 2}})
+    nested = {"all": [OmegaConf.create({"name": "a"})], "list": OmegaConf.create([1, 2])}
+    trainer = quiet_trainer(tmp_path, max_steps=1, logger=False, enable_checkpointing=False)
+    trainer.fit(Configured(cfg, nested), ones())
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    loaded = Configured.load_from_checkpoint(tmp_path / "c.ckpt")
+    assert isinstance(loaded.hparams.cfg, DictConfig) and isinstance(loaded.hparams.nested["list"], ListConfig)
+    assert loaded.hparams.cfg == cfg and isinstance(loaded.hparams.nested["all"][0], DictConfig)

@@ -10,7 +10,6 @@ it instead of unpickling an object (which could run code).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import pickle
 import types
@@ -24,18 +23,21 @@ from typing import Any
 
 import torch
 
+from trainer.init_args import init_arguments
+
 __all__ = [
     "PRIMITIVE_TYPES",
     "AttributeDict",
     "HyperparametersMixin",
     "clean_namespace",
-    "collect_init_args",
     "given_hyperparameters",
     "hparams_kind",
     "hparams_record",
     "is_picklable",
+    "omegaconf_paths",
     "plain_hparams",
     "restore_hparams",
+    "restore_omegaconf",
 ]
 
 
@@ -116,14 +118,14 @@ class HyperparametersMixin:
             frame = current.f_back if current is not None else None
         objects = [arg for arg in args if not isinstance(arg, str)]
         if len(objects) == 1:  # as Lightning: one object among the arguments is the hyperparameters
-            init_args = _init_args(self, frame)
+            init_args = init_arguments(self, frame, HyperparametersMixin)
             hp = _to_hparams(objects[0])
             names = [name for name, value in init_args.items() if value is objects[0]]
             object.__setattr__(self, "_hparams_name", names[0] if names else None)
         else:
             given = _GIVEN.get()
             # built by LightningCLI: its parsed config stands for the arguments
-            init_args = dict(given) if given is not None else _init_args(self, frame)
+            init_args = dict(given) if given is not None else init_arguments(self, frame, HyperparametersMixin)
             if args:
                 unknown = [name for name in args if name not in init_args]
                 if unknown:
@@ -302,7 +304,42 @@ def hparams_record(owner: Any, prefix: str = "") -> dict[str, Any]:
     kind = hparams_kind(owner.hparams)
     if kind is not None:
         record[f"{prefix}hparams_type"] = kind
+    inner = [] if kind is not None else omegaconf_paths(dict(owner.hparams))
+    if inner:
+        record[f"{prefix}hparams_omegaconf"] = inner
     return record
+
+
+def omegaconf_paths(value: Any, path: tuple[str | int, ...] = ()) -> list[list[str | int]]:
+    """Where OmegaConf containers sit inside ``value`` (key and index paths), outermost only.
+
+    A checkpoint keeps a container resolved into plain data; these paths let loading make it one
+    again (``hparams_omegaconf``), as Lightning's pickled hyperparameters come back.
+    """
+    if _is_omegaconf(value) or type(value).__name__ == "ListConfig":
+        return [list(path)]
+    if isinstance(value, Mapping):
+        return [p for key, item in value.items() for p in omegaconf_paths(item, (*path, str(key)))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, item in enumerate(value) for p in omegaconf_paths(item, (*path, i))]
+    return []
+
+
+def restore_omegaconf(hparams: dict[str, Any], paths: list[list[str | int]]) -> dict[str, Any]:
+    """``hparams`` with the values at ``paths`` (:func:`omegaconf_paths`) made OmegaConf containers again."""
+    if not paths:
+        return hparams
+    from omegaconf import OmegaConf
+
+    hparams = copy.deepcopy(hparams)
+    for path in paths:
+        parent: Any = hparams
+        for key in path[:-1]:
+            parent = parent[key]
+        if isinstance(parent, tuple):  # a tuple is rebuilt around its new item
+            continue
+        parent[path[-1]] = OmegaConf.create(parent[path[-1]])
+    return hparams
 
 
 def restore_hparams(hparams: dict[str, Any], kind: Any) -> Any:
@@ -332,68 +369,3 @@ def given_hyperparameters(hparams: Mapping[str, Any], instantiator: str) -> Iter
         yield
     finally:
         _GIVEN.reset(token)
-
-
-def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:
-    """The arguments of the ``__init__`` calls on the stack from ``frame`` outwards (outermost wins).
-
-    Lightning's walk: frames that are not such a call are passed over until the first one is found
-    (``save_hyperparameters()`` in a helper ``__init__`` calls); from there each ``__init__`` of ``obj``,
-    or of another object with hyperparameters whose ``__init__`` calls ``super()`` (a module built inside
-    another's ``__init__``: Lightning collects the outer one's arguments too), adds its arguments; the
-    first other frame ends the walk. ``**kwargs`` are spread, ``*args`` dropped. A dataclass's are its
-    ``init`` fields (``save_hyperparameters()`` called from ``__post_init__``).
-    """
-    if dataclasses.is_dataclass(obj):  # save_hyperparameters() in __post_init__: the fields __init__ takes
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
-    found: list[dict[str, Any]] = []
-    while frame is not None and frame.f_back is not None:
-        owner, args = _frame_init_args(frame)
-        if owner is obj or ("__class__" in frame.f_locals and isinstance(owner, HyperparametersMixin)):
-            found.append(args)
-        elif found:
-            break
-        frame = frame.f_back
-    merged: dict[str, Any] = {}
-    for args in found:
-        merged.update(args)
-    return merged
-
-
-def collect_init_args(
-    frame: types.FrameType,
-    path_args: list[dict[str, Any]],
-    inside: bool = False,
-    classes: tuple[type, ...] = (),
-) -> list[dict[str, Any]]:
-    """Lightning's ``utilities.parsing.collect_init_args``: the ``__init__`` arguments on the stack, innermost first.
-
-    From ``frame`` outwards: each ``__init__`` frame that calls ``super()`` (whose object is an instance
-    of ``classes``, when given) appends its arguments to ``path_args``; frames before the first such one
-    are passed over (all of them when ``inside``), the first other frame after one ends the walk.
-    """
-    current: types.FrameType | None = frame
-    while current is not None and current.f_back is not None:
-        owner, args = _frame_init_args(current)
-        if owner is not None and "__class__" in current.f_locals and (not classes or isinstance(owner, classes)):
-            path_args.append(args)
-            inside = True
-        elif inside:
-            break
-        current = current.f_back
-    return path_args
-
-
-def _frame_init_args(frame: types.FrameType) -> tuple[Any, dict[str, Any]]:
-    """``(self, its arguments)`` of an ``__init__`` frame (``**kwargs`` spread in, ``*args`` out), else ``(None, {})``."""
-    code, local = frame.f_code, frame.f_locals
-    if code.co_name != "__init__" or not code.co_argcount:
-        return None, {}
-    names = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])  # after self (any name)
-    args = {n: local[n] for n in names if n in local}
-    index = code.co_argcount + code.co_kwonlyargcount
-    if code.co_flags & inspect.CO_VARARGS:
-        index += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        args.update(local.get(code.co_varnames[index], {}))
-    return local.get(code.co_varnames[0]), args
