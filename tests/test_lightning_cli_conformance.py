@@ -74,3 +74,10 @@ def test_a_cli_runs_hparams_yaml_is_nested_and_without_the_class_path(tmp_path: 
     saved = yaml.safe_load((Path(cli.trainer.log_dir) / "hparams.yaml").read_text())
     assert saved["encoder"]["class_path"] == "torch.nn.Linear" and saved["encoder"]["init_args"]["out_features"] == 3
     assert "_class_path" not in saved and saved["lr"] == 0.1
+
+
+def test_lightnings_jsonargparse_flag_is_there_and_true_where_the_cli_imports() -> None:
+    # Lightning's programs and tests branch on it (lazy_instance is None without it).
+    from trainer.lightning.cli import _JSONARGPARSE_SIGNATURES_AVAILABLE
+
+    assert bool(_JSONARGPARSE_SIGNATURES_AVAILABLE)

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MethodType
 from typing import Any, Union
 
+from lightning_utilities.core.imports import RequirementCache
 from torch.optim import Optimizer
 
 from callbacks.base import Callback
@@ -77,6 +78,10 @@ __all__ = [
     "instantiate_class",
     "instantiate_module",
 ]
+
+
+#: Lightning's flag, for programs and tests that read it: jsonargparse with its ``signatures`` extra is here.
+_JSONARGPARSE_SIGNATURES_AVAILABLE = RequirementCache("jsonargparse[signatures]>=4.39")
 
 
 class LightningCLI:
