@@ -81,3 +81,15 @@ def test_lightnings_jsonargparse_flag_is_there_and_true_where_the_cli_imports() 
     from trainer.lightning.cli import _JSONARGPARSE_SIGNATURES_AVAILABLE
 
     assert bool(_JSONARGPARSE_SIGNATURES_AVAILABLE)
+
+
+def test_short_class_names_reach_lightnings_demo_model_and_reduce_lr_on_plateau(tmp_path: Path) -> None:
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    from trainer.lightning.demos import BoringModel
+
+    args = ["--model=BoringModel", "--optimizer=Adam", "--lr_scheduler=ReduceLROnPlateau", "--lr_scheduler.monitor=x"]
+    cli = LightningCLI(run=False, args=[*args, f"--trainer.default_root_dir={tmp_path}", "--seed_everything=1"])
+    assert type(cli.model) is BoringModel
+    scheduler = cli.model.configure_optimizers()["lr_scheduler"]
+    assert isinstance(scheduler["scheduler"], ReduceLROnPlateau) and scheduler["monitor"] == "x"

@@ -73,6 +73,11 @@ class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
         self.monitor = monitor
 
 
+# Its public home (Lightning's ``cli.ReduceLROnPlateau``): jsonargparse finds a class by its short name
+# (``--lr_scheduler=ReduceLROnPlateau``) only outside private modules such as this one.
+ReduceLROnPlateau.__module__ = "trainer.lightning.cli"
+
+
 # Lightning's aliases, under its names (they annotate a model's ``optimizer``/``scheduler`` arguments).
 LRSchedulerTypeTuple = (LRScheduler, ReduceLROnPlateau)
 LRSchedulerTypeUnion = Union[LRScheduler, ReduceLROnPlateau]  # noqa: UP007 - a runtime value, not an annotation
