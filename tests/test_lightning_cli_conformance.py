@@ -85,7 +85,6 @@ def test_lightnings_jsonargparse_flag_is_there_and_true_where_the_cli_imports() 
 
 def test_short_class_names_reach_lightnings_demo_model_and_reduce_lr_on_plateau(tmp_path: Path) -> None:
     from torch.optim.lr_scheduler import ReduceLROnPlateau
-
     from trainer.lightning.demos import BoringModel
 
     args = ["--model=BoringModel", "--optimizer=Adam", "--lr_scheduler=ReduceLROnPlateau", "--lr_scheduler.monitor=x"]

@@ -148,6 +148,7 @@ def test_a_logger_that_is_not_a_geartrain_one_is_driven_through_lightnings_logge
     logger.name, logger.save_dir, logger.version = "mock", str(tmp_path), "0"
     del logger.__iter__  # not taken for a list of loggers
     trainer = quiet_trainer(tmp_path, logger=logger, max_steps=2, log_every_n_steps=1, enable_checkpointing=True)
+
     class Logged(Net):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             loss = super().training_step(batch, batch_idx)

@@ -180,7 +180,7 @@ def parse_class_init_keys(cls: type) -> tuple[str, str | None, str | None]:
     """The names ``cls.__init__`` gives its ``self``, ``*args`` and ``**kwargs`` (None for one it lacks)."""
     import inspect
 
-    params = list(inspect.signature(cls.__init__).parameters.values())
+    params = list(inspect.signature(cls.__init__).parameters.values())  # type: ignore[misc]
     varargs = next((p.name for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
     varkw = next((p.name for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None)
     return params[0].name, varargs, varkw
