@@ -28,8 +28,8 @@ from trainer.common.loaders import shut_down_workers
 from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.data.loaders import resolve_loaders, results_per_loader
-from trainer.hparams import clean_namespace
 from trainer.hooks import is_overridden
+from trainer.hparams import clean_namespace
 from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer, manual_backward
 from trainer.optim import parse_optimizers
