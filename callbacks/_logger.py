@@ -395,20 +395,3 @@ def flat_params(params: dict[str, Any] | Namespace, separator: str = "/") -> dic
         else:
             out[str(key)] = str(value)
     return out
-
-
-def give_lightnings_calls(logger: Any) -> None:
-    """Let a logger that is not one of geartrain's (a test's ``Mock``) receive metrics as Lightning sends them.
-
-    geartrain's loggers hear the ``on_log_metrics`` hook; a stand-in written against Lightning's
-    ``Logger`` expects ``log_metrics(metrics=..., step=...)`` with Python numbers, then ``save()``.
-    """
-    if isinstance(logger, Logger) or hasattr(type(logger), "on_log_metrics"):
-        return
-
-    def on_log_metrics(trainer: Any, pl_module: Any, metrics: dict[str, torch.Tensor], step: int) -> None:
-        scalars = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in metrics.items()}
-        logger.log_metrics(metrics=scalars, step=step)
-        logger.save()
-
-    logger.on_log_metrics = on_log_metrics

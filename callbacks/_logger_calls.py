@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import run_hparams
+from callbacks._logger import Logger, run_hparams
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["LoggerDriver", "yaml_params"]
+__all__ = ["LoggerDriver", "give_lightnings_calls", "yaml_params"]
 
 
 class LoggerDriver(Callback):
@@ -26,7 +26,7 @@ class LoggerDriver(Callback):
     geartrain's loggers are callbacks and act in their own hooks. An object given as ``logger=``
     that is not one (a ``MagicMock`` with a logger's methods, as Lightning's tests give) gets, as
     from Lightning's trainer: ``log_hyperparams`` with the run's hyperparameters, ``log_graph`` and
-    ``save`` when a run starts, ``log_metrics`` with each row, ``finalize`` at the end.
+    ``save`` when a run starts, ``finalize`` at the end (its rows: :func:`give_lightnings_calls`).
     """
 
     def __init__(self, logger: Any) -> None:
@@ -45,13 +45,6 @@ class LoggerDriver(Callback):
                 self.logger.log_hyperparams(hparams)
             self.logger.log_graph(pl_module)
             self.logger.save()
-
-    @override
-    def on_log_metrics(
-        self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
-    ) -> None:
-        if trainer.is_global_zero:
-            self.logger.log_metrics(metrics={key: float(value) for key, value in metrics.items()}, step=step)
 
     @override
     def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
@@ -85,3 +78,20 @@ def yaml_params(params: Any) -> Any:
     if isinstance(params, Enum):
         return params.name
     return str(params)
+
+
+def give_lightnings_calls(logger: Any) -> None:
+    """Let a logger that is not one of geartrain's (a test's ``Mock``) receive metrics as Lightning sends them.
+
+    geartrain's loggers hear the ``on_log_metrics`` hook; a stand-in written against Lightning's
+    ``Logger`` expects ``log_metrics(metrics=..., step=...)`` with Python numbers, then ``save()``.
+    """
+    if isinstance(logger, Logger) or hasattr(type(logger), "on_log_metrics"):
+        return
+
+    def on_log_metrics(trainer: Any, pl_module: Any, metrics: dict[str, torch.Tensor], step: int) -> None:
+        scalars = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in metrics.items()}
+        logger.log_metrics(metrics=scalars, step=step)
+        logger.save()
+
+    logger.on_log_metrics = on_log_metrics
