@@ -39,6 +39,15 @@ class LoggerDriver(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        if stage != "fit":  # a fit's come after on_fit_start, as in Lightning
+            self._start(trainer, pl_module)
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._start(trainer, pl_module)
+
+    def _start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        """Lightning's start of a run for each logger: its hyperparameters, its graph, a save."""
         if trainer.is_global_zero:
             hparams = run_hparams(pl_module, trainer)
             if hparams:
