@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["DummyExperiment", "DummyLogger", "Logger", "NoOpExperiment", "run_hparams"]
+__all__ = [
+    "DummyExperiment",
+    "DummyLogger",
+    "Logger",
+    "NoOpExperiment",
+    "run_hparams",
+]
 
 _VERSION_DIR = re.compile(r"version_(\d+)$")
 
@@ -316,17 +322,20 @@ def _logger_methods() -> frozenset[str]:
 def run_hparams(module: Any, trainer: Any = None) -> dict[str, Any]:
     """The hyperparameters Lightning's trainer hands its loggers: the module's merged with its data module's.
 
-    A side that said ``save_hyperparameters(logger=False)`` is left out. A key both sides hold with
-    different values (another type, another tensor object, or unequal) is a ``RuntimeError``, as in
-    Lightning: the logged run would misstate one of them.
+    As in Lightning, these are ``hparams_initial``, the values ``save_hyperparameters`` recorded (a
+    later ``self.hparams.x = ...`` is not logged), without LightningCLI's ``_class_path``. A side that
+    said ``save_hyperparameters(logger=False)`` is left out. A key both sides hold with different
+    values (another type, another tensor object, or unequal) is a ``RuntimeError``, as in Lightning:
+    the logged run would misstate one of them.
     """
-    module_hparams = dict(getattr(module, "hparams", None) or {}) if getattr(module, "_log_hyperparams", True) else None
+    module_hparams = _initial_hparams(module) if getattr(module, "_log_hyperparams", True) else None
     datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
     data_hparams = None
     if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
-        data_hparams = dict(getattr(datamodule, "hparams", None) or {})
+        data_hparams = _initial_hparams(datamodule)
     if module_hparams is None or data_hparams is None:
-        return module_hparams if module_hparams is not None else (data_hparams or {})
+        chosen = module_hparams if module_hparams is not None else (data_hparams or {})
+        return {k: v for k, v in chosen.items() if k != "_class_path"}
     clashes = [
         key
         for key in module_hparams.keys() & data_hparams.keys()
@@ -338,7 +347,15 @@ def run_hparams(module: Any, trainer: Any = None) -> dict[str, Any]:
             "LightningDataModule's hparams but have different values; rename one of them, or call "
             "save_hyperparameters(logger=False) on one side"
         )
-    return {**module_hparams, **data_hparams}
+    return {k: v for k, v in {**module_hparams, **data_hparams}.items() if k != "_class_path"}
+
+
+def _initial_hparams(owner: Any) -> dict[str, Any]:
+    """``owner.hparams_initial`` as a dict (an object without one: its ``hparams``)."""
+    initial = getattr(owner, "hparams_initial", None)
+    if initial is None:
+        initial = getattr(owner, "hparams", None)
+    return dict(initial or {})
 
 
 def _differ(a: Any, b: Any) -> bool:
@@ -378,20 +395,3 @@ def flat_params(params: dict[str, Any] | Namespace, separator: str = "/") -> dic
         else:
             out[str(key)] = str(value)
     return out
-
-
-def give_lightnings_calls(logger: Any) -> None:
-    """Let a logger that is not one of geartrain's (a test's ``Mock``) receive metrics as Lightning sends them.
-
-    geartrain's loggers hear the ``on_log_metrics`` hook; a stand-in written against Lightning's
-    ``Logger`` expects ``log_metrics(metrics=..., step=...)`` with Python numbers, then ``save()``.
-    """
-    if isinstance(logger, Logger) or hasattr(type(logger), "on_log_metrics"):
-        return
-
-    def on_log_metrics(trainer: Any, pl_module: Any, metrics: dict[str, torch.Tensor], step: int) -> None:
-        scalars = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in metrics.items()}
-        logger.log_metrics(metrics=scalars, step=step)
-        logger.save()
-
-    logger.on_log_metrics = on_log_metrics

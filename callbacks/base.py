@@ -8,6 +8,7 @@ Every hook receives the trainer and the user's module first; names and defaults 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "Checkpoint", "check_hooks", "overridden_hooks"]
+__all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "Checkpoint", "callback_states", "check_hooks", "overridden_hooks"]
 
 
 class Callback:
@@ -199,3 +200,13 @@ def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
 
 class Checkpoint(Callback):
     """Base class of callbacks that save checkpoints (Lightning's ``Checkpoint``; ``ModelCheckpoint`` is one)."""
+
+
+def callback_states(callbacks: Iterable[Any]) -> dict[str, Any]:
+    """Each callback's ``state_dict()`` under its ``state_key``: what a checkpoint keeps of them.
+
+    Only geartrain callbacks (loggers among them) have a state there. An object given as a logger
+    that is not one (a ``MagicMock`` standing in for a logger, as Lightning's tests give) keeps none,
+    as Lightning checkpoints no logger.
+    """
+    return {cb.state_key: cb.state_dict() for cb in callbacks if isinstance(cb, Callback)}

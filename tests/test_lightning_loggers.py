@@ -342,7 +342,8 @@ def test_tensorboard_writes_an_empty_hparams_yaml_without_hyperparameters(tmp_pa
     class Bare(Scripted):
         def __init__(self) -> None:
             super().__init__()
-            self._hparams = type(self.hparams)()  # no hyperparameters at all
+            self._hparams = type(self.hparams)()  # no hyperparameters at all (loggers get the initial ones)
+            self._hparams_initial = type(self.hparams)()
 
     assert not Bare().hparams
     logger = TensorBoardLogger(save_dir=tmp_path, default_hp_metric=False)

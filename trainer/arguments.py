@@ -258,7 +258,7 @@ def resolve_logger(logger: Any) -> tuple[bool, list[Callback]]:
     """
     if logger is None or isinstance(logger, bool):
         return logger is not False, []
-    from callbacks._logger import give_lightnings_calls
+    from callbacks._logger_calls import give_lightnings_calls
 
     given = list(logger) if isinstance(logger, (list, tuple)) else [logger]
     for item in given:

@@ -10,12 +10,12 @@ it instead of unpickling an object (which could run code).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
+import pickle
 import types
 import warnings
 from argparse import Namespace
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -23,15 +23,21 @@ from typing import Any
 
 import torch
 
+from trainer.init_args import init_arguments
+
 __all__ = [
     "PRIMITIVE_TYPES",
     "AttributeDict",
     "HyperparametersMixin",
+    "clean_namespace",
     "given_hyperparameters",
     "hparams_kind",
     "hparams_record",
+    "is_picklable",
+    "omegaconf_paths",
     "plain_hparams",
     "restore_hparams",
+    "restore_omegaconf",
 ]
 
 
@@ -112,14 +118,14 @@ class HyperparametersMixin:
             frame = current.f_back if current is not None else None
         objects = [arg for arg in args if not isinstance(arg, str)]
         if len(objects) == 1:  # as Lightning: one object among the arguments is the hyperparameters
-            init_args = _init_args(self, frame)
+            init_args = init_arguments(self, frame, HyperparametersMixin)
             hp = _to_hparams(objects[0])
             names = [name for name, value in init_args.items() if value is objects[0]]
             object.__setattr__(self, "_hparams_name", names[0] if names else None)
         else:
             given = _GIVEN.get()
             # built by LightningCLI: its parsed config stands for the arguments
-            init_args = dict(given) if given is not None else _init_args(self, frame)
+            init_args = dict(given) if given is not None else init_arguments(self, frame, HyperparametersMixin)
             if args:
                 unknown = [name for name in args if name not in init_args]
                 if unknown:
@@ -157,6 +163,31 @@ class HyperparametersMixin:
         """Drop ``ignore_list`` from ``hparams`` (Lightning's helper of ``save_hyperparameters``)."""
         for name in ignore_list:
             self.hparams.pop(name, None)
+
+
+def is_picklable(obj: object) -> bool:
+    """Whether ``pickle.dumps(obj)`` works (Lightning's ``utilities.parsing.is_picklable``)."""
+    try:
+        pickle.dumps(obj)
+    except (pickle.PickleError, AttributeError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+def clean_namespace(hparams: MutableMapping[str, Any]) -> None:
+    """Drop every value pickle cannot write from ``hparams``, with Lightning's warning naming each.
+
+    The trainer does this to the module's ``hparams`` when a run starts, as Lightning's does: a
+    lambda or a local class among them would stop the processes a strategy starts and the loggers.
+    """
+    for name in [k for k, v in hparams.items() if not is_picklable(v)]:
+        warnings.warn(
+            f"Attribute {name!r} removed from hparams because it cannot be pickled. You can suppress this warning "
+            f"by setting `self.save_hyperparameters(ignore=[{name!r}])`.",
+            UserWarning,
+            stacklevel=2,
+        )
+        del hparams[name]
 
 
 def plain_hparams(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -273,7 +304,42 @@ def hparams_record(owner: Any, prefix: str = "") -> dict[str, Any]:
     kind = hparams_kind(owner.hparams)
     if kind is not None:
         record[f"{prefix}hparams_type"] = kind
+    inner = [] if kind is not None else omegaconf_paths(dict(owner.hparams))
+    if inner:
+        record[f"{prefix}hparams_omegaconf"] = inner
     return record
+
+
+def omegaconf_paths(value: Any, path: tuple[str | int, ...] = ()) -> list[list[str | int]]:
+    """Where OmegaConf containers sit inside ``value`` (key and index paths), outermost only.
+
+    A checkpoint keeps a container resolved into plain data; these paths let loading make it one
+    again (``hparams_omegaconf``), as Lightning's pickled hyperparameters come back.
+    """
+    if _is_omegaconf(value) or type(value).__name__ == "ListConfig":
+        return [list(path)]
+    if isinstance(value, Mapping):
+        return [p for key, item in value.items() for p in omegaconf_paths(item, (*path, str(key)))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, item in enumerate(value) for p in omegaconf_paths(item, (*path, i))]
+    return []
+
+
+def restore_omegaconf(hparams: dict[str, Any], paths: list[list[str | int]]) -> dict[str, Any]:
+    """``hparams`` with the values at ``paths`` (:func:`omegaconf_paths`) made OmegaConf containers again."""
+    if not paths:
+        return hparams
+    from omegaconf import OmegaConf
+
+    hparams = copy.deepcopy(hparams)
+    for path in paths:
+        parent: Any = hparams
+        for key in path[:-1]:
+            parent = parent[key]
+        if isinstance(parent, tuple):  # a tuple is rebuilt around its new item
+            continue
+        parent[path[-1]] = OmegaConf.create(parent[path[-1]])
+    return hparams
 
 
 def restore_hparams(hparams: dict[str, Any], kind: Any) -> Any:
@@ -303,37 +369,3 @@ def given_hyperparameters(hparams: Mapping[str, Any], instantiator: str) -> Iter
         yield
     finally:
         _GIVEN.reset(token)
-
-
-def _init_args(obj: object, frame: types.FrameType | None) -> dict[str, Any]:
-    """The arguments of every ``__init__`` of ``obj`` on the stack from ``frame`` outwards (outermost wins).
-
-    Walking outwards collects a subclass's arguments as well as its base class's, when the base
-    calls ``save_hyperparameters``; ``**kwargs`` are spread into the result, ``*args`` dropped. A
-    dataclass's are its ``init`` fields (``save_hyperparameters()`` called from ``__post_init__``).
-    """
-    if dataclasses.is_dataclass(obj):  # save_hyperparameters() in __post_init__: the fields __init__ takes
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
-    found: list[dict[str, Any]] = []
-    while frame is not None and frame.f_code.co_name == "__init__" and _first_argument(frame) is obj:
-        code, local = frame.f_code, frame.f_locals
-        names = list(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])  # after self (any name)
-        args = {n: local[n] for n in names if n in local}
-        flags = code.co_flags
-        index = code.co_argcount + code.co_kwonlyargcount
-        if flags & inspect.CO_VARARGS:
-            index += 1
-        if flags & inspect.CO_VARKEYWORDS:
-            args.update(local.get(code.co_varnames[index], {}))
-        found.append(args)
-        frame = frame.f_back
-    merged: dict[str, Any] = {}
-    for args in found:
-        merged.update(args)
-    return merged
-
-
-def _first_argument(frame: types.FrameType) -> Any:
-    """The frame's first argument (``self``, whatever the method calls it), or None."""
-    code = frame.f_code
-    return frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None

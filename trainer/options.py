@@ -254,7 +254,12 @@ def default_callbacks(
 
             kept.insert(0, DummyLogger())
         chosen = kept
-    return chosen
+    from callbacks._logger_calls import LoggerDriver
+    from callbacks.base import Callback as Ours
+
+    # A logger that is not a geartrain callback is driven through Lightning's logger API.
+    drivers = [LoggerDriver(cb) for cb in chosen if getattr(cb, "is_logger", False) and not isinstance(cb, Ours)]
+    return chosen + drivers
 
 
 def resolve_classes(classes: Iterable[type[torch.nn.Module] | str]) -> tuple[type[torch.nn.Module], ...]:

@@ -14,11 +14,12 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.base import callback_states
 from trainer import arguments, loops
 from trainer.common import lightning_rank
 from trainer.common.env import STARTED_BY_LAUNCHER
@@ -28,6 +29,7 @@ from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 from trainer.data.loaders import resolve_loaders, results_per_loader
 from trainer.hooks import is_overridden
+from trainer.hparams import clean_namespace
 from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer, manual_backward
 from trainer.optim import parse_optimizers
@@ -57,6 +59,9 @@ def launch(trainer: Trainer, stage: str, module: TrainModule, *rest: Any) -> Any
         FITS_STARTED[0] += 1
         # A new fit: the state adopted from an earlier one, and where an earlier one stopped, are stale.
         trainer.checkpointing.adopted = trainer.checkpointing.resume_point = None
+    hparams = getattr(module, "hparams", None)
+    if isinstance(hparams, MutableMapping):  # as Lightning's: what pickle cannot write leaves, with a warning
+        clean_namespace(hparams)
     try:
         output, final = trainer.strategy.launch(run_stage, trainer, stage, module, *rest)
     except Interrupted as err:  # a signal stopped the processes the strategy started before they saved
@@ -248,7 +253,7 @@ def final_state(trainer: Trainer, stage: str) -> dict[str, Any]:
         "progress": state.progress.state_dict(),
         # Only where the stage ran in processes the strategy started (adopt reads them; Lightning calls no
         # callback's state_dict at a stage's end).
-        "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks} if launched else {},
+        "callbacks": callback_states(t.callbacks) if launched else {},
         "metrics": [
             {k: v.detach().to(cpu) for k, v in metrics.items()}
             for metrics in (t.callback_metrics, t.logged_metrics, t.metric_router.progress_bar_metrics)

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from callbacks.base import callback_states
 from trainer.checkpoint import resume_checks, resume_point
 from trainer.checkpoint.files import AsyncCheckpointWriter, remove_checkpoint, symlink, write_checkpoint
 from trainer.checkpoint.format import (
@@ -144,7 +145,7 @@ class CheckpointConnector:
             training = self.training_state(sharded)
             state["loops"].update(training.pop("loops", {}))  # the sampler's order beside Lightning's loops
             state.update(training)
-            state["callbacks"] = {cb.state_key: cb.state_dict() for cb in t.callbacks}
+            state["callbacks"] = callback_states(t.callbacks)
             mid_epoch = t.stage == "fit" and not t.progress.epoch_finished
             state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
             if t.datamodule is not None:

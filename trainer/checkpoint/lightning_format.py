@@ -24,7 +24,7 @@ import torch
 from trainer.checkpoint.format import is_lightning_checkpoint, lightning_resume_state, upgrade
 from trainer.checkpoint.reader import PickledObjectsError, read_checkpoint
 from trainer.common.errors import UserError
-from trainer.hparams import restore_hparams
+from trainer.hparams import restore_hparams, restore_omegaconf
 
 __all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
 
@@ -68,7 +68,12 @@ def load_from_checkpoint(
     if not lightning:
         upgrade(state)
     prefix = "" if weights else "datamodule_"
-    hparams = dict(state.get(f"{prefix}hyper_parameters") or {})
+    hparams: dict[str, Any] = {}
+    if weights:  # Lightning's keys before 0.8, read beneath the current one as Lightning reads them
+        for key in ("hparams", "module_arguments"):
+            hparams.update(state.get(key) or {})
+    hparams.update(state.get(f"{prefix}hyper_parameters") or {})
+    hparams = restore_omegaconf(hparams, list(state.get(f"{prefix}hparams_omegaconf", [])))
     unsaved = [] if lightning else list(state.get(f"{prefix}hparams_unsaved", []))
     if hparams_file is not None:
         hparams.update(_read_hparams_file(hparams_file))

@@ -22,6 +22,8 @@ import copy
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from callbacks.base import callback_states
+
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
@@ -50,7 +52,7 @@ def capture(trainer: Trainer, training: dict[str, Any]) -> dict[str, Any]:
         **training,
         "progress": progress,
         "param_groups": hyper,
-        "callbacks": {cb.state_key: cb.state_dict() for cb in t.callbacks if id(cb) not in watching_files},
+        "callbacks": callback_states(cb for cb in t.callbacks if id(cb) not in watching_files),
         "metrics": t.metric_router.state_dict(t.module, mid_epoch=True),
     }
     if t.datamodule is not None:

@@ -372,7 +372,11 @@ TREE: dict[str, dict[str, str]] = {
     "utilities.seed": {"isolate_rng": "trainer.common.rng", "seed_everything": "trainer.utils"},
     "utilities.grads": {"grad_norm": "trainer.common.grad_norm"},
     "utilities.model_helpers": {"is_overridden": "trainer.hooks", "get_torchvision_model": _UTIL},
-    "utilities.parsing": {"AttributeDict": "trainer.hparams", "is_picklable": _TOOLS},
+    "utilities.parsing": {
+        **_from("trainer.hparams", ["AttributeDict", "clean_namespace", "is_picklable"]),
+        "collect_init_args": "trainer.init_args",
+        **_from(_TOOLS, ["lightning_getattr", "lightning_hasattr", "lightning_setattr", "parse_class_init_keys"]),
+    },
     **PLUGINS_TREE,  # lightning.pytorch.plugins
 }
 

@@ -8,13 +8,13 @@ names and arguments; :mod:`trainer.lightning.cli` re-exports them beside ``Light
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
 import torch
-import yaml
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -27,10 +27,11 @@ except ModuleNotFoundError as err:  # pragma: no cover - the dev extra installs 
     ) from err
 
 from callbacks.base import Callback
+from trainer.common.env import SEED
 from trainer.common.errors import MisconfigurationException
+from trainer.common.rank_zero import rank_zero_warn
 from trainer.datamodule import DataModule
 from trainer.hooks import is_overridden
-from trainer.hparams import given_hyperparameters
 from trainer.module import TrainModule
 from trainer.trainer import Trainer
 
@@ -49,12 +50,12 @@ __all__ = [
     "OptimizerCallable",
     "ReduceLROnPlateau",
     "SaveConfigCallback",
-    "SavesConfig",
     "automatic_keys",
     "built_type",
-    "checkpoint_model_config",
+    "chosen_seed",
     "class_from_function",
     "first_line",
+    "function_class",
     "instantiate_class",
     "instantiate_module",
     "version",
@@ -70,6 +71,11 @@ class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
     def __init__(self, optimizer: Optimizer, monitor: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(optimizer, *args, **kwargs)
         self.monitor = monitor
+
+
+# Its public home (Lightning's ``cli.ReduceLROnPlateau``): jsonargparse finds a class by its short name
+# (``--lr_scheduler=ReduceLROnPlateau``) only outside private modules such as this one.
+ReduceLROnPlateau.__module__ = "trainer.lightning.cli"
 
 
 # Lightning's aliases, under its names (they annotate a model's ``optimizer``/``scheduler`` arguments).
@@ -161,8 +167,7 @@ class LightningArgumentParser(ArgumentParser):
         ``subclass_mode`` takes any subclass by ``class_path``; a function that returns one of these
         classes is read as that class. Returns the names of the arguments added.
         """
-        if callable(lightning_class) and not isinstance(lightning_class, type):
-            lightning_class = class_from_function(lightning_class)
+        lightning_class = function_class(lightning_class)
         if not (isinstance(lightning_class, type) and issubclass(lightning_class, _LIGHTNING_KINDS)):
             raise MisconfigurationException(
                 f"Cannot add arguments from: {lightning_class}. You should provide either a callable or a subclass "
@@ -317,6 +322,17 @@ def instantiate_module(class_type: type[ModuleType], config: dict[str, Any]) -> 
     return parser.instantiate_classes(parser.parse_object({"module": config})).module
 
 
+def function_class(value: Any) -> Any:
+    """A class as it is; a function that builds one as jsonargparse's class of it (one per function).
+
+    jsonargparse keeps that class as an attribute of the module that asked for it; asking from this
+    one module for both the subcommands and the argument groups gives one class per function.
+    """
+    if callable(value) and not isinstance(value, type):
+        return class_from_function(value)
+    return value
+
+
 def first_line(component: object) -> str | None:
     """The first line of a docstring: a subcommand's help."""
     doc = inspect.getdoc(component)
@@ -334,24 +350,6 @@ def automatic_keys(register: dict[str, tuple[Any, str]], base: type | tuple[type
     return keys
 
 
-def checkpoint_model_config(path: str | Path) -> dict[str, Any]:
-    """The model's config saved in a checkpoint file: its hyperparameters, as a class path when it was one.
-
-    Hyperparameters the checkpoint keeps only as a description (``hparams_unsaved``: objects that
-    ``weights_only`` loading does not rebuild) are left out, so the config's values stand for them.
-    """
-    from trainer.checkpoint.reader import read_checkpoint
-
-    state = read_checkpoint(path)  # weights_only, Lightning's AttributeDict read as a dict
-    hparams = dict(state.get("hyper_parameters") or {})
-    hparams.pop("_instantiator", None)
-    for name in state.get("hparams_unsaved", []):
-        hparams.pop(name, None)
-    if "_class_path" in hparams:
-        return {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
-    return hparams
-
-
 def built_type(value: Any) -> type:
     """A class, or the class a function that builds one says it returns."""
     if callable(value) and not isinstance(value, type):
@@ -359,42 +357,18 @@ def built_type(value: Any) -> type:
     return value
 
 
-class SavesConfig:
-    """jsonargparse instantiator: builds the model (or data module) inside :func:`given_hyperparameters`.
+def chosen_seed(seed: bool | int) -> int | None:
+    """The seed ``--seed_everything`` asks for: an int as it is, ``false`` none, ``true`` the job's seed.
 
-    Its ``save_hyperparameters()`` then records the config the CLI parsed for it (a class path as
-    ``_class_path``, values linked in from other groups included) and the name of the function that
-    rebuilds it from that config, so ``load_from_checkpoint`` works for modules whose arguments are
-    objects built from class paths. The name is Lightning's, so the hyperparameters are the ones
-    Lightning saves, and either reads the other's checkpoint.
+    ``true`` is Lightning's ``seed_everything(None)``: the seed in the environment (a process the
+    launcher started inherits rank 0's), else 0 with Lightning's warning.
     """
-
-    def __init__(self, cli: Any, key: str) -> None:
-        self.cli, self.key = cli, key
-
-    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict[str, Any], **kwargs: Any) -> Any:
-        config = yaml.safe_load(
-            self.cli.parser.dump(self.cli.config, skip_link_targets=False, skip_none=False, format="yaml")
-        )
-        if "subcommand" in self.cli.config:
-            config = config[self.cli.config.subcommand]
-        hparams = config.get(self.key, {})
-        if "class_path" in hparams:
-            hparams = {
-                "_class_path": hparams["class_path"],
-                **hparams.get("init_args", {}),
-                **hparams.get("dict_kwargs", {}),
-            }
-        prefix = f"{self.key}."
-        for link, value in applied_instantiation_links.items():
-            if link.startswith(prefix):
-                _set_nested(hparams, link[len(prefix) :].removeprefix("init_args."), value)
-        with given_hyperparameters(hparams, "lightning.pytorch.cli.instantiate_module"):
-            return class_type(*args, **kwargs)
-
-
-def _set_nested(data: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for key in parents:
-        data = data[key]
-    data[last] = value
+    if seed is False:
+        return None
+    if seed is not True:
+        return int(seed)
+    inherited = os.environ.get(SEED) or os.environ.get("PL_GLOBAL_SEED")
+    if inherited is None:
+        rank_zero_warn("No seed found, seed set to 0")
+        return 0
+    return int(inherited)

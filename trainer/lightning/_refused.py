@@ -91,14 +91,8 @@ REFUSED: dict[str, str] = {
     "utilities.is_shared_filesystem": _NOT_YET
     + ": geartrain's checkpoints are written by rank 0 into a directory every rank can read",
     "utilities.exceptions.SIGTERMException": "geartrain handles SIGTERM by finishing the step in flight and writing last.ckpt (docs/checkpoints.md), not by raising",
-    "utilities.parsing.clean_namespace": "Lightning's internal helper of save_hyperparameters",
-    "utilities.parsing.collect_init_args": "Lightning's internal helper of save_hyperparameters",
     "utilities.parsing.get_init_args": "Lightning's internal helper of save_hyperparameters",
-    "utilities.parsing.parse_class_init_keys": "Lightning's internal helper of save_hyperparameters",
     "utilities.parsing.save_hyperparameters": "call self.save_hyperparameters() in the module's or data module's __init__",
-    "utilities.parsing.lightning_getattr": "read the attribute from the module or its data module directly (getattr)",
-    "utilities.parsing.lightning_hasattr": "look for the attribute on the module or its data module directly (hasattr)",
-    "utilities.parsing.lightning_setattr": "set the attribute on the module or its data module directly (setattr)",
     "utilities.model_summary.DeepSpeedSummary": _NOT_OFFERED,
     **PLUGINS_REFUSED,
 }

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import gc
 import os
-import pickle
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_utilities.core.enums import StrEnum
+
+from trainer.hparams import is_picklable
 
 __all__ = [
     "FLOAT16_EPSILON",
@@ -31,7 +32,11 @@ __all__ = [
     "is_oom_error",
     "is_out_of_cpu_memory",
     "is_picklable",
+    "lightning_getattr",
+    "lightning_hasattr",
+    "lightning_setattr",
     "measure_flops",
+    "parse_class_init_keys",
     "recursive_detach",
     "set_shared_parameters",
     "suggested_max_num_workers",
@@ -141,15 +146,6 @@ def garbage_collection_cuda() -> None:
             raise
 
 
-def is_picklable(obj: object) -> bool:
-    """Whether ``pickle.dumps(obj)`` works."""
-    try:
-        pickle.dumps(obj)
-    except (pickle.PickleError, AttributeError, RuntimeError, TypeError):
-        return False
-    return True
-
-
 def suggested_max_num_workers(local_world_size: int) -> int:
     """An upper bound for ``DataLoader(num_workers=)``: this process's CPUs shared by the processes of
     this machine, one left for each main process; at least 1.
@@ -178,3 +174,60 @@ def measure_flops(
         if loss_fn is not None:
             loss_fn(out).backward()
     return counter.get_total_flops()
+
+
+def parse_class_init_keys(cls: type) -> tuple[str, str | None, str | None]:
+    """The names ``cls.__init__`` gives its ``self``, ``*args`` and ``**kwargs`` (None for one it lacks)."""
+    import inspect
+
+    params = list(inspect.signature(cls.__init__).parameters.values())  # type: ignore[misc]
+    varargs = next((p.name for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    varkw = next((p.name for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    return params[0].name, varargs, varkw
+
+
+def _attribute_holders(model: Any, attribute: str) -> list[Any]:
+    """Where ``attribute`` lives: the module, its ``hparams``, its trainer's data module, that one's ``hparams``."""
+    holders: list[Any] = []
+    datamodule = getattr(getattr(model, "_trainer", None), "datamodule", None)
+    for owner in (model, datamodule):
+        if owner is None:
+            continue
+        if hasattr(owner, attribute):
+            holders.append(owner)
+        hparams = getattr(owner, "hparams", None)
+        if hparams is not None and attribute in hparams:
+            holders.append(hparams)
+    return holders
+
+
+def _missing(attribute: str) -> AttributeError:
+    return AttributeError(
+        f"{attribute} is neither stored in the model namespace nor the `hparams` namespace/dict, nor the datamodule."
+    )
+
+
+def lightning_hasattr(model: Any, attribute: str) -> bool:
+    """Whether the module, its ``hparams``, its data module or that one's ``hparams`` has ``attribute``."""
+    return bool(_attribute_holders(model, attribute))
+
+
+def lightning_getattr(model: Any, attribute: str) -> Any:
+    """``attribute`` from the last of :func:`lightning_hasattr`'s places that has it (the data module's first)."""
+    holders = _attribute_holders(model, attribute)
+    if not holders:
+        raise _missing(attribute)
+    holder = holders[-1]
+    return holder[attribute] if isinstance(holder, dict) else getattr(holder, attribute)
+
+
+def lightning_setattr(model: Any, attribute: str, value: Any) -> None:
+    """Set ``attribute`` in every one of :func:`lightning_hasattr`'s places that has it (the tuner's batch size)."""
+    holders = _attribute_holders(model, attribute)
+    if not holders:
+        raise _missing(attribute)
+    for holder in holders:
+        if isinstance(holder, dict):
+            holder[attribute] = value
+        else:
+            setattr(holder, attribute, value)

@@ -17,7 +17,6 @@ this one differs from Lightning's: docs/lightning.md ("LightningCLI").
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -26,14 +25,16 @@ from pathlib import Path
 from types import MethodType
 from typing import Any, Union
 
+from lightning_utilities.core.imports import RequirementCache
 from torch.optim import Optimizer
 
 from callbacks.base import Callback
-from trainer.common.env import SEED
 from trainer.common.errors import MisconfigurationException
 from trainer.common.rank_zero import rank_zero_warn
 from trainer.datamodule import DataModule
 from trainer.hooks import is_overridden
+from trainer.lightning import __version__ as lightning_version
+from trainer.lightning._cli_hparams import SavesConfig, checkpoint_model_config
 from trainer.lightning._cli_parser import (
     AUTOMATIC,
     ActionConfigFile,
@@ -48,12 +49,11 @@ from trainer.lightning._cli_parser import (
     OptimizerCallable,
     ReduceLROnPlateau,
     SaveConfigCallback,
-    SavesConfig,
     automatic_keys,
     built_type,
-    checkpoint_model_config,
-    class_from_function,
+    chosen_seed,
     first_line,
+    function_class,
     instantiate_class,
     instantiate_module,
     version,
@@ -78,6 +78,10 @@ __all__ = [
     "instantiate_class",
     "instantiate_module",
 ]
+
+
+#: Lightning's flag, for programs and tests that read it: jsonargparse with its ``signatures`` extra is here.
+_JSONARGPARSE_SIGNATURES_AVAILABLE = RequirementCache("jsonargparse[signatures]>=4.39")
 
 
 class LightningCLI:
@@ -137,7 +141,8 @@ class LightningCLI:
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """Make one parser, with ``-c/--config``."""
-        kwargs.setdefault("dump_header", [f"geartrain=={version()}"])
+        # Lightning's first line (the API the config is written for), then what ran it.
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning_version}", f"geartrain=={version()}"])
         parser = self.parser_class(**kwargs)
         parser.add_argument(
             "-c", "--config", action=ActionConfigFile, help="Path to a configuration file in json or yaml format."
@@ -155,7 +160,7 @@ class LightningCLI:
         self._subcommand_method_arguments: dict[str, list[str]] = {}
         self._subcommand_parsers: dict[str, LightningArgumentParser] = {}
         subcommands = self.parser.add_subcommands()
-        klass = self.trainer_class if isinstance(self.trainer_class, type) else class_from_function(self.trainer_class)
+        klass = function_class(self.trainer_class)
         for name, skip in self.subcommands().items():
             method = getattr(klass, name)
             description = first_line(method)
@@ -251,7 +256,9 @@ class LightningCLI:
         try:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         except SystemExit:
-            sys.stderr.write(f"Parsing of the hyperparameters saved in ckpt_path {ckpt_path} failed!\n")
+            sys.stderr.write(
+                f"Parsing of ckpt_path hyperparameters failed! (the hyperparameters saved in {ckpt_path})\n"
+            )
             raise
 
     def _add_instantiators(self) -> None:
@@ -383,17 +390,8 @@ class LightningCLI:
 
     def _set_seed(self) -> None:
         """Seed as ``seed_everything`` says and write the seed used back into the config (so it is saved)."""
-        seed = self._get(self.config, "seed_everything")
-        if seed is False:
+        seed = chosen_seed(self._get(self.config, "seed_everything"))
+        if seed is None:
             return
-        if seed is True:
-            # Lightning's seed_everything(None): the job's seed from the environment (a process the launcher
-            # started inherits rank 0's), else 0.
-            inherited = os.environ.get(SEED) or os.environ.get("PL_GLOBAL_SEED")
-            if inherited is None:
-                seed = 0
-                rank_zero_warn(f"No seed found, seed set to {seed}")
-            else:
-                seed = int(inherited)
         seed = seed_everything(seed, workers=True)
         (self.config[self.subcommand] if self.subcommand else self.config)["seed_everything"] = seed
