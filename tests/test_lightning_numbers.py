@@ -232,11 +232,13 @@ def test_max_epochs_unset_warns_as_lightning_at_fit_and_means_1000() -> None:
         warnings.simplefilter("error")  # Lightning says nothing when the Trainer is built, nor to validate
         trainer = Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, limit_train_batches=1)
         trainer.validate(_OneEpoch(), DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2), verbose=False)
-    assert trainer.max_epochs == 1000
+    assert trainer.max_epochs is None  # as Lightning's: unset until fit takes 1000
+    fitted = Trainer(
+        logger=False, enable_progress_bar=False, enable_checkpointing=False, max_steps=-1, limit_train_batches=1
+    )
     with pytest.warns(PossibleUserWarning, match=r"`max_epochs` was not set. Setting it to 1000 epochs"):
-        Trainer(
-            logger=False, enable_progress_bar=False, enable_checkpointing=False, max_steps=-1, limit_train_batches=1
-        ).fit(_OneEpoch(), DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2))
+        fitted.fit(_OneEpoch(), DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2))
+    assert fitted.max_epochs == 1000
 
 
 def test_max_epochs_or_max_steps_set_does_not_warn() -> None:

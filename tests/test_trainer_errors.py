@@ -178,8 +178,8 @@ def test_bad_trainer_arguments(kwargs: dict[str, Any], error: type[Exception], p
 
 
 def test_epoch_and_step_limits_follow_lightning(make_trainer: Any) -> None:
-    assert make_trainer().max_epochs == 1000  # neither given: 1000 epochs, as in Lightning
-    assert make_trainer(max_steps=10).max_epochs is None  # steps given: no epoch limit
+    assert make_trainer().max_epochs is None  # neither given: unset until fit takes 1000, as in Lightning
+    assert make_trainer(max_steps=10).max_epochs is None  # steps given: no epoch limit (fit makes it -1)
     trainer = make_trainer(max_epochs=-1, max_steps=5)  # -1: no epoch limit, stop on steps
     trainer.fit(Regressor(), make_loader(4, 2))
     assert (trainer.global_step, trainer.current_epoch) == (5, 3)  # finished epochs, as Lightning counts

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from trainer.common.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     ConfigError,
     MetricNotLoggedError,
     MisconfigurationException,
@@ -26,6 +27,7 @@ from trainer.common.errors import (
 
 __all__ = [
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigError",
     "MetricNotLoggedError",
     "MisconfigurationException",

@@ -37,7 +37,7 @@ __all__ = [
     "default_callbacks",
     "loop_options",
     "resolve_classes",
-    "warn_max_epochs_defaulted",
+    "resolve_max_epochs",
 ]
 
 
@@ -56,7 +56,7 @@ class LoopOptions:
     log_every_n_steps: int
     fast_dev_run: int
     overfit_batches: int | float
-    #: ``max_epochs`` was not given (nor ``max_steps``, ``max_time``): 1000 was taken, and ``fit`` says so.
+    #: ``max_epochs`` was not given (nor ``max_steps``, ``max_time``): ``fit`` takes 1000 and says so.
     max_epochs_defaulted: bool = False
 
 
@@ -104,9 +104,8 @@ def loop_options(
     for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
+    # Lightning's rule: 1000 epochs, taken when fit starts (resolve_max_epochs); -1 means "no limit" explicitly.
     defaulted = max_epochs is None and max_steps == -1 and max_time is None
-    if defaulted:
-        max_epochs = 1000  # Lightning's rule; -1 means "no limit" explicitly (fit warns: warn_max_epochs_defaulted)
     for option, given in (
         ("limit_train_batches", limit_train_batches),
         ("limit_val_batches", limit_val_batches),
@@ -164,9 +163,16 @@ def loop_options(
     )
 
 
-def warn_max_epochs_defaulted(loop: LoopOptions) -> None:
-    """At ``fit``, as Lightning: the run will stop after 1000 epochs, which nobody asked for (validate/test say nothing)."""
+def resolve_max_epochs(loop: LoopOptions) -> None:
+    """At ``fit``, as Lightning: ``max_epochs`` left unset becomes 1000, or -1 beside ``max_steps``/``max_time``.
+
+    Until the first ``fit`` ``trainer.max_epochs`` reads ``None``, as Lightning's does (``validate`` and
+    ``test`` leave it so); the warning says the run will stop after 1000 epochs, which nobody asked for.
+    """
+    if loop.max_epochs is None and not loop.max_epochs_defaulted:
+        loop.max_epochs = -1  # the steps or the time limit ends the run
     if loop.max_epochs_defaulted:
+        loop.max_epochs, loop.max_epochs_defaulted = 1000, False
         warnings.warn(
             "`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set `max_epochs=-1`.",
             PossibleUserWarning,

@@ -258,7 +258,7 @@ class Trainer(TrainerAttributes):
         """
         model = options.unwrap_compiled(model)
         options.check_module(model)
-        options.warn_max_epochs_defaulted(self.run_state.loop)
+        options.resolve_max_epochs(self.run_state.loop)
         train_dataloaders, datamodule = split_datamodule(train_dataloaders, datamodule, "fit")
         run.launch(self, "fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
         if self.preempted and self.preemption_exit_code is not None:

@@ -338,7 +338,7 @@ class CheckpointConnector:
             from trainer.checkpoint.sharded import load_sharded
 
             assert t.strategy.module is not None
-            load_sharded(sharded, t.strategy.module, t.optimizers if full else (), strict=True)
+            load_sharded(sharded, t.strategy.module, t.optimizers if full else (), strict=t.module.strict_loading)
         else:
             self._load_weights(path, state["state_dict"])
         if not full:
@@ -378,8 +378,11 @@ class CheckpointConnector:
         return epoch_rng
 
     def _load_weights(self, path: Path, state_dict: dict[str, Any]) -> None:
+        """Load the weights as Lightning's Trainer does: strictly unless the module sets ``strict_loading = False``."""
+        module = self._trainer.module
+        strict = True if module is None else module.strict_loading
         try:
-            self._trainer.strategy.load_model_state_dict(state_dict)
+            self._trainer.strategy.load_model_state_dict(state_dict, strict=strict)
         except CheckpointError as err:
             raise CheckpointError(f"Cannot load the weights in {path}. {err}") from err
 

@@ -188,7 +188,14 @@ def _instantiate(path: Any, where: Any) -> Any:
 
 
 def _read_hparams_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Hyperparameters from a YAML file (Lightning's ``hparams.yaml``)."""
+    """Hyperparameters from a YAML file (Lightning's ``hparams.yaml``).
+
+    A missing file adds none and warns ``Missing Tags: <path>``, as Lightning's ``load_from_checkpoint``
+    does: a run whose logger wrote no ``hparams.yaml`` (``fast_dev_run``) still loads its checkpoint.
+    """
+    if not os.path.isfile(path):
+        warnings.warn(f"Missing Tags: {path}.", RuntimeWarning, stacklevel=4)
+        return {}
     import yaml
 
     with open(path) as f:

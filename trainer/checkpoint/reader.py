@@ -37,7 +37,7 @@ from trainer.checkpoint.format import (
     lightning_resume_state,
     upgrade,
 )
-from trainer.common.errors import CheckpointError
+from trainer.common.errors import CheckpointError, CheckpointNotFoundError
 from trainer.common.state_dict import plain_state_dict
 
 __all__ = [
@@ -243,12 +243,14 @@ def check_checkpoint_file(path: Path) -> None:
         if err.errno == errno.EACCES:
             raise CheckpointError(f"Checkpoint {path} cannot be opened: permission denied") from None
         if err.errno == errno.ENOTDIR:
-            raise CheckpointError(f"Checkpoint {path} does not exist (a part of its path is a file)") from None
-        if os.path.islink(path):
-            raise CheckpointError(
-                f"Checkpoint {path} is a symbolic link to {os.readlink(path)}, which does not exist"
+            raise CheckpointNotFoundError(
+                f"Checkpoint file not found: {path} does not exist (a part of its path is a file)"
             ) from None
-        raise CheckpointError(f"Checkpoint {path} does not exist") from None
+        if os.path.islink(path):
+            raise CheckpointNotFoundError(
+                f"Checkpoint file not found: {path} is a symbolic link to {os.readlink(path)}, which does not exist"
+            ) from None
+        raise CheckpointNotFoundError(f"Checkpoint file not found: {path} does not exist") from None
     if stat.S_ISDIR(mode):
         raise CheckpointError(
             f"Checkpoint {path} is a directory but not a sharded geartrain checkpoint (no .metadata from "

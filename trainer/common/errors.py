@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ClosureNotRunError",
     "ConfigError",
     "Interrupted",
@@ -35,6 +36,14 @@ __all__ = [
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written, read, or applied; the message says which file and why."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """Nothing is at a checkpoint's path: a ``FileNotFoundError``, as Lightning raises for a missing ``ckpt_path``.
+
+    Its message starts ``Checkpoint file not found:`` as Lightning's does, so code written for
+    Lightning that catches or matches it keeps working.
+    """
 
 
 class Preempted(Exception):

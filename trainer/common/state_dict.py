@@ -71,8 +71,32 @@ def load_module_state(module: nn.Module, state: Mapping[str, Any], strict: bool 
             lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}")
         if shapes:
             lines.append(f"  shape mismatches ({len(shapes)}): {'; '.join(shapes[:20])}")
+        lines += _torch_wording(module, own, state, strict)
         raise CheckpointError("\n".join(lines))
     module.load_state_dict(state, strict=strict)
+
+
+def _torch_wording(module: nn.Module, own: Mapping[str, Any], state: Mapping[str, Any], strict: bool) -> list[str]:
+    """The same mismatch in ``nn.Module.load_state_dict``'s words, which Lightning users' code matches.
+
+    Keys come in torch's order (the module's for missing ones, the checkpoint's for unexpected ones),
+    so ``Unexpected key(s) in state_dict: "c.weight", "c.bias"`` reads as torch (and Lightning) print it.
+    """
+    errors = []
+    if strict:
+        missing = [f'"{k}"' for k in own if k not in state]
+        unexpected = [f'"{k}"' for k in state if k not in own]
+        if missing:
+            errors.append(f"Missing key(s) in state_dict: {', '.join(missing)}. ")
+        if unexpected:
+            errors.append(f"Unexpected key(s) in state_dict: {', '.join(unexpected)}. ")
+    for key, value in state.items():
+        if key in own and isinstance(value, torch.Tensor) and value.shape != own[key].shape:
+            errors.append(
+                f"size mismatch for {key}: copying a param with shape {value.shape} from checkpoint, "
+                f"the shape in current model is {own[key].shape}."
+            )
+    return [f"Error(s) in loading state_dict for {type(module).__name__}:", *(f"\t{e}" for e in errors)]
 
 
 def _match_key(key: str, own: Mapping[str, Any]) -> str:

@@ -1,0 +1,136 @@
+"""The Trainer's entry points and checkpoint loading as Lightning 2.6's public behaviour has them.
+
+Each case is a difference Lightning's own test suite found (see docs/lightning.md): the exception a
+missing ``ckpt_path`` raises, ``strict_loading = False`` honoured when the Trainer restores weights,
+torch's wording of a key mismatch, ``load_from_checkpoint`` with an ``hparams_file`` a run never
+wrote, ``trainer.max_epochs`` before the first ``fit``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from callbacks import Callback
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
+from tests.helpers.trainers import quiet_trainer
+from trainer import Trainer, TrainModule
+from trainer.errors import CheckpointError
+
+
+class Wider(TinyMLP):
+    """TinyMLP with one more layer its checkpoints from a plain TinyMLP do not hold."""
+
+    def __init__(self) -> None:
+        super().__init__(log_loss=False)
+        self.extra = nn.Linear(3, 3)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.net.parameters(), lr=0.05)  # the extra layer is not trained
+
+
+def _fitted(tmp_path: Path, steps: int = 2) -> tuple[TinyMLP, Path]:
+    torch.manual_seed(0)
+    model = TinyMLP(log_loss=False)
+    trainer = quiet_trainer(tmp_path, max_steps=steps)
+    trainer.fit(model, make_batches(4))
+    path = tmp_path / "fitted.ckpt"
+    trainer.save_checkpoint(path)
+    return model, path
+
+
+# ----------------------------------------------------------------------------- a missing checkpoint
+@pytest.mark.parametrize("fn", ["fit", "validate", "test", "predict"])
+def test_a_missing_ckpt_path_is_a_file_not_found_error(tmp_path: Path, fn: str) -> None:
+    trainer = quiet_trainer(tmp_path, max_steps=1)
+    missing = tmp_path / "non_existing.ckpt"
+    with pytest.raises(FileNotFoundError, match=r"Checkpoint file not found: .*non_existing\.ckpt") as info:
+        getattr(trainer, fn)(TinyMLP(), make_batches(1), ckpt_path=str(missing))
+    assert isinstance(info.value, CheckpointError)  # geartrain's own type still catches it
+    assert "does not exist" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- strict loading
+def test_the_trainer_restores_with_the_modules_strict_loading(tmp_path: Path) -> None:
+    fitted, path = _fitted(tmp_path)
+    wider = Wider()
+    extra = wider.extra.weight.detach().clone()
+    with pytest.raises(CheckpointError, match=r'Missing key\(s\) in state_dict: "extra.weight", "extra.bias"'):
+        quiet_trainer(tmp_path, max_steps=2).validate(wider, make_batches(1), ckpt_path=path, verbose=False)
+    wider.strict_loading = False  # Lightning's Trainer loads with strict=module.strict_loading
+    quiet_trainer(tmp_path, max_steps=2).validate(wider, make_batches(1), ckpt_path=path, verbose=False)
+    for name, value in fitted.state_dict().items():
+        assert torch.equal(wider.state_dict()[name], value), name
+    assert torch.equal(wider.extra.weight, extra)  # not in the checkpoint: kept as built
+
+
+def test_a_fit_resumed_without_strict_loading_trains_as_the_uninterrupted_run(tmp_path: Path) -> None:
+    """Resuming a Wider from a TinyMLP's checkpoint ends with the weights a TinyMLP gets from the same resume."""
+    _, path = _fitted(tmp_path, steps=2)
+    plain = TinyMLP(log_loss=False)
+    quiet_trainer(tmp_path, max_steps=4).fit(plain, make_batches(4), ckpt_path=path)
+    wider = Wider()
+    wider.strict_loading = False
+    quiet_trainer(tmp_path, max_steps=4).fit(wider, make_batches(4), ckpt_path=path)
+    for name, value in plain.state_dict().items():
+        assert torch.equal(wider.state_dict()[name], value), name
+
+
+def test_a_key_mismatch_reads_as_torchs(tmp_path: Path) -> None:
+    _, path = _fitted(tmp_path)
+    with pytest.raises(CheckpointError) as info:
+        Wider.load_from_checkpoint(path)
+    message = str(info.value)
+    assert "missing keys (2): extra.bias, extra.weight" in message  # geartrain's summary stays
+    assert (
+        'Error(s) in loading state_dict for Wider:\n\tMissing key(s) in state_dict: "extra.weight", "extra.bias". '
+        in (message)
+    )
+    torch.save({"state_dict": Wider().state_dict()}, tmp_path / "wider.ckpt")
+    with pytest.raises(CheckpointError, match=r'Unexpected key\(s\) in state_dict: "extra.weight", "extra.bias"'):
+        TinyMLP.load_from_checkpoint(tmp_path / "wider.ckpt")
+
+
+# ----------------------------------------------------------------------------- hparams_file
+def test_an_hparams_file_that_was_never_written_warns_and_loads(tmp_path: Path) -> None:
+    fitted, path = _fitted(tmp_path)
+    missing = tmp_path / "lightning_logs" / "version_0" / "hparams.yaml"
+    with pytest.warns(RuntimeWarning, match=r"Missing Tags: .*hparams\.yaml"):
+        loaded = TinyMLP.load_from_checkpoint(path, hparams_file=missing)
+    for name, value in fitted.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+
+
+# ----------------------------------------------------------------------------- max_epochs
+class _StopAfterOneEpoch(Callback):
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        trainer.should_stop = True
+
+
+@pytest.mark.parametrize(
+    ("given", "before", "after"),
+    [
+        ({}, None, 1000),
+        ({"max_steps": 2}, None, -1),
+        ({"max_epochs": 3}, 3, 3),
+        ({"max_epochs": -1, "max_steps": 2}, -1, -1),
+    ],
+)
+def test_max_epochs_is_unset_until_fit_resolves_it(
+    tmp_path: Path, given: dict[str, Any], before: int | None, after: int
+) -> None:
+    trainer = quiet_trainer(tmp_path, callbacks=[_StopAfterOneEpoch()], limit_train_batches=1, **given)
+    assert trainer.max_epochs == before
+    trainer.validate(TinyMLP(), make_batches(1), verbose=False)
+    assert trainer.max_epochs == before  # validate leaves it, as Lightning's does
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(TinyMLP(), make_batches(1))
+    assert trainer.max_epochs == after
+    said = [str(w.message) for w in caught if "Setting it to 1000 epochs" in str(w.message)]
+    assert len(said) == (after == 1000)
