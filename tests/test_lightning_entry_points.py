@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from callbacks import Callback
+from callbacks import Callback, ModelCheckpoint
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, MisconfigurationException
 
 
 class Wider(TinyMLP):
@@ -134,3 +134,59 @@ def test_max_epochs_is_unset_until_fit_resolves_it(
     assert trainer.max_epochs == after
     said = [str(w.message) for w in caught if "Setting it to 1000 epochs" in str(w.message)]
     assert len(said) == (after == 1000)
+
+
+def test_negative_limits_are_refused_in_lightnings_words() -> None:
+    with pytest.raises(MisconfigurationException, match=r"`max_epochs` must be a non-negative integer or -1"):
+        quiet_trainer(max_epochs=-100)
+    with pytest.raises(MisconfigurationException, match=r"`max_steps` must be a non-negative integer or -1"):
+        quiet_trainer(max_steps=-2)
+
+
+# ----------------------------------------------------------------------------- save_checkpoint, "last"
+def test_save_checkpoint_before_any_entry_point_is_an_attribute_error(tmp_path: Path) -> None:
+    with pytest.raises(AttributeError, match="Saving a checkpoint is only possible if a model is attached"):
+        quiet_trainer(tmp_path).save_checkpoint(tmp_path / "checkpoint.ckpt")
+    assert not (tmp_path / "checkpoint.ckpt").exists()
+
+
+def test_ckpt_path_last_without_a_last_file_loads_nothing(tmp_path: Path) -> None:
+    """``save_last=False``: "last" names no file, so nothing is loaded (not the newest top-k file)."""
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=False)
+    trainer = quiet_trainer(tmp_path, [checkpoint], enable_checkpointing=True, max_epochs=1)
+    trainer.fit(TinyMLP(), make_batches(2))
+    assert checkpoint.best_model_path and not checkpoint.last_model_path
+    with pytest.warns(UserWarning, match="No checkpoint will be loaded"):
+        trainer.validate(dataloaders=make_batches(1), ckpt_path="last", verbose=False)
+    assert trainer.ckpt_path is None
+
+
+# ----------------------------------------------------------------------------- metrics per entry point
+class _MetricsAtStart(Callback):
+    def __init__(self) -> None:
+        self.seen: dict[str, list[dict[str, Any]]] = {}
+
+    def _see(self, trainer: Trainer, hook: str) -> None:
+        self.seen[hook] = [dict(trainer.callback_metrics), dict(trainer.logged_metrics), trainer.progress_bar_metrics]
+
+    def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._see(trainer, "train")
+
+    def on_validation_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        if not trainer.training and trainer.state.fn == "validate":
+            self._see(trainer, "validate")
+
+    def on_test_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._see(trainer, "test")
+
+
+def test_each_entry_point_starts_with_no_metrics(tmp_path: Path) -> None:
+    seen = _MetricsAtStart()
+    trainer = quiet_trainer(tmp_path, [seen], max_steps=2)
+    model = TinyMLP()
+    model.test_step = model.validation_step  # type: ignore[method-assign]
+    trainer.fit(model, make_batches(2), make_batches(1))
+    assert {"train/loss", "val/loss"} <= set(trainer.callback_metrics) and "val/loss" in trainer.logged_metrics
+    trainer.validate(model, make_batches(1), verbose=False)
+    trainer.test(model, make_batches(1), verbose=False)
+    assert seen.seen == {hook: [{}, {}, {}] for hook in ("train", "validate", "test")}

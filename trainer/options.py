@@ -117,9 +117,11 @@ def loop_options(
         _say_what_one_means(option, given)
     overfit_batches = batch_limit("overfit_batches", overfit_batches)
     if max_epochs is not None and max_epochs < -1:
-        raise ValueError(f"max_epochs must be >= -1 or None, got {max_epochs}")
+        raise UserError(f"`max_epochs` must be a non-negative integer or -1. You passed in {max_epochs}.")
     if max_steps < -1:
-        raise ValueError(f"max_steps must be >= -1, got {max_steps}")
+        raise UserError(
+            f"`max_steps` must be a non-negative integer or -1 (infinite steps). You passed in {max_steps}."
+        )
     if val_check_interval is not None:
         val_check_interval = batch_limit("val_check_interval", val_check_interval)
         if val_check_interval == 0.0 and isinstance(val_check_interval, float):

@@ -209,6 +209,11 @@ class CheckpointConnector:
     ) -> None:
         """Write a checkpoint (rank 0 writes; every rank calls this). See ``Trainer.save_checkpoint``."""
         t = self._trainer
+        if t.module is None:  # Lightning's error: there is nothing to save before an entry point attached a model
+            raise AttributeError(
+                "Saving a checkpoint is only possible if a model is attached to the Trainer. Did you call "
+                "`Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?"
+            )
         if not weights_only and self.in_accumulation_window:
             k = t.accumulate_grad_batches
             raise RuntimeError(

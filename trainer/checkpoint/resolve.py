@@ -167,9 +167,11 @@ def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
             names = set(callback._find_last_checkpoints(trainer)) if find is not None else set()
         files = [Path(p) for p in names if is_complete_checkpoint(p)]
         found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
-    if not found:
+    left = any(os.path.lexists(folder / name) for name in ("last.ckpt", f".last.ckpt{SET_ASIDE}"))
+    if not found and left:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
-        # last.ckpt is a link to an evicted one or a directory never completed.
+        # last.ckpt is a link to an evicted one or a directory never completed. With no last file
+        # at all (save_last=False), "last" means none, as in Lightning: not the newest top-k file.
         newest, notices = newest_complete_checkpoint(folder)
         for notice in notices:
             if trainer.is_global_zero:
