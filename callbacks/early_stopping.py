@@ -108,8 +108,8 @@ class EarlyStopping(Callback):
         self.log_rank_zero_only = log_rank_zero_only
         self.wait_count = 0
         self.best_score = math.inf if mode == "min" else -math.inf
-        #: Epoch in which training was stopped (-1 while it was not).
-        self.stopped_epoch = -1
+        #: Epoch in which training was stopped (0 while it was not, as Lightning's; ``stopping_reason`` tells them apart).
+        self.stopped_epoch = 0
         #: Why this process asked to stop (``NOT_STOPPED`` while it did not, also when another rank did).
         self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
         #: The sentence saying why training stopped; ``None`` while it did not.
@@ -180,14 +180,15 @@ class EarlyStopping(Callback):
         if not trainer.sanity_checking and trainer.stage == "fit":
             self._monitor.validated = True
             if self._after_validation:
-                self._check(trainer)
+                self._run_early_stopping_check(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if not self._after_validation:
-            self._check(trainer)
+            self._run_early_stopping_check(trainer)
 
-    def _check(self, trainer: Trainer) -> None:
+    def _run_early_stopping_check(self, trainer: Trainer) -> None:
+        """Judge the monitored value and stop every rank when one must stop (Lightning's name for this step)."""
         if trainer.fast_dev_run:  # as Lightning: kept in the callbacks, never stops the run
             return
         local = self._monitor.read(trainer)  # strict: raises for a missing metric; else says so once
@@ -231,6 +232,6 @@ class EarlyStopping(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.wait_count = int(state.get("wait_count", 0))
         self.best_score = float(state.get("best_score", self.best_score))
-        self.stopped_epoch = int(state.get("stopped_epoch", -1))
+        self.stopped_epoch = int(state.get("stopped_epoch", 0))
         self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
         self.stopping_reason_message = state.get("stopping_reason_message")

@@ -42,7 +42,8 @@ def _run(es: EarlyStopping, scores: list[float], **kwargs: object) -> int:
 def test_stops_at_the_expected_epoch(scores: list[float], kwargs: dict[str, object], epochs: int) -> None:
     es = EarlyStopping(monitor="val/score", verbose=False, **kwargs)  # type: ignore[arg-type]
     assert _run(es, scores) == epochs
-    assert es.stopped_epoch == (epochs - 1 if epochs < len(scores) else -1)
+    assert es.stopped_epoch == (epochs - 1 if epochs < len(scores) else 0)  # 0: not stopped, as Lightning's
+    assert (es.stopping_reason is EarlyStoppingReason.NOT_STOPPED) == (epochs == len(scores))
 
 
 def test_patience_counts_validation_runs_not_epochs() -> None:

@@ -53,7 +53,7 @@ def test_under_the_command_the_message_names_the_override(tmp_path: Path) -> Non
 def test_early_stopping_stands_aside_and_says_once() -> None:
     es = EarlyStopping(monitor="val/acc", mode="max", patience=0, strict=False)
     steps, said = _fit(es)
-    assert steps == EPOCHS * 4 and es.stopped_epoch == -1
+    assert steps == EPOCHS * 4 and es.stopped_epoch == 0
     assert len(said) == 1
     assert "EarlyStopping(monitor='val/acc')" in str(said[0].message)
     assert "stands aside" in str(said[0].message)

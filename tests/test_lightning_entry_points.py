@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from callbacks import Callback, ModelCheckpoint
+from callbacks import Callback, EarlyStopping, ModelCheckpoint
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
@@ -190,3 +190,25 @@ def test_each_entry_point_starts_with_no_metrics(tmp_path: Path) -> None:
     trainer.validate(model, make_batches(1), verbose=False)
     trainer.test(model, make_batches(1), verbose=False)
     assert seen.seen == {hook: [{}, {}, {}] for hook in ("train", "validate", "test")}
+
+
+# ----------------------------------------------------------------------------- resuming past max_epochs
+def test_resuming_a_checkpoint_past_max_epochs_is_refused(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=3)
+    trainer.fit(TinyMLP(), make_batches(1))
+    trainer.save_checkpoint(tmp_path / "epoch3.ckpt")
+    again = quiet_trainer(tmp_path, max_epochs=3)  # as many epochs as done: nothing left to train, no error
+    again.fit(TinyMLP(), make_batches(1), ckpt_path=tmp_path / "epoch3.ckpt")
+    assert again.global_step == 3
+    with pytest.raises(MisconfigurationException, match=r"current_epoch=3, but you have set Trainer\(max_epochs=1\)"):
+        quiet_trainer(tmp_path, max_epochs=1).fit(TinyMLP(), make_batches(1), ckpt_path=tmp_path / "epoch3.ckpt")
+
+
+def test_early_stopping_checks_through_lightnings_method(tmp_path: Path) -> None:
+    """Lightning's tests count ``EarlyStopping._run_early_stopping_check`` calls: one per check."""
+    stopper = EarlyStopping(monitor="val/loss")
+    calls: list[int] = []
+    original = stopper._run_early_stopping_check
+    stopper._run_early_stopping_check = lambda trainer: calls.append(trainer.current_epoch) or original(trainer)  # type: ignore[method-assign]
+    quiet_trainer(tmp_path, [stopper], max_epochs=3).fit(TinyMLP(), make_batches(1), make_batches(1))
+    assert calls == [0, 1, 2] and stopper.stopped_epoch == 0

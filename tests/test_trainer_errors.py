@@ -151,8 +151,16 @@ def test_optimizer_configs_lightning_warns_about_or_refuses(make_trainer: Any) -
         ({"val_check_interval": 1.5}, ValueError, "You have passed invalid value 1.5 for val_check_interval"),
         ({"overfit_batches": -0.1}, MisconfigurationException, "passed invalid value -0.1 for overfit_batches"),
         ({"val_check_interval": 0}, ValueError, "val_check_interval as a batch count must be >= 1, got 0"),
-        ({"max_epochs": -2}, MisconfigurationException, r"`max_epochs` must be a non-negative integer or -1. You passed in -2"),
-        ({"max_steps": -3}, ValueError, r"`max_steps` must be a non-negative integer or -1 \(infinite steps\). You passed in -3"),
+        (
+            {"max_epochs": -2},
+            MisconfigurationException,
+            r"`max_epochs` must be a non-negative integer or -1. You passed in -2",
+        ),
+        (
+            {"max_steps": -3},
+            ValueError,
+            r"`max_steps` must be a non-negative integer or -1 \(infinite steps\). You passed in -3",
+        ),
         (
             {"fast_dev_run": -1},
             MisconfigurationException,

@@ -111,7 +111,8 @@ def run_stage(
     if stage == "fit":  # requested when needed (trainer/data/fit_loaders.py)
         state.val_loaders_epoch, state.num_val_batches, state.num_sanity_val_batches = -math.inf, [], []
     state.given_loaders, state.ckpt_path = {stage: loader}, None
-    t.metric_router.restore(({}, {}, {}))  # each entry point starts with no metrics, as Lightning's (a resume restores its own)
+    # Each entry point starts with no metrics, as Lightning's (a resumed fit restores its own).
+    t.metric_router.restore(({}, {}, {}))
     if stage == "fit":
         t.checkpointing.resume_point = None
     _attach_module_callbacks(t, module)

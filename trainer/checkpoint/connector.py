@@ -26,7 +26,7 @@ from trainer.checkpoint.format import (
 from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, is_default_io, save_with, teardown_io
 from trainer.checkpoint.reader import read_any, recognise
 from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
-from trainer.common.errors import CheckpointError
+from trainer.common.errors import CheckpointError, UserError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
 from trainer.data.resumable import ResumableBatchSampler
@@ -356,6 +356,11 @@ class CheckpointConnector:
         resume_checks.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
+        if t.max_epochs not in (None, -1) and t.current_epoch > t.max_epochs:  # Lightning's check and words
+            raise UserError(
+                f"You restored a checkpoint with current_epoch={t.current_epoch}, but you have set "
+                f"Trainer(max_epochs={t.max_epochs})."
+            )
         self.run_id = str(state.get("run_id") or self.run_id)  # the run goes on (an older file: a new one)
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
