@@ -94,7 +94,6 @@ def measure(width: int, layers: int, pairs: int, warmup: int = 1) -> dict[str, A
             max_epochs=warmup + pairs,
             callbacks=probes,
             enable_progress_bar=False,
-            enable_checkpointing=False,
             logger=False,
             num_sanity_val_steps=0,
         )

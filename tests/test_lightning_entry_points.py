@@ -212,3 +212,11 @@ def test_early_stopping_checks_through_lightnings_method(tmp_path: Path) -> None
     stopper._run_early_stopping_check = lambda trainer: calls.append(trainer.current_epoch) or original(trainer)  # type: ignore[method-assign]
     quiet_trainer(tmp_path, [stopper], max_epochs=3).fit(TinyMLP(), make_batches(1), make_batches(1))
     assert calls == [0, 1, 2] and stopper.stopped_epoch == 0
+
+
+def test_a_checkpoint_callback_beside_enable_checkpointing_false_is_refused(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path)
+    with pytest.raises(MisconfigurationException, match="`enable_checkpointing=False` but found `ModelCheckpoint`"):
+        Trainer(default_root_dir=tmp_path, enable_checkpointing=False, callbacks=[checkpoint], logger=False)
+    given = Trainer(default_root_dir=tmp_path, callbacks=[checkpoint], logger=False)  # the default: the one given
+    assert given.checkpoint_callbacks == [checkpoint]

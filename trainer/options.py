@@ -228,6 +228,11 @@ def default_callbacks(
     import callbacks as cbs
 
     given = [*loggers, *given]
+    if not checkpointing and any(isinstance(cb, cbs.Checkpoint) for cb in given):
+        raise UserError(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list. "
+            "Leave enable_checkpointing at its default (True) to use the checkpoint callbacks given, or drop them."
+        )
     kinds = {type(cb) for cb in given}
     defaults: list[Callback] = []
     if (bar := cbs.ProgressBar.check_one(given, enabled=progress_bar)) is None and progress_bar:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from callbacks import Callback, ProgressBar
+from callbacks import Callback, Checkpoint, ProgressBar
 from strategies import SingleDeviceStrategy
 from trainer import Trainer
 
@@ -30,7 +30,8 @@ def quiet_trainer(root: str | Path | None = None, callbacks: Iterable[Callback] 
     options: dict[str, Any] = {
         "enable_progress_bar": given_bar,  # a bar given is the bar (False beside one is refused, as in Lightning)
         "logger": False,
-        "enable_checkpointing": False,
+        # A checkpoint callback given is the checkpointing (False beside one is refused, as in Lightning).
+        "enable_checkpointing": any(isinstance(cb, Checkpoint) for cb in callbacks),
         "enable_model_summary": False,
         "num_sanity_val_steps": 0,
     }
