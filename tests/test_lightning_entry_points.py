@@ -9,6 +9,7 @@ wrote, ``trainer.max_epochs`` before the first ``fit``.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,44 @@ def test_a_checkpoint_callback_beside_enable_checkpointing_false_is_refused(tmp_
         Trainer(default_root_dir=tmp_path, enable_checkpointing=False, callbacks=[checkpoint], logger=False)
     given = Trainer(default_root_dir=tmp_path, callbacks=[checkpoint], logger=False)  # the default: the one given
     assert given.checkpoint_callbacks == [checkpoint]
+
+
+# ----------------------------------------------------------------------------- a checkpoint at a URL
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
+    """``tmp_path / "served"`` behind a local HTTP server (its base URL); torch hub's cache in ``tmp_path``."""
+    import functools
+    import http.server
+    import threading
+
+    folder = tmp_path / "served"
+    folder.mkdir()
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_checkpoint_at_an_http_url_loads_as_the_local_file(served: tuple[Path, str], tmp_path: Path) -> None:
+    folder, base = served
+    fitted, path = _fitted(tmp_path)
+    (folder / "fitted.ckpt").write_bytes(path.read_bytes())
+    url = f"{base}/fitted.ckpt"
+    loaded = TinyMLP.load_from_checkpoint(url)
+    for name, value in fitted.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    from_file, from_url = TinyMLP(log_loss=False), TinyMLP(log_loss=False)
+    quiet_trainer(tmp_path, max_steps=4).fit(from_file, make_batches(4), ckpt_path=path)
+    resumed = quiet_trainer(tmp_path, max_steps=4)
+    resumed.fit(from_url, make_batches(4), ckpt_path=url)  # resumes exactly, as from the file
+    assert resumed.global_step == 4
+    for name, value in from_file.state_dict().items():
+        assert torch.equal(from_url.state_dict()[name], value), name
+    with pytest.raises(CheckpointError, match="could not be downloaded"):
+        TinyMLP.load_from_checkpoint(f"{base}/missing.ckpt")

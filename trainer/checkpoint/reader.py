@@ -45,7 +45,9 @@ __all__ = [
     "PickledObjectsError",
     "check_checkpoint_file",
     "complete_path",
+    "fetch_url",
     "first_reason",
+    "is_url",
     "load_checkpoint",
     "read_any",
     "read_checkpoint",
@@ -124,6 +126,33 @@ def _recognise(path: Path, state: dict[str, Any], lightning: bool, plain: bool) 
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
 
 
+def is_url(path: object) -> bool:
+    """``path`` is an ``http://`` or ``https://`` address (Lightning reads a checkpoint from one)."""
+    return isinstance(path, str) and path.startswith(("http://", "https://"))
+
+
+def fetch_url(url: str) -> Path:
+    """The checkpoint at ``url``, downloaded once into torch hub's cache, as Lightning's loading does.
+
+    Lightning reads such a file with ``torch.hub.load_state_dict_from_url``, which keeps it in
+    ``<torch hub dir>/checkpoints/<file name>``; the same file is kept here and then read as any local
+    checkpoint (``weights_only=True``, its kind recognised), so a URL is only another way to give it.
+    """
+    from urllib.parse import urlparse
+
+    name = os.path.basename(urlparse(url).path)
+    if not name:
+        raise CheckpointError(f"Checkpoint URL {url} names no file; give the address of a .ckpt file")
+    target = Path(torch.hub.get_dir()) / "checkpoints" / name
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            torch.hub.download_url_to_file(url, str(target), progress=False)
+        except OSError as err:
+            raise CheckpointError(f"Checkpoint {url} could not be downloaded: {err}") from err
+    return target
+
+
 def read_checkpoint(
     path: str | os.PathLike[str] | IO[bytes], map_location: Any = "cpu", trusted: bool = False
 ) -> dict[str, Any]:
@@ -131,7 +160,10 @@ def read_checkpoint(
 
     ``trusted`` (``load_from_checkpoint(weights_only=False)``, for files the user trusts): with
     ``weights_only=False``, every pickled object rebuilt, Lightning's ``AttributeDict`` as a plain dict.
+    An ``http(s)://`` address is downloaded first (:func:`fetch_url`).
     """
+    if is_url(path):
+        path = fetch_url(str(path))
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
         return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
     if isinstance(path, (str, os.PathLike)):

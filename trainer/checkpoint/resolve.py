@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.checkpoint import ModelCheckpoint
 from trainer.checkpoint.format import SET_ASIDE, SHARDED_MARKERS
+from trainer.checkpoint.reader import fetch_url, is_url
 from trainer.common.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str], stage
     ...) that is said in a warning, in Lightning's words. ``"best"`` before any is an error.
     """
     if str(ckpt_path) not in ("last", "best"):
-        return Path(ckpt_path)
+        return fetch_url(str(ckpt_path)) if is_url(ckpt_path) else Path(ckpt_path)
     # The first checkpoint callback (``Trainer.checkpoint_callback``): what has a ``best_model_path``.
     cb = next((c for c in trainer.callbacks if hasattr(c, "best_model_path")), None)
     if str(ckpt_path) == "best":
