@@ -262,3 +262,12 @@ def test_a_checkpoint_at_an_http_url_loads_as_the_local_file(served: tuple[Path,
         assert torch.equal(from_url.state_dict()[name], value), name
     with pytest.raises(CheckpointError, match="could not be downloaded"):
         TinyMLP.load_from_checkpoint(f"{base}/missing.ckpt")
+
+
+def test_default_root_dir_is_a_string_with_home_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for given in ("~/runs", Path("~/runs"), "~/runs/../runs/"):
+        assert Trainer(default_root_dir=given, logger=False).default_root_dir == str(tmp_path / "runs")
+    trainer = quiet_trainer("~/runs", [ModelCheckpoint()], max_steps=1)
+    trainer.fit(TinyMLP(), make_batches(1))
+    assert (tmp_path / "runs" / "checkpoints" / "epoch=0-step=1.ckpt").is_file()

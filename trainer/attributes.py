@@ -46,7 +46,7 @@ class TrainerAttributes:
         run_state: RunState
         preemption: Preemption
         metric_router: MetricRouter
-        default_root_dir: Path
+        default_root_dir: str
         accumulate_grad_batches: int
 
     # ----------------------------------------------------------------- the run state, read

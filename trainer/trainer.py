@@ -175,8 +175,8 @@ class Trainer(TrainerAttributes):
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         self.on_nonfinite, self.max_nonfinite_in_a_row = on_nonfinite, max_nonfinite_in_a_row
         refuse_url(default_root_dir, "Trainer(default_root_dir)")
-        # "~/runs" is the user's home, as Lightning expands it (not a folder named "~" in the working directory)
-        self.default_root_dir = Path(default_root_dir if default_root_dir is not None else os.getcwd()).expanduser()
+        # A string, as Lightning's; "~/runs" is the user's home (not a folder "~" in the working directory)
+        self.default_root_dir = os.path.normpath(os.path.expanduser(os.fspath(default_root_dir or os.getcwd())))
         self.deterministic = deterministic
         self.config = config
         #: Splits training batches into micro-batches (``micro_batch_size``); None when not asked for.
@@ -188,7 +188,7 @@ class Trainer(TrainerAttributes):
         default_logger, loggers = arguments.resolve_logger(switches.logger)
         self.callbacks: list[Callback] = options.default_callbacks(
             [callbacks] if isinstance(callbacks, Callback) else list(callbacks or []),
-            root=self.default_root_dir,
+            root=Path(self.default_root_dir),
             progress_bar=switches.enable_progress_bar,
             checkpointing=switches.enable_checkpointing,
             logger=default_logger,

@@ -71,7 +71,7 @@ class CheckpointConnector:
 
     def default_directory(self) -> Path:
         """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
-        return self._trainer.default_root_dir / "checkpoints"
+        return Path(self._trainer.default_root_dir) / "checkpoints"
 
     def directory(self) -> Path:
         """Where this run's checkpoints go: the checkpoint callback's folder, else :meth:`default_directory`."""
