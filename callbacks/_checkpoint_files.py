@@ -98,7 +98,7 @@ class CheckpointNaming:
         return found
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``nan``).
+        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``0``, as Lightning writes it).
 
         With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
         """
@@ -114,7 +114,7 @@ class CheckpointNaming:
         return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
 
     def _fill(self, template: str, metrics: dict[str, Any]) -> str:
-        """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``nan`` where missing).
+        """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``0`` where missing, as Lightning's).
 
         A field becomes ``name=value`` (``auto_insert_metric_name``) or ``value``; characters other than
         letters, digits and ``._=+-`` become ``_``, so every metric name gives a valid file name.
@@ -126,7 +126,7 @@ class CheckpointNaming:
             value = metrics.get(name)
             if isinstance(value, torch.Tensor):
                 value = value.item()
-            text = "nan" if value is None else format(value, spec[1:])
+            text = format(0 if value is None else value, spec[1:])  # a metric not logged (yet) reads 0, as in Lightning
             return f"{name}{equals}{text}" if self.auto_insert_metric_name else text
 
         return re.sub(rf"[^A-Za-z0-9._=+\-{re.escape(equals)}]", "_", _FIELD.sub(fill, template))

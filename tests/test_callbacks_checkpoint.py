@@ -102,7 +102,8 @@ def test_filename_template_gives_valid_names() -> None:
     name = cb.format_filename({"epoch": 2, "step": 7, "val/acc": torch.tensor(0.91234), "a b": 1})
     assert name == "epoch=2-step=7-val_acc=0.9123-a_b=1.ckpt"
     assert "/" not in name and os.sep not in name
-    assert cb.format_filename({"epoch": 0, "step": 0}) == "epoch=0-step=0-val_acc=nan-a_b=nan.ckpt"
+    # A metric not logged reads 0, formatted by its field, as in Lightning.
+    assert cb.format_filename({"epoch": 0, "step": 0}) == "epoch=0-step=0-val_acc=0.0000-a_b=0.ckpt"
 
 
 def test_skips_ranking_in_epochs_without_validation(tmp_path: Path) -> None:
