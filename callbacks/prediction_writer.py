@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from callbacks.base import Callback
 from trainer.common.errors import UserError
@@ -142,8 +142,13 @@ class BasePredictionWriter(Callback):
 
 
 def _record(loader: Any) -> _RecordingBatchSampler | None:
-    if not isinstance(loader, DataLoader) or loader.batch_sampler is None:
-        return None  # an iterable-style loader: no sampler, so no indices
+    if (
+        not isinstance(loader, DataLoader)
+        or loader.batch_sampler is None
+        or isinstance(loader.dataset, IterableDataset)
+    ):
+        # An iterable-style dataset: its sampler hands out no indices (only None), so none are given, as Lightning.
+        return None
     recorder = _RecordingBatchSampler(loader.batch_sampler)
     # DataLoader refuses a new batch_sampler after construction; the iterator reads the attribute
     # when each pass starts, and on_predict_end puts the original back.

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from callbacks import Callback, EarlyStopping, ModelCheckpoint
+from callbacks import BasePredictionWriter, Callback, EarlyStopping, ModelCheckpoint
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule
@@ -271,3 +271,29 @@ def test_default_root_dir_is_a_string_with_home_expanded(tmp_path: Path, monkeyp
     trainer = quiet_trainer("~/runs", [ModelCheckpoint()], max_steps=1)
     trainer.fit(TinyMLP(), make_batches(1))
     assert (tmp_path / "runs" / "checkpoints" / "epoch=0-step=1.ckpt").is_file()
+
+
+# ----------------------------------------------------------------------------- predict
+class _Rows(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.ones(3, 32))
+
+
+class _IndicesSeen(BasePredictionWriter):
+    def __init__(self) -> None:
+        super().__init__("batch_and_epoch")
+        self.per_batch: list[Any] = []
+        self.at_epoch_end: list[Any] = []
+
+    def write_on_batch_end(self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, *_: Any) -> None:
+        self.per_batch.append(batch_indices)
+
+    def write_on_epoch_end(self, trainer: Any, pl_module: Any, predictions: Any, batch_indices: Any) -> None:
+        self.at_epoch_end = batch_indices
+
+
+def test_an_iterable_dataset_gives_the_prediction_writer_no_indices(tmp_path: Path) -> None:
+    seen = _IndicesSeen()
+    predictions = quiet_trainer(tmp_path, [seen]).predict(TinyMLP(), torch.utils.data.DataLoader(_Rows()))
+    assert predictions is not None and len(predictions) == 3
+    assert seen.per_batch == [None, None, None] and seen.at_epoch_end == [[[], [], []]]
