@@ -308,9 +308,10 @@ def build_callbacks(cfg: Any, trainer_kwargs: dict[Any, Any], explicit: dict[str
         if trainer_kwargs.get(flag) is False:  # None: the Trainer's default, which is on
             built = [cb for cb in built if not matches(cb)]
         if group in cfg:
-            # The group's entries are the whole set: no default of the Trainer's. A progress bar in
-            # the group is the bar (enable_progress_bar=False beside one is refused, as in Lightning).
-            trainer_kwargs[flag] = flag == "enable_progress_bar" and any(matches(cb) for cb in built)
+            # The group's entries are the whole set: no default of the Trainer's. A progress bar or a
+            # checkpoint callback in the group is the one (False beside one is refused, as in Lightning).
+            given = (lambda cb: isinstance(cb, cbs.Checkpoint)) if flag == "enable_checkpointing" else matches
+            trainer_kwargs[flag] = flag != "logger" and any(given(cb) for cb in built)
     return built
 
 
