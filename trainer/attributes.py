@@ -14,7 +14,6 @@ import math
 import os
 import signal
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
