@@ -37,6 +37,8 @@ class SaveSchedule(Checkpoint):
     _clock: Callable[[], float]
     #: A save came due inside an accumulation window: made at the window's end.
     _deferred: bool = False
+    #: A step or time save came due before the monitored value was fresh: made at validation's end.
+    _until_validation: bool = False
     #: A validation pass or an epoch's end changed the run's state after the last save.
     _stale: bool = False
     #: Seconds on the ``train_time_interval`` clock restored from a checkpoint (None: none).
@@ -58,6 +60,10 @@ class SaveSchedule(Checkpoint):
         if self._monitor is not None:
             self._monitor.validated = True
         self._stale = True
+        if self._until_validation:  # a step or time save waited for this pass's metrics (Lightning 2.6)
+            self._until_validation = False
+            self._save(trainer)
+            return
         if self._saves_after_validation(trainer) and self._epoch_due(trainer):
             self._save(trainer)  # after every validation pass, also one in the middle of an epoch
 
@@ -76,14 +82,30 @@ class SaveSchedule(Checkpoint):
         if trainer.global_step == self._last_saved_step:
             return
         n = self.every_n_train_steps
-        if n and trainer.global_step % n == 0:
-            self._save(trainer)
-        elif self.train_time_interval is not None and self._last_time is not None:
+        due = bool(n) and trainer.global_step % n == 0
+        if not due and self.train_time_interval is not None and self._last_time is not None:
             # Rank 0's clock decides for every rank (one small broadcast per batch, only with this option).
-            due = self._clock() - self._last_time >= self.train_time_interval.total_seconds()
-            if trainer.strategy.broadcast(due, 0):
+            due = trainer.strategy.broadcast(
+                self._clock() - self._last_time >= self.train_time_interval.total_seconds(), 0
+            )
+            if due:
                 self._last_time = self._clock()
-                self._save(trainer)
+        if due and self._awaits_validation(trainer):
+            self._until_validation = True  # saved at the next validation's end, with its metrics
+        elif due:
+            self._save(trainer)
+
+    def _awaits_validation(self, trainer: Trainer) -> bool:
+        """Lightning 2.6's rule: a due save waits for validation when the monitored value is not logged
+        yet, or when validation (not the epoch's end) saves and runs right after this, the epoch's last batch."""
+        if self._monitor is None or self.monitor is None:
+            return False
+        if self.monitor not in trainer.callback_metrics:
+            return True
+        if not trainer.is_last_batch or not self._saves_after_validation(trainer) or not trainer.enable_validation:
+            return False
+        every = trainer.check_val_every_n_epoch
+        return sum(trainer.num_val_batches) > 0 and (every is None or (trainer.current_epoch + 1) % every == 0)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -115,6 +137,7 @@ class SaveSchedule(Checkpoint):
         """The schedule's bookkeeping, for the callback's checkpoint state."""
         return {
             "last_saved_step": self._last_saved_step,
+            "until_validation": self._until_validation,
             "train_time_elapsed": (
                 None if self._last_time is None or self.train_time_interval is None else self._clock() - self._last_time
             ),
@@ -123,4 +146,5 @@ class SaveSchedule(Checkpoint):
     def load_schedule_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`schedule_state` (older checkpoints without it leave the defaults)."""
         self._last_saved_step = int(state.get("last_saved_step", self._last_saved_step))
+        self._until_validation = bool(state.get("until_validation", False))
         self._restored_elapsed = state.get("train_time_elapsed")

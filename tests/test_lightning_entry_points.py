@@ -297,3 +297,29 @@ def test_an_iterable_dataset_gives_the_prediction_writer_no_indices(tmp_path: Pa
     predictions = quiet_trainer(tmp_path, [seen]).predict(TinyMLP(), torch.utils.data.DataLoader(_Rows()))
     assert predictions is not None and len(predictions) == 3
     assert seen.per_batch == [None, None, None] and seen.at_epoch_end == [[[], [], []]]
+
+
+# ----------------------------------------------------------------------------- deferred step saves
+class _Scored(TinyMLP):
+    """Logs ``score`` from a script, one value per validation pass."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__(log_loss=False)
+        self.scores = scores
+        self.passes = 0
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("score", self.scores[self.passes])
+        self.passes += 1
+
+
+def test_a_step_save_waits_for_the_validation_that_logs_its_monitor(tmp_path: Path) -> None:
+    """Lightning 2.6: saves due by step wait for the next validation when the monitor is missing or stale."""
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, monitor="score", mode="max", every_n_train_steps=1, every_n_epochs=0,
+        save_on_train_epoch_end=False, save_weights_only=True,
+    )  # fmt: skip
+    trainer = quiet_trainer(tmp_path, [checkpoint], max_epochs=1, val_check_interval=0.5)
+    trainer.fit(_Scored([0.1, 0.9]), make_batches(4), make_batches(1))
+    assert checkpoint.best_model_score is not None and float(checkpoint.best_model_score) == pytest.approx(0.9)
+    assert checkpoint.best_model_path.endswith("epoch=0-step=4.ckpt")  # saved after the second pass, not before
