@@ -31,6 +31,7 @@ class SaveSchedule(Checkpoint):
     every_n_epochs: int
     train_time_interval: timedelta | None
     save_on_train_epoch_end: bool | None
+    monitor: str | None
     _monitor: Monitor | None
     _last_saved_step: int = -1
     _last_time: float | None = None
