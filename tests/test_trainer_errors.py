@@ -304,7 +304,7 @@ def test_trainer_arguments_refused_with_lightnings_words(monkeypatch: pytest.Mon
         with pytest.raises(TypeError, match=rf"must be a `LightningModule`.*got `Linear`: Trainer\.{stage} needs"):
             getattr(Trainer(logger=False), stage)(nn.Linear(2, 2))
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert Trainer(default_root_dir="~/runs", logger=False).default_root_dir == str(tmp_path / "runs")  # a string, as Lightning's
+    assert Trainer(default_root_dir="~/runs", logger=False).default_root_dir == str(tmp_path / "runs")
 
 
 def test_missing_steps_are_lightnings_misconfiguration(make_trainer: Any) -> None:
