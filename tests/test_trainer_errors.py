@@ -159,7 +159,7 @@ def test_optimizer_configs_lightning_warns_about_or_refuses(make_trainer: Any) -
         (
             {"max_steps": -3},
             ValueError,
-            r"`max_steps` must be a non-negative integer or -1 \(infinite steps\). You passed in -3",
+            r"`max_steps` must be a non-negative integer or -1 \(infinite steps\), you passed in -3",
         ),
         (
             {"fast_dev_run": -1},

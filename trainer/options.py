@@ -104,7 +104,6 @@ def loop_options(
     for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
-    # Lightning's rule: 1000 epochs, taken when fit starts (resolve_max_epochs); -1 means "no limit" explicitly.
     defaulted = max_epochs is None and max_steps == -1 and max_time is None
     for option, given in (
         ("limit_train_batches", limit_train_batches),
@@ -119,9 +118,7 @@ def loop_options(
     if max_epochs is not None and max_epochs < -1:
         raise UserError(f"`max_epochs` must be a non-negative integer or -1. You passed in {max_epochs}.")
     if max_steps < -1:
-        raise UserError(
-            f"`max_steps` must be a non-negative integer or -1 (infinite steps). You passed in {max_steps}."
-        )
+        raise UserError(f"`max_steps` must be a non-negative integer or -1 (infinite steps), you passed in {max_steps}")
     if val_check_interval is not None:
         val_check_interval = batch_limit("val_check_interval", val_check_interval)
         if val_check_interval == 0.0 and isinstance(val_check_interval, float):
@@ -166,11 +163,8 @@ def loop_options(
 
 
 def resolve_max_epochs(loop: LoopOptions) -> None:
-    """At ``fit``, as Lightning: ``max_epochs`` left unset becomes 1000, or -1 beside ``max_steps``/``max_time``.
-
-    Until the first ``fit`` ``trainer.max_epochs`` reads ``None``, as Lightning's does (``validate`` and
-    ``test`` leave it so); the warning says the run will stop after 1000 epochs, which nobody asked for.
-    """
+    """At ``fit``, as Lightning: an unset ``max_epochs`` becomes 1000 (warned: nobody asked for it), or -1 beside
+    ``max_steps``/``max_time``. Until then ``trainer.max_epochs`` reads ``None`` (``validate``/``test`` leave it)."""
     if loop.max_epochs is None and not loop.max_epochs_defaulted:
         loop.max_epochs = -1  # the steps or the time limit ends the run
     if loop.max_epochs_defaulted:
