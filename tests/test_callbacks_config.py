@@ -41,9 +41,9 @@ def test_defaults_are_on_and_the_trainer_adds_no_second_copy() -> None:
     ]
     checkpoint = built[2]
     assert (checkpoint.monitor, checkpoint.mode, checkpoint.save_last) == ("val/acc", "max", True)
-    # No defaults of the Trainer's beside the group's; the group's bar is the bar (as Lightning, a bar beside
-    # enable_progress_bar=False would be refused).
-    assert (kwargs["enable_progress_bar"], kwargs["enable_checkpointing"], kwargs["logger"]) == (True, False, False)
+    # No defaults of the Trainer's beside the group's; the group's bar and checkpoint are the ones (as Lightning,
+    # either beside enable_progress_bar=False / enable_checkpointing=False would be refused).
+    assert (kwargs["enable_progress_bar"], kwargs["enable_checkpointing"], kwargs["logger"]) == (True, True, False)
 
 
 def test_one_override_turns_a_callback_off_or_tunes_it() -> None:
