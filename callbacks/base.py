@@ -201,6 +201,17 @@ def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
 class Checkpoint(Callback):
     """Base class of callbacks that save checkpoints (Lightning's ``Checkpoint``; ``ModelCheckpoint`` is one)."""
 
+    @staticmethod
+    def check_enabled(callbacks: list[Any], enabled: bool) -> None:
+        """A checkpoint callback in ``callbacks`` beside ``enable_checkpointing=False`` is refused, as in Lightning."""
+        from trainer.common.errors import MisconfigurationException
+
+        if not enabled and any(isinstance(cb, Checkpoint) for cb in callbacks):
+            raise MisconfigurationException(
+                "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks "
+                "list: remove it, or leave enable_checkpointing at True"
+            )
+
 
 def callback_states(callbacks: Iterable[Any]) -> dict[str, Any]:
     """Each callback's ``state_dict()`` under its ``state_key``: what a checkpoint keeps of them.

@@ -163,17 +163,16 @@ def loop_options(
 
 
 def resolve_max_epochs(loop: LoopOptions) -> None:
-    """At ``fit``, as Lightning: an unset ``max_epochs`` becomes 1000 (warned: nobody asked for it), or -1 beside
-    ``max_steps``/``max_time``. Until then ``trainer.max_epochs`` reads ``None`` (``validate``/``test`` leave it)."""
-    if loop.max_epochs is None and not loop.max_epochs_defaulted:
-        loop.max_epochs = -1  # the steps or the time limit ends the run
-    if loop.max_epochs_defaulted:
-        loop.max_epochs, loop.max_epochs_defaulted = 1000, False
-        warnings.warn(
-            "`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set `max_epochs=-1`.",
-            PossibleUserWarning,
-            stacklevel=3,
-        )
+    """At ``fit``, as Lightning: an unset ``max_epochs`` (``None`` until then) becomes 1000, warned, or -1."""
+    if loop.max_epochs is None:  # -1 beside max_steps or max_time: that limit ends the run
+        loop.max_epochs = 1000 if loop.max_epochs_defaulted else -1
+        if loop.max_epochs_defaulted:
+            warnings.warn(
+                "`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                "`max_epochs=-1`.",
+                PossibleUserWarning,
+                stacklevel=3,
+            )
 
 
 def check_step_options(
@@ -222,11 +221,7 @@ def default_callbacks(
     import callbacks as cbs
 
     given = [*loggers, *given]
-    if not checkpointing and any(isinstance(cb, cbs.Checkpoint) for cb in given):
-        raise UserError(
-            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list. "
-            "Leave enable_checkpointing at its default (True) to use the checkpoint callbacks given, or drop them."
-        )
+    cbs.Checkpoint.check_enabled(given, enabled=checkpointing)
     kinds = {type(cb) for cb in given}
     defaults: list[Callback] = []
     if (bar := cbs.ProgressBar.check_one(given, enabled=progress_bar)) is None and progress_bar:

@@ -357,10 +357,8 @@ class CheckpointConnector:
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
         if t.max_epochs not in (None, -1) and t.current_epoch > t.max_epochs:  # Lightning's check and words
-            raise UserError(
-                f"You restored a checkpoint with current_epoch={t.current_epoch}, but you have set "
-                f"Trainer(max_epochs={t.max_epochs})."
-            )
+            epochs = f"current_epoch={t.current_epoch}, but you have set Trainer(max_epochs={t.max_epochs})."
+            raise UserError(f"You restored a checkpoint with {epochs}")
         self.run_id = str(state.get("run_id") or self.run_id)  # the run goes on (an older file: a new one)
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
@@ -389,8 +387,7 @@ class CheckpointConnector:
 
     def _load_weights(self, path: Path, state_dict: dict[str, Any]) -> None:
         """Load the weights as Lightning's Trainer does: strictly unless the module sets ``strict_loading = False``."""
-        module = self._trainer.module
-        strict = True if module is None else module.strict_loading
+        strict = getattr(self._trainer.module, "strict_loading", True)
         try:
             self._trainer.strategy.load_model_state_dict(state_dict, strict=strict)
         except CheckpointError as err:
