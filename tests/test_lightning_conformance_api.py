@@ -342,7 +342,7 @@ def test_validate_and_test_evaluate_combined_batches_in_lightnings_modes(
 
 
 def test_combined_loader_modes_a_stage_cannot_run_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r'trainer.fit does not support CombinedLoader\(mode="sequential"\)'):
+    with pytest.raises(ValueError, match=r'`FitLoop` does not support the `CombinedLoader\(mode="sequential"\)` mode'):
         quiet_trainer(tmp_path, max_epochs=1).fit(Regressor(), CombinedLoader([make_loader()], "sequential"))
     with pytest.raises(
         ValueError, match=r'`trainer.predict\(\)` only supports the `CombinedLoader\(mode="sequential"\)`'
@@ -357,6 +357,9 @@ def test_combined_loader_modes_a_stage_cannot_run_are_refused(tmp_path: Path) ->
 
 def test_combined_loader_iterates_as_lightnings() -> None:
     combined = CombinedLoader({"a": [1, 2, 3], "b": [10, 20]}, "max_size")
+    with pytest.raises(RuntimeError, match=r"Please call `iter\(combined_loader\)` first"):
+        len(combined)  # as Lightning's: the length is the iterator's
+    iter(combined)
     assert len(combined) == 3
     assert list(combined) == [({"a": 1, "b": 10}, 0, 0), ({"a": 2, "b": 20}, 1, 0), ({"a": 3, "b": None}, 2, 0)]
     assert list(CombinedLoader([[1, 2], [3]], "sequential")) == [(1, 0, 0), (2, 1, 0), (3, 0, 1)]

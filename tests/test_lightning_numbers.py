@@ -193,7 +193,7 @@ def test_log_is_refused_where_lightning_refuses_it(hook: str) -> None:
     class LogsThere(Callback):
         pass
 
-    def log_there(self: Any, trainer: Trainer, module: TrainModule, *args: Any) -> None:
+    def log_there(self: Any, trainer: Trainer, module: TrainModule, *args: Any, **kwargs: Any) -> None:
         module.log("x", 1.0)
 
     setattr(LogsThere, hook, log_there)

@@ -446,20 +446,15 @@ def test_the_batch_limits_in_force_read_as_lightnings_attributes() -> None:
     assert (overfit.limit_train_batches, overfit.limit_val_batches) == (4, 4)
 
 
-@pytest.mark.parametrize("nested", ["dict of lists", "list of dicts"])
-def test_nested_collections_of_dataloaders_are_refused_not_read_as_batches(nested: str) -> None:
-    # Lightning combines any nesting; geartrain does not yet, and must not train on DataLoader objects as batches.
+def test_a_flat_dict_of_loaders_trains_one_batch_of_each_per_step() -> None:
     loader = _loaders()[0]
-    given = {"a_b": [loader, loader], "c": [loader]} if nested == "dict of lists" else [{"a": loader}, {"b": loader}]
-    with pytest.raises(NotImplementedError, match="nested collections of dataloaders"):
-        quiet_trainer(max_epochs=1).fit(Line(), given)
 
     class Combined(Line):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             return self.w(batch["a"][0]).pow(2).mean() + self.w(batch["b"][0]).pow(2).mean()
 
     trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
-    trainer.fit(Combined(), {"a": loader, "b": loader})  # a flat dict still trains, one batch of each per step
+    trainer.fit(Combined(), {"a": loader, "b": loader})
     assert trainer.global_step == 2
 
 

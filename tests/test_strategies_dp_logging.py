@@ -24,6 +24,7 @@ class _TrainerLog:
     def __init__(self) -> None:
         self.calls: list[tuple[str, float, dict[str, object]]] = []
         self._plain_log: dict[str, Any] = {}  # no shortcut: every call reaches _log
+        self.barebones = False
 
     def _log(self, name: str, value: Any, *args: object) -> None:
         self.calls.append((name, float(value), dict(zip(_KEYS, args))))

@@ -159,6 +159,7 @@ def test_data_parallel_replica_logs_are_averaged_and_logged_once(monkeypatch: py
         def __init__(self) -> None:
             self.calls: list[tuple[str, float, dict[str, object]]] = []
             self._plain_log: dict[str, object] = {}  # no shortcut: every call reaches _log
+            self.barebones = False
 
         def _log(self, name: str, value: torch.Tensor, *args: object) -> None:  # TrainModule.log passes these
             keys = ("on_step", "on_epoch", "prog_bar", "sync_dist", "reduce_fx", "batch_size")
