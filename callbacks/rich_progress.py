@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from callbacks._rich_theme import RichProgressBarTheme
+from callbacks._bar_switch import BarSwitch
 from callbacks.progress import ProgressBar
 
 #: Whether ``rich`` can be imported (Lightning's flag of the same name; a test may set it to False).
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-class RichProgressBar(ProgressBar):
+class RichProgressBar(BarSwitch, ProgressBar):
     """Lightning's ``RichProgressBar``: training, sanity check, validation, test and predict bars drawn with rich.
 
     The bars are tasks of one rich progress object, :attr:`progress`, made at the first ``on_*_start``
@@ -106,33 +107,6 @@ class RichProgressBar(ProgressBar):
         return {**vars(self), "progress": None, "_console": None, "_metric_component": None}
 
     # ----------------------------------------------------------------- state
-    @property
-    def refresh_rate(self) -> int:
-        """Redraws per second at most (0: off)."""
-        return self._refresh_rate
-
-    @refresh_rate.setter
-    def refresh_rate(self, value: int) -> None:
-        self._refresh_rate = value
-
-    @property
-    def is_enabled(self) -> bool:
-        """Whether the bars draw: enabled and ``refresh_rate > 0``."""
-        return self._enabled and self.refresh_rate > 0
-
-    @property
-    def is_disabled(self) -> bool:
-        """The opposite of :attr:`is_enabled`."""
-        return not self.is_enabled
-
-    @override
-    def disable(self) -> None:
-        self._enabled = False
-
-    @override
-    def enable(self) -> None:
-        self._enabled = True
-
     def _task(self, task_id: TaskID | None) -> Task:
         if self.progress is None or task_id is None:
             raise TypeError(f"{type(self).__name__}: that bar has not been made yet (it is made when its loop starts)")

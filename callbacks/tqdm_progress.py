@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from callbacks._bar_switch import BarSwitch
 from callbacks.progress import ProgressBar
 
 if importlib.util.find_spec("ipywidgets") is not None:  # notebooks get tqdm's widget, as in Lightning
@@ -70,7 +71,7 @@ def _update_n(bar: _tqdm, value: int) -> None:
         bar.refresh()
 
 
-class TQDMProgressBar(ProgressBar):
+class TQDMProgressBar(BarSwitch, ProgressBar):
     """Lightning's default progress bar: tqdm bars on standard output, rank 0 only.
 
     Args:
@@ -150,36 +151,9 @@ class TQDMProgressBar(ProgressBar):
         self._predict_progress_bar = bar
 
     @property
-    def refresh_rate(self) -> int:
-        """Batches between redraws (0: off)."""
-        return self._refresh_rate
-
-    @refresh_rate.setter
-    def refresh_rate(self, value: int) -> None:
-        self._refresh_rate = value
-
-    @property
     def process_position(self) -> int:
         """Lines the bars are offset by."""
         return self._process_position
-
-    @property
-    def is_enabled(self) -> bool:
-        """Whether the bars draw: enabled and ``refresh_rate > 0``."""
-        return self._enabled and self.refresh_rate > 0
-
-    @property
-    def is_disabled(self) -> bool:
-        """The opposite of :attr:`is_enabled`."""
-        return not self.is_enabled
-
-    @override
-    def disable(self) -> None:
-        self._enabled = False
-
-    @override
-    def enable(self) -> None:
-        self._enabled = True
 
     def _new(self, desc: str, position: int, leave: bool, smoothing: float | None = None) -> Tqdm:
         kwargs: dict[str, Any] = {} if smoothing is None else {"smoothing": smoothing}
