@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from callbacks._rich_theme import RichProgressBarTheme
 from callbacks._bar_switch import BarSwitch
+from callbacks._rich_theme import RichProgressBarTheme
 from callbacks.progress import ProgressBar
 
 #: Whether ``rich`` can be imported (Lightning's flag of the same name; a test may set it to False).
