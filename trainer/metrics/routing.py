@@ -237,9 +237,13 @@ class MetricRouter:
         self._emit_to_loggers(metrics, step, with_epoch)
 
     def keep_logged(self, metrics: Mapping[str, torch.Tensor]) -> None:
-        """Make step values the loggers are not given now (off the logging interval) ``logged_metrics``."""
-        no_logger = self.no_logger_keys
-        self.logged_metrics.update((k, v) for k, v in metrics.items() if k not in no_logger)
+        """Make step values the loggers are not given now (off the logging interval) ``logged_metrics``.
+
+        Called on every step that logs: one ``dict.update`` unless a value was logged with ``logger=False``.
+        """
+        if self.no_logger_keys:
+            metrics = {k: v for k, v in metrics.items() if k not in self.no_logger_keys}
+        self.logged_metrics.update(metrics)
 
     def emit_eval_step(self, metrics: dict[str, torch.Tensor], prefix: str, dataloader_idx: int) -> None:
         """Hand an evaluation step's ``on_step`` values to the loggers, at x = the count of such steps.
