@@ -5,6 +5,7 @@ step's output and the schedulers' stepping. :mod:`trainer.loops.step` binds them
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ __all__ = [
     "batch_outputs",
     "loss_of",
     "manual_backward",
+    "needs_closure",
     "step_schedulers",
     "zero_grad_hook",
 ]
@@ -173,6 +175,20 @@ class ManualOptimizer:
     def __repr__(self) -> str:
         """The wrapped optimizer's, named as Lightning names its wrapper (``LightningSGD (...)``)."""
         return f"Lightning{self.optimizer!r}"
+
+
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` requires its ``closure`` (LBFGS, an optimizer that re-evaluates the loss):
+    a ``closure`` parameter without a default. Read once per run; an unreadable signature counts as no."""
+    try:
+        param = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return (
+        param is not None
+        and param.default is param.empty
+        and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY, param.POSITIONAL_ONLY)
+    )
 
 
 def manual_backward(trainer: Trainer, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:

@@ -34,6 +34,7 @@ from trainer.loops.optimizer_step import (
     batch_outputs,
     loss_of,
     manual_backward,
+    needs_closure,
     step_schedulers,
     zero_grad_hook,
 )
@@ -319,8 +320,13 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
             end_window()
         return outputs[-1]
 
+    chosen: TrainBatch = step
+    if user_optimizer_step is None and needs_closure(optimizer):  # read once: LBFGS and the like
+        chosen = _closure_step(
+            trainer, state, optimizer, lambda *a: run_pieces(*a), clip, clip_val, clip_algorithm, zero_grad, profiler
+        )
     if last_share is None:
-        return step
+        return chosen
     # The epoch ends on an unevenly split global batch: its loss is scaled by this rank's share, bound
     # here so that every other step, and every epoch without such a batch, runs the plain step.
     share_of_last = last_share
@@ -329,7 +335,7 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         return accumulate(piece, batch_idx, sync, share * share_of_last)
 
     last_pieces = weighted if micro is None else functools.partial(micro_batches, trainer, window, weighted)
-    even_step = step
+    even_step = chosen
 
     def step_ending_uneven(batch: Any, batch_idx: int, is_last: bool) -> Any:
         nonlocal run_pieces
@@ -338,6 +344,89 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         return even_step(batch, batch_idx, is_last)
 
     return step_ending_uneven
+
+
+def _closure_step(
+    trainer: Trainer,
+    state: RunState,
+    optimizer: torch.optim.Optimizer,
+    run_pieces: Callable[[Any, int, bool], Any],
+    clip: Callable[[torch.optim.Optimizer, Any, str], Any] | None,
+    clip_val: Any,
+    clip_algorithm: str,
+    zero_grad: Callable[[], Any],
+    profiler: Any,
+) -> TrainBatch:
+    """The automatic step for an optimizer whose ``step(closure)`` needs the closure (LBFGS), as Lightning runs it.
+
+    The window's last batch is run by the optimizer through a closure it may call several times, under
+    grad mode (an optimizer's ``step`` may run under ``no_grad``): ``on_before_zero_grad`` and
+    ``zero_grad`` first where the batch opens its window, then forward and backward, then
+    ``on_before_optimizer_step`` and clipping; it returns the loss (divided by the accumulation ``k``).
+    A window's other batches zero the gradients when they open it, then accumulate. Gradients are not
+    zeroed after the step: each closure call zeroes them, as in Lightning (so ``zero_grad`` runs as
+    often as the optimizer evaluates the closure).
+    """
+    strategy, progress, window, hooks = trainer.strategy, state.progress, state.window, state.hooks
+    if trainer.on_nonfinite is not None:
+        raise ValueError(
+            f"Trainer(on_nonfinite={trainer.on_nonfinite!r}) cannot drop a step of {type(optimizer).__name__}, whose "
+            "step(closure) runs forward and backward itself; leave on_nonfinite=None with this optimizer"
+        )
+    k = trainer.accumulate_grad_batches
+    schedulers = any(cfg.interval == "step" for cfg in state.lr_scheduler_configs)
+    before_optimizer_step, before_zero_grad = (
+        hooks.bound("on_before_optimizer_step"),
+        hooks.bound("on_before_zero_grad"),
+    )
+    plain = _keeps(strategy, Strategy, "optimizer_step") and all(
+        _keeps(strategy.precision, Precision, name) for name in ("optimizer_step", "step_taken")
+    )
+    optimizer_step: Callable[..., Any] = profiled(
+        profiler, "optimizer_step", optimizer.step if plain else functools.partial(strategy.optimizer_step, optimizer)
+    )
+
+    def zero_window() -> None:
+        if before_zero_grad is not None:
+            before_zero_grad(optimizer)
+        zero_grad()
+
+    def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
+        opens = batch_idx % k == 0
+        if not (is_last or (batch_idx + 1) % k == 0):
+            if opens:
+                zero_window()
+            return run_pieces(batch, batch_idx, False)
+        outputs: list[Any] = []
+
+        def closure() -> torch.Tensor | None:
+            with torch.enable_grad():
+                if opens:
+                    zero_window()
+                outputs.append(run_pieces(batch, batch_idx, True))
+                if before_optimizer_step is not None:
+                    before_optimizer_step(optimizer)
+                if clip is not None and window.has_loss:
+                    clip(optimizer, clip_val, clip_algorithm)
+            loss = loss_of(outputs[-1])
+            return None if loss is None else (loss.detach() if k == 1 else loss.detach() / k)
+
+        stepped = optimizer_step(closure=closure)
+        if not outputs:
+            raise ClosureNotRunError(
+                f"The closure hasn't been executed: {type(optimizer).__name__}.step(closure) returned without "
+                "calling its closure (forward and backward); an optimizer whose step takes a closure must call it"
+            )
+        if stepped is not False:
+            if schedulers:
+                step_schedulers(trainer, "step", steps_done=progress.global_step + 1)
+        else:
+            progress.skipped_steps += 1
+        progress.global_step += 1
+        window.has_loss = False
+        return outputs[-1]
+
+    return step
 
 
 def make_eval_batch(
