@@ -44,6 +44,13 @@ class LBFGSModel(TinyMLP):
         return CountingLBFGS(self.parameters(), lr=0.5, max_iter=4)
 
 
+class OverridingLBFGSModel(LBFGSModel):
+    """Overrides ``optimizer_step`` the usual way: the closure reaches the optimizer's step."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer.step(closure=optimizer_closure)
+
+
 class Backwards(Callback):
     def __init__(self) -> None:
         self.count = 0
@@ -76,12 +83,13 @@ def _hand_written(batches: Any, k: int = 1) -> tuple[dict[str, torch.Tensor], in
     return model.state_dict(), opt.evaluations
 
 
+@pytest.mark.parametrize("override", [False, True], ids=["default", "optimizer_step_overridden"])
 @pytest.mark.parametrize("k", [1, 2])
-def test_lbfgs_matches_the_hand_written_loop_bitwise(k: int) -> None:
+def test_lbfgs_matches_the_hand_written_loop_bitwise(k: int, override: bool) -> None:
     batches = make_batches(5)
     expected, evaluations = _hand_written(batches, k)
     torch.manual_seed(0)
-    model = LBFGSModel(log_loss=False)
+    model = (OverridingLBFGSModel if override else LBFGSModel)(log_loss=False)
     counter = Backwards()
     quiet_trainer(callbacks=[counter], max_epochs=1, accumulate_grad_batches=k).fit(model, batches)
     for name, value in model.state_dict().items():

@@ -40,9 +40,16 @@ class StepOptimizer:
     the non-finite policy). Everything else (``param_groups``, ``state``) is the wrapped optimizer's.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, finish: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        finish: Callable[[], bool],
+        step_with: Callable[[Callable[[], Any] | None], bool] | None = None,
+    ) -> None:
         self.optimizer = optimizer
         self._finish = finish
+        #: For an optimizer whose ``step`` requires its closure: hands the closure to that step instead.
+        self._step_with = step_with
         #: Whether ``step`` made (or deliberately skipped, fp16) a step that counts as a global step.
         self.counted = False
 
@@ -52,7 +59,10 @@ class StepOptimizer:
         return self.optimizer.param_groups
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:
-        """Run ``closure`` (forward and backward), then step."""
+        """Run ``closure`` (forward and backward), then step; or hand it to a ``step`` that requires it (LBFGS)."""
+        if self._step_with is not None:
+            self.counted = self._step_with(closure)
+            return
         if closure is not None:
             closure()
         self.counted = self._finish()

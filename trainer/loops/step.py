@@ -321,9 +321,16 @@ def make_automatic_step(trainer: Trainer, state: RunState, last_share: float | N
         return outputs[-1]
 
     chosen: TrainBatch = step
-    if user_optimizer_step is None and needs_closure(optimizer):  # read once: LBFGS and the like
+    if needs_closure(optimizer):  # read once: LBFGS and the like
         chosen = _closure_step(
-            trainer, state, optimizer, lambda *a: run_pieces(*a), clip, clip_val, clip_algorithm, zero_grad, profiler
+            trainer,
+            state,
+            optimizer,
+            lambda *a: run_pieces(*a),
+            (clip, clip_val, clip_algorithm),
+            zero_grad,
+            user_optimizer_step,
+            profiler,
         )
     if last_share is None:
         return chosen
@@ -351,10 +358,9 @@ def _closure_step(
     state: RunState,
     optimizer: torch.optim.Optimizer,
     run_pieces: Callable[[Any, int, bool], Any],
-    clip: Callable[[torch.optim.Optimizer, Any, str], Any] | None,
-    clip_val: Any,
-    clip_algorithm: str,
+    clipping: tuple[Callable[[torch.optim.Optimizer, Any, str], Any] | None, Any, str],
     zero_grad: Callable[[], Any],
+    user_optimizer_step: Callable[..., Any] | None,
     profiler: Any,
 ) -> TrainBatch:
     """The automatic step for an optimizer whose ``step(closure)`` needs the closure (LBFGS), as Lightning runs it.
@@ -365,9 +371,11 @@ def _closure_step(
     ``on_before_optimizer_step`` and clipping; it returns the loss (divided by the accumulation ``k``).
     A window's other batches zero the gradients when they open it, then accumulate. Gradients are not
     zeroed after the step: each closure call zeroes them, as in Lightning (so ``zero_grad`` runs as
-    often as the optimizer evaluates the closure).
+    often as the optimizer evaluates the closure). A module's ``optimizer_step`` gets that closure as its
+    ``optimizer_closure``, and its ``optimizer.step(closure=...)`` hands it to the optimizer the same way.
     """
     strategy, progress, window, hooks = trainer.strategy, state.progress, state.window, state.hooks
+    clip, clip_val, clip_algorithm = clipping
     if trainer.on_nonfinite is not None:
         raise ValueError(
             f"Trainer(on_nonfinite={trainer.on_nonfinite!r}) cannot drop a step of {type(optimizer).__name__}, whose "
@@ -391,6 +399,25 @@ def _closure_step(
             before_zero_grad(optimizer)
         zero_grad()
 
+    def take_step(forward_backward: Callable[[], Any] | None) -> bool:
+        """The optimizer's step, handed the closure: ``forward_backward``, then the hook and clipping."""
+
+        def closure() -> Any:
+            with torch.enable_grad():
+                loss = None if forward_backward is None else forward_backward()
+                if before_optimizer_step is not None:
+                    before_optimizer_step(optimizer)
+                if clip is not None and window.has_loss:
+                    clip(optimizer, clip_val, clip_algorithm)
+            return loss
+
+        if optimizer_step(closure=closure) is not False:
+            if schedulers:
+                step_schedulers(trainer, "step", steps_done=progress.global_step + 1)
+        else:
+            progress.skipped_steps += 1
+        return True
+
     def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
         opens = batch_idx % k == 0
         if not (is_last or (batch_idx + 1) % k == 0):
@@ -399,31 +426,28 @@ def _closure_step(
             return run_pieces(batch, batch_idx, False)
         outputs: list[Any] = []
 
-        def closure() -> torch.Tensor | None:
-            with torch.enable_grad():
-                if opens:
-                    zero_window()
-                outputs.append(run_pieces(batch, batch_idx, True))
-                if before_optimizer_step is not None:
-                    before_optimizer_step(optimizer)
-                if clip is not None and window.has_loss:
-                    clip(optimizer, clip_val, clip_algorithm)
+        def forward_backward() -> torch.Tensor | None:
+            if opens:
+                zero_window()
+            outputs.append(run_pieces(batch, batch_idx, True))
             loss = loss_of(outputs[-1])
             return None if loss is None else (loss.detach() if k == 1 else loss.detach() / k)
 
-        stepped = optimizer_step(closure=closure)
+        if user_optimizer_step is None:
+            counted = take_step(forward_backward)
+        else:  # the module's optimizer_step: its optimizer.step(closure=...) reaches take_step
+            handle = StepOptimizer(optimizer, bool, step_with=take_step)
+            user_optimizer_step(progress.epoch, batch_idx, handle, forward_backward)
+            counted = handle.counted
         if not outputs:
-            raise ClosureNotRunError(
-                f"The closure hasn't been executed: {type(optimizer).__name__}.step(closure) returned without "
-                "calling its closure (forward and backward); an optimizer whose step takes a closure must call it"
+            raise ClosureNotRunError(  # Lightning's words first
+                "The closure hasn't been executed. HINT: did you call `optimizer_closure()` in your `optimizer_step` "
+                f"hook? Neither {type(optimizer).__name__}.step nor the module's optimizer_step ran the closure "
+                "(forward and backward)"
             )
-        if stepped is not False:
-            if schedulers:
-                step_schedulers(trainer, "step", steps_done=progress.global_step + 1)
-        else:
-            progress.skipped_steps += 1
-        progress.global_step += 1
-        window.has_loss = False
+        if counted:
+            progress.global_step += 1
+            window.has_loss = False
         return outputs[-1]
 
     return step
