@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from strategies import fsdp_lightning as lightning
 from strategies.fsdp_precision import as_sharded_precision, mixed_precision_policy
 from strategies.materialize import has_meta_tensors, materialize_meta_module
 from strategies.parallel import ParallelStrategy, StepRunner
@@ -40,12 +41,18 @@ class FSDPStrategy(ParallelStrategy):
         reshard_after_forward: free gathered weights after forward (saves memory, gathers again in
             backward); an int reshards to that many ranks instead (FSDP2's hybrid option).
         cpu_offload: keep the sharded parameters, gradients and optimizer state in host memory
-            (``CPUOffloadPolicy``); the optimizer steps on the CPU. Lightning's name.
+            (``CPUOffloadPolicy``); the optimizer steps on the CPU. Lightning's name: a bool or FSDP1's
+            ``CPUOffload(offload_params=...)``, read back as a ``CPUOffload``.
         state_dict_type: ``"sharded"`` (the default, as Lightning's): each rank writes its own shards
             into a checkpoint directory with ``torch.distributed.checkpoint``, and no rank ever holds
             the whole model or optimizer; the directory loads under any strategy and world size
             (docs/checkpoints.md, "Sharded checkpoints"). ``"full"``: the full weights and optimizer
             state gathered on rank 0 into one file.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as for DDP.
+        sharding_strategy, mixed_precision, activation_checkpointing_policy, auto_wrap_policy,
+            use_orig_params: Lightning's FSDP1 arguments, translated to FSDP2 by
+            :mod:`strategies.fsdp_lightning` (``FULL_SHARD``/``SHARD_GRAD_OP`` set ``reshard_after_forward``,
+            ``auto_wrap_policy`` sets ``layer_classes``); those FSDP2 cannot honour raise, naming the alternative.
 
     Mixed precision is FSDP2's ``MixedPrecisionPolicy`` (:mod:`strategies.fsdp_precision`):
     ``"bf16-mixed"`` all-gathers bfloat16 parameters and computes in bfloat16 without autocast, while
@@ -81,8 +88,18 @@ class FSDPStrategy(ParallelStrategy):
         max_restarts: int = 0,
         layer_classes: Iterable[type[nn.Module] | str] | None = None,
         reshard_after_forward: bool | int = True,
-        cpu_offload: bool = False,
+        cpu_offload: bool | Any = False,
         state_dict_type: str = "sharded",
+        *,
+        accelerator: Any = None,
+        parallel_devices: Sequence[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Precision | None = None,
+        sharding_strategy: Any = None,
+        mixed_precision: Any = None,
+        activation_checkpointing_policy: Any = None,
+        **kwargs: Any,
     ) -> None:
         if state_dict_type not in ("sharded", "full"):
             raise ValueError(f"FSDPStrategy(state_dict_type=...) must be 'sharded' or 'full', got {state_dict_type!r}")
@@ -100,12 +117,36 @@ class FSDPStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
             max_restarts=max_restarts,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
         )
+        self.kwargs = self._lightning_kwargs(kwargs)
+        if "auto_wrap_policy" in self.kwargs and layer_classes is None:
+            layer_classes = lightning.activation_checkpointing_classes(
+                self.kwargs["auto_wrap_policy"], "auto_wrap_policy"
+            )
         self.layer_classes = list(layer_classes) if layer_classes is not None else None
         if not isinstance(reshard_after_forward, bool) and reshard_after_forward < 1:
             raise ValueError(f"reshard_after_forward must be a bool or a rank count >= 1, got {reshard_after_forward}")
+        self.sharding_strategy: Any = None  # Lightning's ShardingStrategy, read back as given
+        if sharding_strategy is not None:
+            if reshard_after_forward is not True:
+                raise ValueError("FSDPStrategy: give sharding_strategy or reshard_after_forward, not both")
+            self.sharding_strategy, reshard_after_forward = lightning.sharding_strategy(sharding_strategy)
+        else:
+            self.sharding_strategy = _sharding_strategy_of(reshard_after_forward)
         self.reshard_after_forward = reshard_after_forward
-        self.cpu_offload = bool(cpu_offload)
+        self.cpu_offload = lightning.cpu_offload_config(cpu_offload)
+        self.mixed_precision = mixed_precision
+        self._mixed_precision_policy = lightning.fsdp2_mixed_precision(mixed_precision)
+        self._checkpointed: tuple[type[nn.Module], ...] = ()
+        if activation_checkpointing_policy is not None:
+            self._checkpointed = lightning.activation_checkpointing_classes(
+                activation_checkpointing_policy, "activation_checkpointing_policy"
+            )
         self.state_dict_type = state_dict_type
         self._sharded: list[nn.Module] = []
         self._device_mesh: Any = None
@@ -121,6 +162,23 @@ class FSDPStrategy(ParallelStrategy):
 
     def _sharded_precision(self, precision: Precision) -> Precision:
         return as_sharded_precision(precision)
+
+    @property
+    def mixed_precision_config(self) -> Any:
+        """Lightning's name: the ``mixed_precision`` given, else FSDP2's policy for the precision plugin."""
+        return self.mixed_precision if self.mixed_precision is not None else mixed_precision_policy(self.precision)
+
+    @staticmethod
+    def _lightning_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Lightning's extra FSDP keyword arguments that FSDP2 honours; any other is refused by name."""
+        unknown = sorted(set(kwargs) - {"use_orig_params", "auto_wrap_policy"})
+        if unknown:
+            raise TypeError(
+                f"FSDPStrategy got FSDP1 keyword arguments {unknown} that geartrain's FSDP2 strategy has no "
+                "equivalent for; use layer_classes, reshard_after_forward, cpu_offload or mixed_precision, "
+                "or ModelParallelStrategy to call fully_shard yourself"
+            )
+        return {**kwargs, "use_orig_params": lightning.use_orig_params(kwargs.get("use_orig_params", True))}
 
     @property
     def device_mesh(self) -> Any:
@@ -139,12 +197,15 @@ class FSDPStrategy(ParallelStrategy):
         """``fully_shard``'s keyword arguments from this strategy's options and precision."""
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
+        policy = self._mixed_precision_policy
         return {
             "reshard_after_forward": self.reshard_after_forward,
-            "mp_policy": mixed_precision_policy(self.precision),
+            "mp_policy": policy if policy is not None else mixed_precision_policy(self.precision),
             # Pinned host memory needs an accelerator; on a CPU-only machine the policy cannot pin.
             "offload_policy": (
-                CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if self.cpu_offload else OffloadPolicy()
+                CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")
+                if self.cpu_offload.offload_params
+                else OffloadPolicy()
             ),
         }
 
@@ -172,6 +233,8 @@ class FSDPStrategy(ParallelStrategy):
 
         if self.module is module and self.model is not None:
             return module  # sharded by an earlier stage (fit, then validate): fully_shard applies once
+        if self._checkpointed:  # Lightning's activation_checkpointing_policy: the Trainer option's mechanism
+            self.apply_activation_checkpointing(module, self._checkpointed)
         on_meta = has_meta_tensors(module)
         # A module on the meta device stays there until sharded: only its shards are ever allocated.
         converted = self.precision.convert_module(module if on_meta else module.to(self.root_device))
@@ -308,6 +371,15 @@ class FSDPStrategy(ParallelStrategy):
         assert self.module is not None
         by_id = {id(p): name for name, p in self.module.named_parameters()}
         return [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _sharding_strategy_of(reshard_after_forward: bool | int) -> Any:
+    """Lightning's ``ShardingStrategy`` that ``reshard_after_forward`` matches (``None`` for a rank count)."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    if reshard_after_forward is True:
+        return ShardingStrategy.FULL_SHARD
+    return ShardingStrategy.SHARD_GRAD_OP if reshard_after_forward is False else None
 
 
 def _reshard_setting(module: nn.Module) -> tuple[Any, list[Any]]:

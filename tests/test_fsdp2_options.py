@@ -44,12 +44,63 @@ def test_model_parallel_keeps_autocast_as_lightning() -> None:
 
 
 def test_fsdp_options_and_names() -> None:
-    assert resolve_strategy("fsdp_cpu_offload", accelerator="cpu").cpu_offload is True  # type: ignore[attr-defined]
+    assert resolve_strategy("fsdp_cpu_offload", accelerator="cpu").cpu_offload.offload_params  # type: ignore[attr-defined]
     assert FSDPStrategy(device="cpu", reshard_after_forward=2).reshard_after_forward == 2
     with pytest.raises(ValueError, match="reshard_after_forward"):
         FSDPStrategy(device="cpu", reshard_after_forward=0)
     strategy = resolve_strategy("model_parallel", devices=4, accelerator="cpu")
     assert isinstance(strategy, ModelParallelStrategy) and strategy.world_size == 4
+
+
+def test_fsdp_takes_lightning_fsdp1_arguments() -> None:
+    from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    default = FSDPStrategy(device="cpu")
+    assert default.sharding_strategy == ShardingStrategy.FULL_SHARD and default.kwargs == {"use_orig_params": True}
+    assert default.cpu_offload == CPUOffload(offload_params=False)
+    strategy = FSDPStrategy(
+        device="cpu",
+        sharding_strategy="shard_grad_op",
+        cpu_offload=True,
+        mixed_precision=MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32),
+        auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+        parallel_devices=[torch.device("cpu")] * 2,
+    )
+    options = strategy._shard_options()
+    assert strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP and options["reshard_after_forward"] is False
+    assert strategy.cpu_offload == CPUOffload(offload_params=True)
+    assert isinstance(options["offload_policy"], CPUOffloadPolicy)
+    assert (options["mp_policy"].param_dtype, options["mp_policy"].reduce_dtype) == (torch.float16, torch.float32)
+    assert strategy.mixed_precision_config == strategy.mixed_precision
+    assert strategy.layer_classes == [torch.nn.Linear] and strategy.world_size == 2
+    assert FSDPStrategy(device="cpu", sharding_strategy=ShardingStrategy.FULL_SHARD).reshard_after_forward is True
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"sharding_strategy": "NO_SHARD"}, "use strategy='ddp'"),
+        ({"sharding_strategy": "HYBRID_SHARD"}, "use ModelParallelStrategy"),
+        ({"sharding_strategy": "SPREAD"}, "expected one of FULL_SHARD"),
+        ({"use_orig_params": False}, "always keeps the original parameters"),
+        ({"process_group": object()}, r"keyword arguments \['process_group'\]"),
+        ({"activation_checkpointing_policy": lambda *_: True}, "not a callable policy"),
+        ({"cpu_offload": "yes"}, "takes a bool or a CPUOffload"),
+    ],
+)
+def test_fsdp_refuses_lightning_arguments_fsdp2_cannot_honour(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        FSDPStrategy(device="cpu", **kwargs)
+
+
+def test_fsdp_refuses_mixed_precision_fields_fsdp2_lacks() -> None:
+    from torch.distributed.fsdp import MixedPrecision
+
+    with pytest.raises(ValueError, match="does not cast buffers"):
+        FSDPStrategy(device="cpu", mixed_precision=MixedPrecision(buffer_dtype=torch.float16))
+    with pytest.raises(ValueError, match="keep_low_precision_grads=False"):
+        FSDPStrategy(device="cpu", mixed_precision=MixedPrecision(keep_low_precision_grads=True))
 
 
 @pytest.mark.parametrize(

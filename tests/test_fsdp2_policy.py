@@ -63,6 +63,17 @@ def test_activation_checkpointing_and_cpu_offload_change_no_weight(ranks: list[d
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_lightning_fsdp1_arguments_train_as_their_fsdp2_equivalents(ranks: list[dict[str, Any]]) -> None:
+    """SHARD_GRAD_OP, CPUOffload, MixedPrecision(bf16) and an activation checkpointing policy (Lightning's
+    arguments) train the same weights as precision="bf16-mixed" does, and each took effect."""
+    for rank in ranks:
+        assert rank["lightning_compute"] == ["torch.bfloat16"]  # the MixedPrecision became the policy
+        assert rank["lightning_checkpointed"] > 0  # the Linear blocks are recomputed in backward
+        assert _max_diff(rank["lightning"], rank["bf16"]) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_meta_build_in_configure_model_equals_a_normal_build(ranks: list[dict[str, Any]]) -> None:
     """The same seed before both builds gives the same weights: materialisation draws each submodule's
     full-size init from the global RNG in construction order, and each rank keeps its shard."""

@@ -125,6 +125,19 @@ def fsdp_job(root: str) -> dict[str, Any]:
     out["meta_local_numel"] = sum(p.to_local().numel() for p in module.parameters())
     module, _ = fsdp_train(f"{root}/offload", strategy=FSDPStrategy(cpu_offload=True))
     out["offload"] = full_weights(module)
+    # Lightning's FSDP1 arguments for the bf16 run above: the same policy, offload and recomputation.
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision
+
+    lightning = FSDPStrategy(
+        sharding_strategy="SHARD_GRAD_OP",
+        cpu_offload=CPUOffload(offload_params=True),
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+        activation_checkpointing_policy={nn.Linear},
+    )
+    module, _ = fsdp_train(f"{root}/lightning", strategy=lightning)
+    out["lightning"] = full_weights(module)
+    out["lightning_compute"] = sorted(module.compute_dtypes)
+    out["lightning_checkpointed"] = sum(bool(getattr(m, "_geartrain_checkpointed", False)) for m in module.modules())
     return out
 
 
