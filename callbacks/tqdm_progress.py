@@ -71,6 +71,28 @@ def _update_n(bar: _tqdm, value: int) -> None:
         bar.refresh()
 
 
+class _BarSlot:
+    """One of Lightning's ``*_progress_bar`` attributes: reads ``_<name>`` and refuses it while unset."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self._attr = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = f"_{name}"
+
+    def __get__(self, bar_callback: Any, owner: type | None = None) -> Any:
+        if bar_callback is None:
+            return self
+        bar = getattr(bar_callback, self._attr)
+        if bar is None:
+            raise TypeError(f"The `{type(bar_callback).__name__}.{self._attr}` reference has not been set yet.")
+        return bar
+
+    def __set__(self, bar_callback: Any, bar: _tqdm) -> None:
+        setattr(bar_callback, self._attr, bar)
+
+
 class TQDMProgressBar(BarSwitch, ProgressBar):
     """Lightning's default progress bar: tqdm bars on standard output, rank 0 only.
 
@@ -108,47 +130,10 @@ class TQDMProgressBar(BarSwitch, ProgressBar):
         return refresh_rate
 
     # ----------------------------------------------------------------- the bars
-    def _tqdm_bar(self, name: str) -> _tqdm:
-        bar = getattr(self, f"_{name}_progress_bar")
-        if bar is None:
-            raise TypeError(f"The `{type(self).__name__}._{name}_progress_bar` reference has not been set yet.")
-        return bar
-
-    @property
-    def train_progress_bar(self) -> _tqdm:
-        """The training bar (set at ``on_train_start``)."""
-        return self._tqdm_bar("train")
-
-    @train_progress_bar.setter
-    def train_progress_bar(self, bar: _tqdm) -> None:
-        self._train_progress_bar = bar
-
-    @property
-    def val_progress_bar(self) -> _tqdm:
-        """The validation (or sanity check) bar."""
-        return self._tqdm_bar("val")
-
-    @val_progress_bar.setter
-    def val_progress_bar(self, bar: _tqdm) -> None:
-        self._val_progress_bar = bar
-
-    @property
-    def test_progress_bar(self) -> _tqdm:
-        """The test bar."""
-        return self._tqdm_bar("test")
-
-    @test_progress_bar.setter
-    def test_progress_bar(self, bar: _tqdm) -> None:
-        self._test_progress_bar = bar
-
-    @property
-    def predict_progress_bar(self) -> _tqdm:
-        """The predict bar."""
-        return self._tqdm_bar("predict")
-
-    @predict_progress_bar.setter
-    def predict_progress_bar(self, bar: _tqdm) -> None:
-        self._predict_progress_bar = bar
+    train_progress_bar = _BarSlot("The training bar (set at ``on_train_start``).")
+    val_progress_bar = _BarSlot("The validation (or sanity check) bar.")
+    test_progress_bar = _BarSlot("The test bar.")
+    predict_progress_bar = _BarSlot("The predict bar.")
 
     @property
     def process_position(self) -> int:
