@@ -169,8 +169,9 @@ class LightningEnvironment(ClusterEnvironment):
         os.environ.pop("WORLD_SIZE", None)
 
 
-class TorchElasticEnvironment(ClusterEnvironment):
-    """Processes started by ``torchrun`` (torch elastic): ranks from ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``."""
+class _LauncherVariables(ClusterEnvironment):
+    """What torchrun and Kubeflow share: processes started outside, ``MASTER_ADDR``/``MASTER_PORT``,
+    ``WORLD_SIZE`` and ``RANK`` as the launcher set them."""
 
     @property
     def creates_processes_externally(self) -> bool:
@@ -184,15 +185,19 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def main_port(self) -> int:
         return int(os.environ["MASTER_PORT"])
 
-    @staticmethod
-    def detect() -> bool:
-        return all(name in os.environ for name in ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
-
     def world_size(self) -> int:
         return int(os.environ["WORLD_SIZE"])
 
     def global_rank(self) -> int:
         return int(os.environ["RANK"])
+
+
+class TorchElasticEnvironment(_LauncherVariables):
+    """Processes started by ``torchrun`` (torch elastic): ranks from ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``."""
+
+    @staticmethod
+    def detect() -> bool:
+        return all(name in os.environ for name in ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
 
     def local_rank(self) -> int:
         return int(os.environ["LOCAL_RANK"])
@@ -270,32 +275,14 @@ class SLURMEnvironment(ClusterEnvironment):
         return int(os.environ["SLURM_NODEID"])
 
 
-class KubeflowEnvironment(ClusterEnvironment):
+class KubeflowEnvironment(_LauncherVariables):
     """A Kubeflow PyTorchJob: one process per pod, ranks from ``RANK``/``WORLD_SIZE`` (read as torchrun's)."""
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
-
-    @property
-    def main_address(self) -> str:
-        return os.environ["MASTER_ADDR"]
-
-    @property
-    def main_port(self) -> int:
-        return int(os.environ["MASTER_PORT"])
 
     @staticmethod
     def detect() -> bool:
         return all(
             name in os.environ for name in ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
         )
-
-    def world_size(self) -> int:
-        return int(os.environ["WORLD_SIZE"])
-
-    def global_rank(self) -> int:
-        return int(os.environ["RANK"])
 
     def local_rank(self) -> int:
         return 0

@@ -24,8 +24,7 @@ import torch
 from torch import nn
 
 from strategies.precision import MixedPrecision, Precision
-from strategies.precision_true import DtypeContext
-from trainer.common.tree import apply_to_tensors
+from strategies.precision_true import DtypeCasts
 
 __all__ = [
     "FSDPPrecision",
@@ -97,7 +96,7 @@ def mixed_precision_policy(precision: Precision) -> Any:
     return MixedPrecisionPolicy()
 
 
-class FSDPPrecision(MixedPrecision):
+class FSDPPrecision(DtypeCasts, MixedPrecision):
     """Lightning's ``FSDPPrecision(precision, scaler=None)``: a precision plugin for FSDP, given by hand.
 
     ``"32-true"``, ``"16-true"``, ``"bf16-true"`` (the module converted, created and run in that dtype),
@@ -143,21 +142,8 @@ class FSDPPrecision(MixedPrecision):
     def convert_module(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self._desired_input_dtype) if "true" in self.precision else module
 
-    def convert_input(self, data: Any) -> Any:
-        dtype = self._desired_input_dtype
-        return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
-
-    def convert_output(self, data: Any) -> Any:
-        dtype = torch.get_default_dtype()
-        return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
-
-    def tensor_init_context(self) -> contextlib.AbstractContextManager[Any]:
-        return DtypeContext(self._desired_input_dtype)
-
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
-        if "mixed" in self.precision:
-            return self.autocast_context_manager()
-        return DtypeContext(self._desired_input_dtype)
+        return self.autocast_context_manager() if "mixed" in self.precision else super().forward_context()
 
     def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float) -> None:
         raise ValueError(

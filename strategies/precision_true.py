@@ -16,7 +16,7 @@ from torch import nn
 from strategies.precision import _TRUE_DTYPES, Precision
 from trainer.common.tree import apply_to_tensors
 
-__all__ = ["DoublePrecision", "DtypeContext", "HalfPrecision"]
+__all__ = ["DoublePrecision", "DtypeCasts", "DtypeContext", "HalfPrecision"]
 
 
 class DtypeContext:
@@ -38,31 +38,40 @@ class DtypeContext:
         torch.set_default_dtype(self._previous.pop())
 
 
-class _CastPrecision(Precision):
-    """What the true precisions share: parameters and floating point inputs in one dtype, created in it.
-
-    No autocast and no loss scaling; inside the step, configure_model and ``trainer.init_module()``
-    the dtype is torch's default (:class:`DtypeContext`), as in Lightning.
+class DtypeCasts:
+    """The casts of a precision that runs in one dtype (``_desired_input_dtype``), shared by the true
+    precisions and Lightning's ``FSDPPrecision``: floating point inputs cast to it, outputs back to
+    torch's default, and tensors created and steps run with it as torch's default (:class:`DtypeContext`).
     """
 
     _desired_input_dtype: torch.dtype = torch.float32
 
-    def convert_module(self, module: nn.Module) -> nn.Module:
-        return module.to(dtype=self._desired_input_dtype)
-
     def convert_input(self, data: Any) -> Any:
-        dtype = self._desired_input_dtype
-        return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
+        return _cast_floats(data, self._desired_input_dtype)
 
     def convert_output(self, data: Any) -> Any:
-        dtype = torch.get_default_dtype()
-        return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
+        return _cast_floats(data, torch.get_default_dtype())
 
     def tensor_init_context(self) -> contextlib.AbstractContextManager[Any]:
         return DtypeContext(self._desired_input_dtype)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         return DtypeContext(self._desired_input_dtype)
+
+
+def _cast_floats(data: Any, dtype: torch.dtype) -> Any:
+    return apply_to_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+class _CastPrecision(DtypeCasts, Precision):
+    """What the true precisions share: parameters and floating point inputs in one dtype, created in it.
+
+    No autocast and no loss scaling; inside the step, configure_model and ``trainer.init_module()``
+    the dtype is torch's default (:class:`DtypeContext`), as in Lightning.
+    """
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self._desired_input_dtype)
 
     @property
     def dtype(self) -> torch.dtype:

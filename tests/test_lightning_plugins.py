@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from trainer.lightning.plugins import AsyncCheckpointIO, CheckpointIO, FSDPPrecision, TorchSyncBatchNorm
 from trainer.lightning.plugins.environments import (
+    KubeflowEnvironment,
     LightningEnvironment,
     LSFEnvironment,
     SLURMEnvironment,
@@ -259,6 +260,20 @@ def test_slurm_environment_sets_the_requeue(monkeypatch: pytest.MonkeyPatch) -> 
     assert not TorchElasticEnvironment.detect()
     strategy = Trainer(strategy="ddp", devices=2, logger=False).strategy
     assert isinstance(strategy.cluster_environment, SLURMEnvironment)  # type: ignore[attr-defined]
+
+
+def test_torchrun_and_kubeflow_environments_read_the_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29501", "WORLD_SIZE": "8", "RANK": "5", "KUBERNETES_PORT": "443"}
+    for key, value in {**env, "LOCAL_RANK": "1", "GROUP_RANK": "2", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(key, value)
+    for env_cls, local_and_node in ((TorchElasticEnvironment, (1, 2)), (KubeflowEnvironment, (0, 5))):
+        found = env_cls()
+        assert env_cls.detect() and found.creates_processes_externally
+        assert (found.main_address, found.main_port, found.world_size(), found.global_rank()) == ("10.0.0.7", 29501, 8, 5)
+        assert (found.local_rank(), found.node_rank()) == local_and_node
+    assert not isinstance(KubeflowEnvironment(), TorchElasticEnvironment)  # two kinds, as Lightning's
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert not TorchElasticEnvironment.detect() and KubeflowEnvironment.detect()
 
 
 class RecordingIO(CheckpointIO):
