@@ -269,7 +269,8 @@ def test_torchrun_and_kubeflow_environments_read_the_launcher_variables(monkeypa
     for env_cls, local_and_node in ((TorchElasticEnvironment, (1, 2)), (KubeflowEnvironment, (0, 5))):
         found = env_cls()
         assert env_cls.detect() and found.creates_processes_externally
-        assert (found.main_address, found.main_port, found.world_size(), found.global_rank()) == ("10.0.0.7", 29501, 8, 5)
+        answers = (found.main_address, found.main_port, found.world_size(), found.global_rank())
+        assert answers == ("10.0.0.7", 29501, 8, 5)
         assert (found.local_rank(), found.node_rank()) == local_and_node
     assert not isinstance(KubeflowEnvironment(), TorchElasticEnvironment)  # two kinds, as Lightning's
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
