@@ -1,4 +1,10 @@
-"""``TrackerLogger``: what the loggers of remote experiment trackers (MLflow, W&B) share.
+"""What the loggers of remote experiment trackers share: :class:`RemoteLogger` (all four) and
+:class:`TrackerLogger` (the two that resume a run, MLflow and W&B).
+
+``RemoteLogger``, the base of ``CometLogger``, ``LitLogger`` and ``TrackerLogger``: the tracker's
+``experiment`` opened on first use on rank 0 (a do-nothing one elsewhere), no local folder unless
+the tracker keeps one, a copy for another process without the live experiment, and checkpoint files
+uploaded once per modification time.
 
 A tracker keeps a *run* under an id of its own. Three things make such a run outlive one process:
 
@@ -29,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, run_hparams
+from callbacks._logger import Logger, NoOpExperiment, run_hparams
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -37,7 +43,15 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["CheckpointFile", "TrackerLogger", "import_client", "import_tracker", "new_checkpoints", "run_context"]
+__all__ = [
+    "CheckpointFile",
+    "RemoteLogger",
+    "TrackerLogger",
+    "import_client",
+    "import_tracker",
+    "new_checkpoints",
+    "run_context",
+]
 
 #: What ``log_model`` accepts (Lightning's values).
 _LOG_MODEL = (True, False, "all")
@@ -82,56 +96,37 @@ class CheckpointFile:
         }
 
 
-class TrackerLogger(Logger):
-    """Base of :class:`~callbacks.MLFlowLogger` and :class:`~callbacks.WandbLogger` (see the module docstring).
+class RemoteLogger(Logger):
+    """Base of the remote trackers' loggers (see the module docstring).
 
-    A subclass opens or resumes its run in :meth:`_open_run`, writes in :meth:`_write_metrics`,
-    uploads in :meth:`_upload_checkpoint`, and reports what a resumed run holds in
-    :meth:`_last_steps`.
+    A subclass opens its tracker's object in :meth:`_open_run` and uploads a checkpoint file in
+    :meth:`_upload_checkpoint`; :meth:`_upload_new` hands it the files not uploaded yet.
     """
 
     def __init__(self, log_model: bool | str = False, prefix: str = "") -> None:
-        if log_model not in _LOG_MODEL:
-            raise ValueError(f"log_model must be True, False or 'all', got {log_model!r}")
         super().__init__(None, "", None, prefix)
         self._log_model = log_model
-        #: The run's id: given, restored from a checkpoint, or the tracker's once the run is open.
-        self._run_id: str | None = None
-        #: The id the user gave (``run_id=``/``id=``): a checkpoint's run never replaces it.
-        self._given_run_id: str | None = None
+        #: The tracker's object (run, experiment), once opened in this process.
+        self._experiment: Any = None
         #: checkpoint path -> mtime of the copy uploaded.
         self._logged_model_time: dict[str, float] = {}
-        #: ``log_model=True``: the checkpoint callbacks whose files go up when fitting ends.
-        self._checkpoint_callbacks: list[Any] = []
-        #: After a resume: metric key -> the last step the tracker already holds (skipped up to it).
-        self._replay: dict[str, int] | None = None
-        self._resumed = False
-        #: Under the ``geartrain`` command: the run directory (absolute), which names a new run.
-        self._run_dir: str | None = None
 
-    # ----------------------------------------------------------------- for subclasses
     def _open_run(self) -> Any:
-        """Open (or resume, when ``_run_id`` is set) the run; return the tracker's object."""
-        raise NotImplementedError
-
-    def _write_metrics(self, metrics: dict[str, float], step: int | None) -> None:
+        """Open (or resume) the run; return the tracker's object."""
         raise NotImplementedError
 
     def _upload_checkpoint(self, checkpoint: CheckpointFile, checkpoint_callback: Any) -> None:
         raise NotImplementedError
 
-    def _last_steps(self) -> dict[str, int]:
-        """Metric name in the tracker -> the last step the (resumed) run already holds."""
-        return {}
+    @property
+    def experiment(self) -> Any:
+        """The tracker's object (opened on first use); a do-nothing stand-in off rank 0."""
+        if not self._writes:
+            return NoOpExperiment()
+        if self._experiment is None:
+            self._experiment = self._open_run()
+        return self._experiment
 
-    def _tracker_key(self, key: str) -> str:
-        """The name the tracker holds the metric ``key`` under (the key itself, unless the tracker refuses it)."""
-        return key
-
-    def _record_run_context(self, context: dict[str, str], config: dict[str, Any] | None) -> None:
-        """Record where the run's files are (``context``) and the resolved config of the ``geartrain`` command."""
-
-    # ----------------------------------------------------------------- Lightning's properties
     @property
     @override
     def root_dir(self) -> str | None:
@@ -146,8 +141,63 @@ class TrackerLogger(Logger):
 
     @override
     def __getstate__(self) -> dict[str, Any]:
-        """A copy for another process (``ddp_spawn``): without the checkpoint callbacks it would upload for."""
+        """A copy for another process (``ddp_spawn``): without the experiment (a live connection), opened again there."""
         state = self.__dict__.copy()
+        state["_experiment"] = None
+        return state
+
+    def _upload_new(self, checkpoint_callback: Any) -> None:
+        """Upload the files of ``checkpoint_callback`` not uploaded yet, or rewritten since (rank 0 only)."""
+        if not self._writes:
+            return
+        for checkpoint in new_checkpoints(checkpoint_callback, self._logged_model_time):
+            self._upload_checkpoint(checkpoint, checkpoint_callback)
+            self._logged_model_time[checkpoint.path] = checkpoint.mtime
+
+
+class TrackerLogger(RemoteLogger):
+    """Base of :class:`~callbacks.MLFlowLogger` and :class:`~callbacks.WandbLogger` (see the module docstring).
+
+    A subclass opens or resumes (when ``_run_id`` is set) its run in :meth:`_open_run`, writes in
+    :meth:`_write_metrics`, uploads in :meth:`_upload_checkpoint`, and reports what a resumed run
+    holds in :meth:`_last_steps`.
+    """
+
+    def __init__(self, log_model: bool | str = False, prefix: str = "") -> None:
+        if log_model not in _LOG_MODEL:
+            raise ValueError(f"log_model must be True, False or 'all', got {log_model!r}")
+        super().__init__(log_model, prefix)
+        #: The run's id: given, restored from a checkpoint, or the tracker's once the run is open.
+        self._run_id: str | None = None
+        #: The id the user gave (``run_id=``/``id=``): a checkpoint's run never replaces it.
+        self._given_run_id: str | None = None
+        #: ``log_model=True``: the checkpoint callbacks whose files go up when fitting ends.
+        self._checkpoint_callbacks: list[Any] = []
+        #: After a resume: metric key -> the last step the tracker already holds (skipped up to it).
+        self._replay: dict[str, int] | None = None
+        self._resumed = False
+        #: Under the ``geartrain`` command: the run directory (absolute), which names a new run.
+        self._run_dir: str | None = None
+
+    # ----------------------------------------------------------------- for subclasses
+    def _write_metrics(self, metrics: dict[str, float], step: int | None) -> None:
+        raise NotImplementedError
+
+    def _last_steps(self) -> dict[str, int]:
+        """Metric name in the tracker -> the last step the (resumed) run already holds."""
+        return {}
+
+    def _tracker_key(self, key: str) -> str:
+        """The name the tracker holds the metric ``key`` under (the key itself, unless the tracker refuses it)."""
+        return key
+
+    def _record_run_context(self, context: dict[str, str], config: dict[str, Any] | None) -> None:
+        """Record where the run's files are (``context``) and the resolved config of the ``geartrain`` command."""
+
+    @override
+    def __getstate__(self) -> dict[str, Any]:
+        """Also without the checkpoint callbacks it would upload for."""
+        state = super().__getstate__()
         state["_checkpoint_callbacks"] = []
         return state
 
@@ -171,11 +221,6 @@ class TrackerLogger(Logger):
             self._upload_new(checkpoint_callback)
         elif not any(cb is checkpoint_callback for cb in self._checkpoint_callbacks):
             self._checkpoint_callbacks.append(checkpoint_callback)
-
-    def _upload_new(self, checkpoint_callback: Any) -> None:
-        for checkpoint in new_checkpoints(checkpoint_callback, self._logged_model_time):
-            self._upload_checkpoint(checkpoint, checkpoint_callback)
-            self._logged_model_time[checkpoint.path] = checkpoint.mtime
 
     def _upload_pending(self) -> None:
         for checkpoint_callback in self._checkpoint_callbacks:
@@ -203,7 +248,7 @@ class TrackerLogger(Logger):
 
     def _is_open(self) -> bool:
         """Whether the tracker's run object exists in this process."""
-        return False
+        return self._experiment is not None
 
     # ----------------------------------------------------------------- as a callback
     @override

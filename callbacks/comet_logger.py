@@ -15,17 +15,13 @@ import logging
 import os
 from argparse import Namespace
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment, _launcher_rank
-from callbacks._tracker import import_client
-
-if TYPE_CHECKING:
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+from callbacks._logger import _launcher_rank
+from callbacks._tracker import RemoteLogger, import_client
 
 __all__ = ["FRAMEWORK_NAME", "CometLogger"]
 
@@ -38,7 +34,7 @@ _log = logging.getLogger(__name__)
 _RENAMED = {"experiment_name": "name", "project_name": "project", "offline": "online", "save_dir": "offline_directory"}
 
 
-class CometLogger(Logger):
+class CometLogger(RemoteLogger):
     """Track parameters, metrics and the model's graph with `Comet <https://www.comet.com>`_ (Lightning's ``CometLogger``).
 
     Needs ``pip install comet-ml``. Online, Comet takes its API key from ``api_key``, ``comet login``
@@ -73,7 +69,6 @@ class CometLogger(Logger):
         super().__init__()
         project, online = self._renamed(kwargs, project, online)
         self._api_key = api_key
-        self._experiment: Any = None
         self._workspace = workspace
         self._mode = mode
         self._online = online
@@ -90,7 +85,7 @@ class CometLogger(Logger):
             config["disabled"] = True
         self._comet_config = comet_ml.ExperimentConfig(**config)
         if _launcher_rank() == 0:  # only the global rank 0 process starts the experiment
-            self._create_experiment()
+            self._experiment = self._open_run()
 
     @staticmethod
     def _renamed(kwargs: dict[str, Any], project: str | None, online: bool | None) -> tuple[str | None, bool | None]:
@@ -113,10 +108,11 @@ class CometLogger(Logger):
             _log.warning(f"You specified both `{old}` and `{new}` parameters, please use `{new}` only")
         return project, online
 
-    def _create_experiment(self) -> None:
+    @override
+    def _open_run(self) -> Any:
         import comet_ml
 
-        self._experiment = comet_ml.start(
+        experiment = comet_ml.start(
             api_key=self._api_key,
             workspace=self._workspace,
             project=self._project_name,
@@ -125,21 +121,14 @@ class CometLogger(Logger):
             online=self._online,
             experiment_config=self._comet_config,
         )
-        if self._experiment is None:
+        if experiment is None:
             raise comet_ml.exceptions.ExperimentNotFound("Failed to create Comet experiment.")
-        self._experiment_key = self._experiment.get_key()
-        self._project_name = self._experiment.project_name
-        self._experiment.log_other("Created from", FRAMEWORK_NAME)
+        self._experiment_key = experiment.get_key()
+        self._project_name = experiment.project_name
+        experiment.log_other("Created from", FRAMEWORK_NAME)
+        return experiment
 
     # ----------------------------------------------------------------- Lightning's properties
-    @property
-    def experiment(self) -> Any:
-        """The ``comet_ml`` experiment (started here if it is not yet); a do-nothing stand-in off rank 0."""
-        if not self._writes:
-            return NoOpExperiment()
-        if not self._experiment:
-            self._create_experiment()
-        return self._experiment
 
     @property
     @override
@@ -159,18 +148,6 @@ class CometLogger(Logger):
     def version(self) -> str | None:  # type: ignore[override]
         """The experiment's key (``None`` while no experiment exists here: asking does not start one)."""
         return None if self._experiment is None else self._experiment.get_key()
-
-    @property
-    @override
-    def root_dir(self) -> str | None:
-        """``None``: the files live in Comet."""
-        return None
-
-    @property
-    @override
-    def log_dir(self) -> str | None:
-        """``None``: the files live in Comet (``trainer.log_dir`` is then its ``save_dir``, else ``default_root_dir``)."""
-        return None
 
     # ----------------------------------------------------------------- Lightning's logger methods
     @override
@@ -213,15 +190,7 @@ class CometLogger(Logger):
     @override
     def __getstate__(self) -> dict[str, Any]:
         """A copy for another process: the experiment's key instead of the experiment (a live connection)."""
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         if self._experiment is not None:
             state["_experiment_key"] = self._experiment.get_key()
-        state["_experiment"] = None
         return state
-
-    # ----------------------------------------------------------------- as a callback
-    @override
-    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
-        self._writes = trainer.is_global_zero
-        if stage != "fit" and not self.hparams:
-            self._log_module_hparams(pl_module, trainer)

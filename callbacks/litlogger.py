@@ -20,17 +20,13 @@ import warnings
 from argparse import Namespace
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import torch
 from typing_extensions import override
 
-from callbacks._logger import Logger, NoOpExperiment
-from callbacks._tracker import import_client, new_checkpoints
-
-if TYPE_CHECKING:
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+from callbacks._logger import Logger
+from callbacks._tracker import CheckpointFile, RemoteLogger, import_client
 
 __all__ = ["LitLogger", "NeptuneLogger"]
 
@@ -39,7 +35,7 @@ def _litlogger() -> Any:
     return import_client("litlogger", "litlogger>=0.1.0")
 
 
-class LitLogger(Logger):
+class LitLogger(RemoteLogger):
     """Track a run on lightning.ai: metrics, metadata, files and model checkpoints (Lightning's ``LitLogger``).
 
     Needs ``pip install litlogger``.
@@ -68,23 +64,19 @@ class LitLogger(Logger):
         checkpoint_name: str | None = None,
     ) -> None:
         _litlogger()
-        super().__init__()
+        super().__init__(log_model)
         self._root_dir = os.fspath(root_dir or "./lightning_logs")
         self._name = name or _generated_name()
         self._version: str | None = None
         self._teamspace = teamspace
         self._sub_dir: str | None = None
-        self._experiment: Any = None
         #: The step of the last values logged (``-1``: none yet); counts up when no step is given.
         self._step = -1
         self._metadata = dict(metadata or {})
         self._store_step = store_step
-        self._log_model = log_model
         self._save_logs = save_logs
         #: ``log_model=True`` with ``save_top_k != -1``: the callback whose files go up at :meth:`finalize`.
         self._checkpoint_callback: Any = None
-        #: checkpoint path -> modification time of the copy uploaded.
-        self._logged_model_time: dict[str, float] = {}
         self._checkpoint_name = checkpoint_name
 
     # ----------------------------------------------------------------- Lightning's properties
@@ -130,20 +122,16 @@ class LitLogger(Logger):
     def _experiment_name(self) -> str:
         return self.name if self.version is None else f"{self.name}-{self.version}"
 
-    @property
-    def experiment(self) -> Any:
-        """The ``litlogger.Experiment`` (started on first use); a do-nothing stand-in off rank 0."""
-        if not self._writes:
-            return NoOpExperiment()
-        if self._experiment is not None:
-            return self._experiment
+    @override
+    def _open_run(self) -> Any:
+        """Start the ``litlogger.Experiment``, whose version is its creation time."""
         litlogger = _litlogger()
         os.makedirs(self.root_dir, exist_ok=True)
         if self._version is None:
             # RFC 3339 with a Z suffix, ':' replaced: the name is used as a folder and in URLs.
             stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
             self._version = stamp.replace(":", "-").replace("+00:00", "Z")
-        self._experiment = litlogger.Experiment(
+        experiment = litlogger.Experiment(
             name=self._experiment_name,
             teamspace=self._teamspace,
             metadata={k: str(v) for k, v in self._metadata.items()},
@@ -152,8 +140,8 @@ class LitLogger(Logger):
             log_dir=self.log_dir,
             save_logs=self._save_logs,
         )
-        self._experiment.print_url()
-        return self._experiment
+        experiment.print_url()
+        return experiment
 
     @property
     def url(self) -> str | None:
@@ -198,7 +186,7 @@ class LitLogger(Logger):
         if not self._writes or self._experiment is None:
             return
         if self._checkpoint_callback is not None:
-            self._upload_checkpoints(self._checkpoint_callback)
+            self._upload_new(self._checkpoint_callback)
         self._experiment.finalize(status)
 
     def log_model(
@@ -242,7 +230,7 @@ class LitLogger(Logger):
         if self._log_model is False:
             return
         if getattr(checkpoint_callback, "save_top_k", None) == -1:
-            self._upload_checkpoints(checkpoint_callback)
+            self._upload_new(checkpoint_callback)
         else:
             self._checkpoint_callback = checkpoint_callback
 
@@ -253,31 +241,19 @@ class LitLogger(Logger):
             return version
         return str(step) if step is not None and step >= 0 else None
 
-    def _upload_checkpoints(self, checkpoint_callback: Any) -> None:
-        if not self._writes:
-            return
-        litlogger = _litlogger()
-        for checkpoint in new_checkpoints(checkpoint_callback, self._logged_model_time):
-            experiment = self.experiment
-            key = self._checkpoint_name or experiment.name
-            step = getattr(checkpoint_callback, "_last_global_step_saved", None)
-            experiment[key] = litlogger.Model(checkpoint.path, version=self._model_version(None, step))
-            self._logged_model_time[checkpoint.path] = checkpoint.mtime
+    @override
+    def _upload_checkpoint(self, checkpoint: CheckpointFile, checkpoint_callback: Any) -> None:
+        experiment = self.experiment
+        step = getattr(checkpoint_callback, "_last_global_step_saved", None)
+        model = _litlogger().Model(checkpoint.path, version=self._model_version(None, step))
+        experiment[self._checkpoint_name or experiment.name] = model
 
     @override
     def __getstate__(self) -> dict[str, Any]:
-        """A copy for another process: without the experiment (a live connection), started again there."""
-        state = self.__dict__.copy()
-        state["_experiment"] = None
+        """Also without the checkpoint callback it would upload for."""
+        state = super().__getstate__()
         state["_checkpoint_callback"] = None
         return state
-
-    # ----------------------------------------------------------------- as a callback
-    @override
-    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
-        self._writes = trainer.is_global_zero
-        if stage != "fit" and not self.hparams:
-            self._log_module_hparams(pl_module, trainer)
 
 
 def _generated_name() -> str:

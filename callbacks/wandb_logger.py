@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import override
 
-from callbacks._logger import NoOpExperiment
 from callbacks._tracker import CheckpointFile, TrackerLogger, import_tracker
 from callbacks._wandb_history import STEP_KEY, history_rows, last_steps_in, whole_lines
 from trainer.common.errors import ConfigError
@@ -115,15 +114,6 @@ class WandbLogger(TrackerLogger):
 
     # ----------------------------------------------------------------- Lightning's properties
     @property
-    def experiment(self) -> Any:
-        """The ``wandb.Run`` (started or resumed on first use); a do-nothing stand-in off rank 0."""
-        if not self._writes:
-            return NoOpExperiment()
-        if self._experiment is None:
-            self._experiment = self._open_run()
-        return self._experiment
-
-    @property
     @override
     def save_dir(self) -> str | None:  # type: ignore[override]
         """The folder holding ``wandb/`` (absolute)."""
@@ -168,15 +158,10 @@ class WandbLogger(TrackerLogger):
             # ...or, while this process holds it open, attaches to it (Lightning's way under ddp_spawn).
             state["_attach_id"] = getattr(self._experiment, "_attach_id", None)
             state["_attach_pid"] = os.getpid()
-        state["_experiment"] = None
         state["_journal"] = None
         return state
 
     # ----------------------------------------------------------------- the run
-    @override
-    def _is_open(self) -> bool:
-        return self._experiment is not None
-
     @override
     def _open_run(self) -> Any:
         import wandb
