@@ -17,7 +17,16 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-__all__ = ["HOOKS", "REMOVED_HOOKS", "Callback", "Checkpoint", "callback_states", "check_hooks", "overridden_hooks"]
+__all__ = [
+    "HOOKS",
+    "REMOVED_HOOKS",
+    "Callback",
+    "Checkpoint",
+    "callback_states",
+    "check_hooks",
+    "overridden_hooks",
+    "user_defines",
+]
 
 
 class Callback:
@@ -196,6 +205,14 @@ def _overrides(cb: Callback, hook: str) -> bool:
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
     """Map every hook name to the callbacks, in order, whose class (or instance) overrides it."""
     return {hook: [cb for cb in callbacks if _overrides(cb, hook)] for hook in HOOKS}
+
+
+def user_defines(module: Any, name: str) -> bool:
+    """Whether the user's module class defines ``name`` itself (not one of geartrain's base classes)."""
+    for cls in type(module).__mro__:
+        if name in vars(cls):
+            return cls.__module__.split(".")[0] != "trainer"
+    return False
 
 
 class Checkpoint(Callback):

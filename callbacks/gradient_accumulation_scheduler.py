@@ -8,9 +8,9 @@ step reads once per epoch (it binds its seams then), so it costs nothing per ste
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from callbacks.base import Callback
+from callbacks.base import Callback, user_defines
 from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
@@ -18,14 +18,6 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = ["GradientAccumulationScheduler"]
-
-
-def _overridden(module: Any, name: str) -> bool:
-    """Whether the user's module class defines ``name`` itself (not the framework's base class)."""
-    for cls in type(module).__mro__:
-        if name in vars(cls):
-            return cls.__module__.split(".")[0] != "trainer"
-    return False
 
 
 class GradientAccumulationScheduler(Callback):
@@ -92,7 +84,7 @@ class GradientAccumulationScheduler(Callback):
                 f"(Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}): both set the accumulation)."
             )
         if self.going_to_accumulate_grad_batches() and (
-            _overridden(pl_module, "optimizer_step") or _overridden(pl_module, "optimizer_zero_grad")
+            user_defines(pl_module, "optimizer_step") or user_defines(pl_module, "optimizer_zero_grad")
         ):
             warnings.warn(
                 "When using `Trainer(accumulate_grad_batches != 1)` and overriding "

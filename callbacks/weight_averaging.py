@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from callbacks.base import Callback
+from callbacks.base import Callback, user_defines
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -56,14 +56,6 @@ def _write(target: torch.Tensor, value: torch.Tensor) -> None:
         target.to_local().copy_(shard.to_local())  # type: ignore[attr-defined]
     else:
         target.detach().copy_(value)
-
-
-def _defines(module: Any, name: str) -> bool:
-    """Whether the user's class defines ``name`` itself (not one of geartrain's base classes)."""
-    for cls in type(module).__mro__:
-        if name in vars(cls):
-            return cls.__module__.split(".")[0] != "trainer"
-    return False
 
 
 class _EMA:
@@ -137,7 +129,7 @@ class WeightAveraging(Callback):
         """At ``fit``: make the average, a copy of the module's weights (before a strategy shards them)."""
         if stage != "fit":
             return
-        if _defines(pl_module, "configure_model"):
+        if user_defines(pl_module, "configure_model"):
             # As Lightning: the layers configure_model makes must exist before they are copied (the
             # trainer calls it again afterwards; it should build its layers only once).
             warnings.warn(
