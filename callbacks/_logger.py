@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from callbacks.base import Callback
 from trainer.common.errors import refuse_url
+from trainer.common.rank_zero import launcher_rank
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -103,7 +104,7 @@ class Logger(Callback):
         self._prefix = prefix
         #: False on ranks other than 0: nothing is written there. Known from the launcher's environment
         #: before a trainer sets the logger up (torchrun's RANK, srun's SLURM_PROCID).
-        self._writes = _launcher_rank() == 0
+        self._writes = launcher_rank() == 0
         #: Hyperparameters recorded so far (flattened).
         self.hparams: dict[str, Any] = {}
 
@@ -367,14 +368,6 @@ def _differ(a: Any, b: Any) -> bool:
         return bool(a != b)
     except Exception:  # an object whose comparison does not give one truth value
         return True
-
-
-def _launcher_rank() -> int:
-    for name in ("RANK", "SLURM_PROCID"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def flat_params(params: dict[str, Any] | Namespace, separator: str = "/") -> dict[str, Any]:

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import torch
 from typing_extensions import override
 
-from callbacks._logger import _launcher_rank
 from callbacks._tracker import RemoteLogger, import_client
+from trainer.common.rank_zero import launcher_rank
 
 __all__ = ["FRAMEWORK_NAME", "CometLogger"]
 
@@ -84,7 +84,7 @@ class CometLogger(RemoteLogger):
         if online is False:
             config["disabled"] = True
         self._comet_config = comet_ml.ExperimentConfig(**config)
-        if _launcher_rank() == 0:  # only the global rank 0 process starts the experiment
+        if launcher_rank() == 0:  # only the global rank 0 process starts the experiment
             self._experiment = self._open_run()
 
     @staticmethod

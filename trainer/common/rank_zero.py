@@ -26,6 +26,7 @@ from typing import Any, TypeVar, overload
 import torch.distributed as dist
 
 __all__ = [
+    "launcher_rank",
     "rank_zero_debug",
     "rank_zero_deprecation",
     "rank_zero_info",
@@ -41,6 +42,11 @@ T = TypeVar("T")
 def _global_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
+    return launcher_rank()
+
+
+def launcher_rank() -> int:
+    """The global rank the launcher gave this process (``RANK``, else ``SLURM_PROCID``), else 0."""
     for name in ("RANK", "SLURM_PROCID"):
         value = os.environ.get(name, "")
         if value.isdigit():
