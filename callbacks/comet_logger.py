@@ -21,7 +21,6 @@ import torch
 from typing_extensions import override
 
 from callbacks._tracker import RemoteLogger, import_client
-from trainer.common.rank_zero import launcher_rank
 
 __all__ = ["FRAMEWORK_NAME", "CometLogger"]
 
@@ -84,7 +83,7 @@ class CometLogger(RemoteLogger):
         if online is False:
             config["disabled"] = True
         self._comet_config = comet_ml.ExperimentConfig(**config)
-        if launcher_rank() == 0:  # only the global rank 0 process starts the experiment
+        if self._writes:  # only the global rank 0 process (the launcher says which) starts the experiment
             self._experiment = self._open_run()
 
     @staticmethod
