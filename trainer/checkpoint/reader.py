@@ -81,30 +81,26 @@ def read_any(path: str | Path) -> dict[str, Any]:
 def recognise(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """A loaded checkpoint dict (ours, Lightning's, a plain state dict; from ``path``) as geartrain's."""
     path = Path(path)
-    found = _recognise(path, state, lightning=True, plain=True)
-    if found is not None:
-        return found
+    if state.get("format") == FORMAT_NAME:
+        return _ours(path, state)
+    if is_lightning_checkpoint(state):
+        return lightning_resume_state(state)
+    weights = plain_state_dict(state)
+    if weights is not None:
+        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
     raise CheckpointError(
         f"{path} is not a checkpoint geartrain reads (no format={FORMAT_NAME!r} entry, no Lightning keys and no "
         f"state dict; found {sorted(state)[:10]}). To load plain weights use module.load_state_dict(torch.load(path))."
     )
 
 
-def load_checkpoint(
-    path: str | os.PathLike[str], map_location: Any = "cpu", plain_weights: bool = False
-) -> dict[str, Any]:
-    """Read a geartrain checkpoint file with ``weights_only=True`` and check its format and version.
-
-    With ``plain_weights``, a plain PyTorch state dict (``torch.save(model.state_dict(), path)``,
-    prefixed or not, or a dict holding one under ``"state_dict"`` / ``"model_state_dict"`` / ``"model"``)
-    is accepted too and returned as ``{"state_dict": ..., "plain_weights": True}`` plus the format keys.
-    """
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
+    """Read a geartrain checkpoint file with ``weights_only=True`` and check its format and version."""
     path = Path(path)
     check_checkpoint_file(path)
     state = _load(path, map_location, ())
-    found = _recognise(path, state, lightning=False, plain=plain_weights) if isinstance(state, dict) else None
-    if found is not None:
-        return found
+    if isinstance(state, dict) and state.get("format") == FORMAT_NAME:
+        return _ours(path, state)
     keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
     raise CheckpointError(
         f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
@@ -112,18 +108,10 @@ def load_checkpoint(
     )
 
 
-def _recognise(path: Path, state: dict[str, Any], lightning: bool, plain: bool) -> dict[str, Any] | None:
-    """What ``state`` holds as geartrain's dict: ours (version checked, older layouts upgraded), with
-    ``lightning`` a Lightning file's, with ``plain`` a plain state dict's weights; None for anything else."""
-    if state.get("format") == FORMAT_NAME:
-        check_version(path, state.get("version"))
-        return upgrade(state)
-    if lightning and is_lightning_checkpoint(state):
-        return lightning_resume_state(state)
-    weights = plain_state_dict(state) if plain else None
-    if weights is None:
-        return None
-    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "state_dict": weights, "plain_weights": True}
+def _ours(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """A geartrain checkpoint's dict, its format version checked and older layouts upgraded."""
+    check_version(path, state.get("version"))
+    return upgrade(state)
 
 
 def is_url(path: object) -> bool:
@@ -236,28 +224,18 @@ def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not (path / METADATA).is_file():  # not a directory a sharded save wrote
         check_checkpoint_file(path)  # says what it is instead: missing, a plain directory, ...
-    state = _trainer_state(path)
-    if state.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} in its trainer state)")
-    check_version(path, state.get("version"))
-    upgrade(state)
-    if "optimizer_types" in state:
-        state["optimizer_states"] = [{} for _ in state["optimizer_types"]]
-    state["sharded_directory"] = path
-    return state
-
-
-def _trainer_state(path: Path) -> dict[str, Any]:
-    """The :data:`~trainer.checkpoint.format.TRAINER_STATE` file of a sharded checkpoint, read with ``weights_only=True``."""
-    file = path / TRAINER_STATE
-    if not file.is_file():
+    if not (path / TRAINER_STATE).is_file():
         raise CheckpointError(
             f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
             "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
         )
-    state = _load(file, "cpu", ())
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file} holds a {type(state).__name__}, not a checkpoint dict")
+    state = read_checkpoint(path / TRAINER_STATE)
+    if state.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} in its trainer state)")
+    _ours(path, state)
+    if "optimizer_types" in state:
+        state["optimizer_states"] = [{} for _ in state["optimizer_types"]]
+    state["sharded_directory"] = path
     return state
 
 
