@@ -1,27 +1,12 @@
 """The checkpoint format, in one place: the keys, the versions, Lightning's layout, the names on disk.
 
 A geartrain checkpoint (``format="geartrain"``, format version 2) is laid out as Lightning 2.6 lays
-out its own, plus geartrain's entries, so that Lightning's ``LightningModule.load_from_checkpoint``
-and ``Trainer.fit(ckpt_path=...)`` read it and tools reading ``ckpt["epoch"]`` work:
-
-============================== ==========================================================
-``state_dict``                 the model's weights (one copy, read by both)
-``optimizer_states``           one ``optimizer.state_dict()`` per optimizer
-``lr_schedulers``              one ``scheduler.state_dict()`` per scheduler
-``hyper_parameters``           ``save_hyperparameters()``'s plain values
-``epoch``, ``global_step``     ``trainer.current_epoch`` and ``trainer.global_step`` at the save
-``pytorch-lightning_version``  the Lightning version whose layout the file follows
-``callbacks``                  each callback's ``state_dict()`` under its ``state_key``
-``loops``                      Lightning's loop progress (``fit_loop``, ``validate_loop``, ...),
-                               derived from geartrain's ``progress``; beside them geartrain's
-                               sampler order (``epoch_rng``) and batch geometry (``batches``)
-============================== ==========================================================
-
-geartrain's own entries stay beside them (``format``, ``version``, ``progress``, ``rng``,
-``precision``, ``config``, ...). ``progress`` is what geartrain resumes from; the few counters in
-``loops`` are written for Lightning only. Version 1 files (``optimizers``, ``hparams``) are read by
-renaming their entries (:func:`upgrade`), so every reader sees one layout; a Lightning 2.x file is
-read as geartrain's dict (:func:`lightning_resume_state`).
+out its own (``state_dict``, ``optimizer_states``, ``hyper_parameters``, ``epoch``, ``loops``, ...;
+the table is docs/checkpoints.md's "Lightning's keys"), plus geartrain's entries (``format``,
+``version``, ``progress``, ``rng``, ...), so that Lightning's ``load_from_checkpoint`` and
+``Trainer.fit(ckpt_path=...)`` read it. ``progress`` is what geartrain resumes from; ``loops``
+(:func:`lightning_loops`) repeats its counters for Lightning. Version 1 files are read by renaming
+their entries (:func:`upgrade`), a Lightning 2.x file as geartrain's dict (:func:`lightning_resume_state`).
 
 On disk (the names the writer makes and the reader and resolver follow):
 
