@@ -23,7 +23,7 @@ from trainer.checkpoint.format import (
     is_geartrain_checkpoint,
     lightning_loops,
 )
-from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, is_default_io, save_with, teardown_io
+from trainer.checkpoint.plugin_io import is_default_io, save_with
 from trainer.checkpoint.reader import read_any, recognise
 from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
 from trainer.common.errors import CheckpointError, UserError
@@ -289,7 +289,8 @@ class CheckpointConnector:
         self.wait()
         if writer is not None:
             writer.close()
-        teardown_io(self._trainer.strategy.checkpoint_io)  # an AsyncCheckpointIO's last write lands
+        if not is_default_io(self._trainer.strategy.checkpoint_io):  # an AsyncCheckpointIO's last write lands
+            self._trainer.strategy.checkpoint_io.teardown()
 
     # ----------------------------------------------------------------- restore
     def restart_path(self) -> Path | None:
@@ -326,8 +327,10 @@ class CheckpointConnector:
         """Read ``path`` once and load what it holds (see :meth:`restore`)."""
         t = self._trainer
         io = t.strategy.checkpoint_io
-        own = type(io) in DEFAULT_IO_TYPES  # else the user's CheckpointIO reads the file, and ours recognises it
-        state = read_any(path) if own else recognise(io.load_checkpoint(str(path), weights_only=None), path)
+        if is_default_io(io):
+            state = read_any(path)
+        else:  # the user's CheckpointIO reads the file, and ours recognises it
+            state = recognise(io.load_checkpoint(str(path), weights_only=None), path)
         sharded = state.pop("sharded_directory", None)
         assert t.module is not None
         if state.get("plain_weights"):

@@ -1,13 +1,10 @@
 """Lightning's checkpoint IO plugins over geartrain's own writing and reading.
 
-``TorchCheckpointIO`` is what geartrain does anyway: an atomic write (:func:`files.save_checkpoint`),
-a ``weights_only=True`` read (:func:`reader.read_checkpoint`), and a removal of our own files only
-(:func:`files.remove_checkpoint`). ``AsyncCheckpointIO`` wraps another IO and writes in a
-background thread after a CPU snapshot taken in the caller (:func:`files.snapshot_state`, the
-copy ``ModelCheckpoint(async_save=True)`` also takes). A :class:`CheckpointIO` of the user's own
-(``Trainer(plugins=[MyIO()])``, or a strategy's ``checkpoint_io=``) writes, reads and removes the
-run's checkpoint files instead of geartrain (:mod:`trainer.checkpoint.connector` asks it); what it
-writes is then its business (atomicity included).
+``TorchCheckpointIO`` is what geartrain does anyway (the writer's atomic write, the reader's
+``weights_only=True`` read, only our own files removed); ``AsyncCheckpointIO`` writes another IO's
+files in a thread. A :class:`CheckpointIO` of the user's own (``Trainer(plugins=[MyIO()])``, or a
+strategy's ``checkpoint_io=``) writes, reads and removes the run's checkpoint files instead of
+geartrain (:func:`save_with`); what it writes is then its business (atomicity included).
 """
 
 from __future__ import annotations
@@ -22,13 +19,11 @@ from trainer.checkpoint.files import save_checkpoint as write_atomically
 from trainer.checkpoint.files import snapshot_state
 
 __all__ = [
-    "DEFAULT_IO_TYPES",
     "AsyncCheckpointIO",
     "CheckpointIO",
     "TorchCheckpointIO",
     "is_default_io",
     "save_with",
-    "teardown_io",
 ]
 
 _INTERFACE = ("save_checkpoint", "load_checkpoint", "remove_checkpoint")
@@ -183,15 +178,11 @@ class AsyncCheckpointIO(_WrappingCheckpointIO):
             raise error
 
 
-#: The types of ``strategy.checkpoint_io`` that mean geartrain's own writing and reading: no IO, or a plain
-#: ``TorchCheckpointIO`` (a subclass is the user's). The connector then writes and reads as it always does
-#: (links for ``last.ckpt``, asynchronous writes, sharded directories); otherwise it goes through the IO.
-DEFAULT_IO_TYPES: tuple[type, ...] = (type(None), TorchCheckpointIO)
-
-
 def is_default_io(io: Any) -> bool:
-    """Whether ``io`` is geartrain's own writing and reading (:data:`DEFAULT_IO_TYPES`)."""
-    return type(io) in DEFAULT_IO_TYPES
+    """Whether ``io`` means geartrain's own writing and reading: no IO, or a plain ``TorchCheckpointIO`` (a
+    subclass is the user's). The connector then writes and reads as it always does (links for ``last.ckpt``,
+    asynchronous writes, sharded directories); otherwise it goes through the IO."""
+    return io is None or type(io) is TorchCheckpointIO
 
 
 def save_with(
@@ -210,9 +201,3 @@ def save_with(
         for old in replaces:
             io.remove_checkpoint(os.fspath(old))
     trainer.strategy.barrier("save_checkpoint")
-
-
-def teardown_io(io: Any) -> None:
-    """At the end of a run: the user's IO is torn down (an ``AsyncCheckpointIO`` waits for its last write)."""
-    if not is_default_io(io):
-        io.teardown()
