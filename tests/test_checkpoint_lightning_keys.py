@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader
 
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.files import FORMAT_VERSION, load_checkpoint
-from trainer.checkpoint.lightning_format import lightning_resume_state, read_checkpoint
+from trainer.checkpoint.format import lightning_resume_state
+from trainer.checkpoint.reader import read_checkpoint
 
 DATA = Path(__file__).parent / "data"
 

@@ -19,7 +19,7 @@ import torch
 
 import trainer.checkpoint.files as checkpoint_io
 from trainer.checkpoint.files import AsyncCheckpointWriter, load_checkpoint, save_checkpoint
-from trainer.checkpoint.lightning_format import read_checkpoint
+from trainer.checkpoint.reader import read_checkpoint
 from trainer.common.errors import CheckpointError
 
 STATE = {"format": "geartrain", "version": 1, "state_dict": {"w": torch.ones(3)}}

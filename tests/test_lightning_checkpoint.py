@@ -61,7 +61,7 @@ def test_lightning_attributedict_loads_with_weights_only() -> None:
         torch.load(DATA / "attributedict.ckpt", weights_only=True)
     model = Regression.load_from_checkpoint(DATA / "attributedict.ckpt")  # ... ours allows it by name
     assert model.hparams.lr == 0.1
-    from trainer.checkpoint.lightning_format import read_checkpoint
+    from trainer.checkpoint.reader import read_checkpoint
 
     assert read_checkpoint(DATA / "attributedict.ckpt")["hyper_parameters"]["cfg"] == {"depth": 2}
 
@@ -114,7 +114,7 @@ def test_resume_refuses_a_lightning_file_with_other_schedulers(tmp_path: Path) -
 
 def test_lightning_loop_state_maps_to_geartrain_progress() -> None:
     """An epoch-end file resumes at the next epoch; a mid-epoch file resumes after its last batch."""
-    from trainer.checkpoint.lightning_format import lightning_resume_state
+    from trainer.checkpoint.format import lightning_resume_state
 
     def state(epochs_done: int, batches: int, last: bool) -> dict[str, Any]:
         loops = {

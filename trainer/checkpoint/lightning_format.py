@@ -1,14 +1,9 @@
-"""Reading a checkpoint into a new module: ``load_from_checkpoint``, for geartrain's and Lightning 2.x files.
+"""``load_from_checkpoint``: a new module (or data module) built and loaded from a geartrain or Lightning 2.x file.
 
-Both geartrain's and Lightning's files are read with ``torch.load(weights_only=True)`` by the one
-reader (:func:`trainer.checkpoint.reader.read_checkpoint`, importable from here too): loading never
-runs pickled code. Lightning's files hold plain data plus, sometimes, Lightning's ``AttributeDict``
-(a dict subclass) among the hyperparameters; that one class name is allowed and read as a plain
-``dict`` (torch's safe unpickler fills only real dicts), nothing else is. Only
-``load_from_checkpoint(..., weights_only=False)``, as in Lightning, reads a file whose
-hyperparameters hold other pickled objects (an ``nn.Module``, a ``functools.partial``), for files
-the user trusts. How a Lightning file becomes geartrain's dict (:func:`lightning_resume_state`) is
-the format's (:mod:`trainer.checkpoint.format`); its names stay importable from here.
+The file is read by the one reader (:func:`~trainer.checkpoint.reader.read_checkpoint`), with
+``torch.load(weights_only=True)``: loading never runs pickled code. Only
+``load_from_checkpoint(..., weights_only=False)``, as in Lightning, rebuilds hyperparameters that
+are pickled objects (an ``nn.Module``, a ``functools.partial``), for files the user trusts.
 """
 
 from __future__ import annotations
@@ -21,26 +16,14 @@ from typing import IO, Any, TypeVar
 
 import torch
 
-from trainer.checkpoint.format import is_lightning_checkpoint, lightning_resume_state, upgrade
+from trainer.checkpoint.format import is_lightning_checkpoint, upgrade
 from trainer.checkpoint.reader import PickledObjectsError, read_checkpoint
 from trainer.common.errors import UserError
 from trainer.hparams import restore_hparams, restore_omegaconf
 
-__all__ = ["is_lightning_checkpoint", "lightning_resume_state", "load_from_checkpoint", "read_checkpoint"]
+__all__ = ["load_from_checkpoint"]
 
 T = TypeVar("T")
-
-
-def _read_safely(path: str | os.PathLike[str] | IO[bytes], map_location: Any, cls: type) -> dict[str, Any]:
-    """:func:`read_checkpoint`; a refusal of pickled objects says how Lightning users load such a file."""
-    try:
-        return read_checkpoint(path, map_location)
-    except PickledObjectsError as err:
-        raise PickledObjectsError(
-            f"{err} If the file comes from a source you trust, load it with "
-            f"{cls.__name__}.load_from_checkpoint(path, weights_only=False), as in Lightning: its pickled "
-            "objects are then rebuilt, which runs their code."
-        ) from err
 
 
 def load_from_checkpoint(
@@ -60,10 +43,14 @@ def load_from_checkpoint(
     hyperparameters that are pickled objects; ``None`` or ``True``: only safe types.
     """
     location = map_location if map_location is not None else "cpu"
-    if weights_only is False:  # as Lightning: the file's pickled objects are rebuilt, running their code
-        state = read_checkpoint(checkpoint_path, location, trusted=True)
-    else:
-        state = _read_safely(checkpoint_path, location, cls)
+    try:  # weights_only=False, as Lightning: the file's pickled objects are rebuilt, running their code
+        state = read_checkpoint(checkpoint_path, location, trusted=weights_only is False)
+    except PickledObjectsError as err:
+        raise PickledObjectsError(
+            f"{err} If the file comes from a source you trust, load it with "
+            f"{cls.__name__}.load_from_checkpoint(path, weights_only=False), as in Lightning: its pickled "
+            "objects are then rebuilt, which runs their code."
+        ) from err
     lightning = is_lightning_checkpoint(state)
     if not lightning:
         upgrade(state)
