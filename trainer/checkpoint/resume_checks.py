@@ -1,19 +1,11 @@
-"""Whether a checkpoint can resume this run: its entries, its optimizers and schedulers, its schedule's length.
+"""Whether a checkpoint can resume this run (checked before anything is loaded), and what a resume changes.
 
-Resuming loads the optimizer and scheduler states of the checkpoint into the ones the module
-configures now. Torch accepts a state of another kind and fails later, from inside its own code
+Torch accepts an optimizer state of another kind and fails later, from inside its own code
 (``KeyError: 'step'`` at the first step when an SGD state went into AdamW), and a missing entry fails
-as a bare ``KeyError``. These checks run before anything is loaded and raise one
-:class:`~trainer.common.errors.CheckpointError` that names the file, what differs and what to do.
-
-A learning-rate schedule restored from a checkpoint keeps the length it was made with (a cosine's
-``T_max``): resuming to train longer than that runs past its end. :func:`warn_if_schedule_ends_early`
-says so after the restore, with the lengths and how to start a schedule of the new length.
-
-How the training batches were formed (processes, per-process batch size, accumulation, the kind of
-sampler) is saved too (:func:`batch_geometry`). Resuming with the same global batches continues
-exactly on any number of processes; where the change makes that impossible, :func:`warn_if_batches_differ`
-says so in one line at the start, naming what changed and what will differ.
+as a bare ``KeyError``: :func:`check_resumable` raises one :class:`~trainer.common.errors.CheckpointError`
+instead, naming the file, what differs and what to do. After the restore, one warning each says when
+a restored schedule ends before the resumed run does (:func:`warn_if_schedule_ends_early`) and when
+the training batches cannot be the interrupted run's (:func:`batch_geometry`, :func:`warn_if_batches_differ`).
 """
 
 from __future__ import annotations
