@@ -1,9 +1,7 @@
-"""Checkpoint state: what a checkpoint of a run holds, writing it, reading it back, and where it is.
+"""A run's checkpoint: what it holds (docs/checkpoints.md), its save and its restore, where ``last.ckpt`` lives.
 
-The format is :mod:`trainer.checkpoint.format`'s, the writing (atomic, asynchronous)
-:mod:`trainer.checkpoint.files`'s, the reading :mod:`trainer.checkpoint.reader`'s, which file
-``"last"`` means :mod:`trainer.checkpoint.resolve`'s; this room decides the content
-(docs/checkpoints.md), restores a run from it, and is the one owner of where ``last.ckpt`` lives.
+The bytes are the writer's (:mod:`~trainer.checkpoint.files`) and the reader's, which file ``"last"``
+means the resolver's (:mod:`~trainer.checkpoint.resolve`).
 """
 
 from __future__ import annotations
@@ -305,12 +303,10 @@ class CheckpointConnector:
     def restore(self, ckpt_path: str | os.PathLike[str], full: bool, stage: str | None = None) -> Path | None:
         """Load a checkpoint: weights always; with ``full``, everything needed to resume training.
 
-        ``ckpt_path`` is resolved by the resolver (:func:`~trainer.checkpoint.resolve.resolve_ckpt_path`, ``stage`` as there) and recorded as the run
-        state's ``ckpt_path`` before anything is loaded; returns it. With ``stage``, ``"last"`` before
-        any checkpoint exists loads nothing and returns None (warned: training starts from scratch).
-        A plain PyTorch state dict file (``torch.save(model.state_dict())``, ``module.`` prefixes
-        and all) sets the weights only: for evaluation, or to start training from them. A checkpoint
-        written by Lightning 2.x resumes too (weights, optimizers, schedulers, epoch and step).
+        ``ckpt_path`` is resolved (:func:`~trainer.checkpoint.resolve.resolve_ckpt_path`, ``stage`` as there)
+        and recorded as the run state's ``ckpt_path`` before anything is loaded; returns it (None: with
+        ``stage``, ``"last"`` before any checkpoint exists, and training starts from scratch). A plain
+        PyTorch state dict sets the weights only; a Lightning 2.x checkpoint resumes as ours.
         """
         t = self._trainer
         self.wait()
@@ -365,13 +361,7 @@ class CheckpointConnector:
         self.run_id = str(state.get("run_id") or self.run_id)  # the run goes on (an older file: a new one)
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
-        saved = state.get("callbacks", {})
-        for cb in t.callbacks:
-            # Under its key, or a key an earlier geartrain gave it (EarlyStopping's before it took Lightning's).
-            key = next((k for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ())) if k in saved), None)
-            if key is not None:
-                cb.load_state_dict(saved[key])
-        resume_checks.warn_if_callbacks_missing(saved, t)
+        resume_checks.load_callback_states(state.get("callbacks", {}), t)
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")

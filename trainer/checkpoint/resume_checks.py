@@ -4,8 +4,9 @@ Torch accepts an optimizer state of another kind and fails later, from inside it
 (``KeyError: 'step'`` at the first step when an SGD state went into AdamW), and a missing entry fails
 as a bare ``KeyError``: :func:`check_resumable` raises one :class:`~trainer.common.errors.CheckpointError`
 instead, naming the file, what differs and what to do. After the restore, one warning each says when
-a restored schedule ends before the resumed run does (:func:`warn_if_schedule_ends_early`) and when
-the training batches cannot be the interrupted run's (:func:`batch_geometry`, :func:`warn_if_batches_differ`).
+a restored schedule ends before the resumed run does (:func:`warn_if_schedule_ends_early`), when
+the training batches cannot be the interrupted run's (:func:`batch_geometry`, :func:`warn_if_batches_differ`)
+and when a saved callback state found no callback (:func:`load_callback_states`, which restores them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "ScheduleEndsEarlyWarning",
     "batch_geometry",
     "check_resumable",
+    "load_callback_states",
     "types_of",
     "warn_if_batches_differ",
     "warn_if_schedule_ends_early",
@@ -271,10 +273,20 @@ def warn_if_batches_differ(path: Path, saved: Mapping[str, Any] | None, trainer:
         )
 
 
-def warn_if_callbacks_missing(saved: dict[str, Any], trainer: Trainer) -> None:
-    """Warn (rank 0) naming each callback whose saved state no callback of this run took, as Lightning."""
-    used = {k for cb in trainer.callbacks for k in (cb.state_key, *getattr(cb, "earlier_state_keys", ()))}
-    missing = [key for key, value in saved.items() if value and key not in used]
+def load_callback_states(saved: Mapping[str, Any], trainer: Trainer) -> None:
+    """Give each callback its saved state, then warn (rank 0, as Lightning) naming the states no callback took.
+
+    A callback's state is under its ``state_key``, or a key an earlier geartrain gave it
+    (``EarlyStopping``'s before it took Lightning's).
+    """
+    taken: set[str] = set()
+    for cb in trainer.callbacks:
+        keys = (cb.state_key, *getattr(cb, "earlier_state_keys", ()))
+        taken.update(keys)
+        key = next((k for k in keys if k in saved), None)
+        if key is not None:
+            cb.load_state_dict(saved[key])
+    missing = [key for key, value in saved.items() if value and key not in taken]
     if missing and trainer.is_global_zero:
         warnings.warn(
             "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
