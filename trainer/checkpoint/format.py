@@ -185,38 +185,30 @@ def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
     ``epoch_loop.batch_progress``) when present, else from ``epoch``; a checkpoint written after
     an epoch finished resumes at the next epoch, as in Lightning.
     """
-    loops = state.get("loops") or {}
-    fit_loop = loops.get("fit_loop") or {}
-    epochs_done = _progress(fit_loop.get("epoch_progress"), "completed")
-    epochs_started = _progress(fit_loop.get("epoch_progress"), "started")
-    epochs_processed = _progress(fit_loop.get("epoch_progress"), "processed")
-    batches = _progress(fit_loop.get("epoch_loop.batch_progress"), "completed")
-    batch_meta = fit_loop.get("epoch_loop.batch_progress") or {}
+    fit_loop = (state.get("loops") or {}).get("fit_loop") or {}
+    epochs, batch_meta = fit_loop.get("epoch_progress"), fit_loop.get("epoch_loop.batch_progress") or {}
+    done, batches = _progress(epochs, "completed"), _progress(batch_meta, "completed") or 0
     global_step = int(state.get("global_step", 0))
-    if epochs_done is None:
+    if done is None:
         progress = {"epoch": int(state.get("epoch", 0)), "global_step": global_step, "epoch_finished": True}
-    elif epochs_started is not None and epochs_processed is not None:
+    else:
         # Lightning counts an epoch processed once its batches and validation are done, completed only
         # after its epoch-end hooks: a ModelCheckpoint save in on_train_epoch_end has processed = e + 1,
-        # completed = e, and Lightning resumes it at epoch e + 1.
-        if epochs_processed >= epochs_started:
-            progress = {
-                "epoch": max(epochs_processed - 1, 0),
-                "global_step": global_step,
-                "batch_in_epoch": batches or 0,
-                "epoch_finished": epochs_processed > 0,
-            }
+        # completed = e, and Lightning resumes it at epoch e + 1. A file that counts epochs completed
+        # only has one under way when its last batch is not done.
+        started, processed = _progress(epochs, "started"), _progress(epochs, "processed")
+        if started is None or processed is None:
+            processed = done
+            started = done + (1 if batches and not batch_meta.get("is_last_batch", True) else 0)
+        if processed < started:  # inside an epoch: it goes on at the next batch
+            progress = {"epoch": processed, "global_step": global_step, "batch_in_epoch": batches}
         else:
-            progress = {"epoch": epochs_processed, "global_step": global_step, "batch_in_epoch": batches or 0}
-    elif batches and not batch_meta.get("is_last_batch", True):
-        progress = {"epoch": epochs_done, "global_step": global_step, "batch_in_epoch": batches}
-    else:
-        progress = {
-            "epoch": max(epochs_done - 1, 0),
-            "global_step": global_step,
-            "batch_in_epoch": batches or 0,
-            "epoch_finished": epochs_done > 0,
-        }
+            progress = {
+                "epoch": max(processed - 1, 0),
+                "global_step": global_step,
+                "batch_in_epoch": batches,
+                "epoch_finished": processed > 0,
+            }
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
