@@ -19,7 +19,7 @@ import torch
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.files import load_checkpoint
-from trainer.checkpoint.resume_checks import ScheduleEndsEarlyWarning
+from trainer.checkpoint.resume import ScheduleEndsEarlyWarning
 from trainer.errors import CheckpointError
 
 

@@ -17,7 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from tests.helpers import global_jobs
 from tests.helpers.distributed import spawn
-from trainer.checkpoint.resume_checks import InexactResumeWarning, warn_if_batches_differ
+from trainer.checkpoint.resume import InexactResumeWarning, warn_if_batches_differ
 from trainer.data.resumable import ResumableBatchSampler
 
 G = global_jobs.GLOBAL

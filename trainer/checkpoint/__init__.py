@@ -2,9 +2,9 @@
 
 The format (:mod:`~trainer.checkpoint.format`), the one reader (``reader``), the one writer
 (``files``; ``sharded`` and ``sharded_safety`` for directories), which file ``"last"``/``"best"``
-mean (``resolve``), a run's content and its restore (``connector``, ``resume_checks``,
-``resume_point``), Lightning's IO plugins (``plugin_io``), the converter (``convert``) and
-``load_from_checkpoint`` (``lightning_format``); docs/architecture.md's file table says more.
+mean (``resolve``), a run's content and its restore (``connector``, ``resume``), Lightning's IO
+plugins (``plugin_io``), the converter (``convert``) and ``load_from_checkpoint``
+(``lightning_format``); docs/architecture.md's file table says more.
 The names users catch or call are importable from here.
 """
 

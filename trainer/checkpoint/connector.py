@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import callback_states
-from trainer.checkpoint import resume_checks, resume_point
+from trainer.checkpoint import resume
 from trainer.checkpoint.files import AsyncCheckpointWriter, remove_checkpoint, symlink, write_checkpoint
 from trainer.checkpoint.format import (
     FORMAT_NAME,
@@ -21,7 +21,7 @@ from trainer.checkpoint.format import (
     is_geartrain_checkpoint,
     lightning_loops,
 )
-from trainer.checkpoint.plugin_io import is_default_io, save_with
+from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, is_default_io, save_with
 from trainer.checkpoint.reader import read_any, recognise
 from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
 from trainer.common.errors import CheckpointError, UserError
@@ -149,7 +149,7 @@ class CheckpointConnector:
             if t.datamodule is not None:
                 state["datamodule"] = t.datamodule.state_dict()
             if point is not None:
-                resume_point.apply(state, point)
+                resume.apply(state, point)
             if t.datamodule is not None:  # also under its class's name, where Lightning reads it (one object)
                 state[type(t.datamodule).__qualname__] = state["datamodule"]
         t.hooks.callbacks_only("on_save_checkpoint", state)  # callbacks first (trainer/hook_order.py)
@@ -159,9 +159,9 @@ class CheckpointConnector:
     def mark_resume_point(self) -> None:
         """Training stops inside an epoch: every checkpoint until the next fit resumes from here.
 
-        See :mod:`trainer.checkpoint.resume_point`. Every rank calls it at the same batch.
+        See :func:`trainer.checkpoint.resume.capture`. Every rank calls it at the same batch.
         """
-        self.resume_point = resume_point.capture(self._trainer, self.training_state())
+        self.resume_point = resume.capture(self._trainer, self.training_state())
 
     def training_state(self, sharded: bool = False) -> dict[str, Any]:
         """Optimizers, schedulers, precision, every rank's RNG and the sampler's epoch order.
@@ -178,10 +178,10 @@ class CheckpointConnector:
             "optimizer_states": [optimizer_state(opt) for opt in t.optimizers],
             "lr_schedulers": [cfg.scheduler.state_dict() for cfg in t.lr_scheduler_configs],
             # The kinds, so that resuming with another optimizer or scheduler is refused by name.
-            "optimizer_types": resume_checks.types_of(t.optimizers),
+            "optimizer_types": resume.types_of(t.optimizers),
             # Parameter names in the by-index order of a full file, so it converts to a sharded directory.
             "optimizer_param_names": _param_names(t.module, t.optimizers) if t.module is not None else [],
-            "lr_scheduler_types": resume_checks.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs]),
+            "lr_scheduler_types": resume.types_of([cfg.scheduler for cfg in t.lr_scheduler_configs]),
             "precision": t.strategy.precision.state_dict(),
             "rng": t.strategy.gather_object(rng_state()),  # one entry per rank
         }
@@ -189,7 +189,7 @@ class CheckpointConnector:
         sampler = getattr(t.loaders.get("fit"), "batch_sampler", None)
         if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
             loops["epoch_rng"] = sampler.epoch_rng
-        batches = resume_checks.batch_geometry(t)
+        batches = resume.batch_geometry(t)
         if batches is not None:  # how the training batches were formed: a resume says what differs
             loops["batches"] = batches
         if loops:
@@ -323,7 +323,7 @@ class CheckpointConnector:
         """Read ``path`` once and load what it holds (see :meth:`restore`)."""
         t = self._trainer
         io = t.strategy.checkpoint_io
-        if is_default_io(io):
+        if type(io) in DEFAULT_IO_TYPES:  # is_default_io, without a call into plugin_io on the resume walk
             state = read_any(path)
         else:  # the user's CheckpointIO reads the file, and ours recognises it
             state = recognise(io.load_checkpoint(str(path), weights_only=None), path)
@@ -337,7 +337,7 @@ class CheckpointConnector:
         t.module.on_load_checkpoint(state)
         t.hooks.callbacks_only("on_load_checkpoint", state)
         if full:  # before anything is loaded: a mismatch is one message, not an error from inside torch
-            resume_checks.check_resumable(path, state, t)
+            resume.check_resumable(path, state, t)
         if sharded is not None:  # weights and optimizers in one read, resharded into this run's layout
             from trainer.checkpoint.sharded import load_sharded
 
@@ -349,10 +349,10 @@ class CheckpointConnector:
             return
         for opt, opt_state in zip(t.optimizers, state["optimizer_states"] if sharded is None else ()):
             t.strategy.load_optimizer_state_dict(opt, opt_state)
-        planned = [resume_checks.schedule_length(cfg.scheduler) for cfg in t.lr_scheduler_configs]
+        planned = [resume.schedule_length(cfg.scheduler) for cfg in t.lr_scheduler_configs]
         for cfg, sched_state in zip(t.lr_scheduler_configs, state["lr_schedulers"]):
             cfg.scheduler.load_state_dict(sched_state)
-        resume_checks.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
+        resume.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
         if t.max_epochs not in (None, -1) and t.current_epoch > t.max_epochs:  # Lightning's check and words
@@ -361,7 +361,7 @@ class CheckpointConnector:
         self.run_id = str(state.get("run_id") or self.run_id)  # the run goes on (an older file: a new one)
         if "metrics" in state:
             t.metric_router.load_state_dict(state["metrics"])
-        resume_checks.load_callback_states(state.get("callbacks", {}), t)
+        resume.load_callback_states(state.get("callbacks", {}), t)
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
@@ -375,7 +375,7 @@ class CheckpointConnector:
         epoch_rng, self.resume_epoch_rng = self.resume_epoch_rng, None
         if self._resume_batches is not None:  # the first epoch after a resume: its loader is known now
             (path, saved), self._resume_batches = self._resume_batches, None
-            resume_checks.warn_if_batches_differ(path, saved, self._trainer)
+            resume.warn_if_batches_differ(path, saved, self._trainer)
         return epoch_rng
 
     def _load_weights(self, path: Path, state_dict: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from trainer.checkpoint.files import save_checkpoint as write_atomically
 from trainer.checkpoint.files import snapshot_state
 
 __all__ = [
+    "DEFAULT_IO_TYPES",
     "AsyncCheckpointIO",
     "CheckpointIO",
     "TorchCheckpointIO",
@@ -178,11 +179,15 @@ class AsyncCheckpointIO(_WrappingCheckpointIO):
             raise error
 
 
+#: The types of ``strategy.checkpoint_io`` that mean geartrain's own writing and reading: no IO, or a plain
+#: ``TorchCheckpointIO`` (a subclass is the user's).
+DEFAULT_IO_TYPES: tuple[type, ...] = (type(None), TorchCheckpointIO)
+
+
 def is_default_io(io: Any) -> bool:
-    """Whether ``io`` means geartrain's own writing and reading: no IO, or a plain ``TorchCheckpointIO`` (a
-    subclass is the user's). The connector then writes and reads as it always does (links for ``last.ckpt``,
-    asynchronous writes, sharded directories); otherwise it goes through the IO."""
-    return io is None or type(io) is TorchCheckpointIO
+    """Whether ``io`` is geartrain's own (:data:`DEFAULT_IO_TYPES`): the connector then writes and reads as it
+    always does (links for ``last.ckpt``, asynchronous writes, sharded directories), else through the IO."""
+    return type(io) in DEFAULT_IO_TYPES
 
 
 def save_with(
