@@ -95,17 +95,16 @@ def recognise(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a geartrain checkpoint file with ``weights_only=True`` and check its format and version."""
+    """Read a geartrain checkpoint file (:func:`read_checkpoint`) and check its format and version."""
     path = Path(path)
-    check_checkpoint_file(path)
-    state = _load(path, map_location, ())
-    if isinstance(state, dict) and state.get("format") == FORMAT_NAME:
-        return _ours(path, state)
-    keys = sorted(state)[:10] if isinstance(state, dict) else type(state).__name__
-    raise CheckpointError(
-        f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {keys}). "
-        "To load plain weights use module.load_state_dict(torch.load(path))."
-    )
+    check_checkpoint_file(path)  # a file: a sharded directory is refused here, not read
+    state = read_checkpoint(path, map_location)
+    if state.get("format") != FORMAT_NAME:
+        raise CheckpointError(
+            f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {sorted(state)[:10]}). "
+            "To load plain weights use module.load_state_dict(torch.load(path))."
+        )
+    return _ours(path, state)
 
 
 def _ours(path: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -152,18 +151,26 @@ def read_checkpoint(
     """
     if is_url(path):
         path = fetch_url(str(path))
-    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-        return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
+    where = path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
     if isinstance(path, (str, os.PathLike)):
+        if Path(path).is_dir():
+            return read_directory(path)  # its tensors stay in the shards: "sharded_directory" says where
         check_checkpoint_file(Path(path))
-    state = _load(path, map_location, LIGHTNING_SAFE_GLOBALS, trusted)
+    try:  # the one torch.load of a checkpoint file
+        if trusted:
+            state = torch.load(path, map_location=map_location, weights_only=False, pickle_module=_TRUSTING_PICKLE)
+        else:
+            with torch.serialization.safe_globals(list(LIGHTNING_SAFE_GLOBALS)):
+                state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        if trusted:
+            raise CheckpointError(f"Cannot read checkpoint {where} (weights_only=False): {err}") from err
+        if isinstance(path, (str, os.PathLike)):
+            raise unreadable(Path(path), err) from err
+        raise CheckpointError(f"Cannot read checkpoint {where} with weights_only=True: {first_reason(err)}") from err
     if not isinstance(state, dict):
-        raise CheckpointError(f"{_where(path)} holds a {type(state).__name__}, not a checkpoint dict")
+        raise CheckpointError(f"{where} holds a {type(state).__name__}, not a checkpoint dict")
     return state
-
-
-def _where(path: str | os.PathLike[str] | IO[bytes]) -> Any:
-    return path if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
 
 
 class _LightningUnpickler(pickle.Unpickler):
@@ -180,25 +187,6 @@ class _LightningUnpickler(pickle.Unpickler):
 _TRUSTING_PICKLE = types.ModuleType("geartrain_trusting_pickle")
 _TRUSTING_PICKLE.Unpickler = _LightningUnpickler  # type: ignore[attr-defined]
 _TRUSTING_PICKLE.load = pickle.load  # type: ignore[attr-defined]  # files in torch's legacy format
-
-
-def _load(
-    path: str | os.PathLike[str] | IO[bytes], map_location: Any, allowed: list[Any] | tuple[()], trusted: bool = False
-) -> Any:
-    """The one ``torch.load`` of a checkpoint file, ``weights_only=True`` unless ``trusted``; a refusal says why."""
-    try:
-        if trusted:
-            return torch.load(path, map_location=map_location, weights_only=False, pickle_module=_TRUSTING_PICKLE)
-        with torch.serialization.safe_globals(list(allowed)):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:
-        if trusted:
-            raise CheckpointError(f"Cannot read checkpoint {_where(path)} (weights_only=False): {err}") from err
-        if isinstance(path, (str, os.PathLike)):
-            raise unreadable(Path(path), err) from err
-        raise CheckpointError(
-            f"Cannot read checkpoint {_where(path)} with weights_only=True: {first_reason(err)}"
-        ) from err
 
 
 def complete_path(path: str | os.PathLike[str]) -> Path:
