@@ -349,10 +349,7 @@ class CheckpointConnector:
             return
         for opt, opt_state in zip(t.optimizers, state["optimizer_states"] if sharded is None else ()):
             t.strategy.load_optimizer_state_dict(opt, opt_state)
-        planned = [resume.schedule_length(cfg.scheduler) for cfg in t.lr_scheduler_configs]
-        for cfg, sched_state in zip(t.lr_scheduler_configs, state["lr_schedulers"]):
-            cfg.scheduler.load_state_dict(sched_state)
-        resume.warn_if_schedule_ends_early(path, t.lr_scheduler_configs, planned, t)
+        resume.load_schedulers(path, state["lr_schedulers"], t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
         if t.max_epochs not in (None, -1) and t.current_epoch > t.max_epochs:  # Lightning's check and words

@@ -5,7 +5,7 @@ Torch accepts an optimizer state of another kind and fails later, from inside it
 as a bare ``KeyError``: :func:`check_resumable` raises one :class:`~trainer.common.errors.CheckpointError`
 before anything is loaded, naming the file, what differs and what to do. After the restore, one
 warning each says when a restored schedule ends before the resumed run does
-(:func:`warn_if_schedule_ends_early`), when the training batches cannot be the interrupted run's
+(:func:`load_schedulers`), when the training batches cannot be the interrupted run's
 (:func:`batch_geometry`, :func:`warn_if_batches_differ`) and when a saved callback state found no
 callback (:func:`load_callback_states`, which restores them).
 
@@ -36,7 +36,6 @@ from callbacks.base import callback_states
 from trainer.common.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from trainer.optim import SchedulerConfig
     from trainer.trainer import Trainer
 
 __all__ = [
@@ -47,9 +46,9 @@ __all__ = [
     "capture",
     "check_resumable",
     "load_callback_states",
+    "load_schedulers",
     "types_of",
     "warn_if_batches_differ",
-    "warn_if_schedule_ends_early",
 ]
 
 #: What a full resume reads besides the weights.
@@ -187,15 +186,16 @@ def schedule_length(scheduler: Any) -> tuple[str, int] | None:
     return None
 
 
-def warn_if_schedule_ends_early(
-    path: Path, configs: Sequence[SchedulerConfig], configured: Sequence[tuple[str, int] | None], trainer: Trainer
-) -> None:
-    """Warn for each restored schedule that ends before this run: its name, its length, the run's length.
+def load_schedulers(path: Path, states: Sequence[Mapping[str, Any]], trainer: Trainer) -> None:
+    """Load the schedulers' saved states, then warn for each that ends before this run (its name and length).
 
-    ``configured`` holds each schedule's length as the module made it for this run, before the
-    restore replaced it: a schedule whose length did not change (a run resumed as it was planned)
-    behaves as it would have without the interruption, and is not reported.
+    A schedule whose length is the one the module made for this run (a run resumed as it was
+    planned) behaves as it would have without the interruption, and is not reported.
     """
+    configs = trainer.lr_scheduler_configs
+    configured = [schedule_length(cfg.scheduler) for cfg in configs]
+    for cfg, saved in zip(configs, states):
+        cfg.scheduler.load_state_dict(saved)
     for cfg, planned in zip(configs, configured):
         length = schedule_length(cfg.scheduler)
         if length is None or length == planned:
