@@ -1,16 +1,13 @@
 """The one reader: any checkpoint a run may be given, read once and recognised once.
 
-``Trainer.fit/validate/test/predict(ckpt_path=...)`` reads through :func:`read_any`: a sharded
-directory (its trainer state; the tensors stay in the shards), or a file loaded once with
-``weights_only=True`` and then recognised from what it holds, in this order: a geartrain checkpoint
-(its format version checked, older layouts upgraded), a Lightning 2.x checkpoint (turned into
-geartrain's dict), a plain PyTorch state dict (weights only). Anything else is refused naming what
-the file holds. Every ``torch.load`` of a checkpoint (:func:`read_checkpoint`, also
-``load_from_checkpoint``'s; a sharded directory's trainer state) is here, and so are the checks on
-what is at the path and why ``torch.load`` refused a file: pickled Python objects (named, never
-run) or a damaged file. torch's own message adds advice to retry with ``weights_only=False``, which
-geartrain never gives. A save a kill interrupted between its two renames left the previous
-checkpoint set aside (:data:`~trainer.checkpoint.format.SET_ASIDE`); :func:`complete_path` finds it.
+:func:`read_any` (``Trainer.fit/validate/test/predict(ckpt_path=...)``) reads a sharded directory's
+trainer state (the tensors stay in the shards) or a file, then recognises it: a geartrain checkpoint
+(version checked, older layouts upgraded), a Lightning 2.x checkpoint, a plain PyTorch state dict
+(weights only); anything else is refused naming what it holds. Every ``torch.load`` of a checkpoint
+is :func:`read_checkpoint`'s (``weights_only=True``), and so are the checks on what is at the path
+and why torch refused a file (pickled Python objects, named and never run, or a damaged file),
+without torch's advice to retry with ``weights_only=False``. :func:`complete_path` finds the
+checkpoint a kill left set aside mid-replacement (:data:`~trainer.checkpoint.format.SET_ASIDE`).
 """
 
 from __future__ import annotations
@@ -41,9 +38,7 @@ from trainer.common.errors import CheckpointError, CheckpointNotFoundError
 from trainer.common.state_dict import plain_state_dict
 
 __all__ = [
-    "LIGHTNING_SAFE_GLOBALS",
     "PickledObjectsError",
-    "check_checkpoint_file",
     "complete_path",
     "fetch_url",
     "first_reason",
@@ -53,7 +48,6 @@ __all__ = [
     "read_checkpoint",
     "read_directory",
     "recognise",
-    "unreadable",
 ]
 
 
@@ -72,10 +66,7 @@ def read_any(path: str | Path) -> dict[str, Any]:
     directory's dict names its shards under ``"sharded_directory"``.
     """
     path = complete_path(Path(path))
-    if path.is_dir():
-        return read_directory(path)
-    state = read_checkpoint(path)  # one torch.load (weights_only; Lightning's AttributeDict allowed by name)
-    return recognise(state, path)
+    return recognise(read_checkpoint(path), path)
 
 
 def recognise(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
