@@ -197,12 +197,11 @@ def save_with(
     written at ``path`` and at each ``also_at`` path (the ``last`` copy), then each file in ``replaces``
     removed through it, as Lightning's callbacks do."""
     io = trainer.strategy.checkpoint_io
+    # Lightning's IO classes of two arguments are called as Lightning calls them: storage_options only if given.
+    options = {} if storage_options is None else {"storage_options": storage_options}
     if trainer.is_global_zero:
         for target in (path, *also_at):
-            if storage_options is None:  # Lightning's IO classes of two arguments are called as Lightning calls them
-                io.save_checkpoint(state, os.fspath(target))
-            else:
-                io.save_checkpoint(state, os.fspath(target), storage_options=storage_options)
+            io.save_checkpoint(state, os.fspath(target), **options)
         for old in replaces:
             io.remove_checkpoint(os.fspath(old))
     trainer.strategy.barrier("save_checkpoint")
