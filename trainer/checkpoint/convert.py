@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +76,14 @@ def _by_index(named: dict[str, Any]) -> dict[str, Any]:
     """Optimizer state keyed by parameter name → ``optimizer.state_dict()``'s layout (by index)."""
     if not named:
         return {"state": {}, "param_groups": []}
-    index = {name: i for i, name in enumerate(_names(named))}
+    return _renumber(named, {name: i for i, name in enumerate(_names(named))}.__getitem__)
+
+
+def _renumber(opt_state: dict[str, Any], key: Callable[[Any], Any]) -> dict[str, Any]:
+    """``opt_state`` with each parameter's key (in its state and its param groups) replaced by ``key(old)``."""
     return {
-        "state": {index[name]: value for name, value in named.get("state", {}).items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
+        "state": {key(old): value for old, value in opt_state.get("state", {}).items()},
+        "param_groups": [{**g, "params": [key(p) for p in g["params"]]} for g in opt_state["param_groups"]],
     }
 
 
@@ -105,12 +109,8 @@ def file_to_directory(file: str | os.PathLike[str], directory: str | os.PathLike
 
 
 def _by_name(indexed: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    if not indexed.get("param_groups"):
-        return {}
-    return {
-        "state": {names[int(i)]: value for i, value in indexed["state"].items()},
-        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in indexed["param_groups"]],
-    }
+    """``optimizer.state_dict()``'s layout (by index) → keyed by parameter name, for a sharded directory."""
+    return _renumber(indexed, lambda i: names[int(i)]) if indexed.get("param_groups") else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
