@@ -68,8 +68,7 @@ class TorchCheckpointIO(CheckpointIO):
                 f"TorchCheckpointIO.save_checkpoint takes no storage_options (got {storage_options!r}): "
                 "it writes a local file; give a CheckpointIO of your own for other storage"
             )
-        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-        write_atomically(checkpoint, path)
+        write_atomically(checkpoint, path)  # its folder made if missing
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """Read ``path`` with ``torch.load(weights_only=True)``; ``weights_only=False`` is refused (not safe)."""
