@@ -298,3 +298,22 @@ def test_one_shuffled_loader_in_a_list_resumes_mid_epoch_exactly(make_trainer: A
     resumed = OneInAList()
     make_trainer(max_epochs=2).fit(resumed, loaders(), ckpt_path=tmp_path / "mid.ckpt")
     assert_same_weights(resumed.net, whole.net)
+
+
+class _SeesBatches(TrainModule):
+    """Records every test batch and its index (a module with no parameters: the batches are plain numbers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Any, int]] = []
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.seen.append((batch, batch_idx))
+
+
+@pytest.mark.parametrize("loaders", [[0], (1.5, 2.5), ["a", "b"]])
+def test_a_list_of_numbers_or_strings_is_one_loader_of_those_batches(loaders: Any) -> None:
+    """Lightning's rule: a list of primitives is one iterable whose items are the batches (``trainer.test(m, [0])``)."""
+    module = _SeesBatches()
+    Trainer(barebones=True, accelerator="cpu").test(module, loaders)
+    assert module.seen == [(item, i) for i, item in enumerate(loaders)]

@@ -229,7 +229,7 @@ def resolve_loaders(
     if _nested(given):  # {"a": [l1, l2], "b": l3}: its loaders flat, each batch put back in its shape
         given, spec = tree_flatten(given)
     several: list[Any] | Mapping[str, Any]
-    if isinstance(given, Mapping):
+    if isinstance(given, Mapping) and not _of_primitives(given):
         several = {key: _prepare(trainer, loader, train, overfit, method) for key, loader in given.items()}
     elif isinstance(given, (list, tuple)) and (combined or all(_is_loader(item) for item in given)):
         several = [_prepare(trainer, loader, train, overfit, method) for loader in given]
@@ -286,7 +286,9 @@ def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
     """Refuse, as Lightning does, a dataloader (or an entry of a list or dict of them) that cannot be iterated."""
     if isinstance(given, CombinedLoader):
         given = given.iterables
-    if isinstance(given, Mapping):
+    if _of_primitives(given):
+        entries = [given]  # Lightning's rule: a list (or dict) of numbers or strings is one loader of those batches
+    elif isinstance(given, Mapping):
         entries = list(given.values())
     elif isinstance(given, (list, tuple)):
         entries = [item for item in given if not isinstance(item, torch.Tensor)]  # a list of batches is one loader
@@ -301,6 +303,13 @@ def _check_iterable(given: Any, stage: str, returned_by: str | None) -> None:
             else f"An invalid dataloader was passed to `Trainer.{stage}({'train_' if stage == 'fit' else ''}dataloaders=...)`"
         )
         raise InvalidDataloaderError(f"{where}. Found {entry!r}: give a DataLoader or another iterable of batches.")
+
+
+def _of_primitives(given: Any) -> bool:
+    """A non-empty list, tuple or dict of ints, floats and strings only (``[0]``): Lightning iterates it as one loader."""
+    items = given.values() if isinstance(given, Mapping) else given if isinstance(given, (list, tuple)) else ()
+    items = list(items)
+    return bool(items) and all(isinstance(item, (int, float, str)) for item in items)
 
 
 def _nested(given: Any) -> bool:
