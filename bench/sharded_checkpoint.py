@@ -113,7 +113,7 @@ def _worker(width: int, layers: int, repeats: int, root: str) -> dict[str, Any]:
     def full_load(path: Path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)
         strategy.load_model_state_dict(state["state_dict"])
-        strategy.load_optimizer_state_dict(optimizer, state["optimizers"][0])
+        strategy.load_optimizer_state(optimizer, state["optimizers"][0])
         dist.barrier()
 
     def sharded_load(path: Path) -> None:

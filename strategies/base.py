@@ -158,6 +158,7 @@ class Strategy(LightningStrategyNames):
                 "full weights: the checkpoint (Module.load_from_checkpoint(path)), or "
                 "trainer.strategy.model_state_dict() called on every rank after fit"
             )
+        self._lightning_module = module
 
     def setup(self, module: TrainModule) -> nn.Module:
         """Place ``module`` on the device (and wrap it where the strategy needs). Returns the module."""
@@ -314,8 +315,9 @@ class Strategy(LightningStrategyNames):
         """The optimizer's full state dict (sharded strategies gather it)."""
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """Restore an optimizer from :meth:`optimizer_state_dict`'s output."""
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Restore one optimizer from :meth:`optimizer_state_dict`'s output (Lightning's
+        ``load_optimizer_state_dict(checkpoint)`` calls it for each of the run's optimizers)."""
         optimizer.load_state_dict(state)
 
     # ----------------------------------------------------------------- sharded state

@@ -192,6 +192,7 @@ class FSDPStrategy(ParallelStrategy):
     @override
     def connect(self, module: TrainModule) -> None:
         module.device_mesh = self.device_mesh
+        self._lightning_module = module
 
     def _shard_options(self) -> dict[str, Any]:
         """``fully_shard``'s keyword arguments from this strategy's options and precision."""
@@ -353,7 +354,7 @@ class FSDPStrategy(ParallelStrategy):
         }
 
     @override
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         assert self.module is not None

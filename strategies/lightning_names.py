@@ -1,5 +1,6 @@
 """Lightning's strategy attributes over ours: ``accelerator``, ``parallel_devices``, ``launcher``, ``on_exception``,
-``tensor_init_context``.
+``tensor_init_context``, ``lightning_module``, ``optimizers`` and the checkpoint hooks ``load_optimizer_state_dict``
+and ``lightning_restore_optimizer``.
 
 Mixins of :class:`~strategies.base.Strategy` and :class:`~strategies.parallel.ParallelStrategy`, kept
 apart so the interface files hold only what the trainer calls. Each name reads or sets what the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,9 @@ from torch.overrides import TorchFunctionMode
 
 from strategies.accelerators import Accelerator, accelerator_for, accelerator_kind
 from strategies.precision import Precision
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
 
 __all__ = ["LightningParallelNames", "LightningStrategyNames", "StrategyLauncher", "one_precision"]
 
@@ -29,11 +33,46 @@ class LightningStrategyNames:
     _accelerator_object: Accelerator | None = None
     checkpoint_io: Any
     precision: Precision
+    #: What ``connect`` was given (a class default: a subclass that skips ``__init__`` still reads None).
+    _lightning_module: TrainModule | None = None
 
     if TYPE_CHECKING:
 
         @property
         def root_device(self) -> torch.device: ...
+
+        def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None: ...
+
+    @property
+    def lightning_module(self) -> TrainModule | None:
+        """The user's module that ``connect`` was given (None before), unwrapped.
+
+        ``trainer.lightning_module`` reads it before a run has set its own module, so code that drives a strategy
+        by hand (``trainer.strategy.connect(model)``, as Lightning's users do) sees its module.
+        """
+        return self._lightning_module
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The run's optimizers (``trainer.optimizers``, which holds them); ``[]`` before a module is connected to
+        a trainer."""
+        trainer = getattr(self._lightning_module, "_trainer", None)
+        return list(trainer.optimizers) if trainer is not None else []
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        """Whether the trainer restores the optimizers from a checkpoint (through :meth:`load_optimizer_state_dict`).
+
+        A strategy that restores them itself overrides this to return False; the schedulers are restored either way.
+        """
+        return True
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """Restore the run's optimizers from a whole checkpoint's ``"optimizer_states"`` (Lightning's hook: the
+        trainer calls it with the checkpoint it read when resuming). Each optimizer is loaded by
+        ``load_optimizer_state``, which a sharded strategy overrides."""
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+            self.load_optimizer_state(optimizer, state)
 
     def _take_lightning_arguments(self, accelerator: Accelerator | None, checkpoint_io: Any) -> None:
         """Lightning's constructor arguments: an accelerator sets the device kind; a checkpoint IO is kept for

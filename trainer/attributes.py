@@ -247,12 +247,13 @@ class TrainerAttributes:
     @property
     def model(self) -> TrainModule | None:
         """The user's module (Lightning's ``trainer.model``; the strategy's wrapper stays internal)."""
-        return self.run_state.module
+        return self.lightning_module
 
     @property
     def lightning_module(self) -> TrainModule | None:
-        """The user's module."""
-        return self.run_state.module
+        """The user's module: the run's, else (before any run) the one ``trainer.strategy.connect`` was given."""
+        module = self.run_state.module
+        return module if module is not None else self.strategy.lightning_module
 
     @property
     def loggers(self) -> list[Callback]:

@@ -347,8 +347,8 @@ class CheckpointConnector:
             self._load_weights(path, state["state_dict"])
         if not full:
             return
-        for opt, opt_state in zip(t.optimizers, state["optimizer_states"] if sharded is None else ()):
-            t.strategy.load_optimizer_state_dict(opt, opt_state)
+        if sharded is None and t.strategy.lightning_restore_optimizer:
+            t.strategy.load_optimizer_state_dict(state)  # Lightning's hook: the whole checkpoint
         resume.load_schedulers(path, state["lr_schedulers"], t)
         t.strategy.precision.load_state_dict(state.get("precision", {}))
         t.progress.load_state_dict(state["progress"])
