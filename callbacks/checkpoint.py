@@ -267,7 +267,8 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
                 if math.isnan(score):  # as Lightning: a NaN ranks as the worst score there can be
                     score = math.inf if self.mode == "min" else -math.inf
         keep, evict = False, list[str]()
-        previous = self.state_dict()
+        # This class's own state, not an override's: Lightning calls state_dict() only to write a checkpoint.
+        previous = ModelCheckpoint.state_dict(self)
         path = ""
         # "link" with sharded directories: a save that does not rank writes a checkpoint of its own name
         # for last.ckpt to link to, so last.ckpt never becomes a real folder a later link cannot replace.
@@ -350,7 +351,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
                     self.last_model_path, self.save_weights_only, async_=self.async_save, replaces=replaces
                 )
         except BaseException:
-            self.load_state_dict(previous)
+            ModelCheckpoint.load_state_dict(self, previous)
             raise
         self._written.update([path] if keep or exception_file or link_only else [])
         self._written.update([self.last_model_path] if self.save_last else [])
@@ -379,7 +380,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         try:
             trainer.wait_for_checkpoints()
         except BaseException:
-            self.load_state_dict(previous)
+            ModelCheckpoint.load_state_dict(self, previous)
             raise
 
     # ----------------------------------------------------------------- Lightning's scores: 0-d tensors

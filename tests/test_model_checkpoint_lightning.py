@@ -197,3 +197,23 @@ def test_state_dict_holds_lightnings_entries(tmp_path: Path) -> None:
         str(tmp_path),
         "epoch=1-step=4.ckpt",
     )
+
+
+class _CountsStateDict(ModelCheckpoint):
+    """Counts the calls of its ``state_dict`` override (which, as a Lightning test's, returns nothing)."""
+
+    calls = 0
+
+    def state_dict(self) -> Any:
+        super().state_dict()
+        self.calls += 1
+
+
+def test_state_dict_is_called_once_per_checkpoint_written(tmp_path: Path) -> None:
+    """As Lightning: a checkpoint callback's ``state_dict`` is called to write a checkpoint, once per file; its own
+    bookkeeping (the state a failed save rolls back to) does not go through a subclass's override."""
+    checkpoint = _CountsStateDict(dirpath=tmp_path, monitor="val_loss", save_top_k=-1)
+    trainer = quiet_trainer(tmp_path, callbacks=[checkpoint], max_epochs=3)
+    trainer.fit(Regressor(), make_loader(), make_loader())
+    assert len(list(tmp_path.glob("*.ckpt"))) == 3
+    assert checkpoint.calls == 3
