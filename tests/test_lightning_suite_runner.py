@@ -140,6 +140,19 @@ def test_the_alias_imports_afresh_into_a_sys_modules_without_lightnings_modules(
             "E     AttributeError: \\'Trainer\\' object has no attribute \\'fit_loop\\'\nE   WorkerFailedError",
             (cls.INTERNALS, "internal Trainer.fit_loop"),
         ),
+        (  # a private name, read by the test's own code (its file is the frame above) inside a worker
+            "failed",
+            'E   WorkerFailedError: rank 1 failed\nE     File "/w/tests_pytorch/trainer/test_trainer.py", line 9, in '
+            "on_predict_epoch_end\nE       if trainer._accelerator_connector.is_distributed:\nE     AttributeError: "
+            "'Trainer' object has no attribute '_accelerator_connector'",
+            (cls.INTERNALS, "internal Trainer._accelerator_connector"),
+        ),
+        (  # ... but a private name geartrain's own code lacks is a difference to look at
+            "failed",
+            'E   WorkerFailedError: rank 1 failed\nE     File "/w/strategies/ddp.py", line 9, in setup\nE     '
+            "AttributeError: 'Trainer' object has no attribute '_accelerator_connector'",
+            (cls.BEHAVIOUR, "WorkerFailedError: rank N failed"),
+        ),
         (  # ... or inside a run whose error pytest.raises(match=...) did not match
             "failed",
             "E   Expected regex: 'crash'\nE   Actual message: \"'Trainer' object has no attribute 'fit_loop'\"\n"

@@ -215,9 +215,19 @@ def _internal(text: str, line: str) -> str | None:
     # The test's own code read a loop attribute inside the run, and the error reached the test wrapped:
     # a ``ddp_spawn`` worker's traceback, or the "Actual message" of ``pytest.raises(match=...)``.
     for found in _WRAPPED_ATTR.finditer(text):
-        if found.group(2) in rules.INTERNAL_ATTRS:
+        if found.group(2) in rules.INTERNAL_ATTRS or (
+            rules.is_private(found.group(2)) and _read_by_the_test(text[: found.start()])
+        ):
             return f"internal {found.group(1)}.{found.group(2)}"
     return None
+
+
+def _read_by_the_test(before: str) -> bool:
+    """Whether the traceback frame just before an error (the last ``File "..."`` line of ``before``) is a file of
+    Lightning's tests: their own code read the private name (``trainer._accelerator_connector`` in a callback run by
+    a ``ddp_spawn`` worker), not geartrain's."""
+    frames = re.findall(r'File [\\]*"([^"\\]+)', before)
+    return bool(frames) and "tests_pytorch/" in frames[-1]
 
 
 def _owner_attr(line: str) -> tuple[str, str]:
