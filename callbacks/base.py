@@ -235,6 +235,8 @@ def callback_states(callbacks: Iterable[Any]) -> dict[str, Any]:
 
     Only geartrain callbacks (loggers among them) have a state there. An object given as a logger
     that is not one (a ``MagicMock`` standing in for a logger, as Lightning's tests give) keeps none,
-    as Lightning checkpoints no logger.
+    as Lightning checkpoints no logger. As Lightning's, a callback whose ``state_dict()`` is empty (or None, from an
+    override that returns nothing) has no entry, so nothing is loaded back into it.
     """
-    return {cb.state_key: cb.state_dict() for cb in callbacks if isinstance(cb, Callback)}
+    states = {cb.state_key: cb.state_dict() for cb in callbacks if isinstance(cb, Callback)}
+    return {key: state for key, state in states.items() if state}

@@ -144,3 +144,27 @@ def test_files_of_every_format_version_load_and_resume_exactly(tmp_path: Path, v
     assert trainer.global_step == 16
     for name, value in resumed.state_dict().items():
         assert torch.equal(value, expected[name]), name
+
+
+def test_a_callback_with_an_empty_state_has_no_entry_as_in_lightning(tmp_path: Path) -> None:
+    """Lightning keeps a callback's ``state_dict()`` only when it holds something; an override returning nothing (None)
+    is left out too, so no ``load_state_dict(None)`` follows on resume or after a ``ddp_spawn`` run."""
+    from callbacks import Callback
+    from tests.helpers.regression import Regressor, make_loader
+
+    class Empty(Callback):
+        pass
+
+    class ReturnsNothing(Callback):
+        def state_dict(self) -> Any:
+            return None
+
+    class Holds(Callback):
+        def state_dict(self) -> dict[str, Any]:
+            return {"n": 1}
+
+    holds = Holds()
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[Empty(), ReturnsNothing(), holds])
+    trainer.fit(Regressor(), make_loader())
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    assert torch.load(tmp_path / "c.ckpt", weights_only=True)["callbacks"] == {holds.state_key: {"n": 1}}
