@@ -52,12 +52,27 @@ class LightningStrategyNames:
         """
         return self._lightning_module
 
+    #: Optimizers assigned to a strategy that no trainer's module is connected to (Lightning's tests do).
+    _unattached_optimizers: tuple[torch.optim.Optimizer, ...] = ()
+
+    def _connected_trainer(self) -> Any:
+        """The trainer of the connected module (its own attribute, so a stand-in module has none), else None."""
+        return vars(self._lightning_module).get("_trainer") if self._lightning_module is not None else None
+
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        """The run's optimizers (``trainer.optimizers``, which holds them); ``[]`` before a module is connected to
-        a trainer."""
-        trainer = getattr(self._lightning_module, "_trainer", None)
-        return list(trainer.optimizers) if trainer is not None else []
+        """The run's optimizers: ``trainer.optimizers``, which holds them, once a module connected to a trainer is
+        (before: those assigned here, else ``[]``). Assigning sets ``trainer.optimizers`` then, as in Lightning."""
+        trainer = self._connected_trainer()
+        return list(trainer.optimizers) if trainer is not None else list(self._unattached_optimizers)
+
+    @optimizers.setter
+    def optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        trainer = self._connected_trainer()
+        if trainer is not None:
+            trainer.optimizers = list(optimizers)
+        else:
+            self._unattached_optimizers = tuple(optimizers)
 
     @property
     def lightning_restore_optimizer(self) -> bool:

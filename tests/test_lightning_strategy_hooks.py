@@ -74,3 +74,18 @@ def test_lightning_restore_optimizer_false_leaves_the_optimizers_to_the_strategy
     strategy, saved, resumed = _resumed(tmp_path, restore=False)
     assert strategy.given == []
     assert saved["state"] and not resumed["state"]
+
+
+def test_strategy_optimizers_are_the_trainers_once_connected() -> None:
+    """``strategy.optimizers`` (settable, as Lightning's): kept on the strategy until a module with a trainer is
+    connected, then read from and written to ``trainer.optimizers``, the one place the run holds them."""
+    trainer = quiet_trainer()
+    model = Regressor()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer.strategy.optimizers = [sgd]
+    assert trainer.strategy.optimizers == [sgd] and trainer.optimizers == []
+    trainer.strategy.connect(model)
+    model.trainer = trainer
+    assert trainer.strategy.optimizers == []
+    trainer.strategy.optimizers = [sgd]
+    assert trainer.optimizers == [sgd] and trainer.strategy.optimizers == [sgd]
