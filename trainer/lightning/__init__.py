@@ -251,7 +251,7 @@ TREE: dict[str, dict[str, str]] = {
     },
     "callbacks.checkpoint": {"Checkpoint": "callbacks.base"},
     "callbacks.pruning": {"ModelPruning": "callbacks"},
-    "callbacks.rich_model_summary": {"RichModelSummary": "callbacks.model_summary"},
+    "callbacks.rich_model_summary": _from("callbacks.model_summary", ["RichModelSummary", "_RICH_AVAILABLE"]),
     "callbacks.spike": {"SpikeDetection": "callbacks"},
     "callbacks.callback": {"Callback": "callbacks.base"},
     "callbacks.early_stopping": _from("callbacks.early_stopping", ["EarlyStopping", "EarlyStoppingReason"]),
