@@ -179,6 +179,18 @@ def test_timer_stops_cleanly_when_time_is_up(tmp_path: Path) -> None:
     assert last["callbacks"]["Timer"] == {"time_elapsed": 30.0}
 
 
+def test_timer_reads_the_time_module_lightnings_path_holds() -> None:
+    # Lightning's programs and tests patch `lightning.pytorch.callbacks.timer.time` to fake the clock.
+    from unittest import mock
+
+    with mock.patch("trainer.lightning.callbacks.timer.time") as fake:
+        fake.monotonic.return_value = 100.0
+        timer = Timer(duration=10)
+        timer.on_train_start(trainer=mock.Mock(), pl_module=mock.Mock())
+        fake.monotonic.return_value = 103.0
+        assert (timer.start_time(), timer.time_elapsed(), timer.time_remaining()) == (100.0, 3.0, 7.0)
+
+
 # ----------------------------------------------------------------- hooks
 EXPECTED_HOOKS = (
     {f"on_{stage}_{when}" for stage in ("fit", "train", "validation", "test", "predict") for when in ("start", "end")}
