@@ -334,7 +334,7 @@ def test_a_single_callback_instance_is_accepted() -> None:
 
 def test_barebones_turns_everything_off_and_refuses_what_it_turns_off(tmp_path: Path) -> None:
     trainer = Trainer(barebones=True, default_root_dir=tmp_path, max_epochs=1)
-    assert trainer.callbacks == [] and trainer.num_sanity_val_steps == 0
+    assert trainer.callbacks == [] and trainer.num_sanity_val_steps == 0 and trainer.log_every_n_steps == 0
     trainer.fit(TinyMLP(), make_batches(2))
     assert trainer.global_step == 2 and not list(tmp_path.iterdir())  # nothing written
     for name, value in (

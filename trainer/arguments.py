@@ -83,7 +83,7 @@ TRAINER_ARGS = """
         check_val_every_n_epoch: validate in every n-th epoch; ``None`` with an int
             ``val_check_interval``: every that many batches counted across epochs.
         num_sanity_val_steps: validation batches run before training (``None``: 2).
-        log_every_n_steps: how often step values go to the loggers (``None``: 50).
+        log_every_n_steps: how often step values go to the loggers (``None``: 50; 0: never, as Lightning).
         enable_checkpointing: add a ModelCheckpoint (last) unless one is given (``None``: True).
         enable_progress_bar: add a ProgressBar unless one is given (``None``: True).
         enable_model_summary: add a ModelSummary unless one is given (``None``: True).
@@ -207,7 +207,7 @@ def resolve_switches(
         " disabled to facilitate analyzing the Trainer overhead. Specifically, the following features are"
         f" deactivated: {', '.join(asked)}"
     )
-    return Switches(False, False, False, False, 0, 2**62)  # log_every_n_steps "never": more steps than any run
+    return Switches(False, False, False, False, 0, 0)  # log_every_n_steps=0: never, as Lightning
 
 
 def resolve_devices(devices: Any) -> int | str:

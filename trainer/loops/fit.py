@@ -263,7 +263,7 @@ def train_epoch(
             if type(result) is int and result == -1:
                 break
             if p.global_step != steps_before:
-                if p.global_step % log_every == 0:
+                if log_every and p.global_step % log_every == 0:  # 0: never, as Lightning
                     router.emit(dict(store.pending_step), p.global_step - 1)
                 elif store.pending_step:  # as Lightning: logged_metrics holds them between logging steps too
                     router.keep_logged(store.pending_step)
