@@ -228,10 +228,10 @@ class Logger(Callback):
         if self._writes and hparams:
             self.log_hyperparams(hparams)
 
-    @override
     def on_log_metrics(
         self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
     ) -> None:
+        """geartrain's hook for loggers (``callbacks.base.LOG_METRICS_HOOK``): a row is due; write it."""
         # On every rank, as Lightning's trainer calls it (geartrain's own loggers write on rank 0 only; a
         # logger of the user's own sees each rank's values). By keyword: a subclass reading them by name sees the same.
         self.log_metrics(metrics={key: float(value) for key, value in metrics.items()}, step=step)

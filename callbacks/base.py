@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = [
+    "DISPATCHED_HOOKS",
     "HOOKS",
+    "LOG_METRICS_HOOK",
     "REMOVED_HOOKS",
     "Callback",
     "Checkpoint",
@@ -131,19 +133,20 @@ class Callback:
     def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None: ...
     def on_save_checkpoint(self, trainer: Trainer, pl_module: TrainModule, checkpoint: dict[str, Any]) -> None: ...
     def on_load_checkpoint(self, trainer: Trainer, pl_module: TrainModule, checkpoint: dict[str, Any]) -> None: ...
-    def on_log_metrics(
-        self, trainer: Trainer, pl_module: TrainModule, metrics: dict[str, torch.Tensor], step: int
-    ) -> None:
-        """Metrics are due to be written (every ``log_every_n_steps`` steps, and at epoch ends).
-
-        Values are tensors; converting them (``float(v)``) syncs with the device, so loggers do it
-        here and nowhere else.
-        """
 
 
+#: Lightning's callback hooks: the methods of :class:`Callback`, exactly Lightning's set.
 HOOKS: tuple[str, ...] = tuple(
     name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown")
 )
+#: geartrain's one hook more, not a method of :class:`Callback` (so code listing its methods, or
+#: ``LambdaCallback``'s arguments, sees Lightning's set): ``on_log_metrics(trainer, pl_module, metrics,
+#: step)``, called when metrics are due to be written (every ``log_every_n_steps`` steps, and at epoch
+#: ends) on the callbacks that define it. Loggers do (``Logger`` turns it into ``log_metrics``); the
+#: values are tensors, so converting them (``float(v)``) syncs with the device there and nowhere else.
+LOG_METRICS_HOOK = "on_log_metrics"
+#: Every hook the trainer calls on the callbacks that define it.
+DISPATCHED_HOOKS: tuple[str, ...] = (*HOOKS, LOG_METRICS_HOOK)
 
 
 #: Hooks of Lightning 1.x that Lightning 2 no longer calls, and what to override instead. A callback
@@ -199,12 +202,12 @@ def _overrides(cb: Callback, hook: str) -> bool:
     own = getattr(type(cb), hook, None)
     if own is None:  # a stand-in whose class is not a Callback (``Mock(spec=Callback)``): its own attributes
         return callable(getattr(cb, hook, None))
-    return own is not getattr(Callback, hook)
+    return own is not getattr(Callback, hook, None)
 
 
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
     """Map every hook name to the callbacks, in order, whose class (or instance) overrides it."""
-    return {hook: [cb for cb in callbacks if _overrides(cb, hook)] for hook in HOOKS}
+    return {hook: [cb for cb in callbacks if _overrides(cb, hook)] for hook in DISPATCHED_HOOKS}
 
 
 def user_defines(module: Any, name: str) -> bool:

@@ -61,7 +61,7 @@ class GradientMonitor(Callback):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: TrainModule, optimizer: Any) -> None:
         every = self.log_every_n_steps or trainer.log_every_n_steps
         step = trainer.global_step
-        if step % every:
+        if not every or step % every:  # the trainer's 0: never
             return
         # Under 16-mixed the gradients are still scaled here; the precision unscales them at most once a
         # step, so the clipping and the optimizer step that follow see the same values as without us.

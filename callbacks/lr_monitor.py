@@ -168,6 +168,7 @@ class LearningRateMonitor(Callback):
         if (
             not self._batch_logged
             and self._interval(trainer) == "step"
+            and trainer.log_every_n_steps  # 0: never, as Lightning
             and (trainer.global_step + 1) % trainer.log_every_n_steps == 0
         ):
             self._batch_logged = True

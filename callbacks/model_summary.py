@@ -7,6 +7,7 @@ plain table, :class:`RichModelSummary` as a rich table.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = ["ModelSummary", "RichModelSummary", "Summary", "summarize"]
+
+#: Whether ``rich`` is installed; :class:`RichModelSummary` is refused without it (Lightning's flag and
+#: words; its module ``lightning.pytorch.callbacks.rich_model_summary`` reads the same flag).
+_RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
 
 #: ``summarize_kwargs`` the built-in ``summarize`` methods read (a subclass's own ``summarize`` gets any).
 STYLING_KWARGS = frozenset({"header_style"})
@@ -100,7 +105,18 @@ class ModelSummary(Callback):
 
 
 class RichModelSummary(ModelSummary):
-    """:class:`ModelSummary` drawn as a rich table (``header_style``: the header's rich style)."""
+    """:class:`ModelSummary` drawn as a rich table (``header_style``: the header's rich style).
+
+    Raises:
+        ModuleNotFoundError: ``rich`` is not installed (when built, as Lightning's).
+    """
+
+    def __init__(self, max_depth: int = 1, stream: TextIO | None = None, **summarize_kwargs: Any) -> None:
+        if not _RICH_AVAILABLE:
+            raise ModuleNotFoundError(
+                "`RichModelSummary` requires `rich` to be installed. Install it by running `pip install -U rich`."
+            )
+        super().__init__(max_depth, stream, **summarize_kwargs)
 
     @staticmethod
     @override

@@ -24,7 +24,7 @@ from callbacks import (
     ThroughputMonitor,
     Timer,
 )
-from callbacks.base import HOOKS
+from callbacks.base import DISPATCHED_HOOKS, HOOKS
 from tests.helpers import REPO_ROOT
 from tests.helpers.callback_tools import NotRankZero, Recorder, Scripted, loaders
 from tests.helpers.trainers import quiet_trainer
@@ -179,6 +179,18 @@ def test_timer_stops_cleanly_when_time_is_up(tmp_path: Path) -> None:
     assert last["callbacks"]["Timer"] == {"time_elapsed": 30.0}
 
 
+def test_timer_reads_the_time_module_lightnings_path_holds() -> None:
+    # Lightning's programs and tests patch `lightning.pytorch.callbacks.timer.time` to fake the clock.
+    from unittest import mock
+
+    with mock.patch("trainer.lightning.callbacks.timer.time") as fake:
+        fake.monotonic.return_value = 100.0
+        timer = Timer(duration=10)
+        timer.on_train_start(trainer=mock.Mock(), pl_module=mock.Mock())
+        fake.monotonic.return_value = 103.0
+        assert (timer.start_time(), timer.time_elapsed(), timer.time_remaining()) == (100.0, 3.0, 7.0)
+
+
 # ----------------------------------------------------------------- hooks
 EXPECTED_HOOKS = (
     {f"on_{stage}_{when}" for stage in ("fit", "train", "validation", "test", "predict") for when in ("start", "end")}
@@ -201,12 +213,12 @@ EXPECTED_HOOKS = (
 
 
 def test_every_hook_exists_and_is_called_in_order(tmp_path: Path) -> None:
-    assert set(HOOKS) >= EXPECTED_HOOKS
+    assert set(DISPATCHED_HOOKS) >= EXPECTED_HOOKS
 
     class Each(Callback):
         pass
 
-    for hook in HOOKS:
+    for hook in DISPATCHED_HOOKS:
         setattr(Each, hook, lambda self, *args, _h=hook, **kwargs: self.calls.append(_h))
     each: Any = Each()
     each.calls = []

@@ -339,6 +339,18 @@ def test_every_lightning_callback_hook_has_lightnings_signature(hook: str) -> No
     assert shown == LIGHTNING_HOOKS[hook]
 
 
+def test_callback_methods_are_lightnings_and_lambda_callback_takes_each(tmp_path: Any) -> None:
+    # Lightning's tests list Callback's functions and build a LambdaCallback from them: the set must be Lightning's.
+    methods = {name for name, _ in inspect.getmembers(Callback, inspect.isfunction) if not name.startswith("_")}
+    assert methods == set(LIGHTNING_HOOKS)  # its hooks, state_dict and load_state_dict
+    heard: set[str] = set()
+    hooks = {name: (lambda *_, _n=name, **__: heard.add(_n)) for name in methods - {"state_dict", "load_state_dict"}}
+    quiet_trainer(tmp_path, max_steps=1, callbacks=[callbacks.LambdaCallback(**hooks)]).fit(
+        Tiny(), DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+    )
+    assert {"setup", "on_fit_start", "on_train_batch_end", "on_fit_end", "teardown"} <= heard
+
+
 def test_a_removed_lightning_hook_is_refused_at_trainer_construction() -> None:
     class Old(Callback):
         def on_epoch_end(self, trainer: Any, pl_module: Any) -> None: ...

@@ -177,3 +177,15 @@ def test_omegaconf_configs_among_the_hyperparameters_come_back_as_configs(tmp_pa
     loaded = Configured.load_from_checkpoint(tmp_path / "c.ckpt")
     assert isinstance(loaded.hparams.cfg, DictConfig) and isinstance(loaded.hparams.nested["list"], ListConfig)
     assert loaded.hparams.cfg == cfg and isinstance(loaded.hparams.nested["all"][0], DictConfig)
+
+
+def test_hparams_with_keys_that_are_not_strings_copy_and_answer_missing_attributes() -> None:
+    # Lightning's tests save {1: 1, "2": 2, ...}; deepcopy and hasattr ask for attributes that are not keys.
+    import copy
+
+    from trainer.hparams import AttributeDict
+
+    hparams = AttributeDict({1: 1, "two": 2})
+    assert copy.deepcopy(hparams) == hparams and not hasattr(hparams, "three")
+    with pytest.raises(AttributeError, match="hparams has no 'three' \\(it has: 1, two\\)"):
+        _ = hparams.three

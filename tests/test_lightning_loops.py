@@ -6,6 +6,7 @@ Each test fails on the code before its fix: samplers told an epoch twice, ``self
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,26 @@ def test_persistent_workers_end_with_the_run(tmp_path: Path) -> None:
     given = loader()
     trainer.validate(Regressor(), given)
     assert all(getattr(dl, "_iterator", None) is None for dl in trainer.run_state.loaders["validate"])
+
+
+class StopsAtOnce(Regressor):
+    """Asks to stop at every epoch's end, as early stopping with no patience would."""
+
+    def on_train_epoch_end(self) -> None:
+        self.trainer.should_stop = True
+
+
+def test_a_stop_before_min_epochs_waits_and_says_so_once_at_info(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The root stays at WARNING: the `trainer` logger is at INFO itself, as Lightning's logger is.
+    with caplog.at_level(logging.INFO, logger="elsewhere"):
+        trainer = quiet_trainer(tmp_path, min_epochs=3, max_epochs=10)
+        trainer.fit(StopsAtOnce(), make_loader(8, 4))
+    assert trainer.current_epoch == 3 and trainer.global_step == 6  # waited for min_epochs, then stopped
+    told = [r for r in caplog.records if "has not been met" in r.getMessage()]
+    assert [(r.name, r.levelno) for r in told] == [("trainer", logging.INFO)]  # once, though asked each epoch
+    assert told[0].getMessage() == (
+        "Trainer was signaled to stop but the required `min_epochs=3` or `min_steps=None` has not been met. "
+        "Training will continue..."
+    )

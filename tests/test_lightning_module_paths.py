@@ -106,6 +106,47 @@ def test_importing_trainer_sets_lightning_utilities_rank_as_lightning_does() -> 
     assert _rank_after(cold) == "False"  # `import trainer` does not import the package itself
 
 
+#: A stand-in for lightning_fabric's two warning modules, as fabric 2.6 writes them (this venv lacks fabric).
+_FABRIC = {
+    "lightning_fabric/__init__.py": "",
+    "lightning_fabric/utilities/__init__.py": "",
+    "lightning_fabric/utilities/rank_zero.py": (
+        "from lightning_utilities.core import rank_zero as rank_zero_module\n"
+        "class LightningDeprecationWarning(DeprecationWarning): pass\n"
+        "rank_zero_module.rank_zero_deprecation_category = LightningDeprecationWarning\n"
+    ),
+    "lightning_fabric/utilities/warnings.py": (
+        "from lightning_fabric.utilities.rank_zero import LightningDeprecationWarning\n"
+        "class PossibleUserWarning(UserWarning): pass\n"
+    ),
+}
+_ONE_CLASS = (
+    "import warnings\n"
+    "from lightning_fabric.utilities import rank_zero, warnings as fabric\n"
+    "from lightning_utilities.core.rank_zero import rank_zero_deprecation_category\n"
+    "from trainer.common import errors\n"
+    "from trainer.lightning.utilities.warnings import PossibleUserWarning\n"
+    "from trainer.lightning.utilities.rank_zero import LightningDeprecationWarning\n"
+    "assert PossibleUserWarning is errors.PossibleUserWarning is fabric.PossibleUserWarning\n"
+    "assert LightningDeprecationWarning is rank_zero.LightningDeprecationWarning is fabric.LightningDeprecationWarning\n"
+    "assert rank_zero_deprecation_category is LightningDeprecationWarning\n"
+    "assert trainer.options.PossibleUserWarning is PossibleUserWarning\n"  # what the trainer warns with
+    "print('ok')\n"
+)
+
+
+@pytest.mark.parametrize("first", ["fabric", "trainer"])
+def test_fabric_warning_classes_are_geartrains_whichever_is_imported_first(first: str, tmp_path: Path) -> None:
+    # Lightning re-exports fabric's classes: a filter or pytest.warns given fabric's must match the trainer's warnings.
+    for name, text in _FABRIC.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    head = "import trainer.options\n"  # the trainer's warnings module, imported before or after fabric's
+    if first == "fabric":
+        head = "import lightning_fabric.utilities.warnings\n" + head
+    assert _rank_after(head + _ONE_CLASS, PYTHONPATH=str(tmp_path)) == "ok"
+
+
 @pytest.fixture
 def lightning_utilities_rank() -> Iterator[object]:
     from lightning_utilities.core.rank_zero import rank_zero_only

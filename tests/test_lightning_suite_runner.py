@@ -48,7 +48,10 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         key = next(k for k in trainer.lightning.REFUSED if k.rpartition(".")[0] in trainer.lightning.TREE)
         module, _, name = key.rpartition(".")
         refused = getattr(importlib.import_module(f"lightning.pytorch.{module}"), name)  # imports; use fails
-        for used in (lambda: _FitLoop(), lambda: load_hparams_from_yaml("x"), lambda: refused()):
+        from unittest.mock import Mock
+
+        uses = (lambda: _FitLoop(), lambda: load_hparams_from_yaml("x"), lambda: refused(), lambda: Mock(spec=_FitLoop))
+        for used in uses:
             try:
                 used()
             except AttributeError as error:
@@ -57,7 +60,8 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
         tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    internal, missing, refused = done.stdout.splitlines()
+    internal, missing, refused, as_spec = done.stdout.splitlines()
+    assert as_spec == internal  # a Mock specced on an internal name uses it
     assert cls.classify("failed", f"E   {refused}")[0] == cls.DOCUMENTED
     assert cls.classify("failed", f"E   {internal}") == (cls.INTERNALS, "internal lightning.pytorch.loops")
     assert cls.classify("failed", f"E   {missing}") == (

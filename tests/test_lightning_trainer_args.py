@@ -4,6 +4,7 @@ Lightning's order, and honoured with Lightning's meaning (a test below) or refus
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 import warnings
 from datetime import timedelta
@@ -333,7 +334,7 @@ def test_a_single_callback_instance_is_accepted() -> None:
 
 def test_barebones_turns_everything_off_and_refuses_what_it_turns_off(tmp_path: Path) -> None:
     trainer = Trainer(barebones=True, default_root_dir=tmp_path, max_epochs=1)
-    assert trainer.callbacks == [] and trainer.num_sanity_val_steps == 0
+    assert trainer.callbacks == [] and trainer.num_sanity_val_steps == 0 and trainer.log_every_n_steps == 0
     trainer.fit(TinyMLP(), make_batches(2))
     assert trainer.global_step == 2 and not list(tmp_path.iterdir())  # nothing written
     for name, value in (
@@ -351,6 +352,16 @@ def test_barebones_turns_everything_off_and_refuses_what_it_turns_off(tmp_path: 
             Trainer(barebones=True, **{name: value})
         with pytest.raises(ValueError, match=re.escape(f"`Trainer(barebones=True, {name}={value!r})` was passed")):
             Trainer(barebones=True, **{name: value})  # Lightning's words
+
+
+def test_barebones_says_so_once_at_info_level(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    with caplog.at_level(logging.INFO):
+        Trainer(default_root_dir=tmp_path)
+        assert "barebones" not in caplog.text
+        Trainer(barebones=True, default_root_dir=tmp_path)
+    (line,) = [r.getMessage() for r in caplog.records if "barebones" in r.getMessage()]
+    assert line.startswith("You are running in `Trainer(barebones=True)` mode.")  # Lightning's words
+    assert "enable_checkpointing" in line and "profiler" in line  # and what it turned off
 
 
 def test_default_root_dir_none_is_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

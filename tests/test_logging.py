@@ -212,6 +212,20 @@ def test_loggers_receive_step_values_every_n_steps(make_trainer: Any) -> None:
     assert set(trainer.logged_metrics) == {"loss_step", "idx", "val_loss", "loss_epoch"}
 
 
+def test_log_every_n_steps_zero_never_logs_steps_as_lightning(make_trainer: Any) -> None:
+    class M(Regressor):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss, on_epoch=True)
+            return loss
+
+    recorder = LogRecorder()
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=0, callbacks=[recorder])
+    trainer.fit(M(), make_loader(10, 2))
+    assert trainer.log_every_n_steps == 0
+    assert recorder.keys_at() == [(4, {"loss_epoch", "epoch"})]  # the epoch's values only
+
+
 def test_log_every_n_steps_counts_optimizer_steps_under_accumulation(make_trainer: Any) -> None:
     class M(Regressor):
         def training_step(self, batch: Any, batch_idx: int) -> Any:

@@ -167,3 +167,16 @@ def test_the_rich_summary_draws_the_same_rows(tmp_path: Any) -> None:
     text = out.getvalue()
     for cell in ("late", "block", "unused", LEFTOVER_PARAMS_NAME, "[5, 4]", "Total estimated model params size (MB)"):
         assert cell in text, cell
+
+
+def test_rich_summary_without_rich_is_refused_when_built_through_lightnings_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import trainer.lightning.callbacks.rich_model_summary as lightning_module
+
+    # Lightning's module path holds the flag its class reads: a program (or test) that clears it there
+    # sees Lightning's refusal, at construction.
+    monkeypatch.setattr(lightning_module, "_RICH_AVAILABLE", False)
+    with pytest.raises(ModuleNotFoundError, match="`RichModelSummary` requires `rich` to be installed"):
+        RichModelSummary()
+    ModelSummary()  # the plain table needs no rich

@@ -134,3 +134,16 @@ def test_the_trainer_seeds_its_loaders_workers_by_rank(tmp_path: Path, workers: 
         assert all(a != b for mine, theirs in zip(first, other_rank) for a, b in zip(mine, theirs))
     else:
         assert first == other_rank
+
+
+def test_isolate_rng_puts_cuda_states_back_as_lightning_does_even_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.common.rng import isolate_rng
+
+    put_back: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", put_back.append)
+    with isolate_rng(include_cuda=False):
+        pass
+    assert put_back == []  # CUDA's generators left alone
+    with isolate_rng():  # include_cuda=True: one state per device, none on a machine without CUDA
+        pass
+    assert len(put_back) == 1 and len(put_back[0]) == torch.cuda.device_count()

@@ -133,7 +133,7 @@ def test_optimizer_configs_lightning_warns_about_or_refuses(make_trainer: Any) -
     ("kwargs", "error", "pattern"),
     [
         ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches must be a positive int, got 0"),
-        ({"log_every_n_steps": 0}, ValueError, "log_every_n_steps must be a positive int, got 0"),
+        ({"log_every_n_steps": -1}, ValueError, "`log_every_n_steps` should be an int >= 0, got -1"),
         ({"check_val_every_n_epoch": 1.5}, ValueError, "check_val_every_n_epoch must be a positive int, got 1.5"),
         ({"gradient_clip_algorithm": "l2"}, ValueError, "must be 'norm' or 'value', got 'l2'"),
         (

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from callbacks.base import HOOKS, Callback
+from callbacks.base import DISPATCHED_HOOKS, Callback
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.tiny_mlp import TinyMLP, make_batches
 from tests.helpers.trainers import quiet_trainer
@@ -52,7 +52,7 @@ def _callback_recorder(name: str) -> Any:
 
 for _name in MODULE_HOOKS + STEPS:
     setattr(HookModule, _name, _module_recorder(_name))
-for _name in HOOKS:
+for _name in DISPATCHED_HOOKS:
     setattr(HookCallback, _name, _callback_recorder(_name))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from trainer.common import lightning_rank
+from trainer.common import lightning_shared
 
 if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
@@ -32,8 +32,8 @@ _LAZY = {
 
 _CHECKED: list[bool] = []
 
-# lightning_utilities' rank_zero_only.rank, set as importing Lightning sets it (trainer/common/lightning_rank.py).
-lightning_rank.install()
+# lightning_utilities' rank_zero_only.rank and fabric's warning classes, one with Lightning's (trainer/common/lightning_shared.py).
+lightning_shared.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -1,11 +1,10 @@
 """Lightning's ``Trainer(...)`` arguments: what each one means here, or why it is refused.
 
-:mod:`trainer.options` checks the loop arguments and adds the default callbacks; this room turns
-Lightning's other spellings into ours (``devices="0,1"``, ``logger=[...]``, ``None`` meaning "the
-default", ``barebones``), refuses what geartrain does not have (``model_registry``)
-with a message naming the alternative, and holds the few run-time pieces these
-arguments need (``overfit_batches``'s unshuffled loader, ``sync_batchnorm``'s conversion, the torch
-flags of ``deterministic``/``benchmark``/``detect_anomaly``).
+:mod:`trainer.options` checks the loop arguments and adds the default callbacks; this room turns Lightning's
+other spellings into ours (``devices="0,1"``, ``logger=[...]``, ``None`` meaning "the default", ``barebones``),
+refuses what geartrain does not have (``model_registry``) with a message naming the alternative, and holds
+the few run-time pieces these arguments need (``overfit_batches``'s unshuffled loader, ``sync_batchnorm``'s
+conversion, the torch flags of ``deterministic``/``benchmark``/``detect_anomaly``).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from trainer.common.errors import UserError
+from trainer.common.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -83,7 +83,7 @@ TRAINER_ARGS = """
         check_val_every_n_epoch: validate in every n-th epoch; ``None`` with an int
             ``val_check_interval``: every that many batches counted across epochs.
         num_sanity_val_steps: validation batches run before training (``None``: 2).
-        log_every_n_steps: how often step values go to the loggers (``None``: 50).
+        log_every_n_steps: how often step values go to the loggers (``None``: 50; 0: never, as Lightning).
         enable_checkpointing: add a ModelCheckpoint (last) unless one is given (``None``: True).
         enable_progress_bar: add a ProgressBar unless one is given (``None``: True).
         enable_model_summary: add a ModelSummary unless one is given (``None``: True).
@@ -202,8 +202,12 @@ def resolve_switches(
                 f"`Trainer(barebones=True, {name}={value!r})` was passed. Trainer(barebones=True) turns {name} off "
                 f"(it costs speed); remove {name} or barebones=True"
             )
-    # log_every_n_steps=0 means "never" here: a count larger than any run.
-    return Switches(False, False, False, False, 0, 2**62)
+    rank_zero_info(  # Lightning's words, with the arguments it turns off
+        "You are running in `Trainer(barebones=True)` mode. All features that may impact raw speed have been"
+        " disabled to facilitate analyzing the Trainer overhead. Specifically, the following features are"
+        f" deactivated: {', '.join(asked)}"
+    )
+    return Switches(False, False, False, False, 0, 0)  # log_every_n_steps=0: never, as Lightning
 
 
 def resolve_devices(devices: Any) -> int | str:

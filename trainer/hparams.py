@@ -56,7 +56,7 @@ class AttributeDict(dict[str, Any]):
         try:
             return self[key]
         except KeyError as err:
-            raise AttributeError(f"hparams has no {key!r} (it has: {', '.join(self) or 'nothing'})") from err
+            raise AttributeError(f"hparams has no {key!r} (it has: {', '.join(map(str, self)) or 'nothing'})") from err
 
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value

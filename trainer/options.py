@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.arguments import batch_limit
+from trainer.arguments import batch_limit, check_non_negative_int
 from trainer.common.errors import MissingStepError, PossibleUserWarning, UserError
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def loop_options(
     then runs every that many training batches counted across epochs. ``overfit_batches`` sets the
     training and validation limits (see :func:`trainer.arguments.overfit_loader` for the order).
     """
-    check_positive_int("log_every_n_steps", log_every_n_steps)
+    check_non_negative_int("log_every_n_steps", log_every_n_steps)  # 0: never, as Lightning
     if isinstance(val_check_interval, (str, dict, timedelta)):
         raise ValueError(
             f"val_check_interval={val_check_interval!r}: validating by wall-clock time is not supported (where it "

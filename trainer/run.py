@@ -21,7 +21,7 @@ import torch
 
 from callbacks.base import callback_states
 from trainer import arguments, loops
-from trainer.common import lightning_rank
+from trainer.common import lightning_shared
 from trainer.common.env import STARTED_BY_LAUNCHER
 from trainer.common.errors import Interrupted, Preempted, TunerExit
 from trainer.common.loaders import shut_down_workers
@@ -121,7 +121,7 @@ def run_stage(
     if datamodule is not None:
         datamodule.trainer = t
     t.strategy.setup_environment()
-    lightning_rank.share(t.strategy.global_rank)  # Lightning's strategies set lightning_utilities' rank here
+    lightning_shared.share(t.strategy.global_rank)  # Lightning's strategies set lightning_utilities' rank here
     if t.strategy.world_size > 1:
         # Rank 0's choice holds everywhere (a "last" that ranks started later could resolve otherwise).
         ckpt_path = t.strategy.broadcast(ckpt_path)

@@ -75,6 +75,7 @@ class RunState:
         num_training_batches / num_*_batches: batch counts of the loops (Lightning's attributes).
         val_check_batch: training batches between validations in this epoch (inf: at its end only).
         ckpt_path: the checkpoint the entry point loaded (``"last"``/``"best"`` resolved).
+        told: the info lines said already (each is said once a Trainer, as Lightning's ``WarningCache`` does).
     """
 
     loop: LoopOptions
@@ -106,6 +107,7 @@ class RunState:
     num_sanity_val_batches: list[float] = field(default_factory=list)
     val_check_batch: float | None = None
     ckpt_path: str | None = None
+    told: set[str] = field(default_factory=set)
 
     def state_dict(self, weights: bool = False) -> dict[str, Any]:
         """A copy of what a trial or the ``Tuner`` changes, for :meth:`load_state_dict`.

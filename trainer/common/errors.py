@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from trainer.common.lightning_shared import lightning_class
+
 __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
@@ -140,6 +142,12 @@ class PossibleUserWarning(UserWarning):
 
 class LightningDeprecationWarning(DeprecationWarning):
     """A Lightning name or behaviour that is going away (Lightning's name)."""
+
+
+# One class with lightning_fabric's (which lightning.pytorch re-exports) when fabric is imported first;
+# when it is imported later, fabric's module gets these (trainer/common/lightning_shared.py).
+PossibleUserWarning = lightning_class(PossibleUserWarning)  # type: ignore[misc]
+LightningDeprecationWarning = lightning_class(LightningDeprecationWarning)  # type: ignore[misc]
 
 
 def disable_possible_user_warnings(module: str = "") -> None:

@@ -35,6 +35,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("trainer")
+# At INFO, as Lightning sets its ``lightning.pytorch`` logger: the info lines pass whatever the root's
+# level (a handler the program configures shows them; none is added here). A level set before stays.
+if log.level == logging.NOTSET:
+    log.setLevel(logging.INFO)
 
 T = TypeVar("T")
 

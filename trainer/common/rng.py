@@ -61,12 +61,13 @@ def isolate_rng(include_cuda: bool = True) -> Iterator[None]:
     ...     _ = torch.rand(1)
     """
     state = rng_state()
-    if not include_cuda:
-        state.pop("cuda", None)
+    cuda = state.pop("cuda", [])  # one state per visible CUDA device: none without CUDA
     try:
         yield
     finally:
         set_rng_state(state)
+        if include_cuda:  # as Lightning, also without CUDA (setting no device's state does nothing)
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def seed_worker(worker_id: int, rank: int) -> None:

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from strategies.sampling import EmptyShardError
-from trainer.common.errors import PossibleUserWarning, Preempted
+from trainer.common.errors import Preempted
 from trainer.data.fit_loaders import request_train_loader, request_val_loaders
+from trainer.loops import fit_messages as messages
 from trainer.loops.dataloader_iter import DataloaderIter, check_training_options, iter_steps, takes_dataloader_iter
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled, warn_if_validation_is_half_defined
 from trainer.loops.iteration import iterate, last_batch_share, num_batches, set_sampler_epoch
@@ -26,8 +27,6 @@ from trainer.metrics.sync import epoch_agreement
 from trainer.profilers.base import profiled_iter
 
 if TYPE_CHECKING:
-    import torch
-
     from trainer.run_state import RunState
     from trainer.trainer import Trainer
 
@@ -84,7 +83,7 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     if validation_enabled(state) and state.loop.num_sanity_val_steps != 0 and not state.loop.fast_dev_run:
         sanity_check(trainer, state)
     loader = request_train_loader(trainer)  # after the sanity check's val_dataloader(), as Lightning asks
-    _warn_if_fewer_batches_than_log_interval(trainer, state, loader)
+    messages.warn_if_fewer_batches_than_log_interval(trainer, state, loader)
     every = state.loop.check_val_every_n_epoch
     if validation_enabled(state) and (every is None or (p.epoch + 1) % every == 0):
         request_val_loaders(trainer)  # as Lightning: known before on_train_start when this epoch validates
@@ -93,7 +92,7 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
         with refusing("on_fit_end"):
             hooks("on_fit_end")
         return
-    _warn_if_in_eval_mode(state.module)  # the user's modes stay as they are, as in Lightning 2.6
+    messages.warn_if_in_eval_mode(state.module)  # the user's modes stay as they are, as in Lightning 2.6
     # A fresh run opens its first epoch's loader here, before on_train_start, as Lightning does: that
     # draws the loader's worker seed from the global generator, before what the hooks draw. Later
     # epochs (and a resumed run's first) open theirs after on_train_epoch_start.
@@ -126,34 +125,6 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
         hooks("on_train_end")
     with refusing("on_fit_end"):
         hooks("on_fit_end")
-
-
-def _warn_if_fewer_batches_than_log_interval(trainer: Trainer, state: RunState, loader: Any) -> None:
-    """Lightning's warning: with loggers, an epoch shorter than ``log_every_n_steps`` logs no training step."""
-    if loader is None or not trainer.loggers or state.loop.fast_dev_run:
-        return
-    num = num_batches(loader, state.loop.limits["fit"])
-    every = state.loop.log_every_n_steps
-    if num < every and trainer.is_global_zero:
-        warnings.warn(
-            f"The number of training batches ({int(num)}) is smaller than the logging interval "
-            f"Trainer(log_every_n_steps={every}). Set a lower value for log_every_n_steps if you want to see logs "
-            "for the training epoch.",
-            PossibleUserWarning,
-            stacklevel=3,
-        )
-
-
-def _warn_if_in_eval_mode(module: torch.nn.Module) -> None:
-    """Say when submodules will train in eval mode (frozen batch norm may be meant; a forgotten ``eval()`` not)."""
-    in_eval = [name or type(module).__name__ for name, sub in module.named_modules() if not sub.training]
-    if in_eval:
-        warnings.warn(
-            f"{len(in_eval)} module(s) are in eval mode at the start of training ({', '.join(in_eval[:5])}"
-            f"{', ...' if len(in_eval) > 5 else ''}); they stay so. Call .train() on them if that is not meant.",
-            PossibleUserWarning,
-            stacklevel=2,
-        )
 
 
 def no_training_batches(trainer: Trainer, state: RunState) -> bool:
@@ -292,7 +263,7 @@ def train_epoch(
             if type(result) is int and result == -1:
                 break
             if p.global_step != steps_before:
-                if p.global_step % log_every == 0:
+                if log_every and p.global_step % log_every == 0:  # 0: never, as Lightning
                     router.emit(dict(store.pending_step), p.global_step - 1)
                 elif store.pending_step:  # as Lightning: logged_metrics holds them between logging steps too
                     router.keep_logged(store.pending_step)
@@ -381,7 +352,10 @@ def _may_stop(state: RunState) -> bool:
     if not p.should_stop:
         return False
     done_epochs = p.epoch + (1 if p.epoch_finished else 0)
-    return done_epochs >= state.loop.min_epochs and p.global_step >= state.loop.min_steps
+    if done_epochs >= state.loop.min_epochs and p.global_step >= state.loop.min_steps:
+        return True
+    messages.tell_stop_waits(state)
+    return False
 
 
 def _val_every(state: RunState, num: float) -> int | None:

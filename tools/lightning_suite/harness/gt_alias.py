@@ -97,6 +97,7 @@ class Placeholder:
     __mro_entries__ = _gt_raise
     __instancecheck__ = _gt_raise
     __fspath__ = _gt_raise
+    __dir__ = _gt_raise  # ``Mock(spec=<the name>)`` lists it: a use of the name
 
 
 def _refusal(path: str) -> str | None:
