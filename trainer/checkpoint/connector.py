@@ -20,6 +20,7 @@ from trainer.checkpoint.format import (
     LIGHTNING_LAYOUT_VERSION,
     is_geartrain_checkpoint,
     lightning_loops,
+    merge_loops,
 )
 from trainer.checkpoint.plugin_io import DEFAULT_IO_TYPES, is_default_io, save_with
 from trainer.checkpoint.reader import read_any, recognise
@@ -27,7 +28,7 @@ from trainer.checkpoint.resolve import last_files, resolve_ckpt_path
 from trainer.common.errors import CheckpointError, UserError
 from trainer.common.rng import rng_state, set_rng_state
 from trainer.common.state_dict import to_plain
-from trainer.data.resumable import ResumableBatchSampler
+from trainer.data.stateful import checkpoint_loops, saved_states
 from trainer.hparams import hparams_record
 
 if TYPE_CHECKING:
@@ -49,9 +50,10 @@ class CheckpointConnector:
         self._trainer = trainer
         self._writer: AsyncCheckpointWriter | None = None  # made on the first asynchronous save
         self._sharded_pending: PendingSave | None = None  # a sharded directory written in the background
-        #: The sampler's epoch order saved in the checkpoint a run resumed from (None: none);
-        #: the training loop takes it once, to replay the interrupted epoch's order.
+        #: The sampler's epoch order and the stateful loaders' states (trainer.data.stateful) saved in the
+        #: checkpoint a run resumed from (None, []: none); the training loop takes them once.
         self.resume_epoch_rng: dict[str, Any] | None = None
+        self.resume_loader_states: list[dict[str, Any]] = []
         #: :meth:`training_state` of a fit that ran in processes the strategy started (rank 0's),
         #: adopted by the caller; None otherwise.
         self.adopted: dict[str, Any] | None = None
@@ -141,7 +143,7 @@ class CheckpointConnector:
             state.update(hparams_record(t.datamodule, "datamodule_"))
         if not weights_only:
             training = self.training_state(sharded)
-            state["loops"].update(training.pop("loops", {}))  # the sampler's order beside Lightning's loops
+            merge_loops(state["loops"], training.pop("loops", {}))  # the sampler's order, the loaders' states
             state.update(training)
             state["callbacks"] = callback_states(t.callbacks)
             mid_epoch = t.stage == "fit" and not t.progress.epoch_finished
@@ -185,10 +187,7 @@ class CheckpointConnector:
             "precision": t.strategy.precision.state_dict(),
             "rng": t.strategy.gather_object(rng_state()),  # one entry per rank
         }
-        loops: dict[str, Any] = {}
-        sampler = getattr(t.loaders.get("fit"), "batch_sampler", None)
-        if isinstance(sampler, ResumableBatchSampler) and sampler.epoch_rng is not None:
-            loops["epoch_rng"] = sampler.epoch_rng
+        loops = checkpoint_loops(t.loaders.get("fit"))
         batches = resume.batch_geometry(t)
         if batches is not None:  # how the training batches were formed: a resume says what differs
             loops["batches"] = batches
@@ -362,6 +361,7 @@ class CheckpointConnector:
         if t.datamodule is not None and "datamodule" in state:
             t.datamodule.load_state_dict(state["datamodule"])
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
+        self.resume_loader_states = saved_states(state.get("loops", {}))
         self._resume_batches = (path, state.get("loops", {}).get("batches"))
         rngs = state.get("rng", [])
         if rngs:

@@ -45,6 +45,7 @@ __all__ = [
     "is_lightning_checkpoint",
     "is_our_checkpoint_dir",
     "lightning_loops",
+    "merge_loops",
     "lightning_resume_state",
     "upgrade",
 ]
@@ -155,6 +156,17 @@ def lightning_loops(progress: Mapping[str, Any], automatic_optimization: bool) -
         "test_loop": _evaluation_loop(),
         "predict_loop": {"state_dict": {}, "batch_progress": _batch_progress(0, 0, None)},
     }
+
+
+def merge_loops(loops: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    """Put geartrain's resume entries ``extra`` into a checkpoint's ``loops``: the stateful training
+    loaders' states (``combined_loader``) into ``fit_loop``'s ``state_dict``, where Lightning reads
+    them (:mod:`trainer.data.stateful`), the others beside Lightning's loops."""
+    for key, value in extra.items():
+        if key == "combined_loader":
+            loops["fit_loop"]["state_dict"] = {**loops["fit_loop"]["state_dict"], key: value}
+        else:
+            loops[key] = value
 
 
 def check_version(path: Path, version: Any) -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import callback_states
+from trainer.checkpoint.format import merge_loops
 from trainer.common.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -349,7 +350,7 @@ def apply(state: dict[str, Any], point: dict[str, Any]) -> None:
         if key == "callbacks":
             state["callbacks"] = {**state["callbacks"], **value}
         elif key == "loops":
-            state["loops"].update(value)
+            merge_loops(state["loops"], value)
         elif key == "param_groups":
             for opt_state, groups in zip(state["optimizer_states"], value):
                 opt_state["param_groups"] = [

@@ -231,7 +231,7 @@ def resolve_loaders(
     several: list[Any] | Mapping[str, Any]
     if isinstance(given, Mapping) and not _of_primitives(given):
         several = {key: _prepare(trainer, loader, train, overfit, method) for key, loader in given.items()}
-    elif isinstance(given, (list, tuple)) and (combined or all(_is_loader(item) for item in given)):
+    elif isinstance(given, (list, tuple)) and (combined or (given and all(_is_loader(item) for item in given))):
         several = [_prepare(trainer, loader, train, overfit, method) for loader in given]
     else:
         one = _prepare(trainer, given, train, overfit, method)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from strategies.sampling import EmptyShardError
 from trainer.common.errors import Preempted
 from trainer.data.fit_loaders import request_train_loader, request_val_loaders
+from trainer.data.stateful import load_states
 from trainer.loops import fit_messages as messages
 from trainer.loops.dataloader_iter import DataloaderIter, check_training_options, iter_steps, takes_dataloader_iter
 from trainer.loops.evaluation import eval_loop, sanity_check, validation_enabled, warn_if_validation_is_half_defined
@@ -96,7 +97,8 @@ def fit_loop(trainer: Trainer, state: RunState) -> None:
     # A fresh run opens its first epoch's loader here, before on_train_start, as Lightning does: that
     # draws the loader's worker seed from the global generator, before what the hooks draw. Later
     # epochs (and a resumed run's first) open theirs after on_train_epoch_start.
-    first_batches = _open_first_epoch(state) if p.epoch == 0 and p.batch_in_epoch == 0 else None
+    fresh = p.epoch == 0 and p.batch_in_epoch == 0 and not trainer.checkpointing.resume_loader_states
+    first_batches = _open_first_epoch(state) if fresh else None
     # Values logged in on_train_start count towards the first epoch's (Lightning's rule).
     store = MetricStore(trainer.strategy.reduce, epoch_agreement(trainer))
     with trainer.metric_router.logging(store, EPOCH_DEFAULTS):
@@ -220,6 +222,8 @@ def train_epoch(
     with router.logging(store, EPOCH_DEFAULTS):
         hooks("on_train_epoch_start")
     resume_epoch_rng = trainer.checkpointing.take_resume_epoch_rng()
+    loader_states, trainer.checkpointing.resume_loader_states = trainer.checkpointing.resume_loader_states, []
+    drop = not load_states(loader, loader_states, mid_epoch=p.batch_in_epoch > 0)  # it continues by itself
     assert state.module is not None
     fetches_itself = takes_dataloader_iter(state.module.training_step)  # Lightning's training_step(dataloader_iter)
     if fetches_itself:
@@ -248,7 +252,7 @@ def train_epoch(
             last_val_at = p.batch_in_epoch
     with router.logging(store, STEP_DEFAULTS):
         if batches is None:
-            batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng)
+            batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng, drop=drop)
         if fetches_itself:  # one call of the step per iteration, until the step has fetched the last batch
             opened = batches
             batches = iter_steps(DataloaderIter([(0, num, lambda: opened)]))

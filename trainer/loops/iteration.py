@@ -49,25 +49,27 @@ _PREFIX = {"fit": "train", "validate": "val"}
 
 
 def iterate(
-    loader: Iterable[Any], num: float, start: int = 0, epoch_rng: dict[str, Any] | None = None
+    loader: Iterable[Any], num: float, start: int = 0, epoch_rng: dict[str, Any] | None = None, drop: bool = True
 ) -> Iterator[tuple[int, Any, bool]]:
     """Yield ``(index, batch, is_last)`` for the first ``num`` batches, from index ``start``.
 
     ``is_last`` comes from the length when known, else from looking one batch ahead. Starting at
     ``start > 0`` (a mid-epoch resume) skips index batches in the sampler, with the epoch's order
     replayed from ``epoch_rng``, where the loader allows it; otherwise it fetches and drops them.
+    ``drop=False``: the loader continues from its own restored state (:mod:`trainer.data.stateful`),
+    so nothing is skipped and the indices still start at ``start``.
     """
     if num <= start:
         return iter(())
     sampler = getattr(loader, "batch_sampler", None)
-    if start and isinstance(sampler, ResumableBatchSampler):
+    if start and drop and isinstance(sampler, ResumableBatchSampler):
         sampler.resume(start, epoch_rng)
         rng_now = rng_state()
         iterator = iter(loader)
         set_rng_state(rng_now)  # creating the iterator drew a worker seed; the run had drawn it earlier
     else:
         iterator = iter(loader)
-        for _ in itertools.islice(iterator, start):
+        for _ in itertools.islice(iterator, start if drop else 0):
             pass
     if not math.isinf(num):
         count = int(num) - start

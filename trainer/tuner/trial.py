@@ -130,16 +130,19 @@ def save_run(trainer: Trainer, weights: bool = False) -> dict[str, Any]:
 
     ``weights``: the module's weights too (a trial trains them; the ``Tuner``'s hosting fit does not).
     """
-    return {
+    saved: dict[str, Any] = {
         "run": trainer.run_state.state_dict(weights=weights),
         "window": trainer.run_state.window,
         "metrics": trainer.metric_router.snapshot(),
         "rng": rng_state(),
         # A resumed run's epoch order is replayed by its own first epoch, not by the trial.
         "resume_epoch_rng": trainer.checkpointing.take_resume_epoch_rng(),
+        "resume_loader_states": trainer.checkpointing.resume_loader_states,
         # A trial ends inside an epoch: where it stopped is not where the hosting run stands.
         "resume_point": trainer.checkpointing.resume_point,
     }
+    trainer.checkpointing.resume_loader_states = []  # loaded by the resumed run's first epoch, not by a trial
+    return saved
 
 
 def restore_run(trainer: Trainer, saved: dict[str, Any]) -> None:
@@ -149,4 +152,5 @@ def restore_run(trainer: Trainer, saved: dict[str, Any]) -> None:
     trainer.metric_router.restore(saved["metrics"])
     set_rng_state(saved["rng"])
     trainer.checkpointing.resume_epoch_rng = saved["resume_epoch_rng"]
+    trainer.checkpointing.resume_loader_states = saved["resume_loader_states"]
     trainer.checkpointing.resume_point = saved["resume_point"]
