@@ -317,3 +317,13 @@ def test_a_list_of_numbers_or_strings_is_one_loader_of_those_batches(loaders: An
     module = _SeesBatches()
     Trainer(barebones=True, accelerator="cpu").test(module, loaders)
     assert module.seen == [(item, i) for i, item in enumerate(loaders)]
+
+
+def test_lists_of_numbers_in_a_list_are_one_loader_each_as_in_lightning(make_trainer: Any) -> None:
+    class Echo(Regressor):
+        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+            return (batch, batch_idx, dataloader_idx)
+
+    trainer = make_trainer()
+    assert trainer.predict(Echo(), [[0, 1], [2, 3]]) == [[(0, 0, 0), (1, 1, 0)], [(2, 0, 1), (3, 1, 1)]]
+    assert trainer.predict(Echo(), [0, 1]) == [(0, 0, 0), (1, 1, 0)]  # a list of numbers alone: one loader

@@ -327,6 +327,8 @@ def _is_loader(obj: Any) -> bool:
     """A dataloader (or other iterable of batches), not a batch: a list of batches is one loader."""
     if isinstance(obj, DataLoader):
         return True
+    if _of_primitives(obj):
+        return True  # Lightning's rule: a list of numbers or strings in a collection is one iterable of them
     return hasattr(obj, "__iter__") and not isinstance(obj, (torch.Tensor, list, tuple, Mapping, str, bytes))
 
 
