@@ -68,7 +68,7 @@ def test_unusable_configure_optimizers(make_trainer: Any, returned: Any, pattern
 
 
 def test_two_optimizers_need_manual_optimisation(make_trainer: Any) -> None:
-    with pytest.raises(ValueError, match=r"returned 2 optimizers.*automatic_optimization = False"):
+    with pytest.raises(RuntimeError, match=r"only supported with manual optimization.*returned 2 optimizers"):
         make_trainer(max_epochs=1).fit(Regressor(lambda m: [sgd(m), sgd(m)]), make_loader())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ import torch
 
 from trainer.common.errors import MisconfigurationException, UserError
 
-__all__ = ["NoOptimizer", "OptimizerConfigError", "SchedulerConfig", "parse_optimizers"]
+__all__ = ["NoOptimizer", "OptimizerConfigError", "SchedulerConfig", "check_optimization_mode", "parse_optimizers"]
 
 _ACCEPTED = (
     "Unknown configuration for model optimizers. configure_optimizers() must return an optimizer, a list/tuple "
@@ -160,6 +161,54 @@ def parse_optimizers(
             "build each scheduler on one of the optimizers you return"
         )
     return optimizers, schedulers
+
+
+def check_optimization_mode(
+    module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], gradient_clip_val: float | None, k: int
+) -> None:
+    """Lightning's refusals of what the module's optimisation mode cannot do, before a fit trains.
+
+    Automatic optimisation steps one optimizer and has no ``optimizer_idx``; manual optimisation leaves
+    clipping and accumulation to ``training_step``, so ``Trainer(gradient_clip_val=...)`` and
+    ``Trainer(accumulate_grad_batches=k)`` (``k``) would do nothing there: refused instead of ignored.
+    """
+    name = type(module).__name__
+    if "optimizer_idx" in _parameters(getattr(module, "training_step", None)):
+        raise RuntimeError(  # Lightning's words first
+            "Training with multiple optimizers is only supported with manual optimization. Remove the `optimizer_idx`"
+            " argument from `training_step`, set `self.automatic_optimization = False` and access your optimizers"
+            f" in `training_step` with `opt1, opt2, ... = self.optimizers()` ({name}.training_step takes "
+            "optimizer_idx, which Lightning 2.x no longer passes)."
+        )
+    if getattr(module, "automatic_optimization", True):
+        if len(optimizers) > 1:
+            raise RuntimeError(
+                "Training with multiple optimizers is only supported with manual optimization. Set"
+                " `self.automatic_optimization = False`, then access your optimizers in `training_step` with"
+                f" `opt1, opt2, ... = self.optimizers()` (configure_optimizers() returned {len(optimizers)} "
+                "optimizers; automatic optimisation steps one)."
+            )
+        return
+    if gradient_clip_val is not None and gradient_clip_val > 0:
+        raise MisconfigurationException(
+            "Automatic gradient clipping is not supported for manual optimization."
+            f" Remove `Trainer(gradient_clip_val={gradient_clip_val})` or switch to automatic optimization"
+            f" ({name} sets automatic_optimization = False: clip in training_step with self.clip_gradients)."
+        )
+    if k != 1:
+        raise MisconfigurationException(
+            "Automatic gradient accumulation is not supported for manual optimization."
+            f" Remove `Trainer(accumulate_grad_batches={k})` or switch to automatic optimization"
+            f" ({name} sets automatic_optimization = False: step its optimizers every k batches itself)."
+        )
+
+
+def _parameters(fn: Any) -> Mapping[str, Any]:
+    """The parameters of ``fn``'s signature by name (none when it has no readable signature)."""
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _parse(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:

@@ -32,7 +32,7 @@ from trainer.hooks import is_overridden
 from trainer.hparams import clean_namespace
 from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer, manual_backward
-from trainer.optim import parse_optimizers
+from trainer.optim import check_optimization_mode, parse_optimizers
 from trainer.options import check_checkpoint_folders
 from trainer.state import TrainerStatus
 
@@ -349,11 +349,7 @@ def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
     optimizers, schedulers = parse_optimizers(
         module.configure_optimizers(), module.automatic_optimization, is_overridden("lr_scheduler_step", module)
     )
-    if module.automatic_optimization and len(optimizers) > 1:
-        raise ValueError(
-            f"configure_optimizers() returned {len(optimizers)} optimizers; automatic optimisation "
-            "steps one. Set `automatic_optimization = False` and step them in training_step."
-        )
+    check_optimization_mode(module, optimizers, trainer.gradient_clip_val, trainer.accumulate_grad_batches)
     state = trainer.run_state
     state.optimizers = trainer.strategy.setup_optimizers(optimizers)
     state.lr_scheduler_configs = schedulers

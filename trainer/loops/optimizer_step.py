@@ -26,6 +26,7 @@ __all__ = [
     "batch_outputs",
     "loss_of",
     "manual_backward",
+    "manual_output",
     "needs_closure",
     "step_schedulers",
     "zero_grad_hook",
@@ -230,6 +231,18 @@ def loss_of(out: Any) -> torch.Tensor | None:
     raise StepOutputError(
         "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will be "
         f"skipped): training_step must return a loss tensor, a dict with 'loss', or None; got {type(out).__name__}"
+    )
+
+
+def manual_output(out: Any, module: Any) -> Any:
+    """What a manual-optimisation ``training_step`` returned, checked as Lightning does: a tensor, a dict
+    (handed to ``on_train_batch_end``) or None; anything else is refused instead of passed on unread."""
+    if out is None or isinstance(out, (torch.Tensor, Mapping)):
+        return out
+    raise StepOutputError(  # Lightning's words first
+        "In manual optimization, `training_step` must either return a Tensor or have no return "
+        f"({type(module).__name__}.training_step returned {type(out).__name__}: its optimizers are stepped inside it, "
+        "so return None, the loss tensor, or a dict of values for on_train_batch_end)."
     )
 
 

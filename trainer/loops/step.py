@@ -34,6 +34,7 @@ from trainer.loops.optimizer_step import (
     batch_outputs,
     loss_of,
     manual_backward,
+    manual_output,
     needs_closure,
     step_schedulers,
     zero_grad_hook,
@@ -93,7 +94,7 @@ def make_train_batch(trainer: Trainer, state: RunState, last_share: float | None
 
         def step(batch: Any, batch_idx: int, is_last: bool) -> Any:
             with forward_context():
-                return training_step(batch, batch_idx)
+                return manual_output(training_step(batch, batch_idx), module)
 
     if takes_dataloader_iter(module.training_step):  # the step fetches its batches (trainer/loops/dataloader_iter.py)
         return profiled(
