@@ -7,6 +7,7 @@ random draws are compared with a loop written out by hand, which draws them in L
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +15,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback
+from callbacks import Callback, ModelCheckpoint
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.errors import PossibleUserWarning
+from trainer.errors import MisconfigurationException, PossibleUserWarning
 
 
 class Recorder(TrainModule):
@@ -188,8 +189,10 @@ def test_validation_step_values_reach_logged_metrics() -> None:
     assert "val_step" in _fit_logs("mean").logged_metrics
 
 
-@pytest.mark.parametrize("hook", ["on_validation_end", "on_train_end", "on_fit_start", "setup"])
-def test_log_is_refused_where_lightning_refuses_it(hook: str) -> None:
+@pytest.mark.parametrize(
+    "hook", ["on_validation_end", "on_train_end", "on_fit_start", "setup", "on_sanity_check_start", "on_save_checkpoint"]
+)
+def test_log_is_refused_where_lightning_refuses_it(hook: str, tmp_path: Path) -> None:
     class LogsThere(Callback):
         pass
 
@@ -197,11 +200,53 @@ def test_log_is_refused_where_lightning_refuses_it(hook: str) -> None:
         module.log("x", 1.0)
 
     setattr(LogsThere, hook, log_there)
-    trainer = quiet_trainer(max_epochs=1, callbacks=[LogsThere()])
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[LogsThere(), ModelCheckpoint()], num_sanity_val_steps=1)
     data = TensorDataset(torch.tensor([[1.0]]))
-    where = "outside the steps" if hook == "setup" else f"in {hook}"
-    with pytest.raises(RuntimeError, match=rf"self.log\('x'\) was called {where}.*not supported"):
+    with pytest.raises(MisconfigurationException, match=rf"^You can't `self.log\(\)` inside `{hook}`.*self.log\('x'\)"):
         trainer.fit(Logs(), DataLoader(data), DataLoader(data))
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        "on_before_batch_transfer",
+        "transfer_batch_to_device",
+        "on_after_batch_transfer",
+        "on_validation_model_eval",
+        "on_validation_model_train",
+        "configure_optimizers",
+        "configure_callbacks",
+        "lr_scheduler_step",
+        "on_save_checkpoint",
+    ],
+)
+def test_log_is_refused_in_the_modules_hooks_where_lightning_refuses_it(hook: str, tmp_path: Path) -> None:
+    class LogsThere(Logs):
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.0)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1)}
+
+    plain = getattr(LogsThere, hook)
+
+    def log_there(self: Any, *args: Any) -> Any:
+        out = plain(self, *args)
+        self.log("x", 1.0)
+        return out
+
+    setattr(LogsThere, hook, log_there)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint()])
+    data = TensorDataset(torch.tensor([[1.0]]))
+    with pytest.raises(MisconfigurationException, match=rf"^You can't `self.log\(\)` inside `{hook}`"):
+        trainer.fit(LogsThere(), DataLoader(data), DataLoader(data))
+
+
+def test_log_in_predict_is_refused_in_lightnings_predict_words() -> None:
+    class LogsInPredict(Logs):
+        def predict_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log("x", 1.0)
+
+    with pytest.raises(MisconfigurationException, match="the loop's result collection is not registered yet"):
+        quiet_trainer().predict(LogsInPredict(), DataLoader(TensorDataset(torch.tensor([[1.0]]))))
 
 
 # ----------------------------------------------------------------------------- messages

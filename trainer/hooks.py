@@ -15,6 +15,7 @@ one the resolved callables are the hooks themselves, as before profilers existed
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback, check_hooks, overridden_hooks
 from trainer.hook_order import MODULE_FIRST
+from trainer.metrics.routing import NO_LOG_HOOKS
 from trainer.profilers.base import Profiler, is_active, profiled
 
 if TYPE_CHECKING:
@@ -82,10 +84,11 @@ class HookDispatch:
     def module(self, hook: str, *args: Any, **kwargs: Any) -> Any:
         """Call only the module's ``hook`` (for epoch ends, where metrics are computed in between)."""
         assert self._module is not None
+        call = self._no_log(hook, getattr(self._module, hook))
         if self._profiler is not None:
             with self._profiler.profile(f"[LightningModule]{type(self._module).__name__}.{hook}"):
-                return getattr(self._module, hook)(*args, **kwargs)
-        return getattr(self._module, hook)(*args, **kwargs)
+                return call(*args, **kwargs)
+        return call(*args, **kwargs)
 
     def datamodule(self, datamodule: Any, hook: str, *args: Any, **kwargs: Any) -> Any:
         """Call the data module's ``hook``, in the profiler's ``[LightningDataModule]<class>.<hook>`` action
@@ -105,13 +108,16 @@ class HookDispatch:
         callbacks = self._by_hook[hook]
         if monitors is not None:
             callbacks = [cb for cb in callbacks if _monitors(cb) is monitors]
-        if self._profiler is not None:
+        router = getattr(self._owner, "metric_router", None)
+        refuses = callbacks and router is not None and hook in NO_LOG_HOOKS
+        with router.refusing(hook) if refuses else contextlib.nullcontext():  # self.log there: refused, as in Lightning
+            if self._profiler is not None:
+                for cb in callbacks:
+                    with self._profiler.profile(f"[Callback]{cb.state_key}.{hook}"):
+                        getattr(cb, hook)(self._owner, self._module, *args, **kwargs)
+                return
             for cb in callbacks:
-                with self._profiler.profile(f"[Callback]{cb.state_key}.{hook}"):
-                    getattr(cb, hook)(self._owner, self._module, *args, **kwargs)
-            return
-        for cb in callbacks:
-            getattr(cb, hook)(self._owner, self._module, *args, **kwargs)
+                getattr(cb, hook)(self._owner, self._module, *args, **kwargs)
 
     def reaches_user_code(self, hook: str) -> bool:
         """Whether ``hook`` calls code of the user's: the module's override, or a callback whose class's
@@ -160,6 +166,12 @@ class HookDispatch:
 
         return call_each
 
+    def _no_log(self, hook: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, or where Lightning refuses ``self.log`` in ``hook`` (:data:`~trainer.metrics.routing.NO_LOG_HOOKS`)
+        ``fn`` inside the router's refusal, so a ``self.log`` there names the hook."""
+        router = getattr(self._owner, "metric_router", None)
+        return fn if router is None or hook not in NO_LOG_HOOKS else router.no_log(hook, fn)
+
     def _resolve(self, hook: str) -> _Resolved:
         """The module's ``hook`` (None where it keeps TrainModule's empty default) and the callbacks' ones."""
         from trainer.module import TrainModule
@@ -171,6 +183,8 @@ class HookDispatch:
             fn = None  # TrainModule's hooks do nothing; skipping the call changes nothing
         owner = self._owner
         callback_fns = tuple(functools.partial(getattr(cb, hook), owner, module) for cb in self._by_hook.get(hook, ()))
+        fn = None if fn is None else self._no_log(hook, fn)
+        callback_fns = tuple(self._no_log(hook, cb_fn) for cb_fn in callback_fns)
         if self._profiler is not None:  # each callable in its own action, wrapped once here
             fn = profiled(self._profiler, f"[LightningModule]{type(module).__name__}.{hook}", fn)
             callback_fns = tuple(

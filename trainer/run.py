@@ -113,13 +113,14 @@ def run_stage(
     state.given_loaders, state.ckpt_path = {stage: loader}, None
     # Each entry point starts with no metrics, as Lightning's (a resumed fit restores its own).
     t.metric_router.restore(({}, {}, {}))
+    t.metric_router.predicting = stage == "predict"  # self.log is refused there in Lightning's predict words
     if stage == "fit":
         t.checkpointing.resume_point = None
-    _attach_module_callbacks(t, module)
-    state.hooks.bind(module)
-    module.trainer = t  # and its child modules of this kind, as in Lightning
+    module.trainer = t  # and its child modules of this kind, as in Lightning (configure_callbacks sees it)
     if datamodule is not None:
         datamodule.trainer = t
+    _attach_module_callbacks(t, module)
+    state.hooks.bind(module)
     t.strategy.setup_environment()
     lightning_shared.share(t.strategy.global_rank)  # Lightning's strategies set lightning_utilities' rank here
     if t.strategy.world_size > 1:
@@ -308,7 +309,7 @@ def _attach_module_callbacks(trainer: Trainer, module: TrainModule) -> None:
     from callbacks.checkpoint import ModelCheckpoint
     from trainer.hooks import HookDispatch
 
-    extra = module.configure_callbacks()
+    extra = trainer.metric_router.no_log("configure_callbacks", module.configure_callbacks)()
     if not extra:
         return
     added = [extra] if isinstance(extra, Callback) else list(extra)
@@ -347,7 +348,7 @@ def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> 
 
 def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
     optimizers, schedulers = parse_optimizers(
-        module.configure_optimizers(), module.automatic_optimization, is_overridden("lr_scheduler_step", module)
+        trainer.metric_router.no_log("configure_optimizers", module.configure_optimizers)(), module.automatic_optimization, is_overridden("lr_scheduler_step", module)
     )
     check_optimization_mode(module, optimizers, trainer.gradient_clip_val, trainer.accumulate_grad_batches)
     state = trainer.run_state

@@ -21,6 +21,7 @@ __all__ = [
     "Interrupted",
     "InvalidDataloaderError",
     "LightningDeprecationWarning",
+    "LogRefusedError",
     "MetricNotLoggedError",
     "MisconfigurationException",
     "MissingLossError",
@@ -131,6 +132,13 @@ class MissingLossError(MisconfigurationException, KeyError):
 
 class ClosureNotRunError(MisconfigurationException, RuntimeError):
     """An overridden ``optimizer_step`` never ran the closure (forward and backward) it was given.
+
+    Lightning's type; a ``RuntimeError`` as it was before it had its own.
+    """
+
+
+class LogRefusedError(MisconfigurationException, RuntimeError):
+    """``self.log`` was called where Lightning refuses it (``setup``, the batch-transfer hooks, predict, ...).
 
     Lightning's type; a ``RuntimeError`` as it was before it had its own.
     """

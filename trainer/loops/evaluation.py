@@ -17,6 +17,7 @@ from trainer.data.fit_loaders import has_val_data, request_val_loaders
 from trainer.data.loaders import ZipLoaders
 from trainer.loops.dataloader_iter import DataloaderIter, takes_dataloader_iter
 from trainer.loops.iteration import iterate, num_batches, set_sampler_epoch
+from trainer.loops.model_modes import model_mode, module_modes, overrides, replaced, restore_modes
 from trainer.loops.step import make_eval_batch
 from trainer.metrics.routing import EPOCH_DEFAULTS
 from trainer.metrics.store import MetricStore
@@ -75,9 +76,9 @@ def eval_loop(
     loaders, nums = _batch_counts(state, stage, max_batches)
     modes = module_modes(module)
     # Called unless it is TrainModule's own (which frees gradients the step freed already), as Lightning calls it.
-    if state.fn == "fit" and not state.sanity_checking and _replaced(module, "on_validation_model_zero_grad"):
-        module.on_validation_model_zero_grad()
-    model_mode(module, f"on_{prefix}_model_eval")
+    if state.fn == "fit" and not state.sanity_checking and replaced(module, "on_validation_model_zero_grad"):
+        router.no_log("on_validation_model_zero_grad", module.on_validation_model_zero_grad)()
+    model_mode(module, f"on_{prefix}_model_eval", router)
     store = MetricStore(strategy.reduce, epoch_agreement(trainer))
     if state.fn != "fit":  # a validate/test call counts its steps' x-axis from 0 (fit: over all runs)
         router.eval_steps.clear()
@@ -92,7 +93,7 @@ def eval_loop(
         state.running_stage = outer_stage
         router.dataloader_suffix = ""
         store.reset()
-        model_mode(module, f"on_{prefix}_model_train", modes)
+        model_mode(module, f"on_{prefix}_model_train", router, modes)
     return values
 
 
@@ -211,7 +212,7 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
     loaders, nums = _batch_counts(state, "predict")
     outputs: list[list[Any]] = []
     modes = module_modes(module)
-    model_mode(module, "on_predict_model_eval")
+    model_mode(module, "on_predict_model_eval", trainer.metric_router)
     try:
         with _no_grad(trainer), strategy.evaluation_context():
             hooks("on_predict_start")
@@ -353,48 +354,3 @@ def _no_grad(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:
     if trainer.inference_mode and trainer.strategy.supports_inference_mode and trainer.stage != "fit":
         return torch.inference_mode()
     return torch.no_grad()
-
-
-def overrides(module: TrainModule, hook: str) -> bool:
-    """Whether ``module`` overrides TrainModule's ``hook`` (Lightning's ``is_overridden``: a hook set to None
-    on the instance is not overridden, one set to a function there is)."""
-    from trainer.hooks import is_overridden
-    from trainer.module import TrainModule
-
-    return is_overridden(hook, module, TrainModule)
-
-
-def _replaced(module: TrainModule, hook: str) -> bool:
-    """Whether ``module.<hook>`` is anything but TrainModule's own method: a subclass's override, or a callable
-    set on the instance (a wrapper around the default, a ``Mock``); None on the instance is not."""
-    from trainer.module import TrainModule
-
-    fn = getattr(module, hook, None)
-    return fn is not None and getattr(fn, "__func__", None) is not getattr(TrainModule, hook)
-
-
-def module_modes(module: torch.nn.Module) -> dict[str, bool]:
-    """The ``training`` flag of ``module`` and of every submodule, by name (to put back after evaluating)."""
-    return {name: sub.training for name, sub in module.named_modules()}
-
-
-def restore_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
-    """Put back what :func:`module_modes` read: a submodule the user keeps in eval mode stays there."""
-    for name, sub in module.named_modules():
-        if name in modes:
-            sub.training = modes[name]
-
-
-def model_mode(module: TrainModule, hook: str, modes: dict[str, bool] | None = None) -> None:
-    """Call the module's ``on_*_model_eval``/``_train`` hook where overridden, else do what the default does:
-    ``eval()``, or (``modes`` given, the ``_train`` hooks) put back every submodule's own mode, as Lightning 2.6."""
-    if modes is None:  # the _eval hooks: always called, as Lightning calls them (the default does eval())
-        fn = getattr(module, hook, None)
-        if fn is None:  # set to None on the instance: eval() still, as the default would
-            module.eval()
-        else:
-            fn()
-    elif overrides(module, hook):
-        getattr(module, hook)()
-    else:
-        restore_modes(module, modes)

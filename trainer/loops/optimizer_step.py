@@ -285,7 +285,7 @@ def step_schedulers(trainer: Trainer, interval: str, steps_done: int | None = No
         return  # under manual optimisation the user steps schedulers
     metrics = trainer.callback_metrics
     # The module's lr_scheduler_step(scheduler, metric) where overridden, else the scheduler's own step.
-    lr_scheduler_step = state.module.lr_scheduler_step
+    lr_scheduler_step = trainer.metric_router.no_log("lr_scheduler_step", state.module.lr_scheduler_step)
     for cfg in state.lr_scheduler_configs:
         if cfg.interval != interval or count % cfg.frequency:
             continue

@@ -569,8 +569,8 @@ def _batch_to_device(
 
 
 def _user_data_hook(trainer: Trainer, name: str) -> Callable[..., Any] | None:
-    """The data module's ``name`` if it overrides it, else the module's (Lightning's choice, by ``is_overridden``);
-    None where that is the default itself, which the plain path stands in for."""
+    """The data module's ``name`` if it overrides it, else the module's (Lightning's choice, by ``is_overridden``),
+    called where ``self.log`` is refused; None where that is the default itself, which the plain path stands in for."""
     from trainer.hooks import is_overridden
     from trainer.module_hooks import DataHooks
 
@@ -579,7 +579,7 @@ def _user_data_hook(trainer: Trainer, name: str) -> Callable[..., Any] | None:
     owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else module
     if owner is None or _keeps(owner, DataHooks, name):
         return None
-    return getattr(owner, name)
+    return trainer.metric_router.no_log(name, getattr(owner, name))  # self.log there: refused, as in Lightning
 
 
 def _step_call(strategy: Strategy, name: str) -> Callable[..., Any]:

@@ -14,17 +14,35 @@ from typing import Any
 
 import torch
 
-from trainer.common.errors import MisconfigurationException, UserError
+from trainer.common.errors import LogRefusedError, MisconfigurationException, UserError
 from trainer.common.tree import batch_size_of
 from trainer.metrics.state import load_store_state, store_state
 from trainer.metrics.store import MetricStore, _Entry
 
-__all__ = ["EPOCH_DEFAULTS", "STEP_DEFAULTS", "MetricRouter", "PlainLog", "UnknownBatchSize"]
+__all__ = ["EPOCH_DEFAULTS", "NO_LOG_HOOKS", "STEP_DEFAULTS", "MetricRouter", "PlainLog", "UnknownBatchSize"]
 
 #: ``(on_step, on_epoch)`` defaults of ``self.log`` in training steps ...
 STEP_DEFAULTS = (True, False)
 #: ... and in epoch-end hooks and evaluation.
 EPOCH_DEFAULTS = (False, True)
+
+#: The hooks in which ``self.log`` is refused, Lightning's (its ``_FxValidator``): the set-up and
+#: tear-down, the loaders, the batch transfer, the model-mode and checkpoint hooks, the ends of the
+#: runs, ``lr_scheduler_step``, ``on_exception`` and all of ``predict``. The hook dispatch runs them
+#: inside :meth:`MetricRouter.refusing`; the hooks the loops call directly are wrapped where called.
+NO_LOG_HOOKS = frozenset(
+    {
+        "setup", "teardown", "prepare_data", "configure_model", "configure_sharded_model", "configure_callbacks",
+        "configure_optimizers", "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader",
+        "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer", "lr_scheduler_step",
+        "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end", "on_train_end",
+        "on_validation_end", "on_test_end", "on_predict_start", "on_predict_end", "on_predict_epoch_start",
+        "on_predict_epoch_end", "on_predict_batch_start", "on_predict_batch_end", "predict_step", "on_exception",
+        "state_dict", "load_state_dict", "on_save_checkpoint", "on_load_checkpoint",
+        "on_validation_model_zero_grad", "on_validation_model_eval", "on_validation_model_train",
+        "on_test_model_eval", "on_test_model_train", "on_predict_model_eval",
+    }
+)  # fmt: skip
 
 #: What a plain per-step ``self.log(name, tensor)`` does, worked out by its first call (see
 #: :attr:`MetricRouter.plain`): the entry, the store's ``pending_step``, ``callback_metrics``,
@@ -78,6 +96,8 @@ class MetricRouter:
         self.eval_steps: dict[tuple[str, int], int] = {}
         #: The hook running inside :meth:`refusing` (named in the error of a ``self.log`` there).
         self.refused_hook = ""
+        #: A ``predict`` runs (set by its entry point): a refusal there is said in Lightning's predict words.
+        self.predicting = False
         self.defaults: tuple[bool, bool] = STEP_DEFAULTS
         #: Inside an evaluation loop: a step's values reach the progress bar and the loggers but not
         #: ``callback_metrics`` (Lightning's rule: callbacks see an evaluation's epoch values only).
@@ -123,6 +143,34 @@ class MetricRouter:
             self.store, self.refused_hook = previous
             self.plain.clear()
 
+    def no_log(self, hook: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (the user's ``hook``) called inside :meth:`refusing`: ``self.log`` there is refused naming ``hook``."""
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            with self.refusing(hook):
+                return fn(*args, **kwargs)
+
+        return refused
+
+    def _refusal(self, name: str) -> str:
+        """The words of a refused ``self.log(name)``: Lightning's first (which hook, or predict's), then ours."""
+        ours = (
+            f" (self.log({name!r}): logging is not supported in predict, setup, teardown, the loaders, the batch "
+            "transfer, on_fit_start/end, on_train/validation/test_end, on_*_model_eval/train, lr_scheduler_step "
+            "or checkpoint hooks, as in Lightning. Log in the steps, the batch and backward hooks, "
+            "on_train/validation/test_start or on_*_epoch_start/end.)"
+        )
+        if self.predicting:
+            return (
+                "You are trying to `self.log()` but the loop's result collection is not registered yet. This is most "
+                "likely because you are trying to log in a `predict` hook, but it doesn't support logging" + ours
+            )
+        where = f"inside `{self.refused_hook}`" if self.refused_hook else "outside the steps and hooks of a loop"
+        return (
+            f"You can't `self.log()` {where}. HINT: You can still log directly to the logger by using "
+            "`self.logger.experiment`." + ours
+        )
+
     def log(
         self,
         name: str,
@@ -138,14 +186,7 @@ class MetricRouter:
         """Back end of ``TrainModule.log`` (arguments in its order; positional, as it runs every step)."""
         store = self.store
         if store is None:
-            where = (
-                f" in {self.refused_hook}" if self.refused_hook else " outside the steps and hooks of fit/validate/test"
-            )
-            raise RuntimeError(
-                f"self.log({name!r}) was called{where}: as in Lightning, logging is not supported in predict, "
-                "setup, teardown, on_fit_start/end, on_train/validation/test_end or checkpoint hooks. Log in "
-                "the steps, the batch and backward hooks, on_train/validation/test_start or on_*_epoch_start/end"
-            )
+            raise LogRefusedError(self._refusal(name))
         if on_step is None:
             on_step = self.defaults[0]
         if on_epoch is None:
