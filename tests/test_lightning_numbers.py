@@ -190,7 +190,8 @@ def test_validation_step_values_reach_logged_metrics() -> None:
 
 
 @pytest.mark.parametrize(
-    "hook", ["on_validation_end", "on_train_end", "on_fit_start", "setup", "on_sanity_check_start", "on_save_checkpoint"]
+    "hook",
+    ["on_validation_end", "on_train_end", "on_fit_start", "setup", "on_sanity_check_start", "on_save_checkpoint"],
 )
 def test_log_is_refused_where_lightning_refuses_it(hook: str, tmp_path: Path) -> None:
     class LogsThere(Callback):

@@ -30,7 +30,13 @@ class Manual(Regressor):
         self.manual_backward(loss)
         opt.step()
         opt.zero_grad()
-        return {"loss": loss, "mode": "manual"} if self.returns == "dict" else loss if self.returns == "loss" else self.returns
+        return (
+            {"loss": loss, "mode": "manual"}
+            if self.returns == "dict"
+            else loss
+            if self.returns == "loss"
+            else self.returns
+        )
 
 
 @pytest.mark.parametrize("returns", [5, [1.0], "text"])
@@ -50,7 +56,10 @@ def test_a_manual_step_may_return_a_tensor_a_dict_or_nothing(tmp_path: Path, ret
     ("option", "words"),
     [
         ({"gradient_clip_val": 1.0}, r"Automatic gradient clipping is not supported.*gradient_clip_val=1\.0"),
-        ({"accumulate_grad_batches": 2}, r"Automatic gradient accumulation is not supported.*accumulate_grad_batches=2"),
+        (
+            {"accumulate_grad_batches": 2},
+            r"Automatic gradient accumulation is not supported.*accumulate_grad_batches=2",
+        ),
     ],
 )
 def test_the_trainers_clipping_and_accumulation_are_refused_under_manual_optimisation(

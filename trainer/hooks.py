@@ -109,8 +109,8 @@ class HookDispatch:
         if monitors is not None:
             callbacks = [cb for cb in callbacks if _monitors(cb) is monitors]
         router = getattr(self._owner, "metric_router", None)
-        refuses = callbacks and router is not None and hook in NO_LOG_HOOKS
-        with router.refusing(hook) if refuses else contextlib.nullcontext():  # self.log there: refused, as in Lightning
+        refusing = router.refusing(hook) if callbacks and router is not None and hook in NO_LOG_HOOKS else None
+        with refusing or contextlib.nullcontext():  # self.log there is refused naming the hook, as in Lightning
             if self._profiler is not None:
                 for cb in callbacks:
                     with self._profiler.profile(f"[Callback]{cb.state_key}.{hook}"):
@@ -182,9 +182,9 @@ class HookDispatch:
         if getattr(fn, "__func__", None) is getattr(TrainModule, hook, None):
             fn = None  # TrainModule's hooks do nothing; skipping the call changes nothing
         owner = self._owner
-        callback_fns = tuple(functools.partial(getattr(cb, hook), owner, module) for cb in self._by_hook.get(hook, ()))
+        partials = tuple(functools.partial(getattr(cb, hook), owner, module) for cb in self._by_hook.get(hook, ()))
         fn = None if fn is None else self._no_log(hook, fn)
-        callback_fns = tuple(self._no_log(hook, cb_fn) for cb_fn in callback_fns)
+        callback_fns: tuple[Callable[..., Any], ...] = tuple(self._no_log(hook, cb) for cb in partials)
         if self._profiler is not None:  # each callable in its own action, wrapped once here
             fn = profiled(self._profiler, f"[LightningModule]{type(module).__name__}.{hook}", fn)
             callback_fns = tuple(

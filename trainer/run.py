@@ -348,7 +348,9 @@ def _apply_memory_options(trainer: Trainer, module: TrainModule, stage: str) -> 
 
 def _configure_optimizers(trainer: Trainer, module: TrainModule) -> None:
     optimizers, schedulers = parse_optimizers(
-        trainer.metric_router.no_log("configure_optimizers", module.configure_optimizers)(), module.automatic_optimization, is_overridden("lr_scheduler_step", module)
+        trainer.metric_router.no_log("configure_optimizers", module.configure_optimizers)(),
+        module.automatic_optimization,
+        is_overridden("lr_scheduler_step", module),
     )
     check_optimization_mode(module, optimizers, trainer.gradient_clip_val, trainer.accumulate_grad_batches)
     state = trainer.run_state

@@ -45,8 +45,8 @@ __all__ = [
     "is_lightning_checkpoint",
     "is_our_checkpoint_dir",
     "lightning_loops",
-    "merge_loops",
     "lightning_resume_state",
+    "merge_loops",
     "upgrade",
 ]
 
