@@ -261,7 +261,7 @@ def test_exception_reaches_on_exception_and_teardown_still_runs() -> None:
             seen.append(exception)
 
         def teardown(self, trainer: Any, module: Any, stage: str) -> None:
-            seen.append(f"teardown {stage}")
+            seen.append("teardown " + stage)  # a TrainerFn, as in Lightning: its value
 
     class Broken(Scripted):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:

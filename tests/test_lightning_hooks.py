@@ -356,3 +356,31 @@ def test_optimizer_step_override_keeps_the_nonfinite_policy(tmp_path: Path) -> N
     assert t2.progress.nonfinite_skipped == t1.progress.nonfinite_skipped == 2
     assert t2.global_step == t1.global_step
     assert torch.equal(plain.layer.weight, overridden.layer.weight)
+
+
+def test_setup_and_teardown_get_the_stage_as_lightnings_trainer_fn(tmp_path: Path) -> None:
+    from callbacks import Callback
+    from trainer.state import TrainerFn
+
+    seen: list[tuple[str, Any]] = []
+
+    class Records(Callback):
+        def setup(self, trainer: Any, pl_module: Any, stage: Any) -> None:
+            seen.append(("callback", stage))
+
+    class Stages(Regressor):
+        def setup(self, stage: Any) -> None:
+            seen.append(("module", stage))
+
+        def teardown(self, stage: Any) -> None:
+            seen.append(("teardown", stage))
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[Records()])
+    trainer.fit(Stages(), make_loader(4, 4))
+    trainer.test(Stages(), make_loader(4, 4))
+    assert [(who, stage.value) for who, stage in seen] == [
+        ("callback", "fit"), ("module", "fit"), ("teardown", "fit"),
+        ("callback", "test"), ("module", "test"), ("teardown", "test"),
+    ]  # fmt: skip
+    stage = seen[0][1]
+    assert stage is TrainerFn.FITTING and stage == "fit" and stage == "FIT" and {"fit": 1}[stage] == 1

@@ -62,10 +62,10 @@ class RecordingData(DataModule):
         self.calls.append("prepare_data")
 
     def setup(self, stage: str) -> None:
-        self.calls.append(f"setup:{stage}")
+        self.calls.append("setup:" + stage)  # Lightning passes TrainerFn (a str enum): its value
 
     def teardown(self, stage: str) -> None:
-        self.calls.append(f"teardown:{stage}")
+        self.calls.append("teardown:" + stage)
 
     def loader(self) -> DataLoader[Any]:
         return make_loader(8, self.batch_size)

@@ -352,7 +352,7 @@ def test_a_keyboard_interrupt_in_a_run_ends_it_as_lightning_does(capsys: pytest.
             seen.append(f"callback {type(exception).__name__}")
 
         def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-            seen.append(f"teardown {stage}")
+            seen.append("teardown " + stage)  # a TrainerFn, as in Lightning: its value
 
     class Noting(SingleDeviceStrategy):
         def on_exception(self, exception: BaseException) -> None:

@@ -34,7 +34,7 @@ from trainer.lazy import materialize_lazy
 from trainer.loops.step import ManualOptimizer, manual_backward
 from trainer.optim import check_optimization_mode, parse_optimizers
 from trainer.options import check_checkpoint_folders
-from trainer.state import TrainerStatus
+from trainer.state import TrainerFn, TrainerStatus
 
 if TYPE_CHECKING:
     from trainer.module import DataModule, TrainModule
@@ -130,11 +130,11 @@ def run_stage(
         _prepare_data(t, module, datamodule)
         # ``stage=`` by name, as Lightning passes it; data module, callbacks, module (trainer/hook_order.py)
         if datamodule is not None:
-            state.hooks.datamodule(datamodule, "setup", stage=stage)
-        state.hooks.callbacks_only("setup", stage=stage)
+            state.hooks.datamodule(datamodule, "setup", stage=TrainerFn(stage))
+        state.hooks.callbacks_only("setup", stage=TrainerFn(stage))
         if stage == "fit":  # the checkpoint folders are known now (ModelCheckpoint.setup)
             check_checkpoint_folders(t)
-        state.hooks.module("setup", stage=stage)
+        state.hooks.module("setup", stage=TrainerFn(stage))
         # After the callbacks' setup: the loggers know their folder, where the report and traces go.
         t.profiler.global_rank = t.strategy.global_rank
         t.profiler._lightning_module = module  # as Lightning's trainer: the PyTorch profiler reads the stage's batches
@@ -201,10 +201,12 @@ def run_stage(
         state.running_stage = None
         t.preemption.restore()
         if datamodule is not None:
-            state.hooks.datamodule(datamodule, "teardown", stage=stage)
-        state.hooks.callbacks_only("teardown", stage=stage)  # data module, callbacks, module (trainer/hook_order.py)
+            state.hooks.datamodule(datamodule, "teardown", stage=TrainerFn(stage))
+        state.hooks.callbacks_only(
+            "teardown", stage=TrainerFn(stage)
+        )  # data module, callbacks, module (trainer/hook_order.py)
         t.checkpointing.close()
-        state.hooks.module("teardown", stage=stage)
+        state.hooks.module("teardown", stage=TrainerFn(stage))
         t.strategy.teardown()
         for used in ("fit", "validate") if stage == "fit" else (stage,):  # as Lightning: no worker outlives its run
             shut_down_workers(state.loaders.get(used))

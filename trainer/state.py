@@ -1,7 +1,9 @@
 """Lightning's ``TrainerState``: which entry point runs, which loop, and whether it ended well.
 
 The enums are ``str`` enums with Lightning's names and values, so ``trainer.state.fn == "fit"`` and
-``trainer.state.fn == TrainerFn.FITTING`` both hold during ``fit``.
+``trainer.state.fn == TrainerFn.FITTING`` both hold during ``fit``. As Lightning's (``lightning_utilities``'
+``StrEnum``) they compare to strings case-insensitively and hash as their lower-cased value, so a dict
+keyed by ``"fit"`` finds ``TrainerFn.FITTING`` (the ``stage`` the ``setup``/``teardown`` hooks receive).
 """
 
 from __future__ import annotations
@@ -12,8 +14,23 @@ from enum import Enum
 __all__ = ["RunningStage", "TrainerFn", "TrainerState", "TrainerStatus"]
 
 
-class TrainerFn(str, Enum):
-    """The entry point running (or last run): ``trainer.state.fn``."""
+class _StrEnum(str, Enum):
+    """Lightning's ``StrEnum``: equal to its value (or another enum's) in any case, hashed as its lower-cased value."""
+
+    def __eq__(self, other: object) -> bool:
+        text = other.value if isinstance(other, Enum) else str(other)
+        return bool(self.value.lower() == str(text).lower())
+
+    def __hash__(self) -> int:
+        return hash(self.value.lower())
+
+
+class TrainerFn(_StrEnum):
+    """The entry point running (or last run): ``trainer.state.fn``; the ``stage`` of ``setup``/``teardown``.
+
+    >>> TrainerFn("fit") == "fit", {"fit": 1}[TrainerFn.FITTING]
+    (True, 1)
+    """
 
     FITTING = "fit"
     VALIDATING = "validate"
@@ -21,7 +38,7 @@ class TrainerFn(str, Enum):
     PREDICTING = "predict"
 
 
-class RunningStage(str, Enum):
+class RunningStage(_StrEnum):
     """The loop running now: ``trainer.state.stage`` (None between runs)."""
 
     TRAINING = "train"
@@ -41,7 +58,7 @@ class RunningStage(str, Enum):
         return "val" if self in (RunningStage.VALIDATING, RunningStage.SANITY_CHECKING) else self.value
 
 
-class TrainerStatus(str, Enum):
+class TrainerStatus(_StrEnum):
     """Whether a run has started, is running, ended or was interrupted: ``trainer.state.status``."""
 
     INITIALIZING = "initializing"
