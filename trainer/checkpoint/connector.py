@@ -155,7 +155,7 @@ class CheckpointConnector:
             if t.datamodule is not None:  # also under its class's name, where Lightning reads it (one object)
                 state[type(t.datamodule).__qualname__] = state["datamodule"]
         t.hooks.callbacks_only("on_save_checkpoint", state)  # callbacks first (trainer/hook_order.py)
-        t.hooks.module("on_save_checkpoint", state)  # where self.log is refused, as in Lightning
+        t.metric_router.no_log("on_save_checkpoint", t.module.on_save_checkpoint)(state)  # as Lightning's: no self.log
         return state
 
     def mark_resume_point(self) -> None:
@@ -333,7 +333,7 @@ class CheckpointConnector:
                 print(f"{path} is a plain state dict: training starts from its weights, with fresh optimizer state")
             self._load_weights(path, state["state_dict"])
             return
-        t.hooks.module("on_load_checkpoint", state)
+        t.metric_router.no_log("on_load_checkpoint", t.module.on_load_checkpoint)(state)
         t.hooks.callbacks_only("on_load_checkpoint", state)
         if full:  # before anything is loaded: a mismatch is one message, not an error from inside torch
             resume.check_resumable(path, state, t)
