@@ -241,6 +241,42 @@ def test_log_is_refused_in_the_modules_hooks_where_lightning_refuses_it(hook: st
         trainer.fit(LogsThere(), DataLoader(data), DataLoader(data))
 
 
+class LogsPlainWithTransferHook(TrainModule):
+    """Logs one plain tensor per step and overrides a batch-transfer hook (where Lightning refuses ``self.log``)."""
+
+    def __init__(self, log_in_hook_at: int | None = None) -> None:
+        super().__init__()
+        self.l = nn.Linear(1, 1)
+        self.log_in_hook_at = log_in_hook_at
+        self.plans_seen: list[bool] = []
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.log_in_hook_at is not None and self.trainer.global_step == self.log_in_hook_at:
+            self.log("loss", torch.tensor(0.0))
+        return batch
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.plans_seen.append("loss" in self.trainer._plain_log)  # the plan its first call worked out
+        loss = self.l(batch[0]).sum()
+        self.log("loss", loss.detach())
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_refused_hook_every_step_keeps_the_plain_log_plans(tmp_path: Path) -> None:
+    module = LogsPlainWithTransferHook()
+    quiet_trainer(tmp_path, max_epochs=1).fit(module, DataLoader(TensorDataset(torch.ones(4, 1))))
+    assert module.plans_seen == [False, True, True, True]  # worked out once, not again after every transfer
+
+
+def test_a_kept_plain_log_plan_does_not_get_past_the_refusal(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    with pytest.raises(MisconfigurationException, match=r"^You can't `self.log\(\)` inside `on_after_batch_transfer`"):
+        trainer.fit(LogsPlainWithTransferHook(log_in_hook_at=2), DataLoader(TensorDataset(torch.ones(4, 1))))
+
+
 def test_log_in_predict_is_refused_in_lightnings_predict_words() -> None:
     class LogsInPredict(Logs):
         def predict_step(self, batch: Any, batch_idx: int) -> Any:

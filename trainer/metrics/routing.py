@@ -133,15 +133,20 @@ class MetricRouter:
 
     @contextlib.contextmanager
     def refusing(self, hook: str) -> Iterator[None]:
-        """Inside the block ``self.log`` is refused, naming ``hook`` (Lightning refuses it in ``on_*_end``)."""
-        previous = self.store, self.refused_hook
+        """Inside the block ``self.log`` is refused, naming ``hook`` (Lightning refuses it in ``on_*_end``).
+
+        The plain-log plans are set aside, not dropped: ``self.log``'s fast path must not bypass the
+        refusal, and a refused hook that runs every step (a batch-transfer hook) must not make every
+        plain ``self.log`` of the step work its plan out again."""
+        previous = self.store, self.refused_hook, dict(self.plain)
         self.store, self.refused_hook = None, hook
         self.plain.clear()
         try:
             yield
         finally:
-            self.store, self.refused_hook = previous
+            self.store, self.refused_hook, plans = previous
             self.plain.clear()
+            self.plain.update(plans)
 
     def no_log(self, hook: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` (the user's ``hook``) called inside :meth:`refusing`: ``self.log`` there is refused naming ``hook``."""
