@@ -29,6 +29,27 @@ __all__ = ["ModelCheckpoint"]
 _BUILT_IN = ("epoch", "step")
 
 
+class _Score:
+    """One of Lightning's score attributes: a float kept in ``_<name>``, handed out as a 0-d tensor
+    (a metric compares as it was logged); a float or tensor may be assigned, ``None`` for none yet."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self._attr = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = f"_{name}"
+
+    def __get__(self, checkpoint: object, owner: type | None = None) -> Any:
+        if checkpoint is None:
+            return self
+        value = getattr(checkpoint, self._attr)
+        return None if value is None else torch.tensor(value)
+
+    def __set__(self, checkpoint: object, value: float | torch.Tensor | None) -> None:
+        setattr(checkpoint, self._attr, None if value is None else float(value))
+
+
 class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     """Save checkpoints during training; remember the best by a monitored metric.
 
@@ -148,7 +169,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self.enable_version_counter = enable_version_counter
         self.save_weights_only = save_weights_only
         self.async_save = async_save
-        self._last_time = None
         self._clock = time.monotonic  # tests swap in a fake clock
         self._exception_path = ""
         self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
@@ -156,7 +176,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         #: (Scores are kept as floats; Lightning's attributes below hand them out as 0-d tensors.)
         self._best_k: dict[str, float] = {}
         self.best_model_path = ""
-        self._best_score: float | None = None
+        self._best_model_score: float | None = None
         self.last_model_path = ""
         #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
         self.kth_best_model_path = ""
@@ -170,9 +190,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             if monitor is not None and monitor not in _BUILT_IN
             else None
         )
-        self._last_saved_step = -1
-        self._deferred = self._stale = False
-        self._restored_elapsed = None
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
         #: The files this callback wrote in this process: removable without looking inside them.
@@ -305,7 +322,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
                 self._current_score = score
                 best = min(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
                 self.best_model_path = best
-                self._best_score = self._best_k[best]
+                self._best_model_score = self._best_k[best]
                 if self.save_top_k == -1 or len(self._best_k) == self.save_top_k:
                     kth = max(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
                     self.kth_best_model_path, self._kth_value = kth, self._best_k[kth]
@@ -396,32 +413,9 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     def best_k_models(self, value: Mapping[str, float | torch.Tensor]) -> None:
         self._best_k = {path: float(score) for path, score in value.items()}
 
-    @property
-    def best_model_score(self) -> torch.Tensor | None:
-        """The best kept file's score (``best_model_score.item()`` as in Lightning programs)."""
-        return None if self._best_score is None else torch.tensor(self._best_score)
-
-    @best_model_score.setter
-    def best_model_score(self, value: float | torch.Tensor | None) -> None:
-        self._best_score = None if value is None else float(value)
-
-    @property
-    def kth_value(self) -> torch.Tensor:
-        """The worst kept file's score once ``save_top_k`` are kept (+/-inf before)."""
-        return torch.tensor(self._kth_value)
-
-    @kth_value.setter
-    def kth_value(self, value: float | torch.Tensor) -> None:
-        self._kth_value = float(value)
-
-    @property
-    def current_score(self) -> torch.Tensor | None:
-        """The monitored value of the newest ranked save."""
-        return None if self._current_score is None else torch.tensor(self._current_score)
-
-    @current_score.setter
-    def current_score(self, value: float | torch.Tensor | None) -> None:
-        self._current_score = None if value is None else float(value)
+    best_model_score = _Score("The best kept file's score (``best_model_score.item()`` as in Lightning programs).")
+    kth_value = _Score("The worst kept file's score once ``save_top_k`` are kept (+/-inf before).")
+    current_score = _Score("The monitored value of the newest ranked save.")
 
     # ----------------------------------------------------------------- state
     @override
