@@ -74,24 +74,22 @@ def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> l
     Returns ``[]`` when the user chose the folder (``hydra.run.dir=``/``hydra.sweep.dir=`` given) or
     asked Hydra for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...).
     """
-    args = list(argv)
-    if _runs_nothing(args):
-        return []
-    sweep = any(a in ("-m", "--multirun") for a in args)
-    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
-    if any(a.startswith((f"{key}=", f"+{key}=", f"++{key}=")) for a in args):
+    key = _folder_key(argv)
+    if key is None or any(a.startswith((f"{key}=", f"+{key}=", f"++{key}=")) for a in argv):
         return []
     stamp = time.localtime(now)
-    root = "multirun" if sweep else "outputs"
+    root = "multirun" if key == "hydra.sweep.dir" else "outputs"
     base = Path(root, time.strftime("%Y-%m-%d", stamp), time.strftime("%H-%M-%S", stamp))
     return [f"{key}={claim_run_dir(base).as_posix()}"]
 
 
-def _runs_nothing(args: Sequence[str]) -> bool:
-    """Whether Hydra is asked for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...)."""
-    return any(
-        a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args
-    )
+def _folder_key(args: Sequence[str]) -> str | None:
+    """The override naming a run's folder: ``hydra.run.dir``, ``hydra.sweep.dir`` with ``-m``; None when
+    Hydra is asked for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...)."""
+    nothing = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")
+    if any(a.startswith(nothing) for a in args):
+        return None
+    return "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
 
 
 def held_folder(argv: Sequence[str]) -> Path | None:
@@ -100,12 +98,9 @@ def held_folder(argv: Sequence[str]) -> Path | None:
     None when the command runs nothing (``--help``, ``--cfg``, ...) or the value is interpolated
     (``${now:...}``), which only Hydra can resolve.
     """
-    args = list(argv)
-    if _runs_nothing(args):
-        return None
-    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
-    values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith(f"{key}=")]
-    if not values or not values[-1] or "${" in values[-1]:
+    key = _folder_key(argv)
+    values = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith(f"{key}=")]
+    if key is None or not values or not values[-1] or "${" in values[-1]:
         return None
     return Path(values[-1].strip("'\""))
 
