@@ -142,9 +142,7 @@ class CheckpointNaming:
 
         ``score`` None (no monitor) keeps the newest ``save_top_k``.
         """
-        k, others = self.save_top_k, self._best_k
-        if k == 0:
-            return False, []
+        k, others = self.save_top_k, self._best_k  # never 0 here: such a callback ranks nothing
         if k == -1 or len(others) < k:
             return True, []
         if score is None:
