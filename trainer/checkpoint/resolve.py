@@ -195,13 +195,13 @@ def _overrides(run_dir: Path) -> list[str] | None:
     return [str(x) for x in loaded] if isinstance(loaded, list) else None
 
 
-def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool = False) -> bool:
+def same_line(mine: Sequence[str], theirs: Sequence[str]) -> bool:
     """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
 
     Every override equal, except those that only say how far to train, from where, and the task
     (``ckpt_path``, ``task``, ``trainer.max_epochs``, ...): another strategy, device count, seed
     or learning rate is another job, whose state this run must never continue (in a sweep: job 1
-    never takes job 0's). ``sweep`` is kept for callers; the rule is the same.
+    never takes job 0's).
     """
 
     def job(overrides: Sequence[str]) -> dict[str, str]:
@@ -215,7 +215,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     """The ``last.ckpt`` that ``ckpt_path=last`` means for a run in ``run_dir`` started with ``overrides``.
 
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
-    that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
+    that :func:`same_line` accepts (``sweep`` or not). The choice is printed, so a resume never silently picks a file.
     """
     own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
     for notice in notices:
@@ -229,7 +229,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
         )
     found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
     found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
-    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
+    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [])]
     if not matching:
         where = f"{base / 'outputs'} or {base / 'multirun'}"
         if found:
