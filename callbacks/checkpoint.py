@@ -6,7 +6,6 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
@@ -29,36 +28,13 @@ __all__ = ["ModelCheckpoint"]
 _BUILT_IN = ("epoch", "step")
 
 
-class _Score:
-    """One of Lightning's score attributes: a float kept in ``_<name>``, handed out as a 0-d tensor
-    (a metric compares as it was logged); a float or tensor may be assigned, ``None`` for none yet."""
-
-    def __init__(self, doc: str) -> None:
-        self.__doc__ = doc
-        self._attr = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._attr = f"_{name}"
-
-    def __get__(self, checkpoint: object, owner: type | None = None) -> Any:
-        if checkpoint is None:
-            return self
-        value = getattr(checkpoint, self._attr)
-        return None if value is None else torch.tensor(value)
-
-    def __set__(self, checkpoint: object, value: float | torch.Tensor | None) -> None:
-        setattr(checkpoint, self._attr, None if value is None else float(value))
-
-
 class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     """Save checkpoints during training; remember the best by a monitored metric.
 
-    Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
-    never leaves a partial file under a checkpoint's name. The bookkeeping (which files are the k
-    best) is part of each checkpoint, so a resumed run keeps ranking where it left off. When a save
-    writes a top-k file and ``last.ckpt`` holds the same state, ``last.ckpt`` becomes a hard link to
-    it (a copy where the filesystem has no links), and files pushed out of the top k are deleted
-    only once the new file is on disk, so a failure at any point loses no checkpoint.
+    Files are written atomically by rank 0; the bookkeeping (which files are the k best) is part of
+    each checkpoint, so a resumed run keeps ranking where it left off. A ``last.ckpt`` holding a top-k
+    file's state is a hard link to it, and files pushed out of the top k are deleted only once the
+    new file is on disk, so a failure at any point loses no checkpoint.
 
     Args:
         dirpath: folder for the files (default: ``<default_root_dir>/checkpoints``).
@@ -90,12 +66,10 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             else at each training epoch's end.
         enable_version_counter: a name already on disk or kept gets ``-v1``, ``-v2``, ... instead of
             replacing that file (``last.ckpt`` is always replaced: a resume finds it there).
-        async_save: write in the background (``Trainer.save_checkpoint(..., async_=True)``): a save
-            blocks training only while the state is copied into CPU memory, and a thread writes the
-            file, places ``last.ckpt`` and removes the evicted top-k files, in that order. Costs one
-            CPU copy of the state, kept between saves. Two writes never overlap; a failed write is
-            raised (as :class:`~trainer.checkpoint.files.CheckpointError`) by the next save or at the end
-            of fitting, with the bookkeeping rolled back to the files that are really on disk.
+        async_save: write in a thread (``Trainer.save_checkpoint(..., async_=True)``): a save blocks
+            training only while the state is copied into CPU memory (one copy, kept between saves).
+            Writes never overlap; a failed write is raised (a ``CheckpointError``) by the next save or
+            at the end of fitting, with the bookkeeping rolled back to the files really on disk.
         missing_monitor: what a ``monitor`` still missing after a validation pass does. ``"raise"``
             (Lightning's behaviour): :class:`~trainer.errors.MetricNotLoggedError`, a ``KeyError``
             naming the metrics that were logged. ``"warn"``: say so once and keep only
@@ -312,20 +286,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             path = self._free_path(path)
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
         if keep:
-            for old in evict:
-                self._best_k.pop(old, None)
-            self._best_k.pop(path, None)
-            self._best_k[path] = math.nan if score is None else score
-            if score is None:
-                self.best_model_path = path
-            else:
-                self._current_score = score
-                best = min(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
-                self.best_model_path = best
-                self._best_model_score = self._best_k[best]
-                if self.save_top_k == -1 or len(self._best_k) == self.save_top_k:
-                    kth = max(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
-                    self.kth_best_model_path, self._kth_value = kth, self._best_k[kth]
+            self._keep(path, score, evict)
         previous_last = self.last_model_path
         if self.save_last:
             self.last_model_path = self._last_path(trainer)
@@ -351,38 +312,31 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             stale = self._link_only_path
             if stale and stale != path and stale not in self._best_k and self._removable(trainer, stale):
                 replaces.append(stale)
+        named = keep or exception_file or link_only  # a file of its own name (else last.ckpt alone)
         try:
-            if keep or exception_file or link_only:
+            if named or self.save_last:
                 trainer.save_checkpoint(
-                    path,
+                    path if named else self.last_model_path,
                     self.save_weights_only,
                     async_=self.async_save,
-                    also_at=also_at,
+                    also_at=also_at if named else [],
                     replaces=[] if link else replaces,
                 )
-                if link:
-                    trainer.checkpointing.link(path, self.last_model_path, replaces)
-                    self._link_only_path = path if link_only else ""
-            elif self.save_last:
-                trainer.save_checkpoint(
-                    self.last_model_path, self.save_weights_only, async_=self.async_save, replaces=replaces
-                )
+            if link:
+                trainer.checkpointing.link(path, self.last_model_path, replaces)
+                self._link_only_path = path if link_only else ""
         except BaseException:
             ModelCheckpoint.load_state_dict(self, previous)
             raise
-        self._written.update([path] if keep or exception_file or link_only else [])
+        self._written.update([path] if named else [])
         self._written.update([self.last_model_path] if self.save_last else [])
         if exception_file:
             self._exception_path = path
-        self._notify_loggers(trainer)
-        if self.async_save:
-            self._unconfirmed = previous
-
-    def _notify_loggers(self, trainer: Trainer) -> None:
-        """Lightning's ``logger.after_save_checkpoint(self)`` for every logger of the trainer."""
-        for cb in trainer.callbacks:
+        for cb in trainer.callbacks:  # Lightning's logger.after_save_checkpoint(self)
             if getattr(cb, "is_logger", False) and hasattr(cb, "after_save_checkpoint"):
                 cb.after_save_checkpoint(self)
+        if self.async_save:
+            self._unconfirmed = previous
 
     def _confirm(self, trainer: Trainer) -> None:
         """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.
@@ -399,23 +353,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         except BaseException:
             ModelCheckpoint.load_state_dict(self, previous)
             raise
-
-    # ----------------------------------------------------------------- Lightning's scores: 0-d tensors
-    @property
-    def best_k_models(self) -> dict[str, torch.Tensor]:
-        """Kept checkpoint files and their scores, oldest first; empty without a monitor, as Lightning's
-        (nothing is ranked: ``best_model_path`` is the newest save)."""
-        if self.monitor is None:
-            return {}
-        return {path: torch.tensor(score) for path, score in self._best_k.items()}
-
-    @best_k_models.setter
-    def best_k_models(self, value: Mapping[str, float | torch.Tensor]) -> None:
-        self._best_k = {path: float(score) for path, score in value.items()}
-
-    best_model_score = _Score("The best kept file's score (``best_model_score.item()`` as in Lightning programs).")
-    kth_value = _Score("The worst kept file's score once ``save_top_k`` are kept (+/-inf before).")
-    current_score = _Score("The monitored value of the newest ranked save.")
 
     # ----------------------------------------------------------------- state
     @override
@@ -434,26 +371,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             "last_model_path": self.last_model_path,
             **self.schedule_state(),
         }
-
-    def _removable(self, trainer: Trainer, old: str) -> bool:
-        """Whether a file the bookkeeping names may be deleted: only a checkpoint this run wrote.
-
-        As Lightning: inside this callback's folder, and never the checkpoint this run resumed from.
-        Beyond Lightning: the bookkeeping comes from a checkpoint file, which anyone can write, so it
-        is not trusted: a file this callback wrote in this process, or else one that is on disk a
-        geartrain checkpoint of this run (its run id, which a resume takes over: the earlier attempts'
-        files), a link in the folder (removing it removes no data); never a user's file, checkpoint
-        of Lightning's or of another run, or not.
-        """
-        resumed = trainer.ckpt_path
-        if resumed is not None and os.path.realpath(old) == os.path.realpath(resumed):
-            return False
-        if self.dirpath is None:
-            return False
-        folder = Path(os.path.realpath(self.dirpath))
-        if folder not in Path(os.path.realpath(os.path.dirname(old) or ".")).joinpath("x").parents:
-            return False
-        return old in self._written or os.path.islink(old) or trainer.checkpointing.wrote(old)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
