@@ -218,8 +218,7 @@ class CheckpointNaming:
             path = str(trainer.checkpointing.last_path(self.dirpath))
         else:
             metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
-            name = self._fill(self.CHECKPOINT_NAME_LAST, metrics)
-            path = str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+            path = self.format_checkpoint_name(metrics, filename=self.CHECKPOINT_NAME_LAST)
         if not self.enable_version_counter or path in (self.last_model_path, *self._written):
             return path
         stem = os.path.splitext(path)[0]

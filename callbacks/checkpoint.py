@@ -274,7 +274,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
                 "epoch": trainer.current_epoch,
                 "step": trainer.global_step,
             }
-            path = str(Path(self.dirpath) / self.format_filename(metrics))
+            path = self.format_checkpoint_name(metrics)
         if ranked:
             # Planned as a new file (no kept name), then named: as in Lightning, the version counter
             # may give it the name of a file it evicts, never that of a file it keeps.

@@ -111,11 +111,9 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str], stage
     # The first checkpoint callback (``Trainer.checkpoint_callback``): what has a ``best_model_path``.
     cb = next((c for c in trainer.callbacks if hasattr(c, "best_model_path")), None)
     if str(ckpt_path) == "best":
-        found = getattr(cb, "best_model_path", None) if cb is not None else None
+        found = getattr(cb, "best_model_path", None)
     else:
-        dirpath = getattr(cb, "dirpath", None)
-        folder = Path(dirpath) if dirpath else trainer.checkpointing.default_directory()
-        found = last_of_folder(trainer, cb, folder) if cb is not None else None
+        found = last_of_folder(trainer, cb) if cb is not None else None
     if not found and str(ckpt_path) == "last":
         if stage is not None and trainer.is_global_zero:
             fresh = " Training starts from scratch." if stage == "fit" else ""
@@ -148,8 +146,8 @@ def last_files(folder: str | os.PathLike[str] | None, name: str = "last", extens
     return {str(p) for p in path.iterdir() if pattern.match(p.name)}
 
 
-def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
-    """``"last"`` for a ``Trainer``: the callback's newest complete last file, else what a kill left in ``folder``.
+def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
+    """``"last"`` for a ``Trainer``: the callback's newest complete last file, else what a kill left in its folder.
 
     ``callback`` is the trainer's checkpoint callback: its ``last_model_path`` once it saved, else its
     folder's last files (:func:`last_files`; a subclass that overrides Lightning's
@@ -168,6 +166,7 @@ def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
             names = set(callback._find_last_checkpoints(trainer)) if find is not None else set()
         files = [Path(p) for p in names if is_complete_checkpoint(p)]
         found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
+    folder = Path(callback.dirpath) if getattr(callback, "dirpath", None) else trainer.checkpointing.default_directory()
     left = any(os.path.lexists(folder / name) for name in ("last.ckpt", f".last.ckpt{SET_ASIDE}"))
     if not found and left:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
