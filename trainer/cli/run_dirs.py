@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -154,22 +153,11 @@ def release_lock(lock: Path, handle: IO[str]) -> None:
 
 @contextlib.contextmanager
 def locked_run_dir(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it."""
-    try:
-        import fcntl  # noqa: F401 - POSIX only
-    except ImportError:  # not POSIX: no advisory locks; the unique names still keep runs apart
+    """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it.
+
+    The command's own guard (:func:`~trainer.cli.run_dir_guard.guarded_run_dir`) without its record.
+    """
+    from trainer.cli.run_dir_guard import guarded_run_dir
+
+    with guarded_run_dir(run_dir):
         yield
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / LOCK_FILE
-    held, handle = open_lock(lock)
-    if held is None:
-        raise in_use(run_dir, handle)
-    try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
-        yield
-    finally:
-        release_lock(lock, handle)
