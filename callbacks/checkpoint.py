@@ -147,7 +147,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self._exception_path = ""
         self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
-        #: (Scores are kept as floats; Lightning's attributes below hand them out as 0-d tensors.)
+        #: (Scores are kept as floats; Lightning's attributes hand them out as 0-d tensors: ``_Score``.)
         self._best_k: dict[str, float] = {}
         self.best_model_path = ""
         self._best_model_score: float | None = None

@@ -1,12 +1,8 @@
 """The one resolver: which checkpoint ``ckpt_path="last"`` means, for the ``Trainer`` and the ``geartrain`` command.
 
-The ``Trainer`` (:func:`resolve_ckpt_path`, Lightning's meaning; ``"best"`` is the checkpoint
-callback's ``best_model_path``): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of its
-checkpoint folder, else what a kill left there (:func:`newest_complete_checkpoint`: a set-aside
-``.<name>.old`` recovered, a dangling link or a half-written directory skipped, each with a notice).
-The ``geartrain`` command (:func:`resolve_last_checkpoint`): this run's own, else the newest
-``last.ckpt`` of *the same job* (:func:`same_line`), so a run never continues another job's state;
-``ckpt_path=<a run folder>`` takes that run's newest complete checkpoint (:func:`run_folder_checkpoint`).
+The ``Trainer``'s (:func:`resolve_ckpt_path`, Lightning's meaning, and ``"best"``) looks in its checkpoint
+folder; the command's (:func:`resolve_last_checkpoint`) also in the same job's earlier runs
+(:func:`same_line`), so a run never continues another job's state.
 """
 
 from __future__ import annotations
@@ -57,18 +53,16 @@ def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def newest_complete_checkpoint(
-    folder: str | os.PathLike[str], name: str = "last.ckpt"
-) -> tuple[Path | None, list[str]]:
-    """``folder/name`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
+def newest_complete_checkpoint(folder: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
+    """``folder/last.ckpt`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
 
     Returns the path to load (None when the folder holds no complete checkpoint) and one-line
-    notices for what was recovered or skipped: ``name`` missing after a kill between a save's two
-    renames (its ``.<name>.old`` is the checkpoint that was there), a link to a deleted checkpoint,
+    notices for what was recovered or skipped: ``last.ckpt`` missing after a kill between a save's two
+    renames (its ``.last.ckpt.old`` is the checkpoint that was there), a link to a deleted checkpoint,
     a directory that was never completed.
     """
     folder = Path(folder)
-    wanted = folder / name
+    wanted = folder / "last.ckpt"
     if is_complete_checkpoint(wanted):
         return wanted, []
     notices: list[str] = []
@@ -78,7 +72,7 @@ def newest_complete_checkpoint(
         notices.append(f"{wanted} is a directory that was never completed (no .metadata or trainer.pt); skipped")
     elif wanted.exists():
         notices.append(f"{wanted} is not a complete checkpoint; skipped")
-    aside = folder / f".{name}{SET_ASIDE}"
+    aside = folder / f".{wanted.name}{SET_ASIDE}"
     if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
         notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
         return aside, notices
