@@ -234,10 +234,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
 
     # ----------------------------------------------------------------- saving
     def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
-        """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written.
-
-        Under ``fast_dev_run`` nothing is saved (Lightning's rule).
-        """
+        """One save: the top-k file if it ranks, then ``last.ckpt``; none under ``fast_dev_run`` (Lightning's rule)."""
         if trainer.fast_dev_run:
             return
         assert self.dirpath is not None
