@@ -1,4 +1,5 @@
-"""``ModelCheckpoint``'s files as Lightning names them: templates, ``-vN`` versions, the last file, the top k.
+"""``ModelCheckpoint``'s files as Lightning names and ranks them: templates, ``-vN`` versions, the last file,
+the top k and its scores (Lightning's attributes), which files a save may delete.
 
 A mixin of :class:`~callbacks.ModelCheckpoint` (which holds the state these methods read): users
 override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` and
@@ -13,7 +14,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,27 @@ def default_dirpath(trainer: Trainer) -> str:
     return os.path.join(save_dir, str(logger.name), version, "checkpoints")
 
 
+class _Score:
+    """One of Lightning's score attributes: a float kept in ``_<name>``, handed out as a 0-d tensor
+    (a metric compares as it was logged); a float or tensor may be assigned, ``None`` for none yet."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self._attr = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = f"_{name}"
+
+    def __get__(self, checkpoint: object, owner: type | None = None) -> Any:
+        if checkpoint is None:
+            return self
+        value = getattr(checkpoint, self._attr)
+        return None if value is None else torch.tensor(value)
+
+    def __set__(self, checkpoint: object, value: float | torch.Tensor | None) -> None:
+        setattr(checkpoint, self._attr, None if value is None else float(value))
+
+
 class CheckpointNaming:
     """Lightning's naming and ranking of checkpoint files, for :class:`~callbacks.ModelCheckpoint`."""
 
@@ -90,6 +112,11 @@ class CheckpointNaming:
     _monitor: Monitor | None
     _written: set[str]
     last_model_path: str
+    best_model_path: str
+    kth_best_model_path: str
+    _best_model_score: float | None
+    _kth_value: float
+    _current_score: float | None
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,
@@ -142,9 +169,7 @@ class CheckpointNaming:
 
         ``score`` None (no monitor) keeps the newest ``save_top_k``.
         """
-        k, others = self.save_top_k, self._best_k
-        if k == 0:
-            return False, []
+        k, others = self.save_top_k, self._best_k  # never 0 here: such a callback ranks nothing
         if k == -1 or len(others) < k:
             return True, []
         if score is None:
@@ -193,8 +218,7 @@ class CheckpointNaming:
             path = str(trainer.checkpointing.last_path(self.dirpath))
         else:
             metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
-            name = self._fill(self.CHECKPOINT_NAME_LAST, metrics)
-            path = str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+            path = self.format_checkpoint_name(metrics, filename=self.CHECKPOINT_NAME_LAST)
         if not self.enable_version_counter or path in (self.last_model_path, *self._written):
             return path
         stem = os.path.splitext(path)[0]
@@ -238,3 +262,56 @@ class CheckpointNaming:
             filepath = os.path.join(self.dirpath, "best_k_models.yaml")
         with open(filepath, "w") as f:
             yaml.dump({path: float(score) for path, score in self._best_k.items()}, f)
+
+    def _keep(self, path: str, score: float | None, evict: list[str]) -> None:
+        """Record ``path`` among the kept files (``evict`` out) and the best and k-th of them, as Lightning's attributes."""
+        for old in evict:
+            self._best_k.pop(old, None)
+        self._best_k.pop(path, None)
+        self._best_k[path] = math.nan if score is None else score
+        if score is None:
+            self.best_model_path = path
+        else:
+            self._current_score = score
+            best = min(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
+            self.best_model_path = best
+            self._best_model_score = self._best_k[best]
+            if self.save_top_k == -1 or len(self._best_k) == self.save_top_k:
+                kth = max(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
+                self.kth_best_model_path, self._kth_value = kth, self._best_k[kth]
+
+    def _removable(self, trainer: Trainer, old: str) -> bool:
+        """Whether a file the bookkeeping names may be deleted: only a checkpoint this run wrote.
+
+        As Lightning: inside this callback's folder, and never the checkpoint this run resumed from.
+        Beyond Lightning: the bookkeeping comes from a checkpoint file, which anyone can write, so it
+        is not trusted: a file this callback wrote in this process, or else one that is on disk a
+        geartrain checkpoint of this run (its run id, which a resume takes over: the earlier attempts'
+        files), a link in the folder (removing it removes no data); never a user's file, checkpoint
+        of Lightning's or of another run, or not.
+        """
+        resumed = trainer.ckpt_path
+        if resumed is not None and os.path.realpath(old) == os.path.realpath(resumed):
+            return False
+        if self.dirpath is None:
+            return False
+        folder = Path(os.path.realpath(self.dirpath))
+        if folder not in Path(os.path.realpath(os.path.dirname(old) or ".")).joinpath("x").parents:
+            return False
+        return old in self._written or os.path.islink(old) or trainer.checkpointing.wrote(old)
+
+    @property
+    def best_k_models(self) -> dict[str, torch.Tensor]:
+        """Kept checkpoint files and their scores, oldest first; empty without a monitor, as Lightning's
+        (nothing is ranked: ``best_model_path`` is the newest save)."""
+        if self.monitor is None:
+            return {}
+        return {path: torch.tensor(score) for path, score in self._best_k.items()}
+
+    @best_k_models.setter
+    def best_k_models(self, value: Mapping[str, float | torch.Tensor]) -> None:
+        self._best_k = {path: float(score) for path, score in value.items()}
+
+    best_model_score = _Score("The best kept file's score (``best_model_score.item()`` as in Lightning programs).")
+    kth_value = _Score("The worst kept file's score once ``save_top_k`` are kept (+/-inf before).")
+    current_score = _Score("The monitored value of the newest ranked save.")

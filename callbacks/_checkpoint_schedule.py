@@ -44,9 +44,7 @@ class SaveSchedule(Checkpoint):
     _stale: bool = False
     #: Seconds on the ``train_time_interval`` clock restored from a checkpoint (None: none).
     _restored_elapsed: float | None = None
-
-    def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
-        raise NotImplementedError
+    _save: Callable[[Trainer], None]
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -117,11 +115,9 @@ class SaveSchedule(Checkpoint):
     def _saves_after_validation(self, trainer: Trainer) -> bool:
         """Whether epoch saves follow each validation pass rather than each training epoch's end.
 
-        ``save_on_train_epoch_end=None`` is Lightning's rule: after validation where it runs other than
-        once at every epoch's end (``val_check_interval`` below an epoch, ``check_val_every_n_epoch``
-        above 1), so each save holds that pass's metrics; at the training epoch's end otherwise. Without
-        validation data, at each training epoch's end (Lightning then saves nothing when
-        ``check_val_every_n_epoch`` is above 1).
+        ``save_on_train_epoch_end=None``: Lightning's rule (the argument's doc), so each save holds that
+        pass's metrics. Without validation data, at each training epoch's end (Lightning then saves
+        nothing when ``check_val_every_n_epoch`` is above 1).
         """
         if self.save_on_train_epoch_end is not None:
             return not self.save_on_train_epoch_end

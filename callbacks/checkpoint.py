@@ -6,7 +6,6 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
@@ -32,12 +31,10 @@ _BUILT_IN = ("epoch", "step")
 class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     """Save checkpoints during training; remember the best by a monitored metric.
 
-    Every file is written atomically (temporary file, fsync, rename) by rank 0 only, so a crash
-    never leaves a partial file under a checkpoint's name. The bookkeeping (which files are the k
-    best) is part of each checkpoint, so a resumed run keeps ranking where it left off. When a save
-    writes a top-k file and ``last.ckpt`` holds the same state, ``last.ckpt`` becomes a hard link to
-    it (a copy where the filesystem has no links), and files pushed out of the top k are deleted
-    only once the new file is on disk, so a failure at any point loses no checkpoint.
+    Files are written atomically by rank 0; the bookkeeping (which files are the k best) is part of
+    each checkpoint, so a resumed run keeps ranking where it left off. A ``last.ckpt`` holding a top-k
+    file's state is a hard link to it, and files pushed out of the top k are deleted only once the
+    new file is on disk, so a failure at any point loses no checkpoint.
 
     Args:
         dirpath: folder for the files (default: ``<default_root_dir>/checkpoints``).
@@ -69,12 +66,10 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             else at each training epoch's end.
         enable_version_counter: a name already on disk or kept gets ``-v1``, ``-v2``, ... instead of
             replacing that file (``last.ckpt`` is always replaced: a resume finds it there).
-        async_save: write in the background (``Trainer.save_checkpoint(..., async_=True)``): a save
-            blocks training only while the state is copied into CPU memory, and a thread writes the
-            file, places ``last.ckpt`` and removes the evicted top-k files, in that order. Costs one
-            CPU copy of the state, kept between saves. Two writes never overlap; a failed write is
-            raised (as :class:`~trainer.checkpoint.files.CheckpointError`) by the next save or at the end
-            of fitting, with the bookkeeping rolled back to the files that are really on disk.
+        async_save: write in a thread (``Trainer.save_checkpoint(..., async_=True)``): a save blocks
+            training only while the state is copied into CPU memory (one copy, kept between saves).
+            Writes never overlap; a failed write is raised (a ``CheckpointError``) by the next save or
+            at the end of fitting, with the bookkeeping rolled back to the files really on disk.
         missing_monitor: what a ``monitor`` still missing after a validation pass does. ``"raise"``
             (Lightning's behaviour): :class:`~trainer.errors.MetricNotLoggedError`, a ``KeyError``
             naming the metrics that were logged. ``"warn"``: say so once and keep only
@@ -148,15 +143,14 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self.enable_version_counter = enable_version_counter
         self.save_weights_only = save_weights_only
         self.async_save = async_save
-        self._last_time = None
         self._clock = time.monotonic  # tests swap in a fake clock
         self._exception_path = ""
         self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
         #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
-        #: (Scores are kept as floats; Lightning's attributes below hand them out as 0-d tensors.)
+        #: (Scores are kept as floats; Lightning's attributes hand them out as 0-d tensors: ``_Score``.)
         self._best_k: dict[str, float] = {}
         self.best_model_path = ""
-        self._best_score: float | None = None
+        self._best_model_score: float | None = None
         self.last_model_path = ""
         #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
         self.kth_best_model_path = ""
@@ -170,9 +164,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             if monitor is not None and monitor not in _BUILT_IN
             else None
         )
-        self._last_saved_step = -1
-        self._deferred = self._stale = False
-        self._restored_elapsed = None
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
         #: The files this callback wrote in this process: removable without looking inside them.
@@ -243,10 +234,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
 
     # ----------------------------------------------------------------- saving
     def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
-        """One save: the top-k file if it ranks, then ``last.ckpt``; bookkeeping only once written.
-
-        Under ``fast_dev_run`` nothing is saved (Lightning's rule).
-        """
+        """One save: the top-k file if it ranks, then ``last.ckpt``; none under ``fast_dev_run`` (Lightning's rule)."""
         if trainer.fast_dev_run:
             return
         assert self.dirpath is not None
@@ -283,7 +271,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
                 "epoch": trainer.current_epoch,
                 "step": trainer.global_step,
             }
-            path = str(Path(self.dirpath) / self.format_filename(metrics))
+            path = self.format_checkpoint_name(metrics)
         if ranked:
             # Planned as a new file (no kept name), then named: as in Lightning, the version counter
             # may give it the name of a file it evicts, never that of a file it keeps.
@@ -295,20 +283,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             path = self._free_path(path)
         # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
         if keep:
-            for old in evict:
-                self._best_k.pop(old, None)
-            self._best_k.pop(path, None)
-            self._best_k[path] = math.nan if score is None else score
-            if score is None:
-                self.best_model_path = path
-            else:
-                self._current_score = score
-                best = min(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
-                self.best_model_path = best
-                self._best_score = self._best_k[best]
-                if self.save_top_k == -1 or len(self._best_k) == self.save_top_k:
-                    kth = max(self._best_k, key=lambda p: self._rank_key(self._best_k[p]))
-                    self.kth_best_model_path, self._kth_value = kth, self._best_k[kth]
+            self._keep(path, score, evict)
         previous_last = self.last_model_path
         if self.save_last:
             self.last_model_path = self._last_path(trainer)
@@ -334,38 +309,31 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             stale = self._link_only_path
             if stale and stale != path and stale not in self._best_k and self._removable(trainer, stale):
                 replaces.append(stale)
+        named = keep or exception_file or link_only  # a file of its own name (else last.ckpt alone)
         try:
-            if keep or exception_file or link_only:
+            if named or self.save_last:
                 trainer.save_checkpoint(
-                    path,
+                    path if named else self.last_model_path,
                     self.save_weights_only,
                     async_=self.async_save,
-                    also_at=also_at,
+                    also_at=also_at if named else [],
                     replaces=[] if link else replaces,
                 )
-                if link:
-                    trainer.checkpointing.link(path, self.last_model_path, replaces)
-                    self._link_only_path = path if link_only else ""
-            elif self.save_last:
-                trainer.save_checkpoint(
-                    self.last_model_path, self.save_weights_only, async_=self.async_save, replaces=replaces
-                )
+            if link:
+                trainer.checkpointing.link(path, self.last_model_path, replaces)
+                self._link_only_path = path if link_only else ""
         except BaseException:
             ModelCheckpoint.load_state_dict(self, previous)
             raise
-        self._written.update([path] if keep or exception_file or link_only else [])
+        self._written.update([path] if named else [])
         self._written.update([self.last_model_path] if self.save_last else [])
         if exception_file:
             self._exception_path = path
-        self._notify_loggers(trainer)
-        if self.async_save:
-            self._unconfirmed = previous
-
-    def _notify_loggers(self, trainer: Trainer) -> None:
-        """Lightning's ``logger.after_save_checkpoint(self)`` for every logger of the trainer."""
-        for cb in trainer.callbacks:
+        for cb in trainer.callbacks:  # Lightning's logger.after_save_checkpoint(self)
             if getattr(cb, "is_logger", False) and hasattr(cb, "after_save_checkpoint"):
                 cb.after_save_checkpoint(self)
+        if self.async_save:
+            self._unconfirmed = previous
 
     def _confirm(self, trainer: Trainer) -> None:
         """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.
@@ -382,46 +350,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         except BaseException:
             ModelCheckpoint.load_state_dict(self, previous)
             raise
-
-    # ----------------------------------------------------------------- Lightning's scores: 0-d tensors
-    @property
-    def best_k_models(self) -> dict[str, torch.Tensor]:
-        """Kept checkpoint files and their scores, oldest first; empty without a monitor, as Lightning's
-        (nothing is ranked: ``best_model_path`` is the newest save)."""
-        if self.monitor is None:
-            return {}
-        return {path: torch.tensor(score) for path, score in self._best_k.items()}
-
-    @best_k_models.setter
-    def best_k_models(self, value: Mapping[str, float | torch.Tensor]) -> None:
-        self._best_k = {path: float(score) for path, score in value.items()}
-
-    @property
-    def best_model_score(self) -> torch.Tensor | None:
-        """The best kept file's score (``best_model_score.item()`` as in Lightning programs)."""
-        return None if self._best_score is None else torch.tensor(self._best_score)
-
-    @best_model_score.setter
-    def best_model_score(self, value: float | torch.Tensor | None) -> None:
-        self._best_score = None if value is None else float(value)
-
-    @property
-    def kth_value(self) -> torch.Tensor:
-        """The worst kept file's score once ``save_top_k`` are kept (+/-inf before)."""
-        return torch.tensor(self._kth_value)
-
-    @kth_value.setter
-    def kth_value(self, value: float | torch.Tensor) -> None:
-        self._kth_value = float(value)
-
-    @property
-    def current_score(self) -> torch.Tensor | None:
-        """The monitored value of the newest ranked save."""
-        return None if self._current_score is None else torch.tensor(self._current_score)
-
-    @current_score.setter
-    def current_score(self, value: float | torch.Tensor | None) -> None:
-        self._current_score = None if value is None else float(value)
 
     # ----------------------------------------------------------------- state
     @override
@@ -440,26 +368,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             "last_model_path": self.last_model_path,
             **self.schedule_state(),
         }
-
-    def _removable(self, trainer: Trainer, old: str) -> bool:
-        """Whether a file the bookkeeping names may be deleted: only a checkpoint this run wrote.
-
-        As Lightning: inside this callback's folder, and never the checkpoint this run resumed from.
-        Beyond Lightning: the bookkeeping comes from a checkpoint file, which anyone can write, so it
-        is not trusted: a file this callback wrote in this process, or else one that is on disk a
-        geartrain checkpoint of this run (its run id, which a resume takes over: the earlier attempts'
-        files), a link in the folder (removing it removes no data); never a user's file, checkpoint
-        of Lightning's or of another run, or not.
-        """
-        resumed = trainer.ckpt_path
-        if resumed is not None and os.path.realpath(old) == os.path.realpath(resumed):
-            return False
-        if self.dirpath is None:
-            return False
-        folder = Path(os.path.realpath(self.dirpath))
-        if folder not in Path(os.path.realpath(os.path.dirname(old) or ".")).joinpath("x").parents:
-            return False
-        return old in self._written or os.path.islink(old) or trainer.checkpointing.wrote(old)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -1,11 +1,9 @@
 """The one writer: every checkpoint file reaches the disk here, atomically, in the foreground or a thread.
 
-``ModelCheckpoint``, ``OnExceptionCheckpoint``, ``Trainer.save_checkpoint`` and the converter all
-save through :func:`write_checkpoint` (one file, its extra names as hard links, then the files it
-supersedes removed, in that order) or :class:`AsyncCheckpointWriter` (the same in a thread, after a
-CPU snapshot). Every replacement goes through :func:`swap_in`, which replaces only checkpoints of
-ours and sets a directory aside as ``.<name>.old`` until its successor is in place; the ``last``
-link is :func:`symlink`'s. A sharded directory's shards: :mod:`trainer.checkpoint.sharded`.
+Every save (``ModelCheckpoint``, ``OnExceptionCheckpoint``, ``Trainer.save_checkpoint``, the
+converter, a sharded directory's :mod:`~trainer.checkpoint.sharded`) ends in :func:`finish_save`:
+its extra names as hard links, then the files it supersedes removed. Every replacement goes through
+:func:`swap_in`, which replaces only checkpoints of ours (a directory set aside as ``.<name>.old``).
 """
 
 from __future__ import annotations
@@ -20,13 +18,13 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainer.checkpoint.format import FORMAT_VERSION, SET_ASIDE, is_our_checkpoint_dir
+from trainer.checkpoint.format import FORMAT_VERSION, PARTIAL, SET_ASIDE, is_our_checkpoint_dir
 from trainer.checkpoint.reader import first_reason, load_checkpoint
 from trainer.common.errors import CheckpointError
 from trainer.common.rng import rng_state, set_rng_state
@@ -51,33 +49,29 @@ __all__ = [
 ]
 
 
-def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``state`` to ``path`` atomically (:func:`write_checkpoint` with no extra names)."""
-    return write_checkpoint(state, path)
-
-
 def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str], sync_dir: bool = True) -> Path:
-    """Put the checkpoint file ``source`` also at ``path``: a hard link where possible, else a copy.
+    """Put the checkpoint ``source`` (a file or a sharded directory) also at ``path``: hard links where possible.
 
     A link costs no second write. It is made atomically: linked under a temporary name in ``path``'s
-    folder, renamed over ``path``; a reader sees the old ``path`` or the new one. The two names share
-    one inode, which is safe because geartrain never writes into an existing checkpoint file (every
-    save renames a new file over the name). Where the filesystem refuses links (another device, FAT,
-    some network mounts) the file is copied, as atomically as a save.
+    folder (a directory's files into ``.<name>.partial``), renamed over ``path``; a reader sees the
+    old ``path`` or the new one. The names share inodes, which is safe because geartrain never writes
+    into an existing checkpoint file (every save renames a new file over the name). Where the
+    filesystem refuses links (another device, FAT, some network mounts) the files are copied.
     """
     source, path = Path(source), Path(path)
     if source.resolve() == path.resolve():
         return path
     check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
+    if source.is_dir():
+        tmp = path.parent / f".{path.name}{PARTIAL}"
+        shutil.rmtree(tmp, ignore_errors=True)  # our own name: a copy a killed save left
+        shutil.copytree(source, tmp, copy_function=_link_or_copy)
+    else:
         # os.urandom, not the random module: a save must not move the run's Python RNG stream.
         tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.link.tmp"
         try:
             os.link(source, tmp)
-            break
-        except FileExistsError:
-            continue
         except OSError:  # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
 
             def copy(f: Any) -> None:
@@ -88,12 +82,19 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
     try:
         swap_in(tmp, path)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        remove_checkpoint(tmp)
         raise CheckpointError(f"Could not place checkpoint {path}: {err}") from err
     if sync_dir:
         fsync_dir(path.parent)
     return path
+
+
+def _link_or_copy(source: str, dest: str) -> None:
+    """A hard link (no second write), else a copy: how a sharded directory's files are placed."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
 
 
 def write_checkpoint(
@@ -105,36 +106,45 @@ def write_checkpoint(
     """One whole save, in the order that never loses a checkpoint: write, place copies, remove old files.
 
     ``state`` is written to a temporary file in ``path``'s folder, fsynced and renamed over ``path``
-    (a crash leaves the old file or the new one, never a partial file), then placed at every
-    ``also_at`` path (:func:`place_checkpoint`), and only then are the files it supersedes
-    (``replaces``, e.g. a top-k file it pushed out) deleted. A failure at any step raises
-    :class:`CheckpointError` and skips the later steps, so the old files are still there. A
-    superseded file that cannot be deleted only warns: nothing is lost by keeping it.
+    (a crash leaves the old file or the new one, never a partial file), then :func:`finish_save`. A
+    failure raises :class:`CheckpointError` and skips the later steps: the old files are still there.
     """
-    extra = [Path(p) for p in also_at]
-    # The folders are fsynced once, after every rename and before any deletion.
     path = _write_atomically(Path(path), lambda f: torch.save(dict(state), f), sync_dir=False)
-    for other in extra:
+    finish_save(path, [Path(p) for p in also_at], replaces)
+    return path
+
+
+#: Write ``state`` to ``path`` atomically: :func:`write_checkpoint` with no extra names.
+save_checkpoint = write_checkpoint
+
+
+def finish_save(path: Path, also_at: Sequence[Path], replaces: Iterable[str | os.PathLike[str]]) -> None:
+    """The end of every save, once its file or sharded directory is in place at ``path``.
+
+    It is placed at every ``also_at`` path (:func:`place_checkpoint`), the folders are synced once, and only
+    then are the checkpoints it supersedes (``replaces``, e.g. a top-k file it pushed out) deleted. A
+    superseded checkpoint that cannot be deleted only warns: nothing is lost by keeping it.
+    """
+    for other in also_at:
         place_checkpoint(path, other, sync_dir=False)
-    for folder in dict.fromkeys(p.parent for p in (path, *extra)):
+    for folder in dict.fromkeys(p.parent for p in (path, *also_at)):
         fsync_dir(folder)
-    keep = {path, *extra}
-    for old in replaces:
-        if Path(old) in keep:
+    keep = {p.resolve() for p in (path, *also_at)}
+    for old in map(Path, replaces):
+        if old.resolve() in keep:
             continue
         try:
-            Path(old).unlink(missing_ok=True)
+            if not remove_checkpoint(old):
+                warnings.warn(f"Kept the superseded {old}: it is not a checkpoint of ours", stacklevel=2)
         except OSError as err:
             warnings.warn(f"Could not remove the superseded checkpoint {old}: {err}", stacklevel=2)
-    return path
 
 
 def check_replaceable(path: str | os.PathLike[str]) -> None:
     """Raise :class:`CheckpointError` unless ``path`` is absent, a file, a link, or a checkpoint folder of ours.
 
-    A file is replaced whole (as ``torch.save`` and Lightning replace one), a link as a link (what it
-    names is left alone); a folder that is not a checkpoint (a user's, the working directory) is
-    refused with a message naming it, before a byte is written.
+    A file is replaced whole (as ``torch.save`` does), a link as a link (what it names is left alone);
+    anything else (a user's folder, the working directory) is refused, naming it, before a byte is written.
     """
     path = Path(path)
     try:
@@ -242,11 +252,8 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
 
 
 def _umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (``/proc/self/status``).
-
-    Elsewhere reading it means setting it and straight back, which the writer thread of asynchronous
-    saves, creating a file at that instant, could observe.
-    """
+    """The process's umask, read from ``/proc/self/status`` where Linux shows it; elsewhere set and set back
+    (which the asynchronous writer's thread, creating a file at that instant, could observe)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:

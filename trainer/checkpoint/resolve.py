@@ -1,12 +1,8 @@
 """The one resolver: which checkpoint ``ckpt_path="last"`` means, for the ``Trainer`` and the ``geartrain`` command.
 
-The ``Trainer`` (:func:`resolve_ckpt_path`, Lightning's meaning; ``"best"`` is the checkpoint
-callback's ``best_model_path``): the newest last file (``last.ckpt``, ``last-v1.ckpt``, ...) of its
-checkpoint folder, else what a kill left there (:func:`newest_complete_checkpoint`: a set-aside
-``.<name>.old`` recovered, a dangling link or a half-written directory skipped, each with a notice).
-The ``geartrain`` command (:func:`resolve_last_checkpoint`): this run's own, else the newest
-``last.ckpt`` of *the same job* (:func:`same_line`), so a run never continues another job's state;
-``ckpt_path=<a run folder>`` takes that run's newest complete checkpoint (:func:`run_folder_checkpoint`).
+The ``Trainer``'s (:func:`resolve_ckpt_path`, Lightning's meaning, and ``"best"``) looks in its checkpoint
+folder; the command's (:func:`resolve_last_checkpoint`) also in the same job's earlier runs
+(:func:`same_line`), so a run never continues another job's state.
 """
 
 from __future__ import annotations
@@ -57,18 +53,16 @@ def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def newest_complete_checkpoint(
-    folder: str | os.PathLike[str], name: str = "last.ckpt"
-) -> tuple[Path | None, list[str]]:
-    """``folder/name`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
+def newest_complete_checkpoint(folder: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
+    """``folder/last.ckpt`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
 
     Returns the path to load (None when the folder holds no complete checkpoint) and one-line
-    notices for what was recovered or skipped: ``name`` missing after a kill between a save's two
-    renames (its ``.<name>.old`` is the checkpoint that was there), a link to a deleted checkpoint,
+    notices for what was recovered or skipped: ``last.ckpt`` missing after a kill between a save's two
+    renames (its ``.last.ckpt.old`` is the checkpoint that was there), a link to a deleted checkpoint,
     a directory that was never completed.
     """
     folder = Path(folder)
-    wanted = folder / name
+    wanted = folder / "last.ckpt"
     if is_complete_checkpoint(wanted):
         return wanted, []
     notices: list[str] = []
@@ -78,7 +72,7 @@ def newest_complete_checkpoint(
         notices.append(f"{wanted} is a directory that was never completed (no .metadata or trainer.pt); skipped")
     elif wanted.exists():
         notices.append(f"{wanted} is not a complete checkpoint; skipped")
-    aside = folder / f".{name}{SET_ASIDE}"
+    aside = folder / f".{wanted.name}{SET_ASIDE}"
     if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
         notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
         return aside, notices
@@ -111,11 +105,9 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str], stage
     # The first checkpoint callback (``Trainer.checkpoint_callback``): what has a ``best_model_path``.
     cb = next((c for c in trainer.callbacks if hasattr(c, "best_model_path")), None)
     if str(ckpt_path) == "best":
-        found = getattr(cb, "best_model_path", None) if cb is not None else None
+        found = getattr(cb, "best_model_path", None)
     else:
-        dirpath = getattr(cb, "dirpath", None)
-        folder = Path(dirpath) if dirpath else trainer.checkpointing.default_directory()
-        found = last_of_folder(trainer, cb, folder) if cb is not None else None
+        found = last_of_folder(trainer, cb) if cb is not None else None
     if not found and str(ckpt_path) == "last":
         if stage is not None and trainer.is_global_zero:
             fresh = " Training starts from scratch." if stage == "fit" else ""
@@ -148,8 +140,8 @@ def last_files(folder: str | os.PathLike[str] | None, name: str = "last", extens
     return {str(p) for p in path.iterdir() if pattern.match(p.name)}
 
 
-def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
-    """``"last"`` for a ``Trainer``: the callback's newest complete last file, else what a kill left in ``folder``.
+def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
+    """``"last"`` for a ``Trainer``: the callback's newest complete last file, else what a kill left in its folder.
 
     ``callback`` is the trainer's checkpoint callback: its ``last_model_path`` once it saved, else its
     folder's last files (:func:`last_files`; a subclass that overrides Lightning's
@@ -168,6 +160,7 @@ def last_of_folder(trainer: Trainer, callback: Any, folder: Path) -> str | None:
             names = set(callback._find_last_checkpoints(trainer)) if find is not None else set()
         files = [Path(p) for p in names if is_complete_checkpoint(p)]
         found = str(max(files, key=lambda p: p.stat().st_mtime)) if files else None
+    folder = Path(callback.dirpath) if getattr(callback, "dirpath", None) else trainer.checkpointing.default_directory()
     left = any(os.path.lexists(folder / name) for name in ("last.ckpt", f".last.ckpt{SET_ASIDE}"))
     if not found and left:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
@@ -195,13 +188,13 @@ def _overrides(run_dir: Path) -> list[str] | None:
     return [str(x) for x in loaded] if isinstance(loaded, list) else None
 
 
-def same_line(mine: Sequence[str], theirs: Sequence[str], sweep: bool = False) -> bool:
+def same_line(mine: Sequence[str], theirs: Sequence[str]) -> bool:
     """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
 
     Every override equal, except those that only say how far to train, from where, and the task
     (``ckpt_path``, ``task``, ``trainer.max_epochs``, ...): another strategy, device count, seed
     or learning rate is another job, whose state this run must never continue (in a sweep: job 1
-    never takes job 0's). ``sweep`` is kept for callers; the rule is the same.
+    never takes job 0's).
     """
 
     def job(overrides: Sequence[str]) -> dict[str, str]:
@@ -215,7 +208,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     """The ``last.ckpt`` that ``ckpt_path=last`` means for a run in ``run_dir`` started with ``overrides``.
 
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
-    that :func:`same_line` accepts. The choice is printed, so a resume never silently picks a file.
+    that :func:`same_line` accepts (``sweep`` or not). The choice is printed, so a resume never silently picks a file.
     """
     own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
     for notice in notices:
@@ -229,7 +222,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
         )
     found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
     found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
-    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [], sweep)]
+    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [])]
     if not matching:
         where = f"{base / 'outputs'} or {base / 'multirun'}"
         if found:

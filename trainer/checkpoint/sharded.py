@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.checkpoint.files import check_replaceable, fsync_dir, remove_checkpoint, swap_in, write_failure
+from trainer.checkpoint.files import check_replaceable, finish_save, fsync_dir, swap_in, write_failure
 from trainer.checkpoint.format import PARTIAL, TRAINER_STATE
 from trainer.checkpoint.sharded_safety import (
     checkpoint_error,
@@ -148,11 +148,13 @@ def save_sharded(
         "optimizers": {str(i): opt for i, opt in enumerate(optimizers) if opt},
     }
     writer = dcp.FileSystemWriter(tmp, sync_files=True)
-    old = [Path(p) for p in replaces]
+    replaces = tuple(replaces)
 
     def finish() -> None:
         if rank0:
-            _place(tmp, path, extra, old)
+            fsync_dir(tmp)
+            swap_in(tmp, path)
+            finish_save(path, extra, replaces)
 
     if async_:
         group = _async_group() if dist.is_initialized() else None
@@ -181,30 +183,6 @@ def _write_file(path: Path, obj: Any) -> None:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _place(tmp: Path, path: Path, also_at: Sequence[Path], replaces: Sequence[Path]) -> None:
-    fsync_dir(tmp)
-    for other in also_at:
-        if other.resolve() == path.resolve():
-            continue
-        copy = other.parent / f".{other.name}{PARTIAL}"
-        shutil.rmtree(copy, ignore_errors=True)  # our own name: a copy a killed save left
-        shutil.copytree(tmp, copy, copy_function=_link_or_copy)
-        swap_in(copy, other)
-    swap_in(tmp, path)
-    keep = {path.resolve(), *(p.resolve() for p in also_at)}
-    for gone in replaces:
-        if gone.resolve() not in keep:
-            remove_checkpoint(gone)
-
-
-def _link_or_copy(source: str, dest: str) -> None:
-    """A hard link (no second write; DCP never writes into an existing file), else a copy."""
-    try:
-        os.link(source, dest)
-    except OSError:
-        shutil.copy2(source, dest)
 
 
 def load_sharded(

@@ -72,6 +72,10 @@ _METADATA_MODULES = (
 )
 
 
+class _RefusedClass(pickle.UnpicklingError):
+    """A class the metadata's pickle names that :class:`_MetadataUnpickler` does not admit (``module.name``)."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module in _METADATA_MODULES:
@@ -88,7 +92,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             return getattr(pathlib, name)  # the checkpoint id DCP records; making a path runs nothing
         if (module, name) == ("collections", "OrderedDict"):
             return collections.OrderedDict
-        raise pickle.UnpicklingError(f"{module}.{name}")
+        raise _RefusedClass(f"{module}.{name}")
 
 
 def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
@@ -108,23 +112,17 @@ def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
             f"Checkpoint {file} is truncated (it ends before its content does); the save that wrote it did not "
             "finish. Use an earlier checkpoint"
         ) from err
-    except pickle.UnpicklingError as err:
-        if not _names_a_class(err):
-            raise CheckpointError(f"Checkpoint {file} is damaged (truncated or corrupted?): {err}") from err
+    except _RefusedClass as err:
         raise CheckpointError(
             f"Checkpoint {file} holds pickled Python objects ({err}), which could run code when loaded; "
             "refusing it. A sharded checkpoint's metadata holds only torch.distributed.checkpoint's own classes."
         ) from err
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"Checkpoint {file} is damaged (truncated or corrupted?): {err}") from err
     except Exception as err:
         raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
     _check_storage_paths(Path(path), metadata)
     return metadata
-
-
-def _names_a_class(err: pickle.UnpicklingError) -> bool:
-    """Whether the unpickler refused a class by name (ours: ``module.name``), not a damaged stream."""
-    text = str(err)
-    return bool(text) and " " not in text and "." in text
 
 
 def _check_storage_paths(path: Path, metadata: Any) -> None:

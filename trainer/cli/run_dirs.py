@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -74,24 +73,22 @@ def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> l
     Returns ``[]`` when the user chose the folder (``hydra.run.dir=``/``hydra.sweep.dir=`` given) or
     asked Hydra for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...).
     """
-    args = list(argv)
-    if _runs_nothing(args):
-        return []
-    sweep = any(a in ("-m", "--multirun") for a in args)
-    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
-    if any(a.startswith((f"{key}=", f"+{key}=", f"++{key}=")) for a in args):
+    key = _folder_key(argv)
+    if key is None or any(a.startswith((f"{key}=", f"+{key}=", f"++{key}=")) for a in argv):
         return []
     stamp = time.localtime(now)
-    root = "multirun" if sweep else "outputs"
+    root = "multirun" if key == "hydra.sweep.dir" else "outputs"
     base = Path(root, time.strftime("%Y-%m-%d", stamp), time.strftime("%H-%M-%S", stamp))
     return [f"{key}={claim_run_dir(base).as_posix()}"]
 
 
-def _runs_nothing(args: Sequence[str]) -> bool:
-    """Whether Hydra is asked for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...)."""
-    return any(
-        a.startswith(("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")) for a in args
-    )
+def _folder_key(args: Sequence[str]) -> str | None:
+    """The override naming a run's folder: ``hydra.run.dir``, ``hydra.sweep.dir`` with ``-m``; None when
+    Hydra is asked for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...)."""
+    nothing = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion")
+    if any(a.startswith(nothing) for a in args):
+        return None
+    return "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
 
 
 def held_folder(argv: Sequence[str]) -> Path | None:
@@ -100,12 +97,9 @@ def held_folder(argv: Sequence[str]) -> Path | None:
     None when the command runs nothing (``--help``, ``--cfg``, ...) or the value is interpolated
     (``${now:...}``), which only Hydra can resolve.
     """
-    args = list(argv)
-    if _runs_nothing(args):
-        return None
-    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
-    values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith(f"{key}=")]
-    if not values or not values[-1] or "${" in values[-1]:
+    key = _folder_key(argv)
+    values = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith(f"{key}=")]
+    if key is None or not values or not values[-1] or "${" in values[-1]:
         return None
     return Path(values[-1].strip("'\""))
 
@@ -159,22 +153,11 @@ def release_lock(lock: Path, handle: IO[str]) -> None:
 
 @contextlib.contextmanager
 def locked_run_dir(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it."""
-    try:
-        import fcntl  # noqa: F401 - POSIX only
-    except ImportError:  # not POSIX: no advisory locks; the unique names still keep runs apart
+    """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it.
+
+    The command's own guard (:func:`~trainer.cli.run_dir_guard.guarded_run_dir`) without its record.
+    """
+    from trainer.cli.run_dir_guard import guarded_run_dir
+
+    with guarded_run_dir(run_dir):
         yield
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / LOCK_FILE
-    held, handle = open_lock(lock)
-    if held is None:
-        raise in_use(run_dir, handle)
-    try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
-        yield
-    finally:
-        release_lock(lock, handle)
