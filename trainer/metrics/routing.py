@@ -150,12 +150,7 @@ class MetricRouter:
 
     def no_log(self, hook: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` (the user's ``hook``) called inside :meth:`refusing`: ``self.log`` there is refused naming ``hook``."""
-
-        def refused(*args: Any, **kwargs: Any) -> Any:
-            with self.refusing(hook):
-                return fn(*args, **kwargs)
-
-        return refused
+        return _LogRefused(self, hook, fn)
 
     def _refusal(self, name: str) -> str:
         """The words of a refused ``self.log(name)``: Lightning's first (which hook, or predict's), then ours."""
@@ -352,6 +347,20 @@ class MetricRouter:
         self.progress_bar_metrics = dict(state.get("progress_bar_metrics", {}))
         self._resumed_epoch = state.get("train_epoch")
         self.plain.clear()
+
+
+class _LogRefused:
+    """A hook called inside :meth:`MetricRouter.refusing`; an object, not a closure, so that a trainer
+    holding it (its resolved hooks) pickles as it did before."""
+
+    __slots__ = ("fn", "hook", "router")
+
+    def __init__(self, router: MetricRouter, hook: str, fn: Callable[..., Any]) -> None:
+        self.router, self.hook, self.fn = router, hook, fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.router.refusing(self.hook):
+            return self.fn(*args, **kwargs)
 
 
 def _detached(values: Mapping[str, torch.Tensor], copies: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
