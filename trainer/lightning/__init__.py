@@ -307,6 +307,8 @@ TREE: dict[str, dict[str, str]] = {
     # ----------------------------------------------------------------- profilers, tuner, strategies
     "profilers": {**_from("trainer.profilers", _PROFILERS), **dict.fromkeys(_PROFILER_FILES, "/")},
     **{f"profilers.{file}": {name: "trainer.profilers"} for file, name in _PROFILER_FILES.items()},
+    # Lightning's simple.py imports ``math`` (its totals are ``math.fsum``), so ``simple.math`` is public: ours too.
+    "profilers.simple": {"SimpleProfiler": "trainer.profilers", "math": "trainer.profilers.simple:math"},
     "tuner": {"Tuner": "trainer.tuner", "tuning": "/"},
     "tuner.tuning": {"Tuner": "trainer.tuner"},
     "accelerators": {**_from(_ACC, [*_ACCELERATORS, "find_usable_cuda_devices"]), **dict.fromkeys(_ACC_FILES, "/")},

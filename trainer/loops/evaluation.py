@@ -165,7 +165,9 @@ def _run_epoch(
         # and logged names the ``/dataloader_idx_N`` suffix.
         router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
         eval_batch = make_eval_batch(trainer, state, f"{prefix}_step", prefix, dataloader_idx if several else None)
-        batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
+        # Lightning's action name: ``[_EvaluationLoop].val_next`` / ``.test_next``.
+        action = f"[_EvaluationLoop].{'val' if prefix == 'validation' else prefix}_next"
+        batches = profiled_iter(trainer.profiler, action, iterate(loader, num))
         for batch_idx, batch, _ in batches:
             eval_batch(batch, batch_idx)
             if pending:  # values logged with on_step=True go to the loggers now, as in Lightning
@@ -237,7 +239,7 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
                     trainer, state, "predict_step", "predict", dataloader_idx if len(loaders) > 1 else None
                 )
                 kept: list[Any] = []
-                batches = profiled_iter(trainer.profiler, "predict_dataloader_next", iterate(loader, num))
+                batches = profiled_iter(trainer.profiler, "[_PredictionLoop].predict_next", iterate(loader, num))
                 for batch_idx, batch, _ in batches:
                     out = predict_batch(batch, batch_idx)
                     if keep:
