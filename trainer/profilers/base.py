@@ -17,7 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["PassThroughProfiler", "Profiler", "is_active", "profiled", "profiled_iter", "strategy_action"]
+__all__ = [
+    "PassThroughProfiler",
+    "Profiler",
+    "eval_fetch_action",
+    "is_active",
+    "profiled",
+    "profiled_iter",
+    "strategy_action",
+]
 
 F = TypeVar("F")
 
@@ -175,6 +183,11 @@ def _timed_iter(profiler: Profiler, action: str, it: Iterator[Any]) -> Iterator[
         if isinstance(item, tuple) and len(item) == 3 and item[2] is True:
             yield from it  # after the last batch: nothing more (a loader that miscounted goes on untimed)
             return
+
+
+def eval_fetch_action(prefix: str) -> str:
+    """Lightning's action name for fetching a ``"validation"``/``"test"`` batch: ``[_EvaluationLoop].val_next``."""
+    return f"[_EvaluationLoop].{'val' if prefix == 'validation' else prefix}_next"
 
 
 def strategy_action(strategy: object, name: str) -> str:
