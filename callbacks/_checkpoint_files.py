@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from callbacks._monitor import Monitor
     from trainer.trainer import Trainer
 
-__all__ = ["CheckpointNaming", "check_lightning_options", "default_dirpath"]
+__all__ = ["CheckpointNaming", "check_lightning_options", "default_dirpath", "score_of"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 
@@ -71,9 +71,16 @@ def default_dirpath(trainer: Trainer) -> str:
     return os.path.join(save_dir, str(logger.name), version, "checkpoints")
 
 
+def score_of(value: float | torch.Tensor) -> float:
+    """A score as a Python number of the monitored value's kind: an integer (``step``) stays an int, so
+    its tensor is an integer one and trackers store ``3``, as Lightning's scores (tensors as logged) do."""
+    number = value.item() if isinstance(value, torch.Tensor) else value
+    return number if isinstance(number, int) and not isinstance(number, bool) else float(number)
+
+
 class _Score:
-    """One of Lightning's score attributes: a float kept in ``_<name>``, handed out as a 0-d tensor
-    (a metric compares as it was logged); a float or tensor may be assigned, ``None`` for none yet."""
+    """One of Lightning's score attributes: a number kept in ``_<name>`` (:func:`score_of`), handed out
+    as a 0-d tensor (a metric compares as it was logged); a float or tensor may be assigned, ``None`` for none yet."""
 
     def __init__(self, doc: str) -> None:
         self.__doc__ = doc
@@ -89,7 +96,7 @@ class _Score:
         return None if value is None else torch.tensor(value)
 
     def __set__(self, checkpoint: object, value: float | torch.Tensor | None) -> None:
-        setattr(checkpoint, self._attr, None if value is None else float(value))
+        setattr(checkpoint, self._attr, None if value is None else score_of(value))
 
 
 class CheckpointNaming:
@@ -261,7 +268,7 @@ class CheckpointNaming:
             assert self.dirpath, "to_yaml() needs a filepath before the dirpath is known (setup)"
             filepath = os.path.join(self.dirpath, "best_k_models.yaml")
         with open(filepath, "w") as f:
-            yaml.dump({path: float(score) for path, score in self._best_k.items()}, f)
+            yaml.dump(dict(self._best_k), f)  # plain numbers, an integer score as one (Lightning's .item())
 
     def _keep(self, path: str, score: float | None, evict: list[str]) -> None:
         """Record ``path`` among the kept files (``evict`` out) and the best and k-th of them, as Lightning's attributes."""
@@ -310,7 +317,7 @@ class CheckpointNaming:
 
     @best_k_models.setter
     def best_k_models(self, value: Mapping[str, float | torch.Tensor]) -> None:
-        self._best_k = {path: float(score) for path, score in value.items()}
+        self._best_k = {path: score_of(score) for path, score in value.items()}
 
     best_model_score = _Score("The best kept file's score (``best_model_score.item()`` as in Lightning programs).")
     kth_value = _Score("The worst kept file's score once ``save_top_k`` are kept (+/-inf before).")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 import torch
 from typing_extensions import override
 
-from callbacks._checkpoint_files import CheckpointNaming, check_lightning_options, default_dirpath
+from callbacks._checkpoint_files import CheckpointNaming, check_lightning_options, default_dirpath, score_of
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
@@ -251,7 +251,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             if value is None:  # not logged yet, or not updated since the last ranked save
                 ranked = False
             else:
-                score = float(value)
+                score = score_of(value)
                 if math.isnan(score):  # as Lightning: a NaN ranks as the worst score there can be
                     score = math.inf if self.mode == "min" else -math.inf
         keep, evict = False, list[str]()

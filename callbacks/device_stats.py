@@ -1,16 +1,18 @@
-"""``DeviceStatsMonitor``: measured memory of the accelerator and of the process, as logged metrics."""
+"""``DeviceStatsMonitor``: the accelerator's device statistics, logged at the batch hooks as Lightning logs them."""
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import resource
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
 from callbacks.base import Callback
+from trainer.common.cpu_stats import get_cpu_stats
+from trainer.common.errors import MisconfigurationException
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -19,6 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["DeviceStatsMonitor", "process_memory_mb"]
 
 _MB = 1024.0 * 1024.0
+
+#: Whether ``psutil`` (the CPU's figures, :func:`trainer.common.cpu_stats.get_cpu_stats`) can be imported;
+#: read when the monitor is set up (Lightning's flag of the same name).
+_PSUTIL_AVAILABLE = importlib.util.find_spec("psutil") is not None
 
 
 def process_memory_mb() -> tuple[float, float]:
@@ -38,83 +44,151 @@ def process_memory_mb() -> tuple[float, float]:
 
 
 class DeviceStatsMonitor(Callback):
-    """Log memory every ``every_n_steps`` optimizer steps and summarise the peaks at the end of fit.
+    """Log the accelerator's device statistics at every training, validation and test batch's start and end.
 
-    Metrics, in MiB, reach the loggers like any other (TensorBoard shows them under ``device_stats/``):
-
-    * ``device_stats/cpu_rss`` and ``device_stats/cpu_rss_peak``: this process's resident memory and
-      its high-water mark (the peak covers the process's whole life, imports included);
-    * on CUDA, ``device_stats/cuda_allocated``, ``cuda_reserved`` and ``cuda_peak_allocated`` of the
-      strategy's device (``torch.cuda.memory_allocated`` / ``memory_reserved`` /
-      ``max_memory_allocated``; the peak counter is reset when fit starts).
-
-    Reading them costs no device sync. At the end of fit every rank's peaks are gathered and rank 0
-    prints one line per device; they are kept in :attr:`peaks` (``{"rank0/cpu": MiB, ...}``).
+    As Lightning's: at the batches where the trainer logs (every ``log_every_n_steps``; an evaluation
+    batch by its count in the run), the figures of ``trainer.accelerator.get_device_stats(device)``
+    go to every logger's ``log_metrics`` under ``DeviceStatsMonitor.<hook><separator><name>``
+    (``DeviceStatsMonitor.on_train_batch_start/cpu_percent``), at the training batches that stepped
+    so far. On the CPU they are ``psutil``'s ``cpu_percent``, ``cpu_vm_percent`` and
+    ``cpu_swap_percent``; on CUDA ``torch.cuda.memory_stats``.
 
     Args:
-        cpu_stats: whether the ``cpu_*`` figures are logged: ``None`` (Lightning's default) logs them
-            when training on the CPU only, ``True`` always, ``False`` never. The peaks printed at
-            the end of fit always include the CPU.
-        every_n_steps: log after every this many optimizer steps.
+        cpu_stats: ``None`` logs the CPU's figures only when training on the CPU, ``True`` also beside
+            a GPU's, ``False`` never (on the CPU nothing is logged then).
+
+    Raises:
+        MisconfigurationException: at ``fit``'s set-up when the trainer has no logger.
+        ModuleNotFoundError: at ``fit``'s set-up on the CPU with ``cpu_stats=None`` when ``psutil`` is
+            not installed (``pip install psutil``).
+
+    At the end of fit every rank's peak memory (the process's resident high-water mark and, on CUDA,
+    ``torch.cuda.max_memory_allocated``; MiB) is gathered into :attr:`peaks`
+    (``{"rank0/cpu": ..., "rank0/cuda": ...}``), geartrain's addition; nothing is printed.
 
     Example:
-        >>> monitor = DeviceStatsMonitor(every_n_steps=10)
-        >>> monitor.peaks
+        >>> DeviceStatsMonitor(cpu_stats=False).peaks
         {}
     """
 
-    def __init__(self, cpu_stats: bool | None = None, every_n_steps: int = 50) -> None:
-        if not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
-        self.cpu_stats = cpu_stats
-        self.every_n_steps = every_n_steps
+    def __init__(self, cpu_stats: bool | None = None) -> None:
+        self._cpu_stats = cpu_stats
         #: Peak memory per rank and device in MiB, filled at the end of fit.
         self.peaks: dict[str, float] = {}
-        self._last_step = -1
+        self._stepped_at_start = 0  # Lightning's x-axis for this training batch, read at its start
+        self._eval_batches = 0  # evaluation batches of the current run, as Lightning's loop counts them
 
-    def measure(self, device: torch.device) -> dict[str, float]:
-        """Memory figures (MiB) for this process and ``device``, measured now."""
-        rss, hwm = process_memory_mb()
-        stats = {"device_stats/cpu_rss": rss, "device_stats/cpu_rss_peak": hwm}
-        if device.type == "cuda":
-            stats["device_stats/cuda_allocated"] = torch.cuda.memory_allocated(device) / _MB
-            stats["device_stats/cuda_reserved"] = torch.cuda.memory_reserved(device) / _MB
-            stats["device_stats/cuda_peak_allocated"] = torch.cuda.max_memory_allocated(device) / _MB
-        return stats
+    @override
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if not trainer.loggers:
+            raise MisconfigurationException(
+                "Cannot use `DeviceStatsMonitor` callback with `Trainer(logger=False)`: give the Trainer a logger"
+            )
+        if self._cpu_stats is None and trainer.strategy.root_device.type == "cpu" and not _PSUTIL_AVAILABLE:
+            raise ModuleNotFoundError(
+                "`DeviceStatsMonitor` cannot log CPU stats as `psutil` is not installed: pip install psutil, "
+                "or DeviceStatsMonitor(cpu_stats=False)"
+            )
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         self.peaks = {}
-        self._last_step = -1
         device = trainer.strategy.root_device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
+    def _log(self, trainer: Trainer, hook: str, due: bool, step: int) -> None:
+        if not due or not trainer.log_every_n_steps:
+            return
+        device = trainer.strategy.root_device
+        if self._cpu_stats is False and device.type == "cpu":
+            return
+        stats = dict(trainer.accelerator.get_device_stats(device))
+        if self._cpu_stats and device.type != "cpu":
+            stats.update(get_cpu_stats())
+        prefix = f"{type(self).__qualname__}.{hook}"
+        loggers: list[Any] = trainer.loggers  # Lightning's loggers: ``log_metrics`` and ``group_separator``
+        for logger in loggers:
+            separator = logger.group_separator
+            logger.log_metrics({f"{prefix}{separator}{key}": value for key, value in stats.items()}, step=step)
+
+    def _train_due(self, trainer: Trainer) -> bool:
+        return (self._stepped_at_start + 1) % max(trainer.log_every_n_steps, 1) == 0 or trainer.should_stop
+
+    def _eval_step(self, trainer: Trainer) -> int:
+        # Inside fit the training batch that just ran (its step not yet counted by Lightning's loop).
+        steps = trainer.global_step
+        return max(steps - 1, 0) if trainer.state.fn == "fit" else steps
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
+        self._stepped_at_start = trainer.global_step
+        self._log(trainer, "on_train_batch_start", self._train_due(trainer), self._stepped_at_start)
+
     @override
     def on_train_batch_end(
-        self, trainer: Trainer, pl_module: TrainModule, outputs: object, batch: object, batch_idx: int
+        self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if step == self._last_step or step == 0 or step % self.every_n_steps:
-            return  # not a step boundary (accumulating), or not one we log
-        self._last_step = step
-        device = trainer.strategy.root_device
-        stats = self.measure(device)
-        if not (self.cpu_stats if self.cpu_stats is not None else device.type == "cpu"):
-            stats = {k: v for k, v in stats.items() if not k.startswith("device_stats/cpu_")}
-        if stats:
-            trainer.log_metrics(stats, step - 1)
+        self._log(trainer, "on_train_batch_end", self._train_due(trainer), self._stepped_at_start)
+
+    @override
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_batches = 0
+
+    @override
+    def on_test_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_batches = 0
+
+    def _eval_due(self, trainer: Trainer) -> bool:
+        return self._eval_batches % max(trainer.log_every_n_steps, 1) == 0 or trainer.should_stop
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batches += 1
+        self._log(trainer, "on_validation_batch_start", self._eval_due(trainer), self._eval_step(trainer))
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._log(trainer, "on_validation_batch_end", self._eval_due(trainer), self._eval_step(trainer))
+
+    @override
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batches += 1
+        self._log(trainer, "on_test_batch_start", self._eval_due(trainer), self._eval_step(trainer))
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._log(trainer, "on_test_batch_end", self._eval_due(trainer), self._eval_step(trainer))
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         device = trainer.strategy.root_device
-        stats = self.measure(device)
-        mine = [stats["device_stats/cpu_rss_peak"], stats.get("device_stats/cuda_peak_allocated", -1.0)]
-        gathered = trainer.strategy.all_gather(torch.tensor(mine, dtype=torch.float64, device=device)).cpu()
-        for rank, (cpu_peak, device_peak) in enumerate(gathered.tolist()):
-            self.peaks[f"rank{rank}/cpu"] = cpu_peak
-            if device_peak >= 0:
-                self.peaks[f"rank{rank}/{device.type}"] = device_peak
-        if trainer.is_global_zero:
-            lines = [f"  {name}: {mib:,.1f} MiB" for name, mib in self.peaks.items()]
-            print("Peak memory (cpu: resident set high-water; cuda: max allocated):", *lines, sep=os.linesep)
+        _, cpu_peak = process_memory_mb()
+        device_peak = torch.cuda.max_memory_allocated(device) / _MB if device.type == "cuda" else -1.0
+        mine = torch.tensor([cpu_peak, device_peak], dtype=torch.float64, device=device)
+        for rank, (cpu, dev) in enumerate(trainer.strategy.all_gather(mine).cpu().view(-1, 2).tolist()):
+            self.peaks[f"rank{rank}/cpu"] = cpu
+            if dev >= 0:
+                self.peaks[f"rank{rank}/{device.type}"] = dev

@@ -23,6 +23,13 @@ def _number(value: Any) -> float:
     return float(value.item() if isinstance(value, torch.Tensor) else value)
 
 
+def _batches_that_stepped(trainer: Trainer, pl_module: TrainModule) -> int:
+    """Lightning's logging x-axis: automatic optimisation steps once per accumulation window; manual
+    optimisation counts every batch (several optimizers stepping in one batch are one logging step)."""
+    p = trainer.progress
+    return p.global_step if pl_module.automatic_optimization else p.batches_before_epoch + p.batch_in_epoch
+
+
 class LearningRateMonitor(Callback):
     """Send the learning rate of every parameter group to the loggers, keyed as Lightning keys them.
 
@@ -34,9 +41,9 @@ class LearningRateMonitor(Callback):
     there is none) and ``<key>-weight_decay``.
 
     Args:
-        logging_interval: ``"step"`` logs the rate each optimizer step uses, at the steps where the
-            trainer logs (every ``log_every_n_steps``); ``"epoch"`` logs the rate an epoch starts
-            with, at that epoch's first step; ``None`` picks ``"step"`` if a scheduler steps per
+        logging_interval: ``"step"`` logs the rates at the start of every batch where the trainer
+            logs (every ``log_every_n_steps`` batches that stepped, Lightning's rule); ``"epoch"``
+            logs the rate an epoch starts with, at that epoch's first step; ``None`` picks ``"step"`` if a scheduler steps per
             step, else ``"epoch"``.
         log_momentum: also log momentum.
         log_weight_decay: also log weight decay.
@@ -61,9 +68,8 @@ class LearningRateMonitor(Callback):
         #: The momentum (``<key>-momentum``) and weight decay (``<key>-weight_decay``) logged last.
         self.last_momentum_values: dict[str, float | None] = {}
         self.last_weight_decay_values: dict[str, float | None] = {}
-        self._batch_logged = False  # this batch's values are logged (several optimizers step per batch)
 
-    def _log(self, trainer: Trainer) -> None:
+    def _log(self, trainer: Trainer, step: int) -> None:
         values = self.learning_rates(trainer)
         for key in values:  # an optimizer that gained a parameter group: its history goes on under /pg1 (Lightning's)
             old = key.removesuffix("/pg1")
@@ -76,7 +82,7 @@ class LearningRateMonitor(Callback):
                 self.last_weight_decay_values[key] = value
             else:
                 self.lrs.setdefault(key, []).append(value)
-        trainer.log_metrics(values, step=trainer.global_step)
+        trainer.log_metrics(values, step=step)
         # As Lightning: the rates are also callback metrics, so EarlyStopping or a checkpoint can monitor them.
         device = trainer.strategy.root_device
         trainer.callback_metrics.update({key: torch.tensor(value, device=device) for key, value in values.items()})
@@ -152,24 +158,14 @@ class LearningRateMonitor(Callback):
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if self._interval(trainer) == "epoch":
-            self._log(trainer)
+            self._log(trainer, _batches_that_stepped(trainer, pl_module))
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
-        self._batch_logged = False
-
-    @override
-    def on_before_optimizer_step(
-        self, trainer: Trainer, pl_module: TrainModule, optimizer: torch.optim.Optimizer
-    ) -> None:
-        # Same steps as the trainer's own step logging: the step with index i is logged when
-        # (i + 1) is a multiple of log_every_n_steps. Every optimizer's values are logged together, once
-        # a batch, also where several optimizers step in one batch (manual optimisation), as Lightning does.
-        if (
-            not self._batch_logged
-            and self._interval(trainer) == "step"
-            and trainer.log_every_n_steps  # 0: never, as Lightning
-            and (trainer.global_step + 1) % trainer.log_every_n_steps == 0
-        ):
-            self._batch_logged = True
-            self._log(trainer)
+        # Lightning's rule: at the start of each batch where the trainer logs, the rates this batch's
+        # steps will use, at x = the batches that stepped so far (the trainer's logging step).
+        if self._interval(trainer) != "step" or not trainer.log_every_n_steps:
+            return
+        stepped = _batches_that_stepped(trainer, pl_module)
+        if (stepped + 1) % trainer.log_every_n_steps == 0 or trainer.should_stop:
+            self._log(trainer, stepped)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import posixpath
 import re
@@ -31,6 +32,24 @@ _PARAM_CHARS = 500
 #: ``/ . - :`` and spaces, and a path that normalises to itself (no ``a//b``, ``./a``, ``/a``, ``..``).
 _ACCEPTED = re.compile(r"[/\w.\- :]*")
 _REFUSED = re.compile(r"[^/\w.\- :]+")
+
+
+def _mlflow_version() -> str | None:
+    """The installed MLflow client's version (``mlflow`` or ``mlflow-skinny``); None where neither says."""
+    for distribution in ("mlflow", "mlflow-skinny"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _synchronous_supported(version: str | None) -> bool:
+    """Whether ``log_batch(synchronous=...)`` exists: MLflow 2.8 and later (an unknown version is given the benefit)."""
+    if version is None:
+        return True
+    numbers = [int(part) for part in re.findall(r"\d+", version)[:2]]
+    return tuple(numbers) >= (2, 8)
 
 
 class MLFlowLogger(TrackerLogger):
@@ -72,6 +91,10 @@ class MLFlowLogger(TrackerLogger):
         synchronous: bool | None = None,
     ) -> None:
         import_tracker("mlflow", "mlflow", "MLFlowLogger")
+        if synchronous is not None and not _synchronous_supported(version := _mlflow_version()):
+            raise ModuleNotFoundError(
+                f"`synchronous` requires mlflow>=2.8.0 (installed: {version}): upgrade mlflow, or leave synchronous=None"
+            )
         super().__init__(log_model, prefix)
         tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not tracking_uri:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trainer.common.cpu_stats import get_cpu_stats
 from trainer.common.errors import MisconfigurationException
 
 __all__ = [
@@ -118,19 +119,6 @@ class CPUAccelerator(Accelerator):
     def get_device_stats(self, device: Any) -> dict[str, float]:
         """:func:`get_cpu_stats` (the CPU has one set of figures, whatever ``device``)."""
         return get_cpu_stats()
-
-
-def get_cpu_stats() -> dict[str, float]:
-    """``cpu_vm_percent``, ``cpu_percent``, ``cpu_swap_percent`` from ``psutil`` (needs it installed)."""
-    try:
-        import psutil
-    except ImportError:
-        raise ModuleNotFoundError("CPU device stats need psutil: pip install psutil") from None
-    return {
-        "cpu_vm_percent": psutil.virtual_memory().percent,
-        "cpu_percent": psutil.cpu_percent(),
-        "cpu_swap_percent": psutil.swap_memory().percent,
-    }
 
 
 def _gpu_indices(devices: Any, count: int, kind: str) -> list[int] | None:

@@ -117,6 +117,37 @@ def test_learning_rate_monitor_logs_the_rate_each_logged_step_used() -> None:
     assert [s for s, _ in recorder.of("train/loss")] == [1, 3, 5, 7]  # the same x positions
 
 
+class TwoOptimizers(Scripted):
+    """Manual optimisation stepping two optimizers each batch, each decayed per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        for optimizer, scheduler in zip(self.optimizers(), self.lr_schedulers(), strict=True):
+            optimizer.zero_grad()
+            self.manual_backward(super().training_step(batch, batch_idx))
+            optimizer.step()
+            scheduler.step()
+
+    def configure_optimizers(self) -> Any:
+        opts = [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.2)]
+        return opts, [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) for opt in opts]
+
+
+def test_learning_rate_monitor_logs_once_per_logged_batch_with_several_optimizers() -> None:
+    # Lightning's rule: every log_every_n_steps batches that stepped, whatever the number of optimizers
+    # (global_step counts each optimizer's step: 2 per batch here), at x = the batches before this one.
+    recorder, monitor = Recorder(), LearningRateMonitor(logging_interval="step")
+    trainer = quiet_trainer(callbacks=[monitor, recorder], max_epochs=2, log_every_n_steps=2)
+    trainer.fit(TwoOptimizers(), *loaders())  # 4 batches an epoch
+    assert trainer.global_step == 16
+    assert recorder.of("lr-SGD") == [(i, pytest.approx(0.1 * 0.5**i)) for i in (1, 3, 5, 7)]
+    assert recorder.of("lr-SGD-1") == [(i, pytest.approx(0.2 * 0.5**i)) for i in (1, 3, 5, 7)]
+    assert monitor.lrs["lr-SGD"] == pytest.approx([0.1 * 0.5**i for i in (1, 3, 5, 7)])
+
+
 def test_throughput_is_logged_through_the_loggers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import types
 

@@ -13,7 +13,6 @@ import torch
 
 from callbacks import (
     Callback,
-    DeviceStatsMonitor,
     EarlyStopping,
     LambdaCallback,
     LearningRateMonitor,
@@ -310,13 +309,6 @@ def test_progress_bar_subclass_uses_lightnings_methods(capsys: pytest.CaptureFix
     assert [sorted(m) for m in bar.seen] == [["train/loss", "val/loss"]] * 2
     bar.enable()
     assert bar.is_enabled
-
-
-def test_device_stats_cpu_stats_false_logs_no_cpu_figures() -> None:
-    for cpu_stats, logged in ((False, False), (None, True), (True, True)):
-        recorder = Recorder()
-        _fit([DeviceStatsMonitor(cpu_stats=cpu_stats, every_n_steps=2), recorder], max_epochs=1)
-        assert ("device_stats/cpu_rss" in recorder.names()) is logged
 
 
 def test_timer_duration_and_stage_times() -> None:

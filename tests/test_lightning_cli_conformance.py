@@ -92,3 +92,18 @@ def test_short_class_names_reach_lightnings_demo_model_and_reduce_lr_on_plateau(
     assert type(cli.model) is BoringModel
     scheduler = cli.model.configure_optimizers()["lr_scheduler"]
     assert isinstance(scheduler["scheduler"], ReduceLROnPlateau) and scheduler["monitor"] == "x"
+
+
+def test_pytorch_profilers_record_shapes_is_an_argument_of_the_class_as_in_lightning(tmp_path: Path) -> None:
+    from trainer.profilers import PyTorchProfiler
+
+    args = ["--trainer.profiler=PyTorchProfiler", "--trainer.profiler.group_by_input_shapes=true"]
+    args += ["--trainer.profiler.dict_kwargs.record_shapes=true", "--trainer.profiler.dict_kwargs.profile_memory=true"]
+    cli = LightningCLI(Net, Data, run=False, args=[*args, *_quiet(tmp_path)])
+    profiler = cli.trainer.profiler
+    assert isinstance(profiler, PyTorchProfiler) and profiler.group_by_input_shapes is True
+    # jsonargparse finds ``record_shapes`` in the class's __init__ (Lightning's) and moves it to init_args;
+    # ``profile_memory`` goes on to torch's profiler unresolved.
+    assert cli.config.trainer.profiler.init_args["record_shapes"] is True
+    assert cli.config.trainer.profiler.dict_kwargs == {"profile_memory": True}
+    assert PyTorchProfiler(group_by_input_shapes=True).group_by_input_shapes is False  # no shapes: no grouping

@@ -70,6 +70,26 @@ def test_the_alias_is_geartrains_modules_and_names_it_lacks_fail_when_used(tmp_p
     )
 
 
+def test_patching_a_lightning_modules_dict_is_using_its_internals(tmp_path: Path) -> None:
+    alias.write_site(tmp_path)
+    done = _python(
+        """
+        import traceback
+        from unittest import mock
+        import lightning.pytorch
+        try:
+            with mock.patch.dict("lightning.pytorch.loggers.mlflow.__dict__", {"_MLFLOW_SYNCHRONOUS_AVAILABLE": False}):
+                pass
+        except Exception:  # the harness's PlaceholderUsed, then mock's TypeError handling it
+            traceback.print_exc(file=sys.stdout)
+        """.replace("import traceback", "import sys, traceback", 1),
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "uses Lightning internal lightning.pytorch.loggers.mlflow.__dict__" in done.stdout
+    assert cls.classify("failed", done.stdout)[0] == cls.INTERNALS
+
+
 def test_patching_a_method_through_lightnings_path_patches_geartrains_class(tmp_path: Path) -> None:
     """``mock.patch("lightning.pytorch.loggers.tensorboard.TensorBoardLogger.log_hyperparams")``: the class is
     an attribute of the aliased module, not a submodule to make up, so the patch lands on geartrain's class."""

@@ -227,6 +227,18 @@ def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         MLFlowLogger()
 
 
+def test_synchronous_is_refused_by_an_mlflow_older_than_2_8(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import callbacks.mlflow_logger as mlflow_logger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a local store: no server needed to build one
+    monkeypatch.setattr(mlflow_logger, "_mlflow_version", lambda: "2.7.1")
+    with pytest.raises(ModuleNotFoundError, match=r"`synchronous` requires mlflow>=2.8.0 \(installed: 2.7.1\)"):
+        MLFlowLogger(tracking_uri=tmp_path.as_uri(), synchronous=False)
+    MLFlowLogger(tracking_uri=tmp_path.as_uri())  # without synchronous: any version, as Lightning
+    monkeypatch.setattr(mlflow_logger, "_mlflow_version", lambda: "2.8.0")
+    MLFlowLogger(tracking_uri=tmp_path.as_uri(), synchronous=False)
+
+
 def test_metric_names_mlflow_accepts_are_kept_and_a_changed_name_never_joins_another_metric(server: str) -> None:
     """``val/Δloss`` used to be written into ``val/loss`` (characters outside ASCII dropped without a word)."""
     logger = MLFlowLogger(experiment_name="names", tracking_uri=server)

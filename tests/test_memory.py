@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,11 +13,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, DeviceStatsMonitor
+import callbacks.device_stats as device_stats
+from callbacks import Callback, CSVLogger, DeviceStatsMonitor
 from strategies.registry import resolve_strategy, strategy_classes
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
 from trainer.checkpoint.files import CheckpointError, load_module_state, save_checkpoint
+from trainer.common.errors import MisconfigurationException
 from trainer.data.microbatch import split_batch
 
 
@@ -95,16 +99,78 @@ class Recorder(Callback):
 
 
 # ----------------------------------------------------------------- DeviceStatsMonitor
-def test_device_stats_reach_loggers_with_measured_values(capsys: pytest.CaptureFixture[str]) -> None:
-    monitor, recorder = DeviceStatsMonitor(every_n_steps=2), Recorder()
-    fitted(callbacks=[monitor, recorder], max_epochs=1, log_every_n_steps=100)
-    stats = [(step, m) for step, m in recorder.logged if "device_stats/cpu_rss" in m]
-    assert [step for step, _ in stats] == [1]  # 3 optimizer steps, every 2nd logged (step index 1)
-    values = stats[0][1]
-    assert values["device_stats/cpu_rss"] > 10  # MiB: a process with torch loaded
-    assert values["device_stats/cpu_rss_peak"] >= values["device_stats/cpu_rss"]
-    assert monitor.peaks["rank0/cpu"] >= values["device_stats/cpu_rss_peak"]
-    assert "rank0/cpu" in capsys.readouterr().out
+class FakePsutil:
+    """Stands in for ``psutil`` (not a dependency): fixed figures, so the logged values can be checked."""
+
+    @staticmethod
+    def virtual_memory() -> Any:
+        return SimpleNamespace(percent=41.5)
+
+    @staticmethod
+    def swap_memory() -> Any:
+        return SimpleNamespace(percent=2.25)
+
+    @staticmethod
+    def cpu_percent() -> float:
+        return 63.0
+
+
+class StatsLogger(CSVLogger):
+    """Keeps what ``DeviceStatsMonitor`` hands to ``log_metrics``, as Lightning's monitor calls it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.calls: list[tuple[int | None, dict[str, float]]] = []
+
+    def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+        if any(key.startswith("DeviceStatsMonitor.") for key in metrics):
+            self.calls.append((step, dict(metrics)))
+        super().log_metrics(metrics, step)
+
+
+def test_device_stats_are_the_accelerators_figures_at_lightnings_keys_hooks_and_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psutil", FakePsutil)
+    monkeypatch.setattr(device_stats, "_PSUTIL_AVAILABLE", True)
+    logger, monitor = StatsLogger(tmp_path), DeviceStatsMonitor()
+    run = trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=2, logger=logger, callbacks=[monitor])
+    net = Net()
+    net.test_step = net.validation_step  # type: ignore[method-assign]
+    run.fit(net, data(64), data(32))  # 4 training batches, 2 validation batches
+    run.test(net, data(32))
+    figures = {"cpu_vm_percent": 41.5, "cpu_percent": 63.0, "cpu_swap_percent": 2.25}
+    where = []
+    for step, metrics in logger.calls:
+        hook = next(iter(metrics)).split("/")[0].removeprefix("DeviceStatsMonitor.")
+        assert metrics == {f"DeviceStatsMonitor.{hook}/{name}": value for name, value in figures.items()}
+        where.append((step, hook))
+    # Training batches 1 and 3 (every 2nd), at the steps taken before them; validation's 2nd batch at
+    # the last training step; test's 2nd batch at the steps trained (Lightning's x-axis).
+    assert where == [
+        (1, "on_train_batch_start"),
+        (1, "on_train_batch_end"),
+        (3, "on_train_batch_start"),
+        (3, "on_train_batch_end"),
+        (3, "on_validation_batch_start"),
+        (3, "on_validation_batch_end"),
+        (4, "on_test_batch_start"),
+        (4, "on_test_batch_end"),
+    ]
+    assert monitor.peaks["rank0/cpu"] > 10  # MiB: a process with torch loaded (geartrain's addition)
+
+
+def test_device_stats_refusals_are_lightnings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(MisconfigurationException, match="Cannot use `DeviceStatsMonitor` callback"):
+        trainer(max_epochs=1, callbacks=[DeviceStatsMonitor()]).fit(Net(), data())
+    monkeypatch.setattr(device_stats, "_PSUTIL_AVAILABLE", False)
+    with pytest.raises(ModuleNotFoundError, match=r"psutil` is not installed.*pip install psutil"):
+        trainer(max_epochs=1, logger=StatsLogger(tmp_path), callbacks=[DeviceStatsMonitor()]).fit(Net(), data())
+    logger = StatsLogger(tmp_path)  # cpu_stats=False on the CPU: nothing to log, psutil not needed
+    trainer(max_epochs=1, logger=logger, log_every_n_steps=1, callbacks=[DeviceStatsMonitor(cpu_stats=False)]).fit(
+        Net(), data()
+    )
+    assert logger.calls == []
 
 
 # ----------------------------------------------------------------- activation checkpointing

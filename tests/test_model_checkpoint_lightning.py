@@ -217,3 +217,20 @@ def test_state_dict_is_called_once_per_checkpoint_written(tmp_path: Path) -> Non
     trainer.fit(Regressor(), make_loader(), make_loader())
     assert len(list(tmp_path.glob("*.ckpt"))) == 3
     assert checkpoint.calls == 3
+
+
+def test_scores_keep_the_monitored_values_kind_so_step_scores_are_integers(tmp_path: Path) -> None:
+    from callbacks._tracker import new_checkpoints
+
+    by_step = ModelCheckpoint(dirpath=tmp_path / "step", monitor="step", save_top_k=2)
+    fit(by_step, tmp_path, epochs=2)
+    # As Lightning's: the score is the step as monitored (an integer tensor); trackers store 4, not 4.0.
+    assert by_step.best_model_score is not None and by_step.best_model_score.dtype == torch.int64
+    assert by_step.best_model_score.item() == 2 and by_step.current_score.item() == 4  # type: ignore[union-attr]
+    assert sorted(c.score for c in new_checkpoints(by_step, {})) == [2, 4]
+    assert all(type(c.score) is int for c in new_checkpoints(by_step, {}))
+    saved = load_checkpoint(by_step.best_model_path)["callbacks"][by_step.state_key]["best_model_score"]
+    assert saved.dtype == torch.int64
+    by_val = ModelCheckpoint(dirpath=tmp_path / "val", monitor="val")  # a float metric stays a float
+    fit(by_val, tmp_path, scores=[0.5, 0.25], epochs=2)
+    assert by_val.best_model_score is not None and by_val.best_model_score.dtype == torch.float32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from torch.nn import functional as F
 import callbacks as cbs
 from tests.helpers.regression import Regressor, make_loader
 from tests.helpers.trainers import quiet_trainer
-from trainer import Trainer
+from trainer import DataModule, Trainer
 from trainer.common.errors import MisconfigurationException
 from trainer.loops.step import make_automatic_step, make_train_batch
 from trainer.profilers import (
@@ -29,7 +30,8 @@ from trainer.profilers import (
 )
 
 S = "[Strategy]SingleDeviceStrategy."  # Lightning's names for the seams the strategy runs
-STEP_ACTIONS = ("train_dataloader_next", f"{S}batch_to_device", f"{S}training_step", f"{S}backward", "optimizer_step")
+TRAIN_NEXT = "[_TrainingEpochLoop].train_dataloader_next"  # Lightning's name for a training fetch
+STEP_ACTIONS = (TRAIN_NEXT, f"{S}batch_to_device", f"{S}training_step", f"{S}backward", "optimizer_step")
 
 
 class Wide(Regressor):
@@ -65,7 +67,7 @@ def test_simple_profiler_names_every_action_and_its_self_times_add_up_to_the_run
     in_actions = sum(s.self_time for s in profiler.stats.values())
     assert abs(in_actions - wall) <= 0.1 * wall, (in_actions, wall)
     for action in STEP_ACTIONS:
-        assert profiler.stats[action].count == 24 + (2 if action == "train_dataloader_next" else 0), action
+        assert profiler.stats[action].count == 24, action  # one fetch per batch, as in Lightning
     assert profiler.stats["[LightningModule]Wide.optimizer_zero_grad"].count == 24
     table = profiler.summary()
     assert isinstance(table, str)
@@ -78,12 +80,16 @@ def test_simple_profiler_names_every_action_and_its_self_times_add_up_to_the_run
 
 
 def test_simple_profiler_writes_its_table_in_the_log_directory_and_summary_returns_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    trainer = _fit(tmp_path, "simple")
+    with caplog.at_level(logging.INFO, logger="trainer.profilers"):
+        trainer = _fit(tmp_path, "simple")
     report = Path(trainer.log_dir) / "fit-profiler.txt"
     assert report.read_text().strip() == trainer.profiler.summary().strip()
-    assert "FIT Profiler Report" in capsys.readouterr().out
+    # Shown as Lightning shows it: an INFO record (pytest's handler is configured), not printed too.
+    shown = [r for r in caplog.records if r.name == "trainer.profilers" and r.levelno == logging.INFO]
+    assert [r.getMessage().splitlines()[0] for r in shown] == ["FIT Profiler Report"]
+    assert "Profiler Report" not in capsys.readouterr().out
     assert f"| {S}validation_step " in report.read_text()
     assert "| [LightningModule]Regressor.on_train_epoch_end " in report.read_text()  # the module's hooks have rows
 
@@ -275,3 +281,81 @@ def test_two_loggers_in_one_folder_share_its_version(tmp_path: Path) -> None:
     loggers = [cbs.TensorBoardLogger(tmp_path), cbs.CSVLogger(tmp_path)]
     quiet_trainer(tmp_path, logger=loggers, max_epochs=1).fit(Regressor(), make_loader(8, 4))
     assert [logger.log_dir for logger in loggers] == [str(tmp_path / "lightning_logs" / "version_0")] * 2
+
+
+class _Data(DataModule):
+    """Two validation loaders, one test and one predict loader, and a ``prepare_data`` to profile."""
+
+    def prepare_data(self) -> None:
+        pass
+
+    def train_dataloader(self) -> Any:
+        return make_loader(8, 4)
+
+    def val_dataloader(self) -> Any:
+        return [make_loader(8, 4), make_loader(4, 4)]
+
+    def test_dataloader(self) -> Any:
+        return make_loader(12, 4)
+
+    def predict_dataloader(self) -> Any:
+        return make_loader(4, 4)
+
+
+class _TwoLoaders(Regressor):
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        super().validation_step(batch, batch_idx)
+
+
+def test_fetches_and_data_hooks_are_lightnings_actions_and_recorded_durations_cover_every_stage(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=1, profiler=SimpleProfiler())
+    module, data = _TwoLoaders(), _Data()
+    trainer.fit(module, datamodule=data)
+    trainer.save_checkpoint(tmp_path / "data.ckpt")  # the data module's state_dict: an action too
+    trainer.test(module, datamodule=data)
+    trainer.predict(module, datamodule=data)
+    profiler = trainer.profiler
+    assert isinstance(profiler, SimpleProfiler)
+    counts = {name: len(durations) for name, durations in profiler.recorded_durations.items()}
+    # Lightning's names, one fetch per batch (the call that finds a loader exhausted is not one).
+    assert counts[TRAIN_NEXT] == 2
+    assert counts["[_EvaluationLoop].val_next"] == 2 + 1
+    assert counts["[_EvaluationLoop].test_next"] == 3
+    assert counts["[_PredictionLoop].predict_next"] == 1
+    # Lightning's recorded_durations keep every stage's calls; the table is the last stage's.
+    assert counts["[LightningDataModule]_Data.prepare_data"] == 3
+    assert counts["[LightningDataModule]_Data.setup"] == 3
+    assert counts["[LightningDataModule]_Data.state_dict"] == 1
+    assert "[_EvaluationLoop].test_next" not in profiler.stats and profiler.summary().startswith("PREDICT")
+
+
+def test_every_callbacks_every_hook_is_an_action_under_a_profiler_and_none_is_called_without(tmp_path: Path) -> None:
+    stops = [cbs.EarlyStopping("val_loss"), cbs.EarlyStopping("val_loss", mode="max")]
+    trainer = quiet_trainer(tmp_path, max_epochs=1, profiler="simple", callbacks=stops)
+    trainer.fit(Regressor(), make_loader(8, 4), make_loader(4, 4))
+    profiler = trainer.profiler
+    assert isinstance(profiler, SimpleProfiler)
+    for stop in stops:  # EarlyStopping keeps Callback's empty on_validation_start: timed, as Lightning's
+        assert len(profiler.recorded_durations[f"[Callback]{stop.state_key}.on_validation_start"]) == 1
+    plain = quiet_trainer(tmp_path, max_epochs=1, callbacks=stops)
+    plain.hooks.bind(Regressor())
+    assert not plain.hooks.overridden("on_validation_start")  # without a profiler: never called
+
+
+def test_simple_profiler_sums_each_total_with_math_fsum(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainer.profilers.simple as simple
+
+    summed: list[list[float]] = []
+
+    def fsum(values: Any) -> float:
+        summed.append(list(values))
+        return sum(summed[-1])
+
+    monkeypatch.setattr(simple.math, "fsum", fsum)
+    profiler = SimpleProfiler()
+    profiler.setup("fit")
+    for _ in range(3):
+        with profiler.profile("load"):
+            pass
+    profiler.summary()
+    assert summed == [profiler.recorded_durations["load"]] and len(summed[0]) == 3

@@ -65,6 +65,19 @@ class HookDispatch:
         self._resolved = {}
         profiler = getattr(self._owner, "profiler", None)
         self._profiler = profiler if is_active(profiler) else None
+        if self._profiler is not None:
+            # Lightning times every hook of every callback, its base class's empty ones too, so its
+            # report has a row per callback and hook. Only under a profiler: without one a hook nobody
+            # overrides stays uncalled. Loggers are no callbacks in Lightning, and ``on_log_metrics`` is ours.
+            loggers = {id(lg) for lg in getattr(self._owner, "loggers", None) or ()}
+            for hook, overriding in self._by_hook.items():
+                if hook != "on_log_metrics":
+                    chosen = {id(cb) for cb in overriding}
+                    self._by_hook[hook] = [
+                        cb
+                        for cb in self.callbacks
+                        if id(cb) in chosen or (id(cb) not in loggers and callable(getattr(cb, hook, None)))
+                    ]
 
     def __call__(self, hook: str, *args: Any) -> Any:
         """Call every callback overriding ``hook``, then the module's (:mod:`trainer.hook_order`); return the module's result."""

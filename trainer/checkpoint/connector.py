@@ -149,7 +149,7 @@ class CheckpointConnector:
             mid_epoch = t.stage == "fit" and not t.progress.epoch_finished
             state["metrics"] = t.metric_router.state_dict(t.module, mid_epoch)
             if t.datamodule is not None:
-                state["datamodule"] = t.datamodule.state_dict()
+                state["datamodule"] = t.hooks.datamodule(t.datamodule, "state_dict")  # profiled, as Lightning's
             if point is not None:
                 resume.apply(state, point)
             if t.datamodule is not None:  # also under its class's name, where Lightning reads it (one object)
@@ -359,7 +359,7 @@ class CheckpointConnector:
             t.metric_router.load_state_dict(state["metrics"])
         resume.load_callback_states(state.get("callbacks", {}), t)
         if t.datamodule is not None and "datamodule" in state:
-            t.datamodule.load_state_dict(state["datamodule"])
+            t.hooks.datamodule(t.datamodule, "load_state_dict", state["datamodule"])  # profiled, as Lightning's
         self.resume_epoch_rng = state.get("loops", {}).get("epoch_rng")
         self.resume_loader_states = saved_states(state.get("loops", {}))
         self._resume_batches = (path, state.get("loops", {}).get("batches"))

@@ -276,7 +276,11 @@ TREE: dict[str, dict[str, str]] = {
     "callbacks.throughput_monitor": _from(
         "callbacks.throughput", ["Throughput", "ThroughputMonitor", "get_available_flops"]
     ),
-    "callbacks.device_stats_monitor": {"DeviceStatsMonitor": "callbacks.device_stats"},
+    # ``_PSUTIL_AVAILABLE``: read at set-up from its home, so a test's patch of it here reaches the monitor
+    "callbacks.device_stats_monitor": {
+        "DeviceStatsMonitor": "callbacks.device_stats",
+        "_PSUTIL_AVAILABLE": "callbacks.device_stats",
+    },
     "callbacks.gradient_accumulation_scheduler": {
         "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler"
     },
@@ -307,11 +311,16 @@ TREE: dict[str, dict[str, str]] = {
     # ----------------------------------------------------------------- profilers, tuner, strategies
     "profilers": {**_from("trainer.profilers", _PROFILERS), **dict.fromkeys(_PROFILER_FILES, "/")},
     **{f"profilers.{file}": {name: "trainer.profilers"} for file, name in _PROFILER_FILES.items()},
+    # Lightning's simple.py imports ``math`` (its totals are ``math.fsum``), so ``simple.math`` is public: ours too.
+    "profilers.simple": {"SimpleProfiler": "trainer.profilers", "math": "trainer.profilers.simple:math"},
     "tuner": {"Tuner": "trainer.tuner", "tuning": "/"},
     "tuner.tuning": {"Tuner": "trainer.tuner"},
     "accelerators": {**_from(_ACC, [*_ACCELERATORS, "find_usable_cuda_devices"]), **dict.fromkeys(_ACC_FILES, "/")},
     **{f"accelerators.{file}": {name: _ACC} for file, name in _ACC_FILES.items()},
-    "accelerators.cpu": _from(_ACC, ["CPUAccelerator", "get_cpu_stats"]),
+    "accelerators.cpu": {
+        **_from(_ACC, ["CPUAccelerator", "get_cpu_stats"]),
+        **_from("trainer.common.cpu_stats", ["_CPU_PERCENT", "_CPU_SWAP_PERCENT", "_CPU_VM_PERCENT"]),
+    },
     "accelerators.cuda": _from(_ACC, ["CUDAAccelerator", "find_usable_cuda_devices"]),
     "strategies": {**_STRATEGIES, **dict.fromkeys(_STRATEGY_FILES, "/")},
     **{f"strategies.{file}": {name: _STRATEGIES[name]} for file, name in _STRATEGY_FILES.items()},

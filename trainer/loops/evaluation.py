@@ -22,7 +22,7 @@ from trainer.loops.step import make_eval_batch
 from trainer.metrics.routing import EPOCH_DEFAULTS
 from trainer.metrics.store import MetricStore
 from trainer.metrics.sync import epoch_agreement
-from trainer.profilers.base import profiled_iter
+from trainer.profilers.base import eval_fetch_action, profiled_iter
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -165,7 +165,7 @@ def _run_epoch(
         # and logged names the ``/dataloader_idx_N`` suffix.
         router.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
         eval_batch = make_eval_batch(trainer, state, f"{prefix}_step", prefix, dataloader_idx if several else None)
-        batches = profiled_iter(trainer.profiler, f"{prefix}_dataloader_next", iterate(loader, num))
+        batches = profiled_iter(trainer.profiler, eval_fetch_action(prefix), iterate(loader, num))
         for batch_idx, batch, _ in batches:
             eval_batch(batch, batch_idx)
             if pending:  # values logged with on_step=True go to the loggers now, as in Lightning
@@ -237,7 +237,7 @@ def predict_loop(trainer: Trainer, state: RunState, keep: bool = True) -> list[l
                     trainer, state, "predict_step", "predict", dataloader_idx if len(loaders) > 1 else None
                 )
                 kept: list[Any] = []
-                batches = profiled_iter(trainer.profiler, "predict_dataloader_next", iterate(loader, num))
+                batches = profiled_iter(trainer.profiler, "[_PredictionLoop].predict_next", iterate(loader, num))
                 for batch_idx, batch, _ in batches:
                     out = predict_batch(batch, batch_idx)
                     if keep:

@@ -253,11 +253,13 @@ def train_epoch(
     with router.logging(store, STEP_DEFAULTS):
         if batches is None:
             batches = iterate(loader, num, start=p.batch_in_epoch, epoch_rng=resume_epoch_rng, drop=drop)
+        # With a profiler each fetch is its own action (Lightning's name); without, the loop iterates the
+        # batches as before. A step that fetches its own batches times each of its polls.
+        fetched = profiled_iter(trainer.profiler, "[_TrainingEpochLoop].train_dataloader_next", batches)
         if fetches_itself:  # one call of the step per iteration, until the step has fetched the last batch
-            opened = batches
-            batches = iter_steps(DataloaderIter([(0, num, lambda: opened)]))
-        # With a profiler each fetch is its own action; without, the loop iterates the batches as before.
-        for batch_idx, batch, is_last in profiled_iter(trainer.profiler, "train_dataloader_next", batches):
+            opened = fetched
+            fetched = iter_steps(DataloaderIter([(0, num, lambda: iter(opened))]))
+        for batch_idx, batch, is_last in fetched:
             steps_before = p.global_step
             state.is_last_batch = is_last
             result = train_batch(batch, batch_idx, is_last)

@@ -9,6 +9,7 @@ run without one calls exactly the functions it called before profilers existed, 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterable, Iterator
@@ -16,9 +17,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["PassThroughProfiler", "Profiler", "is_active", "profiled", "profiled_iter", "strategy_action"]
+__all__ = [
+    "PassThroughProfiler",
+    "Profiler",
+    "eval_fetch_action",
+    "is_active",
+    "profiled",
+    "profiled_iter",
+    "strategy_action",
+]
 
 F = TypeVar("F")
+
+#: Where reports go, at INFO (Lightning's profilers log theirs): a user's logging configuration decides
+#: how they show. With no handler configured anywhere they are printed instead, as Lightning then
+#: gives its own logger a console handler.
+log = logging.getLogger("trainer.profilers")
+if log.level == logging.NOTSET:
+    log.setLevel(logging.INFO)
 
 
 class Profiler(ABC):
@@ -27,8 +43,8 @@ class Profiler(ABC):
     Args:
         dirpath: where :meth:`describe` writes its report (and the PyTorch profiler its traces);
             ``None``: the trainer's ``log_dir``, set at :meth:`setup`.
-        filename: the report's file name without extension; ``None``: the report is only printed
-            (the trainer's profilers default it, see :func:`~trainer.profilers.resolve_profiler`).
+        filename: the report's file name without extension; ``None``: the report is only shown
+            (logged, or printed) (the trainer's profilers default it, see :func:`~trainer.profilers.resolve_profiler`).
     """
 
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None) -> None:
@@ -52,7 +68,7 @@ class Profiler(ABC):
         """Stop timing ``action_name`` (the last one started: actions nest)."""
 
     def summary(self) -> str:
-        """The report: what :meth:`describe` prints and writes."""
+        """The report: what :meth:`describe` shows and writes."""
         return ""
 
     @contextmanager
@@ -65,12 +81,19 @@ class Profiler(ABC):
             self.stop(action_name)
 
     def describe(self) -> None:
-        """Print the report on rank 0 and write it to ``dirpath/<stage>-<filename>.txt`` (once per stage)."""
+        """Show the report on rank 0 and write it to ``dirpath/<stage>-<filename>.txt`` (once per stage).
+
+        Shown as an INFO record of the ``trainer.profilers`` logger, as Lightning logs it; printed where
+        no logging handler is configured (Lightning's console handler in that case).
+        """
         text = self.summary()
         if not text:
             return
         if self.global_rank == 0:
-            print(text)
+            if log.hasHandlers():
+                log.info(text)
+            else:
+                print(text)
             path = self.report_path()
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +159,11 @@ def profiled(profiler: Profiler | None, action: str, fn: F) -> F:
 
 
 def profiled_iter(profiler: Profiler | None, action: str, items: Iterable[Any]) -> Iterable[Any]:
-    """``items`` with each ``next`` timed as ``action`` (data fetch); ``items`` itself when nothing profiles."""
+    """``items`` with each ``next`` timed as ``action`` (data fetch); ``items`` itself when nothing profiles.
+
+    The items are the loops' ``(batch_idx, batch, is_last)``: after the last batch the call that finds
+    the loader exhausted is not timed, so there is one action per batch, as in Lightning's reports.
+    """
     if not is_active(profiler):
         return items
     assert profiler is not None
@@ -153,6 +180,14 @@ def _timed_iter(profiler: Profiler, action: str, it: Iterator[Any]) -> Iterator[
         finally:
             profiler.stop(action)
         yield item
+        if isinstance(item, tuple) and len(item) == 3 and item[2] is True:
+            yield from it  # after the last batch: nothing more (a loader that miscounted goes on untimed)
+            return
+
+
+def eval_fetch_action(prefix: str) -> str:
+    """Lightning's action name for fetching a ``"validation"``/``"test"`` batch: ``[_EvaluationLoop].val_next``."""
+    return f"[_EvaluationLoop].{'val' if prefix == 'validation' else prefix}_next"
 
 
 def strategy_action(strategy: object, name: str) -> str:

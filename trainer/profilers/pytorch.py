@@ -29,7 +29,8 @@ class PyTorchProfiler(Profiler):
     Args:
         dirpath: where traces and the report go; ``None``: the trainer's ``log_dir``.
         filename: the report's file name without ``.txt``.
-        group_by_input_shapes: the report's rows split by input shapes (needs ``record_shapes=True``).
+        group_by_input_shapes: the report's rows split by input shapes (only with ``record_shapes=True``,
+            as Lightning's: otherwise False).
         emit_nvtx: refused (run under ``nsys`` with ``torch.autograd.profiler.emit_nvtx()`` yourself).
         export_to_chrome: write the ``*.pt.trace.json`` traces (``False``: only the report).
         row_limit: rows of the report (``-1``: all).
@@ -72,7 +73,9 @@ class PyTorchProfiler(Profiler):
                 "torch.autograd.profiler.emit_nvtx() around trainer.fit yourself"
             )
         super().__init__(dirpath, filename)
-        self.group_by_input_shapes = group_by_input_shapes
+        # As Lightning's: grouping needs the shapes recorded. Read by name from ``profiler_kwargs``, so
+        # LightningCLI (jsonargparse) resolves ``record_shapes`` as an argument of this class, as Lightning's.
+        self.group_by_input_shapes: bool = group_by_input_shapes and profiler_kwargs.get("record_shapes", False)
         self.export_to_chrome = export_to_chrome
         self.row_limit = row_limit
         self.sort_by_key = sort_by_key

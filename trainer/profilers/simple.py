@@ -9,6 +9,7 @@ so its percentages add up to more than 100.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ class SimpleProfiler(Profiler):
         self.extended = extended
         #: Per action: calls, total seconds, self seconds (total less nested actions).
         self.stats: dict[str, ActionStats] = {}
-        #: Per action, every call's seconds in order (Lightning's ``recorded_durations``).
+        #: Per action, every call's seconds in order since the profiler was made, all stages together
+        #: (Lightning's ``recorded_durations``; :attr:`stats` and the table are the current stage's).
         self.recorded_durations: defaultdict[str, list[float]] = defaultdict(list)
         # Actions in progress, innermost last: [name, start time, seconds spent in nested actions].
         self._open: list[list[object]] = []
@@ -62,7 +64,6 @@ class SimpleProfiler(Profiler):
         """Start a new report for ``stage``: its wall time counts from here."""
         super().setup(stage, local_rank, log_dir)
         self.stats, self._open, self._title = {}, [], stage
-        self.recorded_durations = defaultdict(list)
         self._began, self._ended = time.perf_counter(), None
 
     def describe(self) -> None:
@@ -118,7 +119,10 @@ class SimpleProfiler(Profiler):
         rows = [("Total (wall time)", "-", str(sum(s.count for s in self.stats.values())), f"{wall:.5g}", "-", "100 %")]
         rows.append(("(in no action)", "-", "-", "-", f"{wall - in_actions:.5g}", _share(wall - in_actions, wall)))
         for name, s in sorted(self.stats.items(), key=lambda item: -item[1].self_time):
-            row = (name, f"{s.total / s.count:.5g}", str(s.count), f"{s.total:.5g}", f"{s.self_time:.5g}")
+            # The stage's calls are the last ``count`` durations; summed exactly (``math.fsum``, as
+            # Lightning's), so a total of many short calls carries no accumulated rounding.
+            total = math.fsum(self.recorded_durations[name][-s.count :])
+            row = (name, f"{total / s.count:.5g}", str(s.count), f"{total:.5g}", f"{s.self_time:.5g}")
             rows.append((*row, _share(s.self_time, wall)))
         widths = [max(len(row[c]) for row in (header, *rows)) for c in range(len(header))]
         line = "-" * (sum(widths) + 3 * len(widths) + 1)

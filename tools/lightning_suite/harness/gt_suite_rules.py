@@ -65,7 +65,11 @@ def is_private(name: str) -> bool:
 
 
 def is_internal_module(path: str) -> bool:
-    """Whether ``path`` (below ``lightning.pytorch``) is Lightning's implementation."""
-    if any(is_private(part) for part in path.split(".")):
+    """Whether ``path`` (below ``lightning.pytorch``) is Lightning's implementation.
+
+    A module's ``__dict__`` is too: a test reaching it (``mock.patch.dict("lightning.pytorch.x.__dict__",
+    {...})``) patches that module's globals, which an alias cannot forward to geartrain's modules.
+    """
+    if any(is_private(part) or part == "__dict__" for part in path.split(".")):
         return True
     return any(path == internal or path.startswith(internal + ".") for internal in INTERNAL_MODULES)
