@@ -26,6 +26,7 @@ __all__ = [
     "Checkpoint",
     "callback_states",
     "check_hooks",
+    "logs_at",
     "overridden_hooks",
     "user_defines",
 ]
@@ -208,6 +209,14 @@ def _overrides(cb: Callback, hook: str) -> bool:
 def overridden_hooks(callbacks: list[Callback]) -> dict[str, list[Callback]]:
     """Map every hook name to the callbacks, in order, whose class (or instance) overrides it."""
     return {hook: [cb for cb in callbacks if _overrides(cb, hook)] for hook in DISPATCHED_HOOKS}
+
+
+def logs_at(trainer: Any, count: int) -> bool:
+    """Whether the trainer logs at the ``count``-th step or evaluation batch (Lightning's
+    ``should_update_logs``: every ``log_every_n_steps``, and when training stops; 0: never), for the
+    monitors that log where the trainer does."""
+    every = trainer.log_every_n_steps
+    return bool(every) and (count % every == 0 or trainer.should_stop)
 
 
 def user_defines(module: Any, name: str) -> bool:

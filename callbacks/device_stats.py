@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks.base import Callback
+from callbacks.base import Callback, logs_at
 from trainer.common.cpu_stats import get_cpu_stats
 from trainer.common.errors import MisconfigurationException
 
@@ -100,7 +100,7 @@ class DeviceStatsMonitor(Callback):
             torch.cuda.reset_peak_memory_stats(device)
 
     def _log(self, trainer: Trainer, hook: str, due: bool, step: int) -> None:
-        if not due or not trainer.log_every_n_steps:
+        if not due:
             return
         device = trainer.strategy.root_device
         if self._cpu_stats is False and device.type == "cpu":
@@ -115,7 +115,7 @@ class DeviceStatsMonitor(Callback):
             logger.log_metrics({f"{prefix}{separator}{key}": value for key, value in stats.items()}, step=step)
 
     def _train_due(self, trainer: Trainer) -> bool:
-        return (self._stepped_at_start + 1) % max(trainer.log_every_n_steps, 1) == 0 or trainer.should_stop
+        return logs_at(trainer, self._stepped_at_start + 1)
 
     def _eval_step(self, trainer: Trainer) -> int:
         # Inside fit the training batch that just ran (its step not yet counted by Lightning's loop).
@@ -142,7 +142,7 @@ class DeviceStatsMonitor(Callback):
         self._eval_batches = 0
 
     def _eval_due(self, trainer: Trainer) -> bool:
-        return self._eval_batches % max(trainer.log_every_n_steps, 1) == 0 or trainer.should_stop
+        return logs_at(trainer, self._eval_batches)
 
     @override
     def on_validation_batch_start(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from callbacks.base import Callback
+from callbacks.base import Callback, logs_at
 from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
@@ -164,8 +164,8 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
         # Lightning's rule: at the start of each batch where the trainer logs, the rates this batch's
         # steps will use, at x = the batches that stepped so far (the trainer's logging step).
-        if self._interval(trainer) != "step" or not trainer.log_every_n_steps:
+        if self._interval(trainer) != "step":
             return
         stepped = _batches_that_stepped(trainer, pl_module)
-        if (stepped + 1) % trainer.log_every_n_steps == 0 or trainer.should_stop:
+        if logs_at(trainer, stepped + 1):
             self._log(trainer, stepped)

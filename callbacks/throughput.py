@@ -11,7 +11,7 @@ import torch
 from typing_extensions import override
 
 from callbacks._throughput import Throughput, compute_dtype, get_available_flops
-from callbacks.base import Callback
+from callbacks.base import Callback, logs_at
 from trainer.common.tree import batch_size_of
 
 if TYPE_CHECKING:
@@ -131,10 +131,6 @@ class ThroughputMonitor(Callback):
             step=step,
         )
 
-    def _logs_now(self, trainer: Trainer, count: int) -> bool:
-        every = trainer.log_every_n_steps
-        return bool(every) and (count % every == 0 or trainer.should_stop)
-
     # ----------------------------------------------------------------- training
     @override
     def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -152,7 +148,7 @@ class ThroughputMonitor(Callback):
         k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
         if (batch_idx + 1) % k and batch_idx + 1 != trainer.num_training_batches:
             return  # within an accumulation window: measured when the optimizer step is included
-        if self._logs_now(trainer, self._stepped + 1):
+        if logs_at(trainer, self._stepped + 1):
             self._log(trainer, "train", self._stepped, epoch=True)
         self._stepped += 1
 
@@ -169,7 +165,7 @@ class ThroughputMonitor(Callback):
         self._run_batches[stage] += 1
         key = (trainer.state.fn, stage)
         self._eval_batches[key] = total = self._eval_batches.get(key, 0) + 1
-        if self._logs_now(trainer, self._run_batches[stage]):
+        if logs_at(trainer, self._run_batches[stage]):
             self._log(trainer, stage, total, epoch=False)
 
     @override
