@@ -44,7 +44,7 @@ def _module(width: int) -> nn.Module:
 
 def _saved(path: Path, width: int = 2) -> Path:
     state = {"format": "geartrain", "version": 1, "state_dict": _module(width).state_dict()}
-    save_sharded(path, state).wait()
+    save_sharded(path, state)
     return path
 
 

@@ -104,7 +104,7 @@ def file_to_directory(file: str | os.PathLike[str], directory: str | os.PathLike
                 "state by; resave it with this geartrain (Trainer.save_checkpoint), or load it as a file"
             )
         state["optimizer_states"] = [_by_name(opt, n) for opt, n in zip(optimizers, names)]
-    save_sharded(directory, state).wait()
+    save_sharded(directory, state)
     return Path(directory)
 
 

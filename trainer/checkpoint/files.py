@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import stat
@@ -296,11 +297,12 @@ def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = 
 class AsyncCheckpointWriter:
     """Write checkpoints in a background thread, so training is blocked only for a CPU snapshot.
 
-    :meth:`save` copies the state into CPU memory in the caller (the stall training sees), then a
-    thread does the whole :func:`write_checkpoint`. Writes never overlap: a save first waits for the
-    previous one. A write's error is re-raised by the next :meth:`save` or by :meth:`wait`. The
-    process does not end with a write in flight: the thread is not a daemon, and an ``atexit`` hook
-    waits too. The snapshot's CPU memory is reused by the next save (:meth:`close` frees it).
+    The one background writer: :meth:`save` (a file), ``AsyncCheckpointIO`` (a user's IO) and a
+    sharded save (DCP's future, then the renames) each hand :meth:`run` the write to do. Writes never
+    overlap: a new one first waits for the previous one. A write's error is re-raised by the next
+    :meth:`save` or :meth:`run`, or by :meth:`wait`. The process does not end with a write in flight:
+    the thread is not a daemon, and an ``atexit`` hook waits too. :meth:`save`'s snapshot memory is
+    reused by the next save (:meth:`close` frees it).
 
     Example:
         >>> import tempfile, torch
@@ -330,15 +332,19 @@ class AsyncCheckpointWriter:
         waiting for the previous write: its error is raised here, and this state is not written)."""
         self.wait()
         snapshot = snapshot_state(state, reuse=self._buffers)
-        args = (snapshot, Path(path), tuple(also_at), tuple(replaces))
+        self.run(functools.partial(write_checkpoint, snapshot, Path(path), tuple(also_at), tuple(replaces)))
 
-        def write() -> None:
+    def run(self, write: Callable[[], object]) -> None:
+        """Call ``write`` in the background thread once the previous write is done (its error is raised here)."""
+        self.wait()
+
+        def target() -> None:
             try:
-                write_checkpoint(*args)
+                write()
             except BaseException as err:
                 self._error = err
 
-        self._thread = threading.Thread(target=write, name="geartrain-checkpoint-writer", daemon=False)
+        self._thread = threading.Thread(target=target, name="geartrain-checkpoint-writer", daemon=False)
         self._thread.start()
 
     def wait(self) -> None:

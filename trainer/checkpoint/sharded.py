@@ -21,12 +21,11 @@ unpickle freely is read by :mod:`trainer.checkpoint.sharded_safety` instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ from trainer.checkpoint.sharded_safety import (
 )
 from trainer.common.errors import CheckpointError
 
-__all__ = ["TRAINER_STATE", "PendingSave", "load_sharded", "save_sharded"]
+__all__ = ["TRAINER_STATE", "load_sharded", "save_sharded"]
 
 #: The keys of a checkpoint dict whose tensors DCP writes; the rest goes into :data:`TRAINER_STATE`.
 #: Optimizer states are ``optimizer_states`` in a checkpoint dict and ``optimizers`` among DCP's tensors.
@@ -56,36 +55,6 @@ def _options(**kwargs: Any) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=False, **kwargs)
-
-
-class PendingSave:
-    """A sharded save, in flight with ``async_``; :meth:`wait` blocks until it is in place."""
-
-    def __init__(self, future: Future[Any] | None = None, finish: Callable[[], None] = lambda: None) -> None:
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-
-        def complete(_: Any = None) -> None:
-            try:
-                if future is not None:
-                    future.result()
-                finish()
-            except BaseException as err:
-                self._error = err
-            finally:
-                self._done.set()
-
-        if future is None:
-            complete()
-        else:
-            future.add_done_callback(complete)
-
-    def wait(self) -> None:
-        """Block until the directory is in place; re-raise the error of a failed write."""
-        self._done.wait()
-        err, self._error = self._error, None
-        if err is not None:
-            raise CheckpointError(f"Could not write the sharded checkpoint: {err}") from err
 
 
 _ASYNC_GROUP: dict[int, Any] = {}
@@ -107,18 +76,19 @@ def save_sharded(
     path: str | os.PathLike[str],
     state: Mapping[str, Any],
     *,
-    async_: bool = False,
+    background: Callable[[Callable[[], object]], None] | None = None,
     also_at: Iterable[str | os.PathLike[str]] = (),
     replaces: Iterable[str | os.PathLike[str]] = (),
-) -> PendingSave:
+) -> None:
     """Write checkpoint ``state`` as a sharded directory at ``path``; a collective of every rank.
 
     ``state["state_dict"]`` and ``state["optimizer_states"]`` (this rank's shards) go through
     ``dcp.save``; the rest of ``state`` becomes :data:`TRAINER_STATE`, written by rank 0. The
     directory is written into ``.<name>.partial`` and renamed into place once complete; then copies
     are placed at ``also_at`` (hard links) and the directories ``replaces`` names are removed, in
-    that order, so a failure loses nothing. With ``async_``, tensors are staged to CPU memory now
-    and written by DCP in the background; the :class:`PendingSave` finishes the renames.
+    that order, so a failure loses nothing. With ``background`` (the writer's
+    :meth:`~trainer.checkpoint.files.AsyncCheckpointWriter.run`), tensors are staged to CPU memory now
+    and written by DCP in the background; the writer's thread waits for them and does the renames.
     """
     import torch.distributed.checkpoint as dcp
 
@@ -150,24 +120,32 @@ def save_sharded(
     writer = dcp.FileSystemWriter(tmp, sync_files=True)
     replaces = tuple(replaces)
 
-    def finish() -> None:
+    def write(future: Any = None) -> None:
+        try:
+            if future is None:
+                with _one_process_quietly():
+                    dcp.save(tensors, storage_writer=writer)
+            else:
+                future.result()
+        except dcp_failures() as err:
+            if rank0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
         if rank0:
             fsync_dir(tmp)
-            swap_in(tmp, path)
+            try:
+                swap_in(tmp, path)
+            except OSError as err:
+                raise CheckpointError(f"Could not rename the sharded checkpoint {tmp} to {path}: {err}") from err
             finish_save(path, extra, replaces)
 
-    if async_:
-        group = _async_group() if dist.is_initialized() else None
-        with _one_process_quietly():
-            return PendingSave(dcp.async_save(tensors, storage_writer=writer, process_group=group), finish)  # type: ignore[arg-type]
-    try:
-        with _one_process_quietly():
-            dcp.save(tensors, storage_writer=writer)
-    except dcp_failures() as err:
-        if rank0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
-    return PendingSave(finish=finish)
+    if background is None:
+        write()
+        return
+    group = _async_group() if dist.is_initialized() else None
+    with _one_process_quietly():
+        future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
+    background(functools.partial(write, future))
 
 
 @contextlib.contextmanager
