@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -232,10 +231,11 @@ def symlink(target: str | os.PathLike[str], link: str | os.PathLike[str]) -> Non
 def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool = True) -> Path:
     check_replaceable(path)  # a user's folder or file at the path is refused before anything is written
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # os.urandom, not the random module: a save must not move the run's Python RNG stream.
+    tmp_name = path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
+    # Made as the run's logs are (0666 less the umask, applied by the kernel), not private as mkstemp's.
+    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        # mkstemp creates the file private (0600); a checkpoint follows the umask like the run's logs.
-        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -250,21 +250,6 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
     if sync_dir:
         fsync_dir(path.parent)
     return path
-
-
-def _umask() -> int:
-    """The process's umask, read from ``/proc/self/status`` where Linux shows it; elsewhere set and set back
-    (which the asynchronous writer's thread, creating a file at that instant, could observe)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
