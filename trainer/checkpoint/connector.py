@@ -71,14 +71,12 @@ class CheckpointConnector:
         """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
         return Path(self._trainer.default_root_dir) / "checkpoints"
 
-    def directory(self) -> Path:
-        """Where this run's checkpoints go: the checkpoint callback's folder, else :meth:`default_directory`."""
-        dirpath = getattr(self._trainer.checkpoint_callback, "dirpath", None)
-        return Path(dirpath) if dirpath else self.default_directory()
-
     def last_path(self, directory: str | os.PathLike[str] | None = None) -> Path:
-        """The path of ``last.ckpt`` in ``directory`` (default: :meth:`directory`)."""
-        return Path(directory if directory is not None else self.directory()) / LAST_CHECKPOINT
+        """The path of ``last.ckpt`` in ``directory`` (default: the checkpoint callback's folder, else
+        :meth:`default_directory`: where this run's checkpoints go)."""
+        if directory is None:
+            directory = getattr(self._trainer.checkpoint_callback, "dirpath", None) or self.default_directory()
+        return Path(directory) / LAST_CHECKPOINT
 
     # ----------------------------------------------------------------- dump
     @property
@@ -280,7 +278,6 @@ class CheckpointConnector:
         saves, and would otherwise hold a copy of the model in host memory until the process exits.
         """
         writer, self._writer = self._writer, None
-        self.wait()
         if writer is not None:
             writer.close()
         if not is_default_io(self._trainer.strategy.checkpoint_io):  # an AsyncCheckpointIO's last write lands
