@@ -27,8 +27,6 @@ import torch
 from trainer.checkpoint.format import FORMAT_VERSION, PARTIAL, SET_ASIDE, is_our_checkpoint_dir
 from trainer.checkpoint.reader import first_reason, load_checkpoint
 from trainer.common.errors import CheckpointError
-from trainer.common.rng import rng_state, set_rng_state
-from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 
 __all__ = [
@@ -38,12 +36,8 @@ __all__ = [
     "check_replaceable",
     "fsync_dir",
     "load_checkpoint",
-    "load_module_state",
     "place_checkpoint",
     "remove_checkpoint",
-    "rng_state",
-    "save_checkpoint",
-    "set_rng_state",
     "swap_in",
     "write_checkpoint",
 ]
@@ -112,10 +106,6 @@ def write_checkpoint(
     path = _write_atomically(Path(path), lambda f: torch.save(dict(state), f), sync_dir=False)
     finish_save(path, [Path(p) for p in also_at], replaces)
     return path
-
-
-#: Write ``state`` to ``path`` atomically: :func:`write_checkpoint` with no extra names.
-save_checkpoint = write_checkpoint
 
 
 def finish_save(path: Path, also_at: Sequence[Path], replaces: Iterable[str | os.PathLike[str]]) -> None:

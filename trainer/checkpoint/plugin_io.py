@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer.checkpoint.files import AsyncCheckpointWriter, snapshot_state
 from trainer.checkpoint.files import remove_checkpoint as remove_ours
-from trainer.checkpoint.files import save_checkpoint as write_atomically
+from trainer.checkpoint.files import write_checkpoint as write_atomically
 
 __all__ = [
     "DEFAULT_IO_TYPES",
