@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.checkpoint.files import check_replaceable, finish_save, fsync_dir, swap_in, write_failure
+from trainer.checkpoint.files import check_replaceable, finish_save, fsync_dir, swap_in, write_checkpoint, write_failure
 from trainer.checkpoint.format import PARTIAL, TRAINER_STATE
 from trainer.checkpoint.sharded_safety import (
     checkpoint_error,
@@ -103,12 +103,12 @@ def save_sharded(
         rest = {k: v for k, v in state.items() if k not in _SHARDED_KEYS}
         try:
             tmp.mkdir(parents=True)
-            _write_file(tmp / TRAINER_STATE, rest)
-        except (OSError, RuntimeError) as err:  # torch reports a refused write as a RuntimeError
+            write_checkpoint(rest, tmp / TRAINER_STATE)
+        except (OSError, CheckpointError) as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(
                 f"Could not write the sharded checkpoint {path}: writing {tmp / TRAINER_STATE} failed: "
-                f"{write_failure(tmp, err)}"
+                f"{write_failure(tmp, err.__cause__ or err)}"
             ) from err
     if dist.is_initialized():
         dist.barrier()
@@ -154,13 +154,6 @@ def _one_process_quietly() -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _write_file(path: Path, obj: Any) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def load_sharded(
