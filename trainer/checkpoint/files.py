@@ -57,23 +57,14 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
         return path
     check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if source.is_dir():
-        tmp = path.parent / f".{path.name}{PARTIAL}"
-        shutil.rmtree(tmp, ignore_errors=True)  # our own name: a copy a killed save left
-        shutil.copytree(source, tmp, copy_function=_link_or_copy)
-    else:
-        # os.urandom, not the random module: a save must not move the run's Python RNG stream.
-        tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.link.tmp"
-        try:
-            os.link(source, tmp)
-        except OSError:  # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
-
-            def copy(f: Any) -> None:
-                with open(source, "rb") as src:
-                    shutil.copyfileobj(src, f, 1 << 20)
-
-            return _write_atomically(path, copy, sync_dir)
+    # os.urandom, not the random module: a save must not move the run's Python RNG stream.
+    tmp = path.parent / (f".{path.name}{PARTIAL}" if source.is_dir() else f".{path.name}.{os.urandom(6).hex()}.tmp")
     try:
+        if source.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)  # our own name: a copy a killed save left
+            shutil.copytree(source, tmp, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(source, tmp)
         swap_in(tmp, path)
     except OSError as err:
         remove_checkpoint(tmp)
@@ -83,12 +74,14 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
     return path
 
 
-def _link_or_copy(source: str, dest: str) -> None:
-    """A hard link (no second write), else a copy: how a sharded directory's files are placed."""
+def _link_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """A hard link (no second write), else a copy, synced before a rename can show it under its name."""
     try:
         os.link(source, dest)
-    except OSError:
+    except OSError:  # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
         shutil.copy2(source, dest)
+        with open(dest, "rb") as copy:
+            os.fsync(copy.fileno())
 
 
 def write_checkpoint(
