@@ -287,9 +287,7 @@ class CheckpointConnector:
     def restart_path(self) -> Path | None:
         """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
         path = resolve_ckpt_path(self._trainer, "last")
-        if path is None:
-            return None
-        if self._trainer.is_global_zero:
+        if path is not None and self._trainer.is_global_zero:
             print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
         return path
 
