@@ -57,19 +57,13 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(full_state_dict=False, **kwargs)
 
 
-_ASYNC_GROUP: dict[int, Any] = {}
-
-
-def _async_group() -> Any:
+@functools.lru_cache(maxsize=1)  # the group of the current default group only: a destroyed one's are unusable
+def _async_group(world: int) -> Any:
     """A gloo group of its own for background saves, so they never interleave with training's collectives.
 
-    Made once per default process group (a collective: every rank reaches its first async save together).
+    Made once per default process group, ``world`` (a collective: every rank reaches its first async save together).
     """
-    world = id(dist.group.WORLD)
-    if world not in _ASYNC_GROUP:
-        _ASYNC_GROUP.clear()  # groups of a destroyed default group are unusable
-        _ASYNC_GROUP[world] = dist.new_group(backend="gloo")
-    return _ASYNC_GROUP[world]
+    return dist.new_group(backend="gloo")
 
 
 def save_sharded(
@@ -142,7 +136,7 @@ def save_sharded(
     if background is None:
         write()
         return
-    group = _async_group() if dist.is_initialized() else None
+    group = _async_group(id(dist.group.WORLD)) if dist.is_initialized() else None
     with _one_process_quietly():
         future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
     background(functools.partial(write, future))
