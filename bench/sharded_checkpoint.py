@@ -106,7 +106,7 @@ def _worker(width: int, layers: int, repeats: int, root: str) -> dict[str, Any]:
             "state_dict": strategy.sharded_model_state_dict(),
             "optimizers": [strategy.sharded_optimizer_state_dict(optimizer)],
         }
-        save_sharded(path, state).wait()
+        save_sharded(path, state)
         del state
         dist.barrier()
 

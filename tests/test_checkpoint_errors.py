@@ -18,7 +18,8 @@ import trainer.checkpoint.files as ckpt_io
 from tests.helpers.regression import Small
 from tests.helpers.trainers import quiet_trainer
 from trainer import TrainModule
-from trainer.checkpoint.files import CheckpointError, load_checkpoint, save_checkpoint
+from trainer.checkpoint.files import CheckpointError, load_checkpoint
+from trainer.checkpoint.files import write_checkpoint as save_checkpoint
 
 
 @pytest.fixture

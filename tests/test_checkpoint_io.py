@@ -11,7 +11,8 @@ from torch import nn
 
 from tests.helpers.regression import Regressor, assert_same_weights, make_loader, sgd
 from tests.helpers.trainers import quiet_trainer
-from trainer.checkpoint.files import CheckpointError, load_checkpoint, save_checkpoint
+from trainer.checkpoint.files import CheckpointError, load_checkpoint
+from trainer.checkpoint.files import write_checkpoint as save_checkpoint
 
 
 def sgd_with_epoch_decay(m: nn.Module) -> Any:
@@ -191,7 +192,7 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path)
 def test_python_rng_state_is_one_tensor_and_older_list_checkpoints_still_restore() -> None:
     import random
 
-    from trainer.checkpoint.files import rng_state, set_rng_state
+    from trainer.common.rng import rng_state, set_rng_state
 
     random.seed(3)
     state = rng_state()

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import trainer.checkpoint.files as checkpoint_io
-from trainer.checkpoint.files import AsyncCheckpointWriter, load_checkpoint, save_checkpoint
+from trainer.checkpoint.files import AsyncCheckpointWriter, load_checkpoint
+from trainer.checkpoint.files import write_checkpoint as save_checkpoint
 from trainer.checkpoint.reader import read_checkpoint
 from trainer.common.errors import CheckpointError
 

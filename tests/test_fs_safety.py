@@ -23,7 +23,7 @@ from tests.helpers import jobs
 from tests.helpers.cli import run_geartrain
 from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.convert import main as convert
-from trainer.checkpoint.files import save_checkpoint
+from trainer.checkpoint.files import write_checkpoint as save_checkpoint
 from trainer.checkpoint.resolve import resolve_last_checkpoint
 from trainer.cli.run_dirs import locked_run_dir
 from trainer.common.errors import CheckpointError

@@ -324,3 +324,25 @@ def test_a_run_resumed_from_an_async_checkpoint_io_equals_an_uninterrupted_one(t
     quiet_trainer(max_epochs=3, plugins=[AsyncCheckpointIO()]).fit(resumed, _data(), ckpt_path=ck.last_model_path)
     for a, b in zip(_weights(whole), _weights(resumed)):
         assert torch.equal(a, b)
+
+
+class _FailingOnceIO(RecordingIO):
+    """Records the values it was given; its first save fails as a full disk does."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if not self.calls:
+            self.calls.append(("failed", os.path.basename(path)))
+            raise OSError(28, "No space left on device")
+        self.calls.append(("save", str(float(checkpoint["w"][0]))))
+
+
+def test_async_checkpoint_io_writes_a_snapshot_and_raises_a_failed_write_once() -> None:
+    io = AsyncCheckpointIO(_FailingOnceIO())
+    w = torch.zeros(1)
+    io.save_checkpoint({"w": w}, "a.ckpt")
+    with pytest.raises(OSError, match="No space left"):  # the next save raises it, and writes nothing
+        io.save_checkpoint({"w": w}, "b.ckpt")
+    io.save_checkpoint({"w": w}, "c.ckpt")
+    w.add_(1.0)  # training goes on: the write holds the values of the save
+    io.teardown()  # waits for the last write; nothing failed since
+    assert io.checkpoint_io.calls == [("failed", "a.ckpt"), ("save", "0.0")]

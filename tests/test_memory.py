@@ -18,8 +18,10 @@ from callbacks import Callback, CSVLogger, DeviceStatsMonitor
 from strategies.registry import resolve_strategy, strategy_classes
 from tests.helpers.trainers import quiet_trainer
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.checkpoint.files import CheckpointError, load_module_state, save_checkpoint
+from trainer.checkpoint.files import CheckpointError
+from trainer.checkpoint.files import write_checkpoint as save_checkpoint
 from trainer.common.errors import MisconfigurationException
+from trainer.common.state_dict import load_module_state
 from trainer.data.microbatch import split_batch
 
 

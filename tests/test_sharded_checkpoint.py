@@ -101,6 +101,22 @@ def test_async_save_writes_the_same_directory(tmp_path: Path, straight: jobs.Blo
     assert_equal_weights(loaded, straight)  # training went on while writing: nothing changed
 
 
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_save_that_cannot_rename_its_directory_into_place_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_: bool
+) -> None:
+    _, trainer = fit(tmp_path, 1)
+
+    def refused(new: Any, path: Any) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("trainer.checkpoint.sharded.swap_in", refused)
+    with pytest.raises(CheckpointError, match="Permission denied"):  # the save's own call, or the wait after it
+        trainer.save_checkpoint(tmp_path / "manual.ckpt", async_=async_)
+        trainer.wait_for_checkpoints()
+    assert not (tmp_path / "manual.ckpt").exists()
+
+
 def test_validate_test_and_load_from_checkpoint_read_a_directory(tmp_path: Path, straight: jobs.BlockNet) -> None:
     fit(tmp_path, 3)
     last = str(tmp_path / "checkpoints" / "last.ckpt")
@@ -173,7 +189,7 @@ def test_a_malicious_metadata_pickle_is_refused_unrun(tmp_path: Path) -> None:
 def test_a_malicious_value_inside_the_shards_is_refused_unrun(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     state = {"format": "geartrain", "version": 1, "state_dict": {"w": torch.ones(2), "x": _Payload(marker)}}
-    save_sharded(tmp_path / "bad.ckpt", state).wait()  # DCP pickles non-tensor values itself
+    save_sharded(tmp_path / "bad.ckpt", state)  # DCP pickles non-tensor values itself
     assert convert(["to-file", str(tmp_path / "bad.ckpt"), str(tmp_path / "x.ckpt")]) == 2
     assert not marker.exists()
 
@@ -202,7 +218,7 @@ def test_kill_9_mid_save_keeps_the_previous_directory(tmp_path: Path) -> None:
     load_sharded(last, module)
     assert torch.equal(module.w.detach(), torch.full((64,), 1.0))  # the complete first save, untouched
     # The next save clears the half-written sibling and lands whole.
-    save_sharded(last, {"format": "geartrain", "version": 1, "state_dict": {"w": torch.full((64,), 3.0)}}).wait()
+    save_sharded(last, {"format": "geartrain", "version": 1, "state_dict": {"w": torch.full((64,), 3.0)}})
     load_sharded(last, module)
     assert torch.equal(module.w.detach(), torch.full((64,), 3.0))
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]

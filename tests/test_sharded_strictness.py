@@ -44,7 +44,7 @@ def _module(width: int) -> nn.Module:
 
 def _saved(path: Path, width: int = 2) -> Path:
     state = {"format": "geartrain", "version": 1, "state_dict": _module(width).state_dict()}
-    save_sharded(path, state).wait()
+    save_sharded(path, state)
     return path
 
 
@@ -129,7 +129,7 @@ def test_a_failed_trainer_state_write_names_the_cause_and_leaves_nothing(
     def full_disk(path: Path, obj: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(sharded, "_write_file", full_disk)
+    monkeypatch.setattr(sharded, "write_checkpoint", full_disk)
     with pytest.raises(CheckpointError, match=r"writing .*trainer\.pt failed: No space left on device"):
         _saved(tmp_path / "a.ckpt")
     assert os.listdir(tmp_path) == []

@@ -158,7 +158,7 @@ class Preemption:
     @staticmethod
     def newest_checkpoint(trainer: Trainer) -> str:
         """Which checkpoint a run stopped before saving can resume from, said for an error message."""
-        folder = trainer.checkpointing.directory()
+        folder = trainer.checkpointing.last_path().parent
         found = [p for p in Path(folder).glob("*.ckpt") if p.is_file()] if Path(folder).is_dir() else []
         if not found:
             return f"no checkpoint was saved in {folder}"

@@ -22,7 +22,7 @@ def state(value: float) -> dict[str, Any]:
 
 
 def main(directory: str) -> None:
-    save_sharded(f"{directory}/last.ckpt", state(1.0)).wait()
+    save_sharded(f"{directory}/last.ckpt", state(1.0))
     print("first saved", flush=True)
     original = fs._write_item
 
@@ -33,7 +33,7 @@ def main(directory: str) -> None:
         return result
 
     fs._write_item = slow
-    save_sharded(f"{directory}/last.ckpt", state(2.0)).wait()
+    save_sharded(f"{directory}/last.ckpt", state(2.0))
 
 
 if __name__ == "__main__":

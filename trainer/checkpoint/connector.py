@@ -34,7 +34,6 @@ from trainer.hparams import hparams_record
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from trainer.checkpoint.sharded import PendingSave
     from trainer.trainer import Trainer
 
 __all__ = ["LAST_CHECKPOINT", "CheckpointConnector"]
@@ -49,7 +48,6 @@ class CheckpointConnector:
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
         self._writer: AsyncCheckpointWriter | None = None  # made on the first asynchronous save
-        self._sharded_pending: PendingSave | None = None  # a sharded directory written in the background
         #: The sampler's epoch order and the stateful loaders' states (trainer.data.stateful) saved in the
         #: checkpoint a run resumed from (None, []: none); the training loop takes them once.
         self.resume_epoch_rng: dict[str, Any] | None = None
@@ -73,14 +71,12 @@ class CheckpointConnector:
         """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
         return Path(self._trainer.default_root_dir) / "checkpoints"
 
-    def directory(self) -> Path:
-        """Where this run's checkpoints go: the checkpoint callback's folder, else :meth:`default_directory`."""
-        dirpath = getattr(self._trainer.checkpoint_callback, "dirpath", None)
-        return Path(dirpath) if dirpath else self.default_directory()
-
     def last_path(self, directory: str | os.PathLike[str] | None = None) -> Path:
-        """The path of ``last.ckpt`` in ``directory`` (default: :meth:`directory`)."""
-        return Path(directory if directory is not None else self.directory()) / LAST_CHECKPOINT
+        """The path of ``last.ckpt`` in ``directory`` (default: the checkpoint callback's folder, else
+        :meth:`default_directory`: where this run's checkpoints go)."""
+        if directory is None:
+            directory = getattr(self._trainer.checkpoint_callback, "dirpath", None) or self.default_directory()
+        return Path(directory) / LAST_CHECKPOINT
 
     # ----------------------------------------------------------------- dump
     @property
@@ -222,21 +218,23 @@ class CheckpointConnector:
             )
         if not is_default_io(t.strategy.checkpoint_io):  # the user's IO writes the full state (every rank gathers)
             return save_with(t, self.state(weights_only), path, also_at, replaces, storage_options)
+        if async_ and self._writer is None:
+            self._writer = AsyncCheckpointWriter()
+        background = self._writer if async_ else None
         if t.strategy.state_dict_type == "sharded" and self.adopted is None:
             self.wait()  # one save in flight at a time, in order
             from trainer.checkpoint.sharded import save_sharded
 
             state = self.state(weights_only, sharded=True)
-            pending = save_sharded(path, state, async_=async_, also_at=also_at, replaces=replaces)
-            self._sharded_pending = pending if async_ else None
+            save_sharded(
+                path, state, background=background.run if background else None, also_at=also_at, replaces=replaces
+            )
             t.strategy.barrier("save_checkpoint")
             return
         state = self.state(weights_only)
         if t.is_global_zero:
-            if async_:
-                if self._writer is None:
-                    self._writer = AsyncCheckpointWriter()
-                self._writer.save(state, path, also_at, replaces)
+            if background is not None:
+                background.save(state, path, also_at, replaces)
             else:
                 self.wait()  # an older asynchronous write must not land after this one
                 write_checkpoint(state, path, also_at, replaces)
@@ -270,9 +268,6 @@ class CheckpointConnector:
 
     def wait(self) -> None:
         """Block until asynchronous writes are on disk; re-raise a failed write's error."""
-        pending, self._sharded_pending = self._sharded_pending, None
-        if pending is not None:
-            pending.wait()
         if self._writer is not None:
             self._writer.wait()
 
@@ -283,7 +278,6 @@ class CheckpointConnector:
         saves, and would otherwise hold a copy of the model in host memory until the process exits.
         """
         writer, self._writer = self._writer, None
-        self.wait()
         if writer is not None:
             writer.close()
         if not is_default_io(self._trainer.strategy.checkpoint_io):  # an AsyncCheckpointIO's last write lands
@@ -293,9 +287,7 @@ class CheckpointConnector:
     def restart_path(self) -> Path | None:
         """After an elastic restart, the last checkpoint to resume from (None: none was written yet)."""
         path = resolve_ckpt_path(self._trainer, "last")
-        if path is None:
-            return None
-        if self._trainer.is_global_zero:
+        if path is not None and self._trainer.is_global_zero:
             print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resuming from {path}", flush=True)
         return path
 

@@ -12,7 +12,7 @@ sharded directory (one shard) that any world size loads.
 
 The optimizer state is renumbered between the two layouts: ``optimizer.state_dict()``'s by-index
 layout in a file, keyed by parameter name in a directory (from the names a file records,
-``optimizer_param_names``). Both writes go through the writer (:func:`~trainer.checkpoint.files.save_checkpoint`,
+``optimizer_param_names``). Both writes go through the writer (:func:`~trainer.checkpoint.files.write_checkpoint`,
 :func:`~trainer.checkpoint.sharded.save_sharded`), both reads through the reader.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint.files import save_checkpoint
+from trainer.checkpoint.files import write_checkpoint
 from trainer.checkpoint.reader import complete_path, load_checkpoint, read_directory
 from trainer.checkpoint.sharded import save_sharded
 from trainer.checkpoint.sharded_safety import checkpoint_error, read_sharded_metadata, safe_planner, safe_reader
@@ -65,7 +65,7 @@ def directory_to_file(directory: str | os.PathLike[str], file: str | os.PathLike
         saved = tensors.get("optimizers", {})
         state["optimizer_states"] = [_by_index(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
         state["optimizer_param_names"] = [_names(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
-    return save_checkpoint(state, file)
+    return write_checkpoint(state, file)
 
 
 def _names(named: dict[str, Any]) -> list[str]:
@@ -104,7 +104,7 @@ def file_to_directory(file: str | os.PathLike[str], directory: str | os.PathLike
                 "state by; resave it with this geartrain (Trainer.save_checkpoint), or load it as a file"
             )
         state["optimizer_states"] = [_by_name(opt, n) for opt, n in zip(optimizers, names)]
-    save_sharded(directory, state).wait()
+    save_sharded(directory, state)
     return Path(directory)
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import stat
 import sys
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,8 +27,6 @@ import torch
 from trainer.checkpoint.format import FORMAT_VERSION, PARTIAL, SET_ASIDE, is_our_checkpoint_dir
 from trainer.checkpoint.reader import first_reason, load_checkpoint
 from trainer.common.errors import CheckpointError
-from trainer.common.rng import rng_state, set_rng_state
-from trainer.common.state_dict import load_module_state
 from trainer.common.tree import apply_to_tensors
 
 __all__ = [
@@ -38,12 +36,8 @@ __all__ = [
     "check_replaceable",
     "fsync_dir",
     "load_checkpoint",
-    "load_module_state",
     "place_checkpoint",
     "remove_checkpoint",
-    "rng_state",
-    "save_checkpoint",
-    "set_rng_state",
     "swap_in",
     "write_checkpoint",
 ]
@@ -63,23 +57,14 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
         return path
     check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if source.is_dir():
-        tmp = path.parent / f".{path.name}{PARTIAL}"
-        shutil.rmtree(tmp, ignore_errors=True)  # our own name: a copy a killed save left
-        shutil.copytree(source, tmp, copy_function=_link_or_copy)
-    else:
-        # os.urandom, not the random module: a save must not move the run's Python RNG stream.
-        tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.link.tmp"
-        try:
-            os.link(source, tmp)
-        except OSError:  # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
-
-            def copy(f: Any) -> None:
-                with open(source, "rb") as src:
-                    shutil.copyfileobj(src, f, 1 << 20)
-
-            return _write_atomically(path, copy, sync_dir)
+    # os.urandom, not the random module: a save must not move the run's Python RNG stream.
+    tmp = path.parent / (f".{path.name}{PARTIAL}" if source.is_dir() else f".{path.name}.{os.urandom(6).hex()}.tmp")
     try:
+        if source.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)  # our own name: a copy a killed save left
+            shutil.copytree(source, tmp, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(source, tmp)
         swap_in(tmp, path)
     except OSError as err:
         remove_checkpoint(tmp)
@@ -89,12 +74,14 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
     return path
 
 
-def _link_or_copy(source: str, dest: str) -> None:
-    """A hard link (no second write), else a copy: how a sharded directory's files are placed."""
+def _link_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """A hard link (no second write), else a copy, synced before a rename can show it under its name."""
     try:
         os.link(source, dest)
-    except OSError:
+    except OSError:  # EXDEV, EPERM, ENOTSUP, EMLINK, ...: no links here. A missing source fails in the copy.
         shutil.copy2(source, dest)
+        with open(dest, "rb") as copy:
+            os.fsync(copy.fileno())
 
 
 def write_checkpoint(
@@ -112,10 +99,6 @@ def write_checkpoint(
     path = _write_atomically(Path(path), lambda f: torch.save(dict(state), f), sync_dir=False)
     finish_save(path, [Path(p) for p in also_at], replaces)
     return path
-
-
-#: Write ``state`` to ``path`` atomically: :func:`write_checkpoint` with no extra names.
-save_checkpoint = write_checkpoint
 
 
 def finish_save(path: Path, also_at: Sequence[Path], replaces: Iterable[str | os.PathLike[str]]) -> None:
@@ -231,10 +214,11 @@ def symlink(target: str | os.PathLike[str], link: str | os.PathLike[str]) -> Non
 def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool = True) -> Path:
     check_replaceable(path)  # a user's folder or file at the path is refused before anything is written
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # os.urandom, not the random module: a save must not move the run's Python RNG stream.
+    tmp_name = path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
+    # Made as the run's logs are (0666 less the umask, applied by the kernel), not private as mkstemp's.
+    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        # mkstemp creates the file private (0600); a checkpoint follows the umask like the run's logs.
-        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -249,21 +233,6 @@ def _write_atomically(path: Path, write: Callable[[Any], None], sync_dir: bool =
     if sync_dir:
         fsync_dir(path.parent)
     return path
-
-
-def _umask() -> int:
-    """The process's umask, read from ``/proc/self/status`` where Linux shows it; elsewhere set and set back
-    (which the asynchronous writer's thread, creating a file at that instant, could observe)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = None) -> dict[str, Any]:
@@ -296,11 +265,12 @@ def snapshot_state(state: Mapping[str, Any], reuse: list[torch.Tensor] | None = 
 class AsyncCheckpointWriter:
     """Write checkpoints in a background thread, so training is blocked only for a CPU snapshot.
 
-    :meth:`save` copies the state into CPU memory in the caller (the stall training sees), then a
-    thread does the whole :func:`write_checkpoint`. Writes never overlap: a save first waits for the
-    previous one. A write's error is re-raised by the next :meth:`save` or by :meth:`wait`. The
-    process does not end with a write in flight: the thread is not a daemon, and an ``atexit`` hook
-    waits too. The snapshot's CPU memory is reused by the next save (:meth:`close` frees it).
+    The one background writer: :meth:`save` (a file), ``AsyncCheckpointIO`` (a user's IO) and a
+    sharded save (DCP's future, then the renames) each hand :meth:`run` the write to do. Writes never
+    overlap: a new one first waits for the previous one. A write's error is re-raised by the next
+    :meth:`save` or :meth:`run`, or by :meth:`wait`. The process does not end with a write in flight:
+    the thread is not a daemon, and an ``atexit`` hook waits too. :meth:`save`'s snapshot memory is
+    reused by the next save (:meth:`close` frees it).
 
     Example:
         >>> import tempfile, torch
@@ -330,15 +300,19 @@ class AsyncCheckpointWriter:
         waiting for the previous write: its error is raised here, and this state is not written)."""
         self.wait()
         snapshot = snapshot_state(state, reuse=self._buffers)
-        args = (snapshot, Path(path), tuple(also_at), tuple(replaces))
+        self.run(functools.partial(write_checkpoint, snapshot, Path(path), tuple(also_at), tuple(replaces)))
 
-        def write() -> None:
+    def run(self, write: Callable[[], object]) -> None:
+        """Call ``write`` in the background thread once the previous write is done (its error is raised here)."""
+        self.wait()
+
+        def target() -> None:
             try:
-                write_checkpoint(*args)
+                write()
             except BaseException as err:
                 self._error = err
 
-        self._thread = threading.Thread(target=write, name="geartrain-checkpoint-writer", daemon=False)
+        self._thread = threading.Thread(target=target, name="geartrain-checkpoint-writer", daemon=False)
         self._thread.start()
 
     def wait(self) -> None:

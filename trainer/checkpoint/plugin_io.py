@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import abc
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from trainer.checkpoint.files import AsyncCheckpointWriter, snapshot_state
 from trainer.checkpoint.files import remove_checkpoint as remove_ours
-from trainer.checkpoint.files import save_checkpoint as write_atomically
-from trainer.checkpoint.files import snapshot_state
+from trainer.checkpoint.files import write_checkpoint as write_atomically
 
 __all__ = [
     "DEFAULT_IO_TYPES",
@@ -125,30 +124,22 @@ class _WrappingCheckpointIO(CheckpointIO):
 class AsyncCheckpointIO(_WrappingCheckpointIO):
     """Lightning's ``AsyncCheckpointIO``: the state copied into CPU memory in the caller, written in a thread.
 
-    Writes run one at a time, in order; :meth:`teardown` (the end of every run) waits for the last
-    one and re-raises a failed write's error, as does the next save.
+    The writer's background thread (:class:`~trainer.checkpoint.files.AsyncCheckpointWriter`) runs the
+    wrapped IO's save: one at a time, in order; :meth:`teardown` (the end of every run) waits for the
+    last one and re-raises a failed write's error, as does the next save.
     """
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []
-        self._error: BaseException | None = None
+        self._writer: AsyncCheckpointWriter | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        self._raise_error()
-        snapshot = snapshot_state(checkpoint)  # later training cannot change what is written
+        if self._writer is None:
+            self._writer = AsyncCheckpointWriter()
+        # Fresh memory, not the writer's reused buffers: the wrapped IO may keep what it was given.
+        snapshot = snapshot_state(checkpoint)
         base = self._base()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geartrain-async-io")
-
-        def write() -> None:
-            try:
-                base.save_checkpoint(snapshot, path, storage_options)
-            except BaseException as err:  # kept for the caller: a thread's error would be lost
-                self._error = err
-
-        self._pending = [f for f in self._pending if not f.done()] + [self._executor.submit(write)]
+        self._writer.run(lambda: base.save_checkpoint(snapshot, path, storage_options))
 
     def remove_checkpoint(self, path: Any) -> None:
         self.wait()  # the file to remove may still be being written
@@ -160,22 +151,13 @@ class AsyncCheckpointIO(_WrappingCheckpointIO):
 
     def wait(self) -> None:
         """Block until every write is done; re-raise a failed write's error."""
-        for future in self._pending:
-            future.result()
-        self._pending = []
-        self._raise_error()
+        if self._writer is not None:
+            self._writer.wait()
 
     def teardown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        self._pending = []
-        self._raise_error()
-
-    def _raise_error(self) -> None:
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
 
 
 #: The types of ``strategy.checkpoint_io`` that mean geartrain's own writing and reading: no IO, or a plain

@@ -282,32 +282,21 @@ def unreadable(path: Path, err: Exception) -> CheckpointError:
 
 
 def _unsafe_globals(path: Path) -> list[str]:
-    """The globals a file names that ``weights_only`` loading refuses, read without unpickling."""
-    try:
-        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    except Exception:
-        return _pickled_imports(path)
+    """The globals a file names that ``weights_only`` loading refuses, read without unpickling; [] if unreadable.
 
-
-def _pickled_imports(path: Path) -> list[str]:
-    """Python names a pickle (or torch zip file) would import, read without unpickling; [] if unreadable.
-
-    Only names outside torch's tensor machinery are returned: those are what made the safe loader
-    refuse the file, and what a malicious file would call.
+    torch lists them for a ``torch.save`` zip file (its own unsafe names too, ``torch.hub.load``); a
+    plain pickle, which torch does not inspect, is walked here, and the names outside torch's tensor
+    machinery are the ones that made the safe loader refuse it, and what a malicious file would call.
     """
     import pickletools
     import zipfile
 
     try:
         if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                members = [n for n in archive.namelist() if n.endswith("data.pkl")]
-                data = archive.read(members[0]) if members else b""
-        else:
-            data = path.read_bytes()
+            return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
         names: list[str] = []
         strings: list[str] = []
-        for opcode, arg, _ in pickletools.genops(data):
+        for opcode, arg, _ in pickletools.genops(path.read_bytes()):
             if opcode.name == "GLOBAL":
                 names.append(str(arg).replace(" ", "."))
             elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:

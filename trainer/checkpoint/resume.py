@@ -202,13 +202,10 @@ def load_schedulers(path: Path, states: Sequence[Mapping[str, Any]], trainer: Tr
         if length is None or length == planned:
             continue
         attr, value = length
-        per_epoch = cfg.interval == "epoch"
-        if per_epoch:
-            run = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
-        else:
-            run = trainer.max_steps if trainer.max_steps > 0 else None
-        unit = "epochs" if per_epoch else "optimizer steps"
-        if run is None or run <= value * cfg.frequency:
+        run, unit = (
+            (trainer.max_epochs, "epochs") if cfg.interval == "epoch" else (trainer.max_steps, "optimizer steps")
+        )
+        if run is None or run <= 0 or run <= value * cfg.frequency:  # None, -1: the run has no such limit
             continue
         name = type(cfg.scheduler).__name__
         if trainer.is_global_zero:

@@ -21,12 +21,11 @@ unpickle freely is read by :mod:`trainer.checkpoint.sharded_safety` instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.checkpoint.files import check_replaceable, finish_save, fsync_dir, swap_in, write_failure
+from trainer.checkpoint.files import check_replaceable, finish_save, fsync_dir, swap_in, write_checkpoint, write_failure
 from trainer.checkpoint.format import PARTIAL, TRAINER_STATE
 from trainer.checkpoint.sharded_safety import (
     checkpoint_error,
@@ -45,7 +44,7 @@ from trainer.checkpoint.sharded_safety import (
 )
 from trainer.common.errors import CheckpointError
 
-__all__ = ["TRAINER_STATE", "PendingSave", "load_sharded", "save_sharded"]
+__all__ = ["TRAINER_STATE", "load_sharded", "save_sharded"]
 
 #: The keys of a checkpoint dict whose tensors DCP writes; the rest goes into :data:`TRAINER_STATE`.
 #: Optimizer states are ``optimizer_states`` in a checkpoint dict and ``optimizers`` among DCP's tensors.
@@ -58,67 +57,32 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(full_state_dict=False, **kwargs)
 
 
-class PendingSave:
-    """A sharded save, in flight with ``async_``; :meth:`wait` blocks until it is in place."""
-
-    def __init__(self, future: Future[Any] | None = None, finish: Callable[[], None] = lambda: None) -> None:
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-
-        def complete(_: Any = None) -> None:
-            try:
-                if future is not None:
-                    future.result()
-                finish()
-            except BaseException as err:
-                self._error = err
-            finally:
-                self._done.set()
-
-        if future is None:
-            complete()
-        else:
-            future.add_done_callback(complete)
-
-    def wait(self) -> None:
-        """Block until the directory is in place; re-raise the error of a failed write."""
-        self._done.wait()
-        err, self._error = self._error, None
-        if err is not None:
-            raise CheckpointError(f"Could not write the sharded checkpoint: {err}") from err
-
-
-_ASYNC_GROUP: dict[int, Any] = {}
-
-
-def _async_group() -> Any:
+@functools.lru_cache(maxsize=1)  # the group of the current default group only: a destroyed one's are unusable
+def _async_group(world: int) -> Any:
     """A gloo group of its own for background saves, so they never interleave with training's collectives.
 
-    Made once per default process group (a collective: every rank reaches its first async save together).
+    Made once per default process group, ``world`` (a collective: every rank reaches its first async save together).
     """
-    world = id(dist.group.WORLD)
-    if world not in _ASYNC_GROUP:
-        _ASYNC_GROUP.clear()  # groups of a destroyed default group are unusable
-        _ASYNC_GROUP[world] = dist.new_group(backend="gloo")
-    return _ASYNC_GROUP[world]
+    return dist.new_group(backend="gloo")
 
 
 def save_sharded(
     path: str | os.PathLike[str],
     state: Mapping[str, Any],
     *,
-    async_: bool = False,
+    background: Callable[[Callable[[], object]], None] | None = None,
     also_at: Iterable[str | os.PathLike[str]] = (),
     replaces: Iterable[str | os.PathLike[str]] = (),
-) -> PendingSave:
+) -> None:
     """Write checkpoint ``state`` as a sharded directory at ``path``; a collective of every rank.
 
     ``state["state_dict"]`` and ``state["optimizer_states"]`` (this rank's shards) go through
     ``dcp.save``; the rest of ``state`` becomes :data:`TRAINER_STATE`, written by rank 0. The
     directory is written into ``.<name>.partial`` and renamed into place once complete; then copies
     are placed at ``also_at`` (hard links) and the directories ``replaces`` names are removed, in
-    that order, so a failure loses nothing. With ``async_``, tensors are staged to CPU memory now
-    and written by DCP in the background; the :class:`PendingSave` finishes the renames.
+    that order, so a failure loses nothing. With ``background`` (the writer's
+    :meth:`~trainer.checkpoint.files.AsyncCheckpointWriter.run`), tensors are staged to CPU memory now
+    and written by DCP in the background; the writer's thread waits for them and does the renames.
     """
     import torch.distributed.checkpoint as dcp
 
@@ -133,12 +97,12 @@ def save_sharded(
         rest = {k: v for k, v in state.items() if k not in _SHARDED_KEYS}
         try:
             tmp.mkdir(parents=True)
-            _write_file(tmp / TRAINER_STATE, rest)
-        except (OSError, RuntimeError) as err:  # torch reports a refused write as a RuntimeError
+            write_checkpoint(rest, tmp / TRAINER_STATE)
+        except (OSError, CheckpointError) as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(
                 f"Could not write the sharded checkpoint {path}: writing {tmp / TRAINER_STATE} failed: "
-                f"{write_failure(tmp, err)}"
+                f"{write_failure(tmp, err.__cause__ or err)}"
             ) from err
     if dist.is_initialized():
         dist.barrier()
@@ -150,24 +114,32 @@ def save_sharded(
     writer = dcp.FileSystemWriter(tmp, sync_files=True)
     replaces = tuple(replaces)
 
-    def finish() -> None:
+    def write(future: Any = None) -> None:
+        try:
+            if future is None:
+                with _one_process_quietly():
+                    dcp.save(tensors, storage_writer=writer)
+            else:
+                future.result()
+        except dcp_failures() as err:
+            if rank0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
         if rank0:
             fsync_dir(tmp)
-            swap_in(tmp, path)
+            try:
+                swap_in(tmp, path)
+            except OSError as err:
+                raise CheckpointError(f"Could not rename the sharded checkpoint {tmp} to {path}: {err}") from err
             finish_save(path, extra, replaces)
 
-    if async_:
-        group = _async_group() if dist.is_initialized() else None
-        with _one_process_quietly():
-            return PendingSave(dcp.async_save(tensors, storage_writer=writer, process_group=group), finish)  # type: ignore[arg-type]
-    try:
-        with _one_process_quietly():
-            dcp.save(tensors, storage_writer=writer)
-    except dcp_failures() as err:
-        if rank0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise checkpoint_error(err, f"Could not write the sharded checkpoint {path}") from err
-    return PendingSave(finish=finish)
+    if background is None:
+        write()
+        return
+    group = _async_group(id(dist.group.WORLD)) if dist.is_initialized() else None
+    with _one_process_quietly():
+        future = dcp.async_save(tensors, storage_writer=writer, process_group=group)
+    background(functools.partial(write, future))
 
 
 @contextlib.contextmanager
@@ -176,13 +148,6 @@ def _one_process_quietly() -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _write_file(path: Path, obj: Any) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def load_sharded(
