@@ -12,13 +12,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from callbacks import Callback, ModelCheckpoint
 from tests.helpers import REPO_ROOT
 from tests.helpers.distributed import group_members
+from tests.helpers.tiny_mlp import TinyMLP, make_batches
+from trainer import Trainer
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -57,3 +62,29 @@ def test_ctrl_c_ends_the_command_with_one_line_and_code_130(tmp_path: Path, proc
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "final metrics" not in out  # a run that stopped early claims no final values
     assert leftovers == []
+
+
+def test_the_ctrl_c_line_names_the_last_file_the_run_wrote(
+    tmp_path: Path, make_trainer: Callable[..., Trainer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``last.ckpt`` this run did not write is kept (as Lightning keeps it), so the run saves ``last-v1.ckpt``:
+    the line names that file, the one holding the interrupted state, not the stranger's ``last.ckpt``."""
+
+    class CtrlCAtStep3(Callback):
+        def on_train_batch_end(
+            self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if trainer.global_step == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    torch.save({"a user's": "file"}, folder / "last.ckpt")
+    trainer = make_trainer(max_epochs=5, callbacks=[ModelCheckpoint(dirpath=folder, save_last=True), CtrlCAtStep3()])
+    with pytest.raises(SystemExit) as stop, pytest.warns(UserWarning, match="was not written by this run"):
+        trainer.fit(TinyMLP(), make_batches(8))
+    assert stop.value.code == 130
+    line = f"interrupted at step 3, saved {folder / 'last-v1.ckpt'}, resume with ckpt_path=last"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == line
+    assert torch.load(folder / "last-v1.ckpt", weights_only=True)["global_step"] == 3
+    assert torch.load(folder / "last.ckpt", weights_only=True) == {"a user's": "file"}

@@ -150,10 +150,8 @@ class Preemption:
     @staticmethod
     def interrupted_line(trainer: Trainer) -> str:
         """The one line a run stopped by Ctrl-C ends with: where it stopped and how to resume."""
-        return (
-            f"interrupted at step {trainer.global_step}, saved {trainer.checkpointing.last_path()}, "
-            "resume with ckpt_path=last"
-        )
+        saved = trainer.checkpointing.saved_last or trainer.checkpointing.last_path()
+        return f"interrupted at step {trainer.global_step}, saved {saved}, resume with ckpt_path=last"
 
     @staticmethod
     def newest_checkpoint(trainer: Trainer) -> str:

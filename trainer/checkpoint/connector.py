@@ -59,6 +59,8 @@ class CheckpointConnector:
         self._resume_batches: tuple[Path, dict[str, Any] | None] | None = None
         #: Where a fit that stopped inside an epoch stood (:meth:`mark_resume_point`); None otherwise.
         self.resume_point: dict[str, Any] | None = None
+        #: The file :meth:`save_last` wrote (the preemption checkpoint), which a Ctrl-C's line names.
+        self.saved_last: Path | None = None
         #: This run's identity, written near the start of every checkpoint; a resume takes it from the
         #: file, so a run deletes only checkpoints of its own (``ModelCheckpoint``'s eviction).
         self.run_id: str = uuid.uuid4().hex
@@ -264,6 +266,7 @@ class CheckpointConnector:
         self._trainer.save_checkpoint(path)
         if cb is not None and hasattr(cb, "last_model_path"):
             cb.last_model_path = str(path)
+        self.saved_last = path
         return path
 
     def wait(self) -> None:
