@@ -147,6 +147,10 @@ class CheckpointNaming:
         name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
         return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
 
+    def _name_metrics(self, trainer: Trainer) -> dict[str, Any]:
+        """What a save's names are filled from: the logged metrics, and the save's epoch and step."""
+        return {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
+
     def _fill(self, template: str, metrics: dict[str, Any]) -> str:
         """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``0`` where missing, as Lightning's).
 
@@ -221,11 +225,7 @@ class CheckpointNaming:
         own ``last.ckpt``, another run's) is kept, as Lightning keeps it: this run's is
         ``last-v1.ckpt`` (the first free version), said once. Rank 0 looks, every rank follows.
         """
-        if self.CHECKPOINT_NAME_LAST == "last" and self.FILE_EXTENSION == ".ckpt":
-            path = str(trainer.checkpointing.last_path(self.dirpath))
-        else:
-            metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
-            path = self.format_checkpoint_name(metrics, filename=self.CHECKPOINT_NAME_LAST)
+        path = self.format_checkpoint_name(self._name_metrics(trainer), filename=self.CHECKPOINT_NAME_LAST)
         if not self.enable_version_counter or path in (self.last_model_path, *self._written):
             return path
         stem = os.path.splitext(path)[0]

@@ -44,7 +44,7 @@ class SaveSchedule(Checkpoint):
     _stale: bool = False
     #: Seconds on the ``train_time_interval`` clock restored from a checkpoint (None: none).
     _restored_elapsed: float | None = None
-    _save: Callable[[Trainer], None]
+    _save: Callable[[Trainer], object]
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
