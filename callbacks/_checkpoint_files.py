@@ -226,17 +226,13 @@ class CheckpointNaming:
         ``last-v1.ckpt`` (the first free version), said once. Rank 0 looks, every rank follows.
         """
         path = self.format_checkpoint_name(self._name_metrics(trainer), filename=self.CHECKPOINT_NAME_LAST)
-        if not self.enable_version_counter or path in (self.last_model_path, *self._written):
+        ours = (self.last_model_path, *self._written)  # an earlier save may have moved past another's file
+        if not self.enable_version_counter or path in ours:
             return path
-        stem = os.path.splitext(path)[0]
-        if os.path.dirname(self.last_model_path) == os.path.dirname(path) and self.last_model_path.startswith(
-            f"{stem}{self.CHECKPOINT_JOIN_CHAR}v"
-        ):
-            return self.last_model_path  # already moved past another's file by an earlier save
-        free = self._next_free(path, lambda p: p not in self._written and os.path.lexists(p))
+        free = self._next_free(path, lambda p: p not in ours and os.path.lexists(p))
         if trainer.world_size > 1:
             free = trainer.strategy.broadcast(free)  # rank 0's view of the folder holds everywhere
-        if free != path and trainer.is_global_zero:
+        if free not in (path, *ours) and trainer.is_global_zero:
             warnings.warn(
                 f"ModelCheckpoint: {path} was not written by this run; it is kept, and this run's last "
                 f"checkpoint is {free} (as Lightning). Resume this run with ckpt_path={free!r} or "
