@@ -115,15 +115,23 @@ class CheckpointNaming:
     save_top_k: int
     auto_insert_metric_name: bool
     enable_version_counter: bool
-    _best_k: dict[str, float]
     _monitor: Monitor | None
-    _written: set[str]
-    last_model_path: str
-    best_model_path: str
-    kth_best_model_path: str
-    _best_model_score: float | None
-    _kth_value: float
-    _current_score: float | None
+
+    def _init_files(self) -> None:
+        """No file kept or written yet (set by the callback's constructor, once ``mode`` is known)."""
+        #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
+        #: (Scores are kept as floats; Lightning's attributes hand them out as 0-d tensors: ``_Score``.)
+        self._best_k: dict[str, float] = {}
+        self.best_model_path = ""
+        self._best_model_score: float | None = None
+        self.last_model_path = ""
+        #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
+        self.kth_best_model_path = ""
+        self._kth_value: float = math.inf if self.mode == "min" else -math.inf
+        #: The monitored value of the newest ranked save (NaN read as the worst: +inf for min, -inf for max).
+        self._current_score: float | None = None
+        #: The files this callback wrote in this process: removable without looking inside them.
+        self._written: set[str] = set()
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,

@@ -144,17 +144,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self.async_save = async_save
         self._clock = time.monotonic  # tests swap in a fake clock
         self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
-        #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
-        #: (Scores are kept as floats; Lightning's attributes hand them out as 0-d tensors: ``_Score``.)
-        self._best_k: dict[str, float] = {}
-        self.best_model_path = ""
-        self._best_model_score: float | None = None
-        self.last_model_path = ""
-        #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
-        self.kth_best_model_path = ""
-        self._kth_value: float = math.inf if mode == "min" else -math.inf
-        #: The monitored value of the newest ranked save (NaN read as the worst: +inf for min, -inf for max).
-        self._current_score: float | None = None
+        self._init_files()
         self.missing_monitor = missing_monitor
         kept = "only last.ckpt is kept" if save_last else "no checkpoint is kept (save_last=False)"
         self._monitor = (
@@ -164,8 +154,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         )
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
-        #: The files this callback wrote in this process: removable without looking inside them.
-        self._written: set[str] = set()
 
     @property
     @override
