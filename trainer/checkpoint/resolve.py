@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import warnings
 import zipfile
 from collections.abc import Sequence
@@ -53,13 +52,13 @@ def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def newest_complete_checkpoint(folder: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
+def newest_complete_checkpoint(folder: str | os.PathLike[str], say: str | None) -> tuple[Path | None, list[str]]:
     """``folder/last.ckpt`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
 
     Returns the path to load (None when the folder holds no complete checkpoint) and one-line
     notices for what was recovered or skipped: ``last.ckpt`` missing after a kill between a save's two
     renames (its ``.last.ckpt.old`` is the checkpoint that was there), a link to a deleted checkpoint,
-    a directory that was never completed.
+    a directory that was never completed. Each notice is also printed after ``say`` (None: not printed).
     """
     folder = Path(folder)
     wanted = folder / "last.ckpt"
@@ -73,19 +72,23 @@ def newest_complete_checkpoint(folder: str | os.PathLike[str]) -> tuple[Path | N
     elif wanted.exists():
         notices.append(f"{wanted} is not a complete checkpoint; skipped")
     aside = folder / f".{wanted.name}{SET_ASIDE}"
+    found: Path | None = None
     if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
         notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
-        return aside, notices
-    try:
-        entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name.endswith(".ckpt")]
-    except OSError:
-        entries = []
-    complete = [p for p in entries if p != wanted and is_complete_checkpoint(p)]
-    if not complete:
-        return None, notices
-    newest = max(complete, key=lambda p: p.stat().st_mtime)
-    notices.append(f"using the newest complete checkpoint of this run instead: {newest}")
-    return newest, notices
+        found = aside
+    else:
+        try:
+            entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name.endswith(".ckpt")]
+        except OSError:
+            entries = []
+        complete = [p for p in entries if p != wanted and is_complete_checkpoint(p)]
+        if complete:
+            found = max(complete, key=lambda p: p.stat().st_mtime)
+            notices.append(f"using the newest complete checkpoint of this run instead: {found}")
+    if say is not None:
+        for notice in notices:
+            print(f"{say}: {notice}")
+    return found, notices
 
 
 class BestCheckpointMissing(CheckpointError, ValueError):
@@ -166,10 +169,7 @@ def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
         # last.ckpt is a link to an evicted one or a directory never completed. With no last file
         # at all (save_last=False), "last" means none, as in Lightning: not the newest top-k file.
-        newest, notices = newest_complete_checkpoint(folder)
-        for notice in notices:
-            if trainer.is_global_zero:
-                print(f"ckpt_path='last': {notice}")
+        newest, _ = newest_complete_checkpoint(folder, "ckpt_path='last'" if trainer.is_global_zero else None)
         found = str(newest) if newest is not None else None
     return found
 
@@ -210,9 +210,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
     that :func:`same_line` accepts (``sweep`` or not). The choice is printed, so a resume never silently picks a file.
     """
-    own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
-    for notice in notices:
-        print(f"ckpt_path=last: {notice}", file=sys.stdout)
+    own, notices = newest_complete_checkpoint(run_dir / "checkpoints", "ckpt_path=last")
     if own is not None:
         return str(own)
     if notices:  # this run saved checkpoints, none complete: never another run's in their place
@@ -237,19 +235,17 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
             "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
         )
     newest = max(matching, key=lambda p: p.stat().st_mtime)
-    print(f"ckpt_path=last: using {newest}", file=sys.stdout)
+    print(f"ckpt_path=last: using {newest}")
     return str(newest)
 
 
 def run_folder_checkpoint(run_dir: Path) -> str:
     """``ckpt_path=<a run folder>``: that run's ``checkpoints/last.ckpt``, else its newest complete checkpoint."""
-    found, notices = newest_complete_checkpoint(run_dir / "checkpoints")
-    for notice in notices:
-        print(f"ckpt_path={run_dir}: {notice}", file=sys.stdout)
+    found, _ = newest_complete_checkpoint(run_dir / "checkpoints", f"ckpt_path={run_dir}")
     if found is None:
         raise ConfigError(
             f"ckpt_path={run_dir}: the run folder's checkpoints/ holds no complete checkpoint. "
             "Give a checkpoint file: ckpt_path=path/to/file.ckpt"
         )
-    print(f"ckpt_path={run_dir}: using {found}", file=sys.stdout)
+    print(f"ckpt_path={run_dir}: using {found}")
     return str(found)
