@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from callbacks.checkpoint import ModelCheckpoint
 from trainer.checkpoint.format import SET_ASIDE, SHARDED_MARKERS
 from trainer.checkpoint.reader import fetch_url, is_url
@@ -174,18 +176,13 @@ def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
     return found
 
 
-def _overrides(run_dir: Path) -> list[str] | None:
-    """The task overrides a run was started with (``.hydra/overrides.yaml``); None if it kept none."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
+def _overrides(run_dir: Path) -> list[str]:
+    """The task overrides a run was started with (Hydra's ``.hydra/overrides.yaml``, a list); none if it kept none."""
     try:
-        from omegaconf import OmegaConf
-
-        loaded = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception:
-        return None
-    return [str(x) for x in loaded] if isinstance(loaded, list) else None
+        loaded = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    return [str(x) for x in loaded] if isinstance(loaded, list) else []
 
 
 def same_line(mine: Sequence[str], theirs: Sequence[str]) -> bool:
@@ -220,7 +217,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
         )
     found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
     found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
-    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [])]
+    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent))]
     if not matching:
         where = f"{base / 'outputs'} or {base / 'multirun'}"
         if found:
