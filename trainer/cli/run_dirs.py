@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -26,7 +26,6 @@ __all__ = [
     "claim_run_dir",
     "held_folder",
     "in_use",
-    "locked_run_dir",
     "open_lock",
     "release_lock",
     "same_file",
@@ -149,15 +148,3 @@ def release_lock(lock: Path, handle: IO[str]) -> None:
         with contextlib.suppress(OSError):
             lock.unlink()
     handle.close()
-
-
-@contextlib.contextmanager
-def locked_run_dir(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it.
-
-    The command's own guard (:func:`~trainer.cli.run_dir_guard.guarded_run_dir`) without its record.
-    """
-    from trainer.cli.run_dir_guard import guarded_run_dir
-
-    with guarded_run_dir(run_dir):
-        yield
