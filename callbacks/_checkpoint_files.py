@@ -1,11 +1,11 @@
 """``ModelCheckpoint``'s files as Lightning names and ranks them: templates, ``-vN`` versions, the last file,
 the top k and its scores (Lightning's attributes), which files a save may delete.
 
-A mixin of :class:`~callbacks.ModelCheckpoint` (which holds the state these methods read): users
+A mixin of :class:`~callbacks.ModelCheckpoint` (which holds the options these methods read): users
 override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` and
 ``CHECKPOINT_EQUALS_CHAR`` on a subclass, as in Lightning, and every name follows them. Beside it,
-the options Lightning's ``ModelCheckpoint`` refuses and its default folder. How the files reach the
-disk (and the ``last`` link) is the trainer's checkpoint room's.
+Lightning's default folder. How the files reach the disk (and the ``last`` link) is the trainer's
+checkpoint room's.
 """
 
 from __future__ import annotations
@@ -20,42 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.common.errors import UserError
-
 if TYPE_CHECKING:
     from callbacks._monitor import Monitor
     from trainer.trainer import Trainer
 
-__all__ = ["CheckpointNaming", "check_lightning_options", "default_dirpath", "score_of"]
+__all__ = ["CheckpointNaming", "default_dirpath", "score_of"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
-
-
-def check_lightning_options(
-    save_last: Any,
-    every_n_train_steps: int | None,
-    every_n_epochs: int | None,
-    train_time_interval: Any,
-    monitor: str | None,
-    save_top_k: int,
-) -> None:
-    """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at
-    once, a top k above one with nothing to rank by (a :class:`UserError` naming the options)."""
-    if save_last not in (None, True, False, "link"):
-        raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
-    if monitor is None and save_top_k not in (-1, 0, 1):
-        raise UserError(
-            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No quantity "
-            "for top_k to track: pass monitor= a logged metric, or save_top_k=-1 (keep every save) or 1 (the newest)."
-        )
-    schedules = {"every_n_train_steps": every_n_train_steps, "every_n_epochs": every_n_epochs}
-    given = [name for name, value in {**schedules, "train_time_interval": train_time_interval}.items() if value]
-    if len(given) > 1:
-        raise UserError(
-            f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one. "
-            f"Combination of parameters every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs} "
-            f"and train_time_interval={train_time_interval} should be mutually exclusive."
-        )
 
 
 def default_dirpath(trainer: Trainer) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 import torch
 from typing_extensions import override
 
-from callbacks._checkpoint_files import CheckpointNaming, check_lightning_options, default_dirpath, score_of
+from callbacks._checkpoint_files import CheckpointNaming, default_dirpath, score_of
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
@@ -117,9 +117,25 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         ):
             if value is not None and value < least:
                 raise UserError(f"ModelCheckpoint: invalid value for {name}={value}. Must be >= {least}")
-        check_lightning_options(
-            save_last, every_n_train_steps, every_n_epochs, train_time_interval, monitor, save_top_k
-        )
+        if save_last not in (None, True, False, "link"):
+            raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise UserError(
+                f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No quantity "
+                "for top_k to track: pass monitor= a logged metric, or save_top_k=-1 (keep every save) or 1 (the newest)."
+            )
+        schedules = {
+            "every_n_train_steps": every_n_train_steps,
+            "every_n_epochs": every_n_epochs,
+            "train_time_interval": train_time_interval,
+        }
+        given = [name for name, value in schedules.items() if value]
+        if len(given) > 1:
+            raise UserError(
+                f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one. "
+                f"Combination of parameters every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs} "
+                f"and train_time_interval={train_time_interval} should be mutually exclusive."
+            )
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
         refuse_url(dirpath, "ModelCheckpoint(dirpath)")
