@@ -14,7 +14,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -169,23 +169,17 @@ class CheckpointNaming:
             return True, [worst]
         return False, []
 
-    def _next_free(self, path: str, taken: Callable[[str], bool]) -> str:
-        """``path`` if not ``taken``, else the first free ``<stem>-v<N><suffix>`` (Lightning's version counter)."""
+    def _free_path(self, path: str, free: Sequence[str] = ()) -> str:
+        """``path``, or with ``-v1``, ``-v2``, ... (Lightning's version counter) when a file, a link or a kept
+        checkpoint has that name already; the names ``free`` lists do not count (the files a save evicts)."""
+        if not self.enable_version_counter:
+            return path
         stem, suffix = os.path.splitext(path)
         candidate, version = path, self.STARTING_VERSION
-        while taken(candidate):
+        while candidate not in free and (candidate in self._best_k or os.path.lexists(candidate)):
             candidate = f"{stem}{self.CHECKPOINT_JOIN_CHAR}v{version}{suffix}"
             version += 1
         return candidate
-
-    def _free_path(self, path: str, reuse: Sequence[str] = ()) -> str:
-        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already.
-
-        ``reuse``: the files this save evicts; met on the way, such a name is taken (Lightning's counter).
-        """
-        if not self.enable_version_counter:
-            return path
-        return self._next_free(path, lambda p: p not in reuse and (p in self._best_k or os.path.exists(p)))
 
     def _read_monitor(self, trainer: Trainer) -> Any:
         """The monitored value: ``epoch`` and ``step`` are the trainer's unless logged, as in Lightning."""
@@ -208,7 +202,7 @@ class CheckpointNaming:
         ours = (self.last_model_path, *self._written)  # an earlier save may have moved past another's file
         if not self.enable_version_counter or path in ours:
             return path
-        free = self._next_free(path, lambda p: p not in ours and os.path.lexists(p))
+        free = self._free_path(path, free=ours)
         if trainer.world_size > 1:
             free = trainer.strategy.broadcast(free)  # rank 0's view of the folder holds everywhere
         if free not in (path, *ours) and trainer.is_global_zero:

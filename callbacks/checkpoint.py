@@ -267,7 +267,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         named = keep or exception_file or link_only  # a file of its own name (else last.ckpt alone)
         # Named as a new file (no kept name): as in Lightning, the version counter may give it the name
         # of a file it evicts, never that of a file it keeps.
-        path = self._free_path(self.format_checkpoint_name(self._name_metrics(trainer)), reuse=evict) if named else ""
+        path = self._free_path(self.format_checkpoint_name(self._name_metrics(trainer)), free=evict) if named else ""
         if ranked and self.verbose and trainer.is_global_zero:
             self._say(trainer, score, path if keep else None)
         # This class's own state, not an override's: Lightning calls state_dict() only to write a checkpoint.
