@@ -155,12 +155,8 @@ def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
     found = getattr(callback, "last_model_path", None)
     if not found or not is_complete_checkpoint(found):
         find = getattr(type(callback), "_find_last_checkpoints", None)
-        if find is ModelCheckpoint._find_last_checkpoints:
-            names = last_files(
-                getattr(callback, "dirpath", None),
-                getattr(callback, "CHECKPOINT_NAME_LAST", "last"),
-                getattr(callback, "FILE_EXTENSION", ".ckpt"),
-            )
+        if find is ModelCheckpoint._find_last_checkpoints:  # its answer, without a call back into callbacks/
+            names = last_files(callback.dirpath, callback.CHECKPOINT_NAME_LAST, callback.FILE_EXTENSION)
         else:
             names = set(callback._find_last_checkpoints(trainer)) if find is not None else set()
         files = [Path(p) for p in names if is_complete_checkpoint(p)]
