@@ -107,8 +107,7 @@ class CheckpointNaming:
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,
         ``last-v1.ckpt``, ... in ``dirpath``, this run's folder only; the trainer's resolver finds them."""
-        found: set[str] = trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
-        return found
+        return trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
         """Fill ``filename`` from ``metrics`` (a missing metric is written as ``0``, as Lightning writes it).
@@ -181,14 +180,20 @@ class CheckpointNaming:
             version += 1
         return candidate
 
-    def _read_monitor(self, trainer: Trainer) -> Any:
-        """The monitored value: ``epoch`` and ``step`` are the trainer's unless logged, as in Lightning."""
-        if self._monitor is not None:
-            return self._monitor.read(trainer)
-        logged = trainer.callback_metrics.get(str(self.monitor))
-        if logged is not None:
-            return int(logged)
-        return trainer.current_epoch if self.monitor == "epoch" else trainer.global_step
+    def _read_score(self, trainer: Trainer) -> float | None:
+        """The monitored value as a score; None when it is not logged yet, or not updated since the last
+        ranked save. ``epoch`` and ``step`` are the trainer's unless logged, and a NaN is the worst score
+        there can be, as in Lightning."""
+        if self._monitor is None:
+            logged = trainer.callback_metrics.get(str(self.monitor))
+            if logged is not None:
+                return int(logged)
+            return trainer.current_epoch if self.monitor == "epoch" else trainer.global_step
+        value = self._monitor.read(trainer)
+        score = None if value is None else score_of(value)
+        if score is not None and math.isnan(score):
+            return math.inf if self.mode == "min" else -math.inf
+        return score
 
     def _last_path(self, trainer: Trainer) -> str:
         """Where ``save_last`` writes: ``CHECKPOINT_NAME_LAST`` (a template too) + ``FILE_EXTENSION`` in ``dirpath``.

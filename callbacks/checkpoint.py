@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 import torch
 from typing_extensions import override
 
-from callbacks._checkpoint_files import CheckpointNaming, default_dirpath, score_of
+from callbacks._checkpoint_files import CheckpointNaming, default_dirpath
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
@@ -249,15 +248,9 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self._confirm(trainer)
         self._deferred = self._stale = False
         self._last_saved_step = trainer.global_step
-        score: float | None = None
         ranked = rank and self.save_top_k != 0
-        if ranked and self.monitor is not None:
-            value = self._read_monitor(trainer)
-            ranked = value is not None  # None: not logged yet, or not updated since the last ranked save
-            if value is not None:
-                score = score_of(value)
-                if math.isnan(score):  # as Lightning: a NaN ranks as the worst score there can be
-                    score = math.inf if self.mode == "min" else -math.inf
+        score = self._read_score(trainer) if ranked and self.monitor is not None else None
+        ranked = ranked and (self.monitor is None or score is not None)
         keep, evict = self._plan_top_k(score) if ranked else (False, [])
         links = self.save_last == "link" and not self.async_save
         # "link" with sharded directories: a save that keeps no file writes a checkpoint of its own name
