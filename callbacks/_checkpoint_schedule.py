@@ -59,12 +59,11 @@ class SaveSchedule(Checkpoint):
         if self._monitor is not None:
             self._monitor.validated = True
         self._stale = True
-        if self._until_validation:  # a step or time save waited for this pass's metrics (Lightning 2.6)
-            self._until_validation = False
+        # A step or time save that waited for this pass's metrics (Lightning 2.6), or an epoch save after
+        # every validation pass (also one in the middle of an epoch).
+        waited, self._until_validation = self._until_validation, False
+        if waited or (self._saves_after_validation(trainer) and self._epoch_due(trainer)):
             self._save(trainer)
-            return
-        if self._saves_after_validation(trainer) and self._epoch_due(trainer):
-            self._save(trainer)  # after every validation pass, also one in the middle of an epoch
 
     @override
     def on_train_batch_end(
