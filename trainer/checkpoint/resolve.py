@@ -79,11 +79,9 @@ def newest_complete_checkpoint(folder: str | os.PathLike[str], say: str | None) 
         notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
         found = aside
     else:
-        try:
-            entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name.endswith(".ckpt")]
-        except OSError:
-            entries = []
-        complete = [p for p in entries if p != wanted and is_complete_checkpoint(p)]
+        # glob: no entries for a folder that is missing or cannot be read.
+        entries = [p for p in folder.glob("*.ckpt") if not p.name.startswith(".") and p != wanted]
+        complete = [p for p in entries if is_complete_checkpoint(p)]
         if complete:
             found = max(complete, key=lambda p: p.stat().st_mtime)
             notices.append(f"using the newest complete checkpoint of this run instead: {found}")
