@@ -109,25 +109,23 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str], stage
     cb = next((c for c in trainer.callbacks if hasattr(c, "best_model_path")), None)
     if str(ckpt_path) == "best":
         found = getattr(cb, "best_model_path", None)
-    else:
-        found = last_of_folder(trainer, cb) if cb is not None else None
-    if not found and str(ckpt_path) == "last":
-        if stage is not None and trainer.is_global_zero:
-            fresh = " Training starts from scratch." if stage == "fit" else ""
-            warnings.warn(
-                f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
-                f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
-                stacklevel=2,
+        if not found:
+            call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
+            raise BestCheckpointMissing(
+                f"ckpt_path='best': no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
+                "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
+                "and save_top_k != 0)"
             )
-        return None
-    if not found:
-        call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
-        raise BestCheckpointMissing(
-            f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
-            "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
-            "and save_top_k != 0)"
+        return Path(found)
+    found = last_of_folder(trainer, cb) if cb is not None else None
+    if not found and stage is not None and trainer.is_global_zero:
+        fresh = " Training starts from scratch." if stage == "fit" else ""
+        warnings.warn(
+            f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+            f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
+            stacklevel=2,
         )
-    return Path(found)
+    return Path(found) if found else None
 
 
 def last_files(folder: str | os.PathLike[str] | None, name: str = "last", extension: str = ".ckpt") -> set[str]:
