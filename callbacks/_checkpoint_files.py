@@ -246,9 +246,8 @@ class CheckpointNaming:
 
     def _keep(self, path: str, score: float | None, evict: list[str]) -> None:
         """Record ``path`` among the kept files (``evict`` out) and the best and k-th of them, as Lightning's attributes."""
-        for old in evict:
+        for old in (*evict, path):  # path too: it goes to the end, the newest
             self._best_k.pop(old, None)
-        self._best_k.pop(path, None)
         self._best_k[path] = math.nan if score is None else score
         if score is None:
             self.best_model_path = path
