@@ -8,6 +8,7 @@ the callback's checkpoint state, so a resumed run neither saves again at once no
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,7 @@ class SaveSchedule(Checkpoint):
     _monitor: Monitor | None
     _last_saved_step: int = -1
     _last_time: float | None = None
-    _clock: Callable[[], float]
+    _clock: Callable[[], float] = time.monotonic  # tests swap in a fake clock
     #: A save came due inside an accumulation window: made at the window's end.
     _deferred: bool = False
     #: A step or time save came due before the monitored value was fresh: made at validation's end.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
@@ -157,7 +156,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self.enable_version_counter = enable_version_counter
         self.save_weights_only = save_weights_only
         self.async_save = async_save
-        self._clock = time.monotonic  # tests swap in a fake clock
         self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
         self._init_files()
         self.missing_monitor = missing_monitor
