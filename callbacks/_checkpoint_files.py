@@ -1,11 +1,11 @@
 """``ModelCheckpoint``'s files as Lightning names and ranks them: templates, ``-vN`` versions, the last file,
 the top k and its scores (Lightning's attributes), which files a save may delete.
 
-A mixin of :class:`~callbacks.ModelCheckpoint` (which holds the state these methods read): users
+A mixin of :class:`~callbacks.ModelCheckpoint` (which holds the options these methods read): users
 override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` and
 ``CHECKPOINT_EQUALS_CHAR`` on a subclass, as in Lightning, and every name follows them. Beside it,
-the options Lightning's ``ModelCheckpoint`` refuses and its default folder. How the files reach the
-disk (and the ``last`` link) is the trainer's checkpoint room's.
+Lightning's default folder. How the files reach the disk (and the ``last`` link) is the trainer's
+checkpoint room's.
 """
 
 from __future__ import annotations
@@ -14,48 +14,19 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.common.errors import UserError
-
 if TYPE_CHECKING:
     from callbacks._monitor import Monitor
     from trainer.trainer import Trainer
 
-__all__ = ["CheckpointNaming", "check_lightning_options", "default_dirpath", "score_of"]
+__all__ = ["CheckpointNaming", "default_dirpath", "score_of"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
-
-
-def check_lightning_options(
-    save_last: Any,
-    every_n_train_steps: int | None,
-    every_n_epochs: int | None,
-    train_time_interval: Any,
-    monitor: str | None,
-    save_top_k: int,
-) -> None:
-    """Refuse what Lightning's ``ModelCheckpoint`` refuses: an unknown ``save_last``, two schedules at
-    once, a top k above one with nothing to rank by (a :class:`UserError` naming the options)."""
-    if save_last not in (None, True, False, "link"):
-        raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
-    if monitor is None and save_top_k not in (-1, 0, 1):
-        raise UserError(
-            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No quantity "
-            "for top_k to track: pass monitor= a logged metric, or save_top_k=-1 (keep every save) or 1 (the newest)."
-        )
-    schedules = {"every_n_train_steps": every_n_train_steps, "every_n_epochs": every_n_epochs}
-    given = [name for name, value in {**schedules, "train_time_interval": train_time_interval}.items() if value]
-    if len(given) > 1:
-        raise UserError(
-            f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one. "
-            f"Combination of parameters every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs} "
-            f"and train_time_interval={train_time_interval} should be mutually exclusive."
-        )
 
 
 def default_dirpath(trainer: Trainer) -> str:
@@ -115,21 +86,28 @@ class CheckpointNaming:
     save_top_k: int
     auto_insert_metric_name: bool
     enable_version_counter: bool
-    _best_k: dict[str, float]
     _monitor: Monitor | None
-    _written: set[str]
-    last_model_path: str
-    best_model_path: str
-    kth_best_model_path: str
-    _best_model_score: float | None
-    _kth_value: float
-    _current_score: float | None
+
+    def _init_files(self) -> None:
+        """No file kept or written yet (set by the callback's constructor, once ``mode`` is known)."""
+        #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
+        #: (Scores are kept as floats; Lightning's attributes hand them out as 0-d tensors: ``_Score``.)
+        self._best_k: dict[str, float] = {}
+        self.best_model_path = ""
+        self._best_model_score: float | None = None
+        self.last_model_path = ""
+        #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
+        self.kth_best_model_path = ""
+        self._kth_value: float = math.inf if self.mode == "min" else -math.inf
+        #: The monitored value of the newest ranked save (NaN read as the worst: +inf for min, -inf for max).
+        self._current_score: float | None = None
+        #: The files this callback wrote in this process: removable without looking inside them.
+        self._written: set[str] = set()
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         """The last files ``ckpt_path="last"`` may mean (Lightning's method): ``last.ckpt``,
         ``last-v1.ckpt``, ... in ``dirpath``, this run's folder only; the trainer's resolver finds them."""
-        found: set[str] = trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
-        return found
+        return trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
         """Fill ``filename`` from ``metrics`` (a missing metric is written as ``0``, as Lightning writes it).
@@ -146,6 +124,10 @@ class CheckpointNaming:
         name = f"{prefix}{self.CHECKPOINT_JOIN_CHAR}{name}" if prefix else name
         name += f"{self.CHECKPOINT_JOIN_CHAR}v{ver}" if ver is not None else ""
         return str(Path(self.dirpath or ".") / (name + self.FILE_EXTENSION))
+
+    def _name_metrics(self, trainer: Trainer) -> dict[str, Any]:
+        """What a save's names are filled from: the logged metrics, and the save's epoch and step."""
+        return {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
 
     def _fill(self, template: str, metrics: dict[str, Any]) -> str:
         """``template`` with every ``{name[:spec]}`` filled from ``metrics`` (``0`` where missing, as Lightning's).
@@ -186,32 +168,32 @@ class CheckpointNaming:
             return True, [worst]
         return False, []
 
-    def _next_free(self, path: str, taken: Callable[[str], bool]) -> str:
-        """``path`` if not ``taken``, else the first free ``<stem>-v<N><suffix>`` (Lightning's version counter)."""
+    def _free_path(self, path: str, free: Sequence[str] = ()) -> str:
+        """``path``, or with ``-v1``, ``-v2``, ... (Lightning's version counter) when a file, a link or a kept
+        checkpoint has that name already; the names ``free`` lists do not count (the files a save evicts)."""
+        if not self.enable_version_counter:
+            return path
         stem, suffix = os.path.splitext(path)
         candidate, version = path, self.STARTING_VERSION
-        while taken(candidate):
+        while candidate not in free and (candidate in self._best_k or os.path.lexists(candidate)):
             candidate = f"{stem}{self.CHECKPOINT_JOIN_CHAR}v{version}{suffix}"
             version += 1
         return candidate
 
-    def _free_path(self, path: str, reuse: Sequence[str] = ()) -> str:
-        """``path``, or with ``-v1``, ``-v2``, ... when a file (or a kept checkpoint) has that name already.
-
-        ``reuse``: the files this save evicts; met on the way, such a name is taken (Lightning's counter).
-        """
-        if not self.enable_version_counter:
-            return path
-        return self._next_free(path, lambda p: p not in reuse and (p in self._best_k or os.path.exists(p)))
-
-    def _read_monitor(self, trainer: Trainer) -> Any:
-        """The monitored value: ``epoch`` and ``step`` are the trainer's unless logged, as in Lightning."""
-        if self._monitor is not None:
-            return self._monitor.read(trainer)
-        logged = trainer.callback_metrics.get(str(self.monitor))
-        if logged is not None:
-            return int(logged)
-        return trainer.current_epoch if self.monitor == "epoch" else trainer.global_step
+    def _read_score(self, trainer: Trainer) -> float | None:
+        """The monitored value as a score; None when it is not logged yet, or not updated since the last
+        ranked save. ``epoch`` and ``step`` are the trainer's unless logged, and a NaN is the worst score
+        there can be, as in Lightning."""
+        if self._monitor is None:
+            logged = trainer.callback_metrics.get(str(self.monitor))
+            if logged is not None:
+                return int(logged)
+            return trainer.current_epoch if self.monitor == "epoch" else trainer.global_step
+        value = self._monitor.read(trainer)
+        score = None if value is None else score_of(value)
+        if score is not None and math.isnan(score):
+            return math.inf if self.mode == "min" else -math.inf
+        return score
 
     def _last_path(self, trainer: Trainer) -> str:
         """Where ``save_last`` writes: ``CHECKPOINT_NAME_LAST`` (a template too) + ``FILE_EXTENSION`` in ``dirpath``.
@@ -221,22 +203,14 @@ class CheckpointNaming:
         own ``last.ckpt``, another run's) is kept, as Lightning keeps it: this run's is
         ``last-v1.ckpt`` (the first free version), said once. Rank 0 looks, every rank follows.
         """
-        if self.CHECKPOINT_NAME_LAST == "last" and self.FILE_EXTENSION == ".ckpt":
-            path = str(trainer.checkpointing.last_path(self.dirpath))
-        else:
-            metrics = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
-            path = self.format_checkpoint_name(metrics, filename=self.CHECKPOINT_NAME_LAST)
-        if not self.enable_version_counter or path in (self.last_model_path, *self._written):
+        path = self.format_checkpoint_name(self._name_metrics(trainer), filename=self.CHECKPOINT_NAME_LAST)
+        ours = (self.last_model_path, *self._written)  # an earlier save may have moved past another's file
+        if not self.enable_version_counter or path in ours:
             return path
-        stem = os.path.splitext(path)[0]
-        if os.path.dirname(self.last_model_path) == os.path.dirname(path) and self.last_model_path.startswith(
-            f"{stem}{self.CHECKPOINT_JOIN_CHAR}v"
-        ):
-            return self.last_model_path  # already moved past another's file by an earlier save
-        free = self._next_free(path, lambda p: p not in self._written and os.path.lexists(p))
+        free = self._free_path(path, free=ours)
         if trainer.world_size > 1:
             free = trainer.strategy.broadcast(free)  # rank 0's view of the folder holds everywhere
-        if free != path and trainer.is_global_zero:
+        if free not in (path, *ours) and trainer.is_global_zero:
             warnings.warn(
                 f"ModelCheckpoint: {path} was not written by this run; it is kept, and this run's last "
                 f"checkpoint is {free} (as Lightning). Resume this run with ckpt_path={free!r} or "
@@ -272,9 +246,8 @@ class CheckpointNaming:
 
     def _keep(self, path: str, score: float | None, evict: list[str]) -> None:
         """Record ``path`` among the kept files (``evict`` out) and the best and k-th of them, as Lightning's attributes."""
-        for old in evict:
+        for old in (*evict, path):  # path too: it goes to the end, the newest
             self._best_k.pop(old, None)
-        self._best_k.pop(path, None)
         self._best_k[path] = math.nan if score is None else score
         if score is None:
             self.best_model_path = path

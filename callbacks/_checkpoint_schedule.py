@@ -8,6 +8,7 @@ the callback's checkpoint state, so a resumed run neither saves again at once no
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,7 @@ class SaveSchedule(Checkpoint):
     _monitor: Monitor | None
     _last_saved_step: int = -1
     _last_time: float | None = None
-    _clock: Callable[[], float]
+    _clock: Callable[[], float] = time.monotonic  # tests swap in a fake clock
     #: A save came due inside an accumulation window: made at the window's end.
     _deferred: bool = False
     #: A step or time save came due before the monitored value was fresh: made at validation's end.
@@ -44,7 +45,7 @@ class SaveSchedule(Checkpoint):
     _stale: bool = False
     #: Seconds on the ``train_time_interval`` clock restored from a checkpoint (None: none).
     _restored_elapsed: float | None = None
-    _save: Callable[[Trainer], None]
+    _save: Callable[[Trainer], object]
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -59,12 +60,11 @@ class SaveSchedule(Checkpoint):
         if self._monitor is not None:
             self._monitor.validated = True
         self._stale = True
-        if self._until_validation:  # a step or time save waited for this pass's metrics (Lightning 2.6)
-            self._until_validation = False
+        # A step or time save that waited for this pass's metrics (Lightning 2.6), or an epoch save after
+        # every validation pass (also one in the middle of an epoch).
+        waited, self._until_validation = self._until_validation, False
+        if waited or (self._saves_after_validation(trainer) and self._epoch_due(trainer)):
             self._save(trainer)
-            return
-        if self._saves_after_validation(trainer) and self._epoch_due(trainer):
-            self._save(trainer)  # after every validation pass, also one in the middle of an epoch
 
     @override
     def on_train_batch_end(

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import os
-import time
 import warnings
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 import torch
 from typing_extensions import override
 
-from callbacks._checkpoint_files import CheckpointNaming, check_lightning_options, default_dirpath, score_of
+from callbacks._checkpoint_files import CheckpointNaming, default_dirpath
 from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
@@ -118,9 +115,25 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         ):
             if value is not None and value < least:
                 raise UserError(f"ModelCheckpoint: invalid value for {name}={value}. Must be >= {least}")
-        check_lightning_options(
-            save_last, every_n_train_steps, every_n_epochs, train_time_interval, monitor, save_top_k
-        )
+        if save_last not in (None, True, False, "link"):
+            raise ValueError(f"save_last must be True, False, None or 'link', got {save_last!r}")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise UserError(
+                f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No quantity "
+                "for top_k to track: pass monitor= a logged metric, or save_top_k=-1 (keep every save) or 1 (the newest)."
+            )
+        schedules = {
+            "every_n_train_steps": every_n_train_steps,
+            "every_n_epochs": every_n_epochs,
+            "train_time_interval": train_time_interval,
+        }
+        given = [name for name, value in schedules.items() if value]
+        if len(given) > 1:
+            raise UserError(
+                f"ModelCheckpoint: {' and '.join(given)} are mutually exclusive (as in Lightning); pick one. "
+                f"Combination of parameters every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs} "
+                f"and train_time_interval={train_time_interval} should be mutually exclusive."
+            )
         if not filename or filename.endswith(".ckpt"):
             raise ValueError(f"filename must be a non-empty template without the .ckpt suffix, got {filename!r}")
         refuse_url(dirpath, "ModelCheckpoint(dirpath)")
@@ -143,20 +156,8 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         self.enable_version_counter = enable_version_counter
         self.save_weights_only = save_weights_only
         self.async_save = async_save
-        self._clock = time.monotonic  # tests swap in a fake clock
-        self._exception_path = ""
         self._link_only_path = ""  # save_last="link": the unranked checkpoint last.ckpt names, if any
-        #: Kept checkpoint files and their scores (NaN without a monitor), oldest first.
-        #: (Scores are kept as floats; Lightning's attributes hand them out as 0-d tensors: ``_Score``.)
-        self._best_k: dict[str, float] = {}
-        self.best_model_path = ""
-        self._best_model_score: float | None = None
-        self.last_model_path = ""
-        #: The worst of the kept files once ``save_top_k`` are kept, and its score (Lightning's names).
-        self.kth_best_model_path = ""
-        self._kth_value: float = math.inf if mode == "min" else -math.inf
-        #: The monitored value of the newest ranked save (NaN read as the worst: +inf for min, -inf for max).
-        self._current_score: float | None = None
+        self._init_files()
         self.missing_monitor = missing_monitor
         kept = "only last.ckpt is kept" if save_last else "no checkpoint is kept (save_last=False)"
         self._monitor = (
@@ -166,8 +167,6 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
         )
         #: With async_save: the bookkeeping before the write in flight, to go back to if it fails.
         self._unconfirmed: dict[str, Any] | None = None
-        #: The files this callback wrote in this process: removable without looking inside them.
-        self._written: set[str] = set()
 
     @property
     @override
@@ -225,115 +224,87 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
                             f"ModelCheckpoint: {type(exception).__name__} raised inside an accumulation window; "
                             f"its gradients are dropped and the checkpoint resumes at its first batch ({start})"
                         )
-                self._save(trainer, rank=False, exception_file=True)
+                path = self._save(trainer, rank=False, exception_file=True)
                 self._confirm(trainer)
                 if trainer.is_global_zero:
-                    print(f"ModelCheckpoint: {type(exception).__name__} raised; saved {self._exception_path}")
+                    print(f"ModelCheckpoint: {type(exception).__name__} raised; saved {path}")
         except Exception as err:
             warnings.warn(f"ModelCheckpoint: the checkpoint write in flight failed too: {err}", stacklevel=2)
 
     # ----------------------------------------------------------------- saving
-    def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> None:
-        """One save: the top-k file if it ranks, then ``last.ckpt``; none under ``fast_dev_run`` (Lightning's rule)."""
+    def _save(self, trainer: Trainer, rank: bool = True, exception_file: bool = False) -> str:
+        """One save: the top-k file if it ranks, then ``last.ckpt``; none under ``fast_dev_run`` (Lightning's rule).
+
+        Returns the file of its own name it wrote ("" when it wrote none, or ``last.ckpt`` alone).
+        """
         if trainer.fast_dev_run:
-            return
+            return ""
         assert self.dirpath is not None
         if trainer.checkpointing.in_accumulation_window:
             self._deferred = True  # saved by on_train_batch_end at the window's end
-            return
+            return ""
         self._confirm(trainer)
         self._deferred = self._stale = False
         self._last_saved_step = trainer.global_step
-        score: float | None = None
         ranked = rank and self.save_top_k != 0
-        if ranked and self.monitor is not None:
-            value = self._read_monitor(trainer)
-            if value is None:  # not logged yet, or not updated since the last ranked save
-                ranked = False
-            else:
-                score = score_of(value)
-                if math.isnan(score):  # as Lightning: a NaN ranks as the worst score there can be
-                    score = math.inf if self.mode == "min" else -math.inf
-        keep, evict = False, list[str]()
-        # This class's own state, not an override's: Lightning calls state_dict() only to write a checkpoint.
-        previous = ModelCheckpoint.state_dict(self)
-        path = ""
-        # "link" with sharded directories: a save that does not rank writes a checkpoint of its own name
+        score = self._read_score(trainer) if ranked and self.monitor is not None else None
+        ranked = ranked and (self.monitor is None or score is not None)
+        keep, evict = self._plan_top_k(score) if ranked else (False, [])
+        links = self.save_last == "link" and not self.async_save
+        # "link" with sharded directories: a save that keeps no file writes a checkpoint of its own name
         # for last.ckpt to link to, so last.ckpt never becomes a real folder a later link cannot replace.
-        own_name = (
-            self.save_last == "link"
-            and not self.async_save
-            and getattr(trainer.strategy, "state_dict_type", "full") == "sharded"
-        )
-        if ranked or exception_file or own_name:
-            metrics: dict[str, Any] = {
-                **trainer.callback_metrics,
-                "epoch": trainer.current_epoch,
-                "step": trainer.global_step,
-            }
-            path = self.format_checkpoint_name(metrics)
-        if ranked:
-            # Planned as a new file (no kept name), then named: as in Lightning, the version counter
-            # may give it the name of a file it evicts, never that of a file it keeps.
-            keep, evict = self._plan_top_k(score)
-            path = self._free_path(path, reuse=evict)
-            if self.verbose and trainer.is_global_zero:
-                self._say(trainer, score, path if keep else None)
-        elif path:
-            path = self._free_path(path)
-        # Update the bookkeeping first so the checkpoint holds it, and roll it back if a write fails.
+        sharded = getattr(trainer.strategy, "state_dict_type", "full") == "sharded"
+        link_only = links and sharded and not (keep or exception_file)
+        named = keep or exception_file or link_only  # a file of its own name (else last.ckpt alone)
+        # Named as a new file (no kept name): as in Lightning, the version counter may give it the name
+        # of a file it evicts, never that of a file it keeps.
+        path = self._free_path(self.format_checkpoint_name(self._name_metrics(trainer)), free=evict) if named else ""
+        if ranked and self.verbose and trainer.is_global_zero:
+            self._say(trainer, score, path if keep else None)
+        # This class's own state, not an override's: Lightning calls state_dict() only to write a checkpoint.
+        # The bookkeeping is updated first so the checkpoint holds it, and rolled back if a write fails.
+        previous = ModelCheckpoint.state_dict(self)
         if keep:
             self._keep(path, score, evict)
         previous_last = self.last_model_path
         if self.save_last:
             self.last_model_path = self._last_path(trainer)
-        # Same state in last.ckpt: a link to (or copy of) the top-k file, not a second serialisation.
-        # The evicted files go only after the new ones are on disk (in the writer thread when async).
-        also_at = [self.last_model_path] if self.save_last else []
-        replaces = [old for old in evict if old not in (path, self.last_model_path) and self._removable(trainer, old)]
-        # A last name that changes (CHECKPOINT_NAME_LAST with a field) leaves one last file, as Lightning.
-        moved = self.save_last and previous_last and previous_last != self.last_model_path
-        # Only a file in this callback's own folder, as Lightning: a resumed run's restored last_model_path
-        # names the earlier run's file, which is that run's to keep.
-        ours = bool(previous_last) and Path(previous_last).parent == Path(self.last_model_path).parent
-        kept = previous_last in self._best_k or previous_last == path
-        if moved and ours and not kept and self._removable(trainer, previous_last):
-            replaces.append(previous_last)
-        # "link": a symbolic link to the file just written, below; with async_save the writer thread
-        # places a hard link once the file is on disk, so last.ckpt never names a file not yet written.
-        link_only = own_name and not (keep or exception_file)
-        link = self.save_last == "link" and (keep or exception_file or link_only) and not self.async_save
-        if link:
-            also_at = []
-            # Relinked before anything is evicted: a kill in between leaves last.ckpt naming a checkpoint.
-            stale = self._link_only_path
-            if stale and stale != path and stale not in self._best_k and self._removable(trainer, stale):
-                replaces.append(stale)
-        named = keep or exception_file or link_only  # a file of its own name (else last.ckpt alone)
+        # Removed only once the new files are on disk (in the writer thread when async), never a file kept
+        # or just written: the evicted files; a last file whose name changed (CHECKPOINT_NAME_LAST with a
+        # field), as Lightning; with "link", the file last.ckpt linked to alone (relinked first: a kill in
+        # between leaves last.ckpt naming a checkpoint).
+        doomed = [*evict, previous_last, self._link_only_path if links and named else ""]
+        replaces = [
+            old
+            for old in doomed
+            if old and old not in (path, self.last_model_path, *self._best_k) and self._removable(trainer, old)
+        ]
         try:
-            if named or self.save_last:
-                trainer.save_checkpoint(
-                    path if named else self.last_model_path,
-                    self.save_weights_only,
-                    async_=self.async_save,
-                    also_at=also_at if named else [],
-                    replaces=[] if link else replaces,
-                )
-            if link:
+            if links and named:  # last.ckpt: a symbolic link to the file just written
+                trainer.save_checkpoint(path, self.save_weights_only)
                 trainer.checkpointing.link(path, self.last_model_path, replaces)
                 self._link_only_path = path if link_only else ""
+            elif named or self.save_last:
+                # last.ckpt beside a named file: the same state as a hard link (placed by the writer thread
+                # once the file is on disk, with async_save), not a second serialisation.
+                trainer.save_checkpoint(
+                    path or self.last_model_path,
+                    self.save_weights_only,
+                    async_=self.async_save,
+                    also_at=[self.last_model_path] if named and self.save_last else [],
+                    replaces=replaces,
+                )
         except BaseException:
             ModelCheckpoint.load_state_dict(self, previous)
             raise
         self._written.update([path] if named else [])
         self._written.update([self.last_model_path] if self.save_last else [])
-        if exception_file:
-            self._exception_path = path
         for cb in trainer.callbacks:  # Lightning's logger.after_save_checkpoint(self)
             if getattr(cb, "is_logger", False) and hasattr(cb, "after_save_checkpoint"):
                 cb.after_save_checkpoint(self)
         if self.async_save:
             self._unconfirmed = previous
+        return path
 
     def _confirm(self, trainer: Trainer) -> None:
         """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.

@@ -25,7 +25,7 @@ from tests.helpers.trainers import quiet_trainer
 from trainer.checkpoint.convert import main as convert
 from trainer.checkpoint.files import write_checkpoint as save_checkpoint
 from trainer.checkpoint.resolve import resolve_last_checkpoint
-from trainer.cli.run_dirs import locked_run_dir
+from trainer.cli.run_dir_guard import guarded_run_dir as locked_run_dir
 from trainer.common.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(240)

@@ -20,7 +20,8 @@ import torch
 from tests.helpers.cli import run_dirs, run_geartrain
 from tests.helpers.command_server import start
 from trainer.checkpoint.resolve import resolve_last_checkpoint
-from trainer.cli.run_dirs import claim_run_dir, locked_run_dir, unique_run_dir_overrides
+from trainer.cli.run_dir_guard import guarded_run_dir as locked_run_dir
+from trainer.cli.run_dirs import claim_run_dir, unique_run_dir_overrides
 from trainer.common.errors import ConfigError
 
 QUICK = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "task=fit")
@@ -73,7 +74,8 @@ def test_a_killed_run_leaves_its_folder_free(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from trainer.cli.run_dirs import locked_run_dir\n"
+            "import sys, time; from pathlib import Path\n"
+            "from trainer.cli.run_dir_guard import guarded_run_dir as locked_run_dir\n"
             "with locked_run_dir(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)",
             str(tmp_path),
         ],

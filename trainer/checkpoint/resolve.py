@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from callbacks.checkpoint import ModelCheckpoint
 from trainer.checkpoint.format import SET_ASIDE, SHARDED_MARKERS
@@ -53,13 +54,13 @@ def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def newest_complete_checkpoint(folder: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
+def newest_complete_checkpoint(folder: str | os.PathLike[str], say: str | None) -> tuple[Path | None, list[str]]:
     """``folder/last.ckpt`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
 
     Returns the path to load (None when the folder holds no complete checkpoint) and one-line
     notices for what was recovered or skipped: ``last.ckpt`` missing after a kill between a save's two
     renames (its ``.last.ckpt.old`` is the checkpoint that was there), a link to a deleted checkpoint,
-    a directory that was never completed.
+    a directory that was never completed. Each notice is also printed after ``say`` (None: not printed).
     """
     folder = Path(folder)
     wanted = folder / "last.ckpt"
@@ -73,19 +74,21 @@ def newest_complete_checkpoint(folder: str | os.PathLike[str]) -> tuple[Path | N
     elif wanted.exists():
         notices.append(f"{wanted} is not a complete checkpoint; skipped")
     aside = folder / f".{wanted.name}{SET_ASIDE}"
+    found: Path | None = None
     if not os.path.lexists(wanted) and is_complete_checkpoint(aside):
         notices.append(f"{wanted} was being replaced when the run stopped; using the previous one, {aside}")
-        return aside, notices
-    try:
-        entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name.endswith(".ckpt")]
-    except OSError:
-        entries = []
-    complete = [p for p in entries if p != wanted and is_complete_checkpoint(p)]
-    if not complete:
-        return None, notices
-    newest = max(complete, key=lambda p: p.stat().st_mtime)
-    notices.append(f"using the newest complete checkpoint of this run instead: {newest}")
-    return newest, notices
+        found = aside
+    else:
+        # glob: no entries for a folder that is missing or cannot be read.
+        entries = [p for p in folder.glob("*.ckpt") if not p.name.startswith(".") and p != wanted]
+        complete = [p for p in entries if is_complete_checkpoint(p)]
+        if complete:
+            found = max(complete, key=lambda p: p.stat().st_mtime)
+            notices.append(f"using the newest complete checkpoint of this run instead: {found}")
+    if say is not None:
+        for notice in notices:
+            print(f"{say}: {notice}")
+    return found, notices
 
 
 class BestCheckpointMissing(CheckpointError, ValueError):
@@ -106,25 +109,23 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str], stage
     cb = next((c for c in trainer.callbacks if hasattr(c, "best_model_path")), None)
     if str(ckpt_path) == "best":
         found = getattr(cb, "best_model_path", None)
-    else:
-        found = last_of_folder(trainer, cb) if cb is not None else None
-    if not found and str(ckpt_path) == "last":
-        if stage is not None and trainer.is_global_zero:
-            fresh = " Training starts from scratch." if stage == "fit" else ""
-            warnings.warn(
-                f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
-                f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
-                stacklevel=2,
+        if not found:
+            call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
+            raise BestCheckpointMissing(
+                f"ckpt_path='best': no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
+                "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
+                "and save_top_k != 0)"
             )
-        return None
-    if not found:
-        call = f'`.{stage}(ckpt_path="best")` is set but ' if stage else ""
-        raise BestCheckpointMissing(
-            f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet ({call}`ModelCheckpoint` is "
-            "not configured to save the best model, or has saved none so far: it needs a logged `monitor` "
-            "and save_top_k != 0)"
+        return Path(found)
+    found = last_of_folder(trainer, cb) if cb is not None else None
+    if not found and stage is not None and trainer.is_global_zero:
+        fresh = " Training starts from scratch." if stage == "fit" else ""
+        warnings.warn(
+            f'.{stage}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+            f"will be loaded.{fresh} HINT: Set `ModelCheckpoint(..., save_last=True)`.",
+            stacklevel=2,
         )
-    return Path(found)
+    return Path(found) if found else None
 
 
 def last_files(folder: str | os.PathLike[str] | None, name: str = "last", extension: str = ".ckpt") -> set[str]:
@@ -150,12 +151,8 @@ def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
     found = getattr(callback, "last_model_path", None)
     if not found or not is_complete_checkpoint(found):
         find = getattr(type(callback), "_find_last_checkpoints", None)
-        if find is ModelCheckpoint._find_last_checkpoints:
-            names = last_files(
-                getattr(callback, "dirpath", None),
-                getattr(callback, "CHECKPOINT_NAME_LAST", "last"),
-                getattr(callback, "FILE_EXTENSION", ".ckpt"),
-            )
+        if find is ModelCheckpoint._find_last_checkpoints:  # its answer, without a call back into callbacks/
+            names = last_files(callback.dirpath, callback.CHECKPOINT_NAME_LAST, callback.FILE_EXTENSION)
         else:
             names = set(callback._find_last_checkpoints(trainer)) if find is not None else set()
         files = [Path(p) for p in names if is_complete_checkpoint(p)]
@@ -166,26 +163,18 @@ def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
         # last.ckpt is a link to an evicted one or a directory never completed. With no last file
         # at all (save_last=False), "last" means none, as in Lightning: not the newest top-k file.
-        newest, notices = newest_complete_checkpoint(folder)
-        for notice in notices:
-            if trainer.is_global_zero:
-                print(f"ckpt_path='last': {notice}")
+        newest, _ = newest_complete_checkpoint(folder, "ckpt_path='last'" if trainer.is_global_zero else None)
         found = str(newest) if newest is not None else None
     return found
 
 
-def _overrides(run_dir: Path) -> list[str] | None:
-    """The task overrides a run was started with (``.hydra/overrides.yaml``); None if it kept none."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
+def _overrides(run_dir: Path) -> list[str]:
+    """The task overrides a run was started with (Hydra's ``.hydra/overrides.yaml``, a list); none if it kept none."""
     try:
-        from omegaconf import OmegaConf
-
-        loaded = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception:
-        return None
-    return [str(x) for x in loaded] if isinstance(loaded, list) else None
+        loaded = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    return [str(x) for x in loaded] if isinstance(loaded, list) else []
 
 
 def same_line(mine: Sequence[str], theirs: Sequence[str]) -> bool:
@@ -210,9 +199,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
     that :func:`same_line` accepts (``sweep`` or not). The choice is printed, so a resume never silently picks a file.
     """
-    own, notices = newest_complete_checkpoint(run_dir / "checkpoints")
-    for notice in notices:
-        print(f"ckpt_path=last: {notice}", file=sys.stdout)
+    own, notices = newest_complete_checkpoint(run_dir / "checkpoints", "ckpt_path=last")
     if own is not None:
         return str(own)
     if notices:  # this run saved checkpoints, none complete: never another run's in their place
@@ -222,7 +209,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
         )
     found = [p for root in ("outputs", "multirun") for p in (base / root).glob("**/last.ckpt")]
     found = [p for p in found if p.parent.name == "checkpoints" and is_complete_checkpoint(p)]
-    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent) or [])]
+    matching = [p for p in found if same_line(overrides, _overrides(p.parent.parent))]
     if not matching:
         where = f"{base / 'outputs'} or {base / 'multirun'}"
         if found:
@@ -237,19 +224,17 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
             "Train first (a run saves checkpoints/last.ckpt), or give a file: ckpt_path=path/to/file.ckpt"
         )
     newest = max(matching, key=lambda p: p.stat().st_mtime)
-    print(f"ckpt_path=last: using {newest}", file=sys.stdout)
+    print(f"ckpt_path=last: using {newest}")
     return str(newest)
 
 
 def run_folder_checkpoint(run_dir: Path) -> str:
     """``ckpt_path=<a run folder>``: that run's ``checkpoints/last.ckpt``, else its newest complete checkpoint."""
-    found, notices = newest_complete_checkpoint(run_dir / "checkpoints")
-    for notice in notices:
-        print(f"ckpt_path={run_dir}: {notice}", file=sys.stdout)
+    found, _ = newest_complete_checkpoint(run_dir / "checkpoints", f"ckpt_path={run_dir}")
     if found is None:
         raise ConfigError(
             f"ckpt_path={run_dir}: the run folder's checkpoints/ holds no complete checkpoint. "
             "Give a checkpoint file: ckpt_path=path/to/file.ckpt"
         )
-    print(f"ckpt_path={run_dir}: using {found}", file=sys.stdout)
+    print(f"ckpt_path={run_dir}: using {found}")
     return str(found)

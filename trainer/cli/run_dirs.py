@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -26,7 +26,6 @@ __all__ = [
     "claim_run_dir",
     "held_folder",
     "in_use",
-    "locked_run_dir",
     "open_lock",
     "release_lock",
     "same_file",
@@ -39,11 +38,7 @@ LOCK_FILE = ".geartrain.lock"
 
 
 def claim_run_dir(base: Path) -> Path:
-    """Create and return ``base``, or ``base-2``, ``base-3``, ... : the first that no other process created.
-
-    ``os.mkdir`` succeeds for exactly one caller, across processes, so two runs started in the same
-    second get different folders.
-    """
+    """Create and return ``base``, or ``base-2``, ``base-3``, ... : the first that no other process created."""
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
         for n in range(1, 10_000):
@@ -68,11 +63,8 @@ def unwritable(folder: Path, err: OSError) -> ConfigError:
 
 
 def unique_run_dir_overrides(argv: Sequence[str], now: float | None = None) -> list[str]:
-    """``hydra.run.dir=`` (or ``hydra.sweep.dir=`` with ``-m``) naming a freshly claimed folder.
-
-    Returns ``[]`` when the user chose the folder (``hydra.run.dir=``/``hydra.sweep.dir=`` given) or
-    asked Hydra for something that runs nothing (``--help``, ``--cfg``, ``--info``, ...).
-    """
+    """The override of :func:`_folder_key` naming a freshly claimed folder; ``[]`` when the user gave it or
+    the command runs nothing."""
     key = _folder_key(argv)
     if key is None or any(a.startswith((f"{key}=", f"+{key}=", f"++{key}=")) for a in argv):
         return []
@@ -92,11 +84,8 @@ def _folder_key(args: Sequence[str]) -> str | None:
 
 
 def held_folder(argv: Sequence[str]) -> Path | None:
-    """The folder a run on ``argv`` writes into (``hydra.run.dir``, or ``hydra.sweep.dir`` with ``-m``).
-
-    None when the command runs nothing (``--help``, ``--cfg``, ...) or the value is interpolated
-    (``${now:...}``), which only Hydra can resolve.
-    """
+    """The folder a run on ``argv`` writes into (the value of :func:`_folder_key`'s override); None when
+    the command runs nothing or the value is interpolated (``${now:...}``), which only Hydra can resolve."""
     key = _folder_key(argv)
     values = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith(f"{key}=")]
     if key is None or not values or not values[-1] or "${" in values[-1]:
@@ -149,15 +138,3 @@ def release_lock(lock: Path, handle: IO[str]) -> None:
         with contextlib.suppress(OSError):
             lock.unlink()
     handle.close()
-
-
-@contextlib.contextmanager
-def locked_run_dir(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the ``with`` block; refuse, naming the other run, if a live run holds it.
-
-    The command's own guard (:func:`~trainer.cli.run_dir_guard.guarded_run_dir`) without its record.
-    """
-    from trainer.cli.run_dir_guard import guarded_run_dir
-
-    with guarded_run_dir(run_dir):
-        yield
