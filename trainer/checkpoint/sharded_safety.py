@@ -117,10 +117,8 @@ def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
             f"Checkpoint {file} holds pickled Python objects ({err}), which could run code when loaded; "
             "refusing it. A sharded checkpoint's metadata holds only torch.distributed.checkpoint's own classes."
         ) from err
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(f"Checkpoint {file} is damaged (truncated or corrupted?): {err}") from err
-    except Exception as err:
-        raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
+    except Exception as err:  # pickle's UnpicklingError, or what a damaged pickle makes the unpickler raise
+        raise CheckpointError(f"Checkpoint {file} is damaged or not readable (truncated or corrupted?): {err}") from err
     _check_storage_paths(Path(path), metadata)
     return metadata
 
