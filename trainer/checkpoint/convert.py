@@ -110,18 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Convert a sharded geartrain checkpoint directory to one file, or a file to a directory.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    to_file = sub.add_parser("to-file", help="sharded directory -> one portable checkpoint file")
-    to_file.add_argument("directory")
-    to_file.add_argument("file")
-    to_dir = sub.add_parser("to-dir", help="checkpoint file -> sharded directory")
-    to_dir.add_argument("file")
-    to_dir.add_argument("directory")
+    for name, convert, source, target, help_text in (
+        ("to-file", directory_to_file, "directory", "file", "sharded directory -> one portable checkpoint file"),
+        ("to-dir", file_to_directory, "file", "directory", "checkpoint file -> sharded directory"),
+    ):
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("source", metavar=source)
+        command.add_argument("target", metavar=target)
+        command.set_defaults(convert=convert)
     args = parser.parse_args(argv)
     try:
-        if args.command == "to-file":
-            written = directory_to_file(args.directory, args.file)
-        else:
-            written = file_to_directory(args.file, args.directory)
+        written = args.convert(args.source, args.target)
     except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
