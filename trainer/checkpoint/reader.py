@@ -208,10 +208,7 @@ def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
             "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
         )
-    state = read_checkpoint(path / TRAINER_STATE)
-    if state.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} in its trainer state)")
-    _ours(path, state)
+    state = load_checkpoint(path / TRAINER_STATE)
     if "optimizer_types" in state:
         state["optimizer_states"] = [{} for _ in state["optimizer_types"]]
     state["sharded_directory"] = path
