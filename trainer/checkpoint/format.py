@@ -208,15 +208,9 @@ def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
         if started is None or processed is None:
             processed = done
             started = done + (1 if batches and not batch_meta.get("is_last_batch", True) else 0)
-        if processed < started:  # inside an epoch: it goes on at the next batch
-            progress = {"epoch": processed, "global_step": global_step, "batch_in_epoch": batches}
-        else:
-            progress = {
-                "epoch": max(processed - 1, 0),
-                "global_step": global_step,
-                "batch_in_epoch": batches,
-                "epoch_finished": processed > 0,
-            }
+        progress = {"epoch": processed, "global_step": global_step, "batch_in_epoch": batches}
+        if processed >= started:  # no epoch under way: the last one processed is finished
+            progress.update(epoch=max(processed - 1, 0), epoch_finished=processed > 0)
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
