@@ -56,10 +56,9 @@ def load_from_checkpoint(
         upgrade(state)
     prefix = "" if weights else "datamodule_"
     hparams: dict[str, Any] = {}
-    if weights:  # Lightning's keys before 0.8, read beneath the current one as Lightning reads them
-        for key in ("hparams", "module_arguments"):
-            hparams.update(state.get(key) or {})
-    hparams.update(state.get(f"{prefix}hyper_parameters") or {})
+    # a module's: Lightning's keys before 0.8, read beneath the current one as Lightning reads them
+    for key in ("hparams", "module_arguments", "hyper_parameters") if weights else ("datamodule_hyper_parameters",):
+        hparams.update(state.get(key) or {})
     hparams = restore_omegaconf(hparams, list(state.get(f"{prefix}hparams_omegaconf", [])))
     unsaved = [] if lightning else list(state.get(f"{prefix}hparams_unsaved", []))
     if hparams_file is not None:
