@@ -79,17 +79,17 @@ def load_from_checkpoint(
                 f"`{cls.__name__}.strict_loading={chosen!r}`. Please set the same value for both of them."
             )
         use_strict = strict if strict is not None else bool(getattr(obj, "strict_loading", True))
-        if "sharded_directory" not in state and not state.get("state_dict"):
+        if "sharded_directory" in state:
+            from trainer.checkpoint.sharded import load_sharded
+
+            load_sharded(state["sharded_directory"], obj, strict=use_strict)
+        elif not state.get("state_dict"):
             warnings.warn(
                 f"The state dict in {checkpoint_path!r} contains no parameters: {cls.__name__} keeps the weights "
                 "its __init__ gave it",
                 UserWarning,
                 stacklevel=3,
             )
-        elif "sharded_directory" in state:
-            from trainer.checkpoint.sharded import load_sharded
-
-            load_sharded(state["sharded_directory"], obj, strict=use_strict)
         else:
             load_module_state(obj, state["state_dict"], strict=use_strict)
         if map_location is not None and isinstance(map_location, (str, torch.device)):
