@@ -103,6 +103,10 @@ def load_from_checkpoint(
 
 #: Parameter kinds that are not one named argument (``*args``, ``**kwargs``).
 _SPREAD = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+#: The ``_instantiator`` values a checkpoint may name: LightningCLI's ``instantiate_module``, Lightning's or ours.
+_INSTANTIATORS = frozenset(
+    f"{package}.cli.instantiate_module" for package in ("lightning.pytorch", "pytorch_lightning", "trainer.lightning")
+)
 
 
 def _construct(
@@ -120,7 +124,16 @@ def _construct(
     """
     instantiator = hparams.pop("_instantiator", None)
     if instantiator is not None:  # saved by LightningCLI: rebuilt from the config it parsed
-        return _instantiate(instantiator, where)(cls, {**hparams, **kwargs})
+        if instantiator not in _INSTANTIATORS:  # a function the file names is never called
+            raise ValueError(
+                f"load_from_checkpoint({where!s}): the checkpoint's hyperparameters name {instantiator!r} to build "
+                f"the module; geartrain calls only LightningCLI's instantiate_module "
+                f"({', '.join(sorted(_INSTANTIATORS))}), never a function a file names. Build the module yourself "
+                "and load_state_dict(checkpoint['state_dict'])"
+            )
+        from trainer.lightning.cli import instantiate_module
+
+        return instantiate_module(cls, {**hparams, **kwargs})
     params = dict(list(inspect.signature(cls.__init__).parameters.items())[1:])  # after self, whatever its name
     name, kind = named
     if isinstance(name, str) and name in params and params[name].kind not in _SPREAD:
@@ -152,25 +165,6 @@ def _construct(
             "(or call self.save_hyperparameters() in __init__)"
         )
     return cls(**arguments)
-
-
-#: The ``_instantiator`` values a checkpoint may name: LightningCLI's ``instantiate_module``, Lightning's or ours.
-_INSTANTIATORS = frozenset(
-    f"{package}.cli.instantiate_module" for package in ("lightning.pytorch", "pytorch_lightning", "trainer.lightning")
-)
-
-
-def _instantiate(path: Any, where: Any) -> Any:
-    """The function that rebuilds a module from a LightningCLI config: only ``instantiate_module`` is trusted."""
-    if path not in _INSTANTIATORS:
-        raise ValueError(
-            f"load_from_checkpoint({where!s}): the checkpoint's hyperparameters name {path!r} to build the module; "
-            f"geartrain calls only LightningCLI's instantiate_module ({', '.join(sorted(_INSTANTIATORS))}), never a "
-            "function a file names. Build the module yourself and load_state_dict(checkpoint['state_dict'])"
-        )
-    from trainer.lightning.cli import instantiate_module
-
-    return instantiate_module
 
 
 def _read_hparams_file(path: str | os.PathLike[str]) -> dict[str, Any]:
