@@ -112,9 +112,7 @@ def check_shapes(path: Path, state: Mapping[str, Any]) -> None:
     if not isinstance(progress, Mapping):
         raise refuse("progress", progress, "a dict of counters")
     for f in fields(Progress):
-        if f.name not in progress:
-            continue
-        value = progress[f.name]
+        value = progress.get(f.name, f.default)  # a missing entry is its default, which passes
         if f.type in (bool, "bool"):
             if not isinstance(value, bool):
                 raise refuse(f"progress.{f.name}", value, "True or False")
