@@ -151,15 +151,13 @@ def _check_kinds(
             f"it was trained with, or {weights_only_hint(path)}"
         )
     for i, (state, obj) in enumerate(zip(saved, current)):
-        if saved_types is not None:
-            differs = saved_types[i] != type(obj).__name__
-            was = saved_types[i]
-        else:  # an older checkpoint: tell the kinds apart by the keys their states hold
-            differs = _signature(state, what) != _signature(obj.state_dict(), what)
-            was = "another kind (" + ", ".join(sorted(_signature(state, what))) + ")"
-        if differs:
+        was = saved_types[i] if saved_types is not None else None
+        if was is None:  # a file that records no kinds (Lightning's, an older one): tell them apart by their keys
+            keys = _signature(state, what)
+            was = now[i] if keys == _signature(obj.state_dict(), what) else f"another kind ({', '.join(sorted(keys))})"
+        if was != now[i]:
             raise CheckpointError(
-                f"{path} was trained with the {what} {was}, this run configures {type(obj).__name__}: "
+                f"{path} was trained with the {what} {was}, this run configures {now[i]}: "
                 f"resume with the {what} it was trained with, or {weights_only_hint(path)}"
             )
 
