@@ -228,15 +228,12 @@ def check_checkpoint_file(path: Path) -> None:
             raise CheckpointError(f"Checkpoint {path} is a symbolic link loop; point it at a checkpoint file") from None
         if err.errno == errno.EACCES:
             raise CheckpointError(f"Checkpoint {path} cannot be opened: permission denied") from None
+        why = "does not exist"
         if err.errno == errno.ENOTDIR:
-            raise CheckpointNotFoundError(
-                f"Checkpoint file not found: {path} does not exist (a part of its path is a file)"
-            ) from None
-        if os.path.islink(path):
-            raise CheckpointNotFoundError(
-                f"Checkpoint file not found: {path} is a symbolic link to {os.readlink(path)}, which does not exist"
-            ) from None
-        raise CheckpointNotFoundError(f"Checkpoint file not found: {path} does not exist") from None
+            why += " (a part of its path is a file)"
+        elif os.path.islink(path):
+            why = f"is a symbolic link to {os.readlink(path)}, which does not exist"
+        raise CheckpointNotFoundError(f"Checkpoint file not found: {path} {why}") from None
     if stat.S_ISDIR(mode):
         raise CheckpointError(
             f"Checkpoint {path} is a directory but not a sharded geartrain checkpoint (no .metadata from "
