@@ -189,11 +189,9 @@ def load_schedulers(path: Path, states: Sequence[Mapping[str, Any]], trainer: Tr
     A schedule whose length is the one the module made for this run (a run resumed as it was
     planned) behaves as it would have without the interruption, and is not reported.
     """
-    configs = trainer.lr_scheduler_configs
-    configured = [schedule_length(cfg.scheduler) for cfg in configs]
-    for cfg, saved in zip(configs, states):
+    for cfg, saved in zip(trainer.lr_scheduler_configs, states):
+        planned = schedule_length(cfg.scheduler)
         cfg.scheduler.load_state_dict(saved)
-    for cfg, planned in zip(configs, configured):
         length = schedule_length(cfg.scheduler)
         if length is None or length == planned:
             continue
