@@ -89,17 +89,16 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     """Read a geartrain checkpoint file (:func:`read_checkpoint`) and check its format and version."""
     path = Path(path)
     check_checkpoint_file(path)  # a file: a sharded directory is refused here, not read
-    state = read_checkpoint(path, map_location)
+    return _ours(path, read_checkpoint(path, map_location))
+
+
+def _ours(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """A geartrain checkpoint's dict, its format version checked and older layouts upgraded; any other refused."""
     if state.get("format") != FORMAT_NAME:
         raise CheckpointError(
             f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {sorted(state)[:10]}). "
             "To load plain weights use module.load_state_dict(torch.load(path))."
         )
-    return _ours(path, state)
-
-
-def _ours(path: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """A geartrain checkpoint's dict, its format version checked and older layouts upgraded."""
     check_version(path, state.get("version"))
     return upgrade(state)
 
