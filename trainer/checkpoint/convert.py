@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,29 +61,22 @@ def directory_to_file(directory: str | os.PathLike[str], file: str | os.PathLike
     del state["sharded_directory"]
     tensors = _read_all_tensors(directory)
     state["state_dict"] = dict(tensors.get("state_dict", {}))
-    if "optimizer_types" in state:
+    if "optimizer_types" in state:  # keyed by parameter name -> optimizer.state_dict()'s layout (by index)
         saved = tensors.get("optimizers", {})
-        state["optimizer_states"] = [_by_index(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
-        state["optimizer_param_names"] = [_names(saved.get(str(i), {})) for i in range(len(state["optimizer_types"]))]
+        named = [saved.get(str(i)) or {"param_groups": []} for i in range(len(state["optimizer_types"]))]
+        state["optimizer_param_names"] = [[str(p) for g in opt["param_groups"] for p in g["params"]] for opt in named]
+        state["optimizer_states"] = [
+            _renumber(opt, {name: i for i, name in enumerate(names)})
+            for opt, names in zip(named, state["optimizer_param_names"])
+        ]
     return write_checkpoint(state, file)
 
 
-def _names(named: dict[str, Any]) -> list[str]:
-    return [str(name) for group in named.get("param_groups", []) for name in group["params"]]
-
-
-def _by_index(named: dict[str, Any]) -> dict[str, Any]:
-    """Optimizer state keyed by parameter name → ``optimizer.state_dict()``'s layout (by index)."""
-    if not named:
-        return {"state": {}, "param_groups": []}
-    return _renumber(named, {name: i for i, name in enumerate(_names(named))}.__getitem__)
-
-
-def _renumber(opt_state: dict[str, Any], key: Callable[[Any], Any]) -> dict[str, Any]:
-    """``opt_state`` with each parameter's key (in its state and its param groups) replaced by ``key(old)``."""
+def _renumber(opt_state: dict[str, Any], key: Mapping[Any, Any]) -> dict[str, Any]:
+    """``opt_state`` with each parameter's key (in its state and its param groups) replaced by ``key[old]``."""
     return {
-        "state": {key(old): value for old, value in opt_state.get("state", {}).items()},
-        "param_groups": [{**g, "params": [key(p) for p in g["params"]]} for g in opt_state["param_groups"]],
+        "state": {key[old]: value for old, value in opt_state.get("state", {}).items()},
+        "param_groups": [{**g, "params": [key[p] for p in g["params"]]} for g in opt_state["param_groups"]],
     }
 
 
@@ -103,14 +96,11 @@ def file_to_directory(file: str | os.PathLike[str], directory: str | os.PathLike
                 f"{file} does not record its optimizers' parameter names, which a sharded checkpoint keys their "
                 "state by; resave it with this geartrain (Trainer.save_checkpoint), or load it as a file"
             )
-        state["optimizer_states"] = [_by_name(opt, n) for opt, n in zip(optimizers, names)]
+        state["optimizer_states"] = [  # optimizer.state_dict()'s layout (by index) -> keyed by parameter name
+            _renumber(opt, dict(enumerate(n))) if opt.get("param_groups") else {} for opt, n in zip(optimizers, names)
+        ]
     save_sharded(directory, state)
     return Path(directory)
-
-
-def _by_name(indexed: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """``optimizer.state_dict()``'s layout (by index) → keyed by parameter name, for a sharded directory."""
-    return _renumber(indexed, lambda i: names[int(i)]) if indexed.get("param_groups") else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,18 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Convert a sharded geartrain checkpoint directory to one file, or a file to a directory.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    to_file = sub.add_parser("to-file", help="sharded directory -> one portable checkpoint file")
-    to_file.add_argument("directory")
-    to_file.add_argument("file")
-    to_dir = sub.add_parser("to-dir", help="checkpoint file -> sharded directory")
-    to_dir.add_argument("file")
-    to_dir.add_argument("directory")
+    for name, convert, source, target, help_text in (
+        ("to-file", directory_to_file, "directory", "file", "sharded directory -> one portable checkpoint file"),
+        ("to-dir", file_to_directory, "file", "directory", "checkpoint file -> sharded directory"),
+    ):
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("source", metavar=source)
+        command.add_argument("target", metavar=target)
+        command.set_defaults(convert=convert)
     args = parser.parse_args(argv)
     try:
-        if args.command == "to-file":
-            written = directory_to_file(args.directory, args.file)
-        else:
-            written = file_to_directory(args.file, args.directory)
+        written = args.convert(args.source, args.target)
     except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -102,15 +102,12 @@ def _tracked(total: int, current: int = 0, names: tuple[str, ...] = ("ready", "c
     return {"total": dict.fromkeys(names, total), "current": dict.fromkeys(names, current)}
 
 
-def _batch_progress(total: int, current: int, is_last: bool | None) -> dict[str, Any]:
+def _batch_progress(total: int = 0, current: int = 0, is_last: bool | None = False) -> dict[str, Any]:
+    """A loop's ``batch_progress``, without ``is_last_batch`` where Lightning's has none (``None``: predict)."""
     entry = _tracked(total, current, ("ready", "completed", "started", "processed"))
     if is_last is not None:
         entry["is_last_batch"] = is_last
     return entry
-
-
-def _evaluation_loop(is_last: bool | None = False) -> dict[str, Any]:
-    return {"state_dict": {}, "batch_progress": _batch_progress(0, 0, is_last)}
 
 
 def lightning_loops(progress: Mapping[str, Any], automatic_optimization: bool) -> dict[str, Any]:
@@ -144,7 +141,7 @@ def lightning_loops(progress: Mapping[str, Any], automatic_optimization: bool) -
         "epoch_loop.manual_optimization.state_dict": {},
         "epoch_loop.manual_optimization.optim_step_progress": no_steps if automatic_optimization else steps,
         "epoch_loop.val_loop.state_dict": {},
-        "epoch_loop.val_loop.batch_progress": _batch_progress(0, 0, False),
+        "epoch_loop.val_loop.batch_progress": _batch_progress(),
         "epoch_progress": {
             key: {**dict.fromkeys(("ready", "started"), started), **dict.fromkeys(("completed", "processed"), done)}
             for key in ("total", "current")
@@ -152,9 +149,8 @@ def lightning_loops(progress: Mapping[str, Any], automatic_optimization: bool) -
     }
     return {
         "fit_loop": fit_loop,
-        "validate_loop": _evaluation_loop(),
-        "test_loop": _evaluation_loop(),
-        "predict_loop": {"state_dict": {}, "batch_progress": _batch_progress(0, 0, None)},
+        **{loop: {"state_dict": {}, "batch_progress": _batch_progress()} for loop in ("validate_loop", "test_loop")},
+        "predict_loop": {"state_dict": {}, "batch_progress": _batch_progress(is_last=None)},
     }
 
 
@@ -212,15 +208,9 @@ def lightning_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
         if started is None or processed is None:
             processed = done
             started = done + (1 if batches and not batch_meta.get("is_last_batch", True) else 0)
-        if processed < started:  # inside an epoch: it goes on at the next batch
-            progress = {"epoch": processed, "global_step": global_step, "batch_in_epoch": batches}
-        else:
-            progress = {
-                "epoch": max(processed - 1, 0),
-                "global_step": global_step,
-                "batch_in_epoch": batches,
-                "epoch_finished": processed > 0,
-            }
+        progress = {"epoch": processed, "global_step": global_step, "batch_in_epoch": batches}
+        if processed >= started:  # no epoch under way: the last one processed is finished
+            progress.update(epoch=max(processed - 1, 0), epoch_finished=processed > 0)
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,

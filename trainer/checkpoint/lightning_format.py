@@ -56,10 +56,9 @@ def load_from_checkpoint(
         upgrade(state)
     prefix = "" if weights else "datamodule_"
     hparams: dict[str, Any] = {}
-    if weights:  # Lightning's keys before 0.8, read beneath the current one as Lightning reads them
-        for key in ("hparams", "module_arguments"):
-            hparams.update(state.get(key) or {})
-    hparams.update(state.get(f"{prefix}hyper_parameters") or {})
+    # a module's: Lightning's keys before 0.8, read beneath the current one as Lightning reads them
+    for key in ("hparams", "module_arguments", "hyper_parameters") if weights else ("datamodule_hyper_parameters",):
+        hparams.update(state.get(key) or {})
     hparams = restore_omegaconf(hparams, list(state.get(f"{prefix}hparams_omegaconf", [])))
     unsaved = [] if lightning else list(state.get(f"{prefix}hparams_unsaved", []))
     if hparams_file is not None:
@@ -80,17 +79,17 @@ def load_from_checkpoint(
                 f"`{cls.__name__}.strict_loading={chosen!r}`. Please set the same value for both of them."
             )
         use_strict = strict if strict is not None else bool(getattr(obj, "strict_loading", True))
-        if "sharded_directory" not in state and not state.get("state_dict"):
+        if "sharded_directory" in state:
+            from trainer.checkpoint.sharded import load_sharded
+
+            load_sharded(state["sharded_directory"], obj, strict=use_strict)
+        elif not state.get("state_dict"):
             warnings.warn(
                 f"The state dict in {checkpoint_path!r} contains no parameters: {cls.__name__} keeps the weights "
                 "its __init__ gave it",
                 UserWarning,
                 stacklevel=3,
             )
-        elif "sharded_directory" in state:
-            from trainer.checkpoint.sharded import load_sharded
-
-            load_sharded(state["sharded_directory"], obj, strict=use_strict)
         else:
             load_module_state(obj, state["state_dict"], strict=use_strict)
         if map_location is not None and isinstance(map_location, (str, torch.device)):
@@ -104,6 +103,10 @@ def load_from_checkpoint(
 
 #: Parameter kinds that are not one named argument (``*args``, ``**kwargs``).
 _SPREAD = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+#: The ``_instantiator`` values a checkpoint may name: LightningCLI's ``instantiate_module``, Lightning's or ours.
+_INSTANTIATORS = frozenset(
+    f"{package}.cli.instantiate_module" for package in ("lightning.pytorch", "pytorch_lightning", "trainer.lightning")
+)
 
 
 def _construct(
@@ -121,7 +124,16 @@ def _construct(
     """
     instantiator = hparams.pop("_instantiator", None)
     if instantiator is not None:  # saved by LightningCLI: rebuilt from the config it parsed
-        return _instantiate(instantiator, where)(cls, {**hparams, **kwargs})
+        if instantiator not in _INSTANTIATORS:  # a function the file names is never called
+            raise ValueError(
+                f"load_from_checkpoint({where!s}): the checkpoint's hyperparameters name {instantiator!r} to build "
+                f"the module; geartrain calls only LightningCLI's instantiate_module "
+                f"({', '.join(sorted(_INSTANTIATORS))}), never a function a file names. Build the module yourself "
+                "and load_state_dict(checkpoint['state_dict'])"
+            )
+        from trainer.lightning.cli import instantiate_module
+
+        return instantiate_module(cls, {**hparams, **kwargs})
     params = dict(list(inspect.signature(cls.__init__).parameters.items())[1:])  # after self, whatever its name
     name, kind = named
     if isinstance(name, str) and name in params and params[name].kind not in _SPREAD:
@@ -153,25 +165,6 @@ def _construct(
             "(or call self.save_hyperparameters() in __init__)"
         )
     return cls(**arguments)
-
-
-#: The ``_instantiator`` values a checkpoint may name: LightningCLI's ``instantiate_module``, Lightning's or ours.
-_INSTANTIATORS = frozenset(
-    f"{package}.cli.instantiate_module" for package in ("lightning.pytorch", "pytorch_lightning", "trainer.lightning")
-)
-
-
-def _instantiate(path: Any, where: Any) -> Any:
-    """The function that rebuilds a module from a LightningCLI config: only ``instantiate_module`` is trusted."""
-    if path not in _INSTANTIATORS:
-        raise ValueError(
-            f"load_from_checkpoint({where!s}): the checkpoint's hyperparameters name {path!r} to build the module; "
-            f"geartrain calls only LightningCLI's instantiate_module ({', '.join(sorted(_INSTANTIATORS))}), never a "
-            "function a file names. Build the module yourself and load_state_dict(checkpoint['state_dict'])"
-        )
-    from trainer.lightning.cli import instantiate_module
-
-    return instantiate_module
 
 
 def _read_hparams_file(path: str | os.PathLike[str]) -> dict[str, Any]:

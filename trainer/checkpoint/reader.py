@@ -89,17 +89,16 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     """Read a geartrain checkpoint file (:func:`read_checkpoint`) and check its format and version."""
     path = Path(path)
     check_checkpoint_file(path)  # a file: a sharded directory is refused here, not read
-    state = read_checkpoint(path, map_location)
+    return _ours(path, read_checkpoint(path, map_location))
+
+
+def _ours(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """A geartrain checkpoint's dict, its format version checked and older layouts upgraded; any other refused."""
     if state.get("format") != FORMAT_NAME:
         raise CheckpointError(
             f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} entry; found {sorted(state)[:10]}). "
             "To load plain weights use module.load_state_dict(torch.load(path))."
         )
-    return _ours(path, state)
-
-
-def _ours(path: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """A geartrain checkpoint's dict, its format version checked and older layouts upgraded."""
     check_version(path, state.get("version"))
     return upgrade(state)
 
@@ -208,10 +207,7 @@ def read_directory(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} is not a sharded geartrain checkpoint: it has no {TRAINER_STATE} (a directory written "
             "by torch.distributed.checkpoint alone holds no trainer state; load its weights with dcp.load)"
         )
-    state = read_checkpoint(path / TRAINER_STATE)
-    if state.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{path} is not a geartrain checkpoint (no format={FORMAT_NAME!r} in its trainer state)")
-    _ours(path, state)
+    state = load_checkpoint(path / TRAINER_STATE)
     if "optimizer_types" in state:
         state["optimizer_states"] = [{} for _ in state["optimizer_types"]]
     state["sharded_directory"] = path
@@ -231,15 +227,12 @@ def check_checkpoint_file(path: Path) -> None:
             raise CheckpointError(f"Checkpoint {path} is a symbolic link loop; point it at a checkpoint file") from None
         if err.errno == errno.EACCES:
             raise CheckpointError(f"Checkpoint {path} cannot be opened: permission denied") from None
+        why = "does not exist"
         if err.errno == errno.ENOTDIR:
-            raise CheckpointNotFoundError(
-                f"Checkpoint file not found: {path} does not exist (a part of its path is a file)"
-            ) from None
-        if os.path.islink(path):
-            raise CheckpointNotFoundError(
-                f"Checkpoint file not found: {path} is a symbolic link to {os.readlink(path)}, which does not exist"
-            ) from None
-        raise CheckpointNotFoundError(f"Checkpoint file not found: {path} does not exist") from None
+            why += " (a part of its path is a file)"
+        elif os.path.islink(path):
+            why = f"is a symbolic link to {os.readlink(path)}, which does not exist"
+        raise CheckpointNotFoundError(f"Checkpoint file not found: {path} {why}") from None
     if stat.S_ISDIR(mode):
         raise CheckpointError(
             f"Checkpoint {path} is a directory but not a sharded geartrain checkpoint (no .metadata from "

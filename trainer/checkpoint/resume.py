@@ -112,9 +112,7 @@ def check_shapes(path: Path, state: Mapping[str, Any]) -> None:
     if not isinstance(progress, Mapping):
         raise refuse("progress", progress, "a dict of counters")
     for f in fields(Progress):
-        if f.name not in progress:
-            continue
-        value = progress[f.name]
+        value = progress.get(f.name, f.default)  # a missing entry is its default, which passes
         if f.type in (bool, "bool"):
             if not isinstance(value, bool):
                 raise refuse(f"progress.{f.name}", value, "True or False")
@@ -153,15 +151,13 @@ def _check_kinds(
             f"it was trained with, or {weights_only_hint(path)}"
         )
     for i, (state, obj) in enumerate(zip(saved, current)):
-        if saved_types is not None:
-            differs = saved_types[i] != type(obj).__name__
-            was = saved_types[i]
-        else:  # an older checkpoint: tell the kinds apart by the keys their states hold
-            differs = _signature(state, what) != _signature(obj.state_dict(), what)
-            was = "another kind (" + ", ".join(sorted(_signature(state, what))) + ")"
-        if differs:
+        was = saved_types[i] if saved_types is not None else None
+        if was is None:  # a file that records no kinds (Lightning's, an older one): tell them apart by their keys
+            keys = _signature(state, what)
+            was = now[i] if keys == _signature(obj.state_dict(), what) else f"another kind ({', '.join(sorted(keys))})"
+        if was != now[i]:
             raise CheckpointError(
-                f"{path} was trained with the {what} {was}, this run configures {type(obj).__name__}: "
+                f"{path} was trained with the {what} {was}, this run configures {now[i]}: "
                 f"resume with the {what} it was trained with, or {weights_only_hint(path)}"
             )
 
@@ -193,11 +189,9 @@ def load_schedulers(path: Path, states: Sequence[Mapping[str, Any]], trainer: Tr
     A schedule whose length is the one the module made for this run (a run resumed as it was
     planned) behaves as it would have without the interruption, and is not reported.
     """
-    configs = trainer.lr_scheduler_configs
-    configured = [schedule_length(cfg.scheduler) for cfg in configs]
-    for cfg, saved in zip(configs, states):
+    for cfg, saved in zip(trainer.lr_scheduler_configs, states):
+        planned = schedule_length(cfg.scheduler)
         cfg.scheduler.load_state_dict(saved)
-    for cfg, planned in zip(configs, configured):
         length = schedule_length(cfg.scheduler)
         if length is None or length == planned:
             continue

@@ -44,10 +44,9 @@ def checkpoint_error(err: BaseException, what: str) -> CheckpointError:
     failures = getattr(err, "failures", None)
     if not isinstance(failures, dict):
         return err if isinstance(err, CheckpointError) else CheckpointError(f"{what}: {_one_line(err)}")
-    # (exception, StackSummary) pairs; older torch passes the exception bare
-    unwrapped = {rank: f[0] if isinstance(f, tuple) and f else f for rank, f in failures.items()}
+    unwrapped = {rank: failure for rank, (failure, _traceback_summary) in failures.items()}
     for failure in unwrapped.values():
-        for refusal in (failure, getattr(failure, "__cause__", None)):
+        for refusal in (failure, failure.__cause__):
             if isinstance(refusal, CheckpointError):
                 return refusal
     return CheckpointError(f"{what}: " + "; ".join(f"rank {r}: {_one_line(e)}" for r, e in sorted(unwrapped.items())))
@@ -117,10 +116,8 @@ def read_sharded_metadata(path: str | os.PathLike[str]) -> Any:
             f"Checkpoint {file} holds pickled Python objects ({err}), which could run code when loaded; "
             "refusing it. A sharded checkpoint's metadata holds only torch.distributed.checkpoint's own classes."
         ) from err
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(f"Checkpoint {file} is damaged (truncated or corrupted?): {err}") from err
-    except Exception as err:
-        raise CheckpointError(f"Checkpoint {file} is not readable (truncated or corrupted?): {err}") from err
+    except Exception as err:  # pickle's UnpicklingError, or what a damaged pickle makes the unpickler raise
+        raise CheckpointError(f"Checkpoint {file} is damaged or not readable (truncated or corrupted?): {err}") from err
     _check_storage_paths(Path(path), metadata)
     return metadata
 
