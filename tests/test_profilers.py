@@ -172,6 +172,31 @@ def test_with_a_profiler_the_same_seams_are_wrapped_in_their_actions(tmp_path: P
     assert seams["training_step"].__wrapped__ == module.training_step
 
 
+def test_a_training_batch_hook_only_callbacks_override_calls_their_own_methods(tmp_path: Path) -> None:
+    """Bound for the loop, a per-batch hook only callbacks override calls each callback's own bound method,
+    in order (no partial in between); under a profiler each call stays wrapped in its action."""
+    seen: list[tuple[Any, Any, Any, int]] = []
+
+    class Sees(cbs.Callback):
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            seen.append((self, trainer, outputs, batch_idx))
+
+    first, second = Sees(), Sees()
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[first, second])
+    trainer.hooks.bind(Regressor())
+    bound = trainer.hooks.bound("on_train_batch_end")
+    assert bound is not None
+    assert _closure(bound)["methods"] == (first.on_train_batch_end, second.on_train_batch_end)
+    bound("out", None, 3)
+    assert seen == [(first, trainer, "out", 3), (second, trainer, "out", 3)]
+    profiled = quiet_trainer(tmp_path, max_epochs=1, callbacks=[first], profiler="simple")
+    profiled.hooks.bind(Regressor())
+    wrapped = profiled.hooks.bound("on_train_batch_end")
+    assert wrapped is not None and "methods" not in _closure(wrapped)
+    wrapped("out", None, 4)
+    assert seen[-1] == (first, profiled, "out", 4)
+
+
 def test_profiler_argument_is_checked_and_lightnings_refusals_name_the_alternative() -> None:
     with pytest.raises(MisconfigurationException, match=r"^When passing string value for the `profiler` parameter"):
         Trainer(profiler="fast", logger=False)

@@ -172,6 +172,10 @@ class HookDispatch:
             return module_fn
         if module_fn is not None:
             return functools.partial(self, hook)
+        arity = _TRAIN_BATCH_ARITY.get(hook)
+        methods = tuple(_bound_method(fn, self._owner, self._module) for fn in callback_fns)
+        if arity is not None and all(m is not None for m in methods):
+            return _call_methods(methods, self._owner, self._module, arity)  # type: ignore[arg-type]
 
         def call_each(*args: Any) -> None:
             for fn in callback_fns:
@@ -205,6 +209,64 @@ class HookDispatch:
                 for cb, cb_fn in zip(self._by_hook.get(hook, ()), callback_fns, strict=True)
             )
         return fn, callback_fns
+
+
+#: The training loop's per-batch hooks that :meth:`HookDispatch.bound` serves, with the number of
+#: arguments the loops pass them (always by position).
+_TRAIN_BATCH_ARITY = {
+    "on_train_batch_start": 2,
+    "on_train_batch_end": 3,
+    "on_before_backward": 1,
+    "on_after_backward": 0,
+    "on_before_optimizer_step": 1,
+    "on_before_zero_grad": 1,
+}
+
+
+def _bound_method(fn: Callable[..., Any], owner: Any, module: Any) -> Callable[..., Any] | None:
+    """The callback's own bound method behind ``fn`` when ``fn`` is the plain ``partial(method, owner, module)``
+    :meth:`HookDispatch._resolve` makes; None where it is wrapped (``self.log`` refused there, a profiler)."""
+    if type(fn) is not functools.partial or fn.keywords or len(fn.args) != 2:
+        return None
+    if fn.args[0] is not owner or fn.args[1] is not module:
+        return None
+    return fn.func
+
+
+def _call_methods(methods: tuple[Callable[..., Any], ...], owner: Any, module: Any, arity: int) -> Callable[..., None]:
+    """Call each of ``methods`` with ``owner, module`` and the loop's ``arity`` arguments, in order.
+
+    A call with its arguments written out is a plain Python call for the interpreter; a
+    ``functools.partial`` (or ``*args``) makes every per-batch hook of every callback a call through
+    C, with an argument array allocated for it.
+    """
+    if arity == 0:
+
+        def call_each_0() -> None:
+            for method in methods:
+                method(owner, module)
+
+        return call_each_0
+    if arity == 1:
+
+        def call_each_1(a: Any) -> None:
+            for method in methods:
+                method(owner, module, a)
+
+        return call_each_1
+    if arity == 2:
+
+        def call_each_2(a: Any, b: Any) -> None:
+            for method in methods:
+                method(owner, module, a, b)
+
+        return call_each_2
+
+    def call_each_3(a: Any, b: Any, c: Any) -> None:
+        for method in methods:
+            method(owner, module, a, b, c)
+
+    return call_each_3
 
 
 def is_overridden(method_name: str, instance: object | None = None, parent: type | None = None) -> bool:

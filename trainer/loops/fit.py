@@ -230,6 +230,8 @@ def train_epoch(
         check_training_options(trainer, state)
     train_batch = make_train_batch(trainer, state, None if fetches_itself else last_batch_share(loader, num))
     log_every = state.loop.log_every_n_steps
+    pending = store.pending_step  # the store's one dict of this step's values, cleared in place
+    agree = preemption.agree  # set once per fit, when the signal handlers are installed
 
     # Whether a batch can end with a validation run at all: if not, the loop asks nothing per batch.
     checks_validation = validate_this_epoch and bool(val_every)
@@ -268,16 +270,20 @@ def train_epoch(
             # wait for it (a host-device sync every step).
             if type(result) is int and result == -1:
                 break
-            if p.global_step != steps_before:
-                if log_every and p.global_step % log_every == 0:  # 0: never, as Lightning
-                    router.emit(dict(store.pending_step), p.global_step - 1)
-                elif store.pending_step:  # as Lightning: logged_metrics holds them between logging steps too
-                    router.keep_logged(store.pending_step)
-                store.pending_step.clear()
+            global_step = p.global_step
+            if global_step != steps_before:
+                if log_every and global_step % log_every == 0:  # 0: never, as Lightning
+                    router.emit(dict(pending), global_step - 1)
+                elif pending:  # as Lightning: logged_metrics holds them between logging steps too
+                    router.keep_logged(pending)
+                pending.clear()
                 # Only after an optimizer step (gradients of a half-accumulated window are not in
-                # checkpoints). One process: an attribute test; several: a small all-reduce about
-                # every PREEMPT_CHECK_SECONDS, at a step the ranks agreed on.
-                if preemption.due(p.global_step) and preemption.requested(p.global_step):
+                # checkpoints). One process: an attribute test (Preemption.due written out: it runs
+                # every step); several: a small all-reduce about every PREEMPT_CHECK_SECONDS, at a
+                # step the ranks agreed on.
+                if (
+                    global_step >= preemption.next_check if agree else preemption.signal is not None
+                ) and preemption.requested(global_step):
                     trainer.checkpointing.save_last()
                     preemption.requeue(trainer.is_global_zero)
                     raise Preempted
