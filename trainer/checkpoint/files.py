@@ -345,27 +345,22 @@ def write_failure(path: Path, err: BaseException) -> str:
     torch reports a write the disk refused as ``enforce fail at inline_container.cc ... unexpected
     pos``; the ``OSError`` underneath (or the free space left) says what happened.
     """
+    try:
+        free: int | None = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    free_space = "" if free is None else f"; {free / 2**20:.1f} MiB free in {path.parent}"
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"{os.strerror(seen.errno)} (the disk is full){_free_space(path)}"
+            return f"{os.strerror(seen.errno)} (the disk is full){free_space}"
         if isinstance(seen, OSError) and seen.errno is not None:
             return f"{os.strerror(seen.errno)} ({seen})"
         seen = seen.__cause__ or seen.__context__
     if "unexpected pos" in str(err) or "inline_container" in str(err):
-        try:
-            full = shutil.disk_usage(path.parent).free < 1 << 20
-        except OSError:
-            full = False
+        full = free is not None and free < 1 << 20
         reason = (
             "the disk is full" if full else f"the file could not be written completely (torch: {first_reason(err)})"
         )
-        return reason + _free_space(path)
+        return reason + free_space
     return str(err)
-
-
-def _free_space(path: Path) -> str:
-    try:
-        return f"; {shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free in {path.parent}"
-    except OSError:
-        return ""
