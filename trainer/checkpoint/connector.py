@@ -223,23 +223,19 @@ class CheckpointConnector:
         if async_ and self._writer is None:
             self._writer = AsyncCheckpointWriter()
         background = self._writer if async_ else None
-        if t.strategy.state_dict_type == "sharded" and self.adopted is None:
-            self.wait()  # one save in flight at a time, in order
+        sharded = t.strategy.state_dict_type == "sharded" and self.adopted is None
+        state = self.state(weights_only, sharded)
+        self.wait()  # one save in flight at a time: an older asynchronous write must not land after this one
+        if sharded:
             from trainer.checkpoint.sharded import save_sharded
 
-            state = self.state(weights_only, sharded=True)
             save_sharded(
                 path, state, background=background.run if background else None, also_at=also_at, replaces=replaces
             )
-            t.strategy.barrier("save_checkpoint")
-            return
-        state = self.state(weights_only)
-        if t.is_global_zero:
-            if background is not None:
-                background.save(state, path, also_at, replaces)
-            else:
-                self.wait()  # an older asynchronous write must not land after this one
-                write_checkpoint(state, path, also_at, replaces)
+        elif t.is_global_zero and background is not None:
+            background.save(state, path, also_at, replaces)
+        elif t.is_global_zero:
+            write_checkpoint(state, path, also_at, replaces)
         t.strategy.barrier("save_checkpoint")
 
     def write(self, state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
