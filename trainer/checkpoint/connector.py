@@ -73,11 +73,9 @@ class CheckpointConnector:
         """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
         return Path(self._trainer.default_root_dir) / "checkpoints"
 
-    def last_path(self, directory: str | os.PathLike[str] | None = None) -> Path:
-        """The path of ``last.ckpt`` in ``directory`` (default: the checkpoint callback's folder, else
-        :meth:`default_directory`: where this run's checkpoints go)."""
-        if directory is None:
-            directory = getattr(self._trainer.checkpoint_callback, "dirpath", None) or self.default_directory()
+    def last_path(self) -> Path:
+        """``last.ckpt`` in the checkpoint callback's folder, else in :meth:`default_directory`."""
+        directory = getattr(self._trainer.checkpoint_callback, "dirpath", None) or self.default_directory()
         return Path(directory) / LAST_CHECKPOINT
 
     # ----------------------------------------------------------------- dump
