@@ -13,9 +13,7 @@ import abc
 import os
 from typing import Any
 
-from trainer.checkpoint.files import AsyncCheckpointWriter, snapshot_state
-from trainer.checkpoint.files import remove_checkpoint as remove_ours
-from trainer.checkpoint.files import write_checkpoint as write_atomically
+from trainer.checkpoint import files
 
 __all__ = [
     "DEFAULT_IO_TYPES",
@@ -67,7 +65,7 @@ class TorchCheckpointIO(CheckpointIO):
                 f"TorchCheckpointIO.save_checkpoint takes no storage_options (got {storage_options!r}): "
                 "it writes a local file; give a CheckpointIO of your own for other storage"
             )
-        write_atomically(checkpoint, path)  # its folder made if missing
+        files.write_checkpoint(checkpoint, path)  # atomic; its folder made if missing
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """Read ``path`` with ``torch.load(weights_only=True)``; ``weights_only=False`` is refused (not safe)."""
@@ -81,7 +79,7 @@ class TorchCheckpointIO(CheckpointIO):
         return read_checkpoint(path, map_location if map_location is not None else "cpu")
 
     def remove_checkpoint(self, path: Any) -> None:
-        remove_ours(path)
+        files.remove_checkpoint(path)
 
 
 class _WrappingCheckpointIO(CheckpointIO):
@@ -131,13 +129,13 @@ class AsyncCheckpointIO(_WrappingCheckpointIO):
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
-        self._writer: AsyncCheckpointWriter | None = None
+        self._writer: files.AsyncCheckpointWriter | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if self._writer is None:
-            self._writer = AsyncCheckpointWriter()
+            self._writer = files.AsyncCheckpointWriter()
         # Fresh memory, not the writer's reused buffers: the wrapped IO may keep what it was given.
-        snapshot = snapshot_state(checkpoint)
+        snapshot = files.snapshot_state(checkpoint)
         base = self._base()
         self._writer.run(lambda: base.save_checkpoint(snapshot, path, storage_options))
 
