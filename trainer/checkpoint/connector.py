@@ -298,18 +298,12 @@ class CheckpointConnector:
         """
         t = self._trainer
         self.wait()
-        path = resolve_ckpt_path(self._trainer, ckpt_path, stage)
+        path = resolve_ckpt_path(t, ckpt_path, stage)
         if path is None:
             if stage is not None:
                 return None
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         t.run_state.ckpt_path = str(path)
-        self._read(path, full)
-        return path
-
-    def _read(self, path: Path, full: bool) -> None:
-        """Read ``path`` once and load what it holds (see :meth:`restore`)."""
-        t = self._trainer
         io = t.strategy.checkpoint_io
         if type(io) in DEFAULT_IO_TYPES:  # is_default_io, without a call into plugin_io on the resume walk
             state = read_any(path)
@@ -321,7 +315,7 @@ class CheckpointConnector:
             if full and t.is_global_zero:
                 print(f"{path} is a plain state dict: training starts from its weights, with fresh optimizer state")
             self._load_weights(path, state["state_dict"])
-            return
+            return path
         t.metric_router.no_log("on_load_checkpoint", t.module.on_load_checkpoint)(state)
         t.hooks.callbacks_only("on_load_checkpoint", state)
         if full:  # before anything is loaded: a mismatch is one message, not an error from inside torch
@@ -334,7 +328,7 @@ class CheckpointConnector:
         else:
             self._load_weights(path, state["state_dict"])
         if not full:
-            return
+            return path
         if sharded is None and t.strategy.lightning_restore_optimizer:
             t.strategy.load_optimizer_state_dict(state)  # Lightning's hook: the whole checkpoint
         resume.load_schedulers(path, state["lr_schedulers"], t)
@@ -355,6 +349,7 @@ class CheckpointConnector:
         rngs = state.get("rng", [])
         if rngs:
             set_rng_state(rngs[min(t.global_rank, len(rngs) - 1)])
+        return path
 
     def take_resume_epoch_rng(self) -> dict[str, Any] | None:
         """The restored epoch order, once (the first epoch after a resume replays it)."""
