@@ -269,11 +269,8 @@ class CheckpointConnector:
             self._writer.wait()
 
     def close(self) -> None:
-        """Wait for the last asynchronous write, then free the writer's CPU copy of the state.
-
-        Called at the end of every run: the writer keeps its snapshot buffers for reuse between
-        saves, and would otherwise hold a copy of the model in host memory until the process exits.
-        """
+        """At the end of every run: wait for the last asynchronous write, then free the writer's snapshot
+        buffers (a CPU copy of the model, kept for reuse between saves, held until exit otherwise)."""
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()

@@ -1,10 +1,9 @@
 """Lightning's checkpoint IO plugins over geartrain's own writing and reading.
 
-``TorchCheckpointIO`` is what geartrain does anyway (the writer's atomic write, the reader's
-``weights_only=True`` read, only our own files removed); ``AsyncCheckpointIO`` writes another IO's
-files in a thread. A :class:`CheckpointIO` of the user's own (``Trainer(plugins=[MyIO()])``, or a
-strategy's ``checkpoint_io=``) writes, reads and removes the run's checkpoint files instead of
-geartrain (:func:`save_with`); what it writes is then its business (atomicity included).
+``TorchCheckpointIO`` is what geartrain does anyway; ``AsyncCheckpointIO`` writes another IO's files in
+a thread. A :class:`CheckpointIO` of the user's own (``Trainer(plugins=[MyIO()])``, or a strategy's
+``checkpoint_io=``) writes, reads and removes the run's checkpoint files instead of geartrain
+(:func:`save_with`); what it writes is then its business (atomicity included).
 """
 
 from __future__ import annotations
@@ -122,9 +121,8 @@ class _WrappingCheckpointIO(CheckpointIO):
 class AsyncCheckpointIO(_WrappingCheckpointIO):
     """Lightning's ``AsyncCheckpointIO``: the state copied into CPU memory in the caller, written in a thread.
 
-    The writer's background thread (:class:`~trainer.checkpoint.files.AsyncCheckpointWriter`) runs the
-    wrapped IO's save: one at a time, in order; :meth:`teardown` (the end of every run) waits for the
-    last one and re-raises a failed write's error, as does the next save.
+    The thread is the writer's (:class:`~trainer.checkpoint.files.AsyncCheckpointWriter`, which keeps
+    saves in order and re-raises a failure); :meth:`teardown`, at the end of every run, waits for the last.
     """
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
