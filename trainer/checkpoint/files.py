@@ -43,14 +43,15 @@ __all__ = [
 ]
 
 
-def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str], sync_dir: bool = True) -> Path:
+def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
     """Put the checkpoint ``source`` (a file or a sharded directory) also at ``path``: hard links where possible.
 
     A link costs no second write. It is made atomically: linked under a temporary name in ``path``'s
     folder (a directory's files into ``.<name>.partial``), renamed over ``path``; a reader sees the
     old ``path`` or the new one. The names share inodes, which is safe because geartrain never writes
     into an existing checkpoint file (every save renames a new file over the name). Where the
-    filesystem refuses links (another device, FAT, some network mounts) the files are copied.
+    filesystem refuses links (another device, FAT, some network mounts) the files are copied. The
+    caller syncs the folder (:func:`finish_save`, once for all the save's names).
     """
     source, path = Path(source), Path(path)
     if source.resolve() == path.resolve():
@@ -69,8 +70,6 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
     except OSError as err:
         remove_checkpoint(tmp)
         raise CheckpointError(f"Could not place checkpoint {path}: {err}") from err
-    if sync_dir:
-        fsync_dir(path.parent)
     return path
 
 
@@ -109,7 +108,7 @@ def finish_save(path: Path, also_at: Sequence[Path], replaces: Iterable[str | os
     superseded checkpoint that cannot be deleted only warns: nothing is lost by keeping it.
     """
     for other in also_at:
-        place_checkpoint(path, other, sync_dir=False)
+        place_checkpoint(path, other)
     for folder in dict.fromkeys(p.parent for p in (path, *also_at)):
         fsync_dir(folder)
     keep = {p.resolve() for p in (path, *also_at)}
