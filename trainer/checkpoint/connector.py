@@ -73,11 +73,9 @@ class CheckpointConnector:
         """``<default_root_dir>/checkpoints``: where checkpoints go unless a callback says otherwise."""
         return Path(self._trainer.default_root_dir) / "checkpoints"
 
-    def last_path(self, directory: str | os.PathLike[str] | None = None) -> Path:
-        """The path of ``last.ckpt`` in ``directory`` (default: the checkpoint callback's folder, else
-        :meth:`default_directory`: where this run's checkpoints go)."""
-        if directory is None:
-            directory = getattr(self._trainer.checkpoint_callback, "dirpath", None) or self.default_directory()
+    def last_path(self) -> Path:
+        """``last.ckpt`` in the checkpoint callback's folder, else in :meth:`default_directory`."""
+        directory = getattr(self._trainer.checkpoint_callback, "dirpath", None) or self.default_directory()
         return Path(directory) / LAST_CHECKPOINT
 
     # ----------------------------------------------------------------- dump
@@ -223,23 +221,19 @@ class CheckpointConnector:
         if async_ and self._writer is None:
             self._writer = AsyncCheckpointWriter()
         background = self._writer if async_ else None
-        if t.strategy.state_dict_type == "sharded" and self.adopted is None:
-            self.wait()  # one save in flight at a time, in order
+        sharded = t.strategy.state_dict_type == "sharded" and self.adopted is None
+        state = self.state(weights_only, sharded)
+        self.wait()  # one save in flight at a time: an older asynchronous write must not land after this one
+        if sharded:
             from trainer.checkpoint.sharded import save_sharded
 
-            state = self.state(weights_only, sharded=True)
             save_sharded(
                 path, state, background=background.run if background else None, also_at=also_at, replaces=replaces
             )
-            t.strategy.barrier("save_checkpoint")
-            return
-        state = self.state(weights_only)
-        if t.is_global_zero:
-            if background is not None:
-                background.save(state, path, also_at, replaces)
-            else:
-                self.wait()  # an older asynchronous write must not land after this one
-                write_checkpoint(state, path, also_at, replaces)
+        elif t.is_global_zero and background is not None:
+            background.save(state, path, also_at, replaces)
+        elif t.is_global_zero:
+            write_checkpoint(state, path, also_at, replaces)
         t.strategy.barrier("save_checkpoint")
 
     def write(self, state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -275,11 +269,8 @@ class CheckpointConnector:
             self._writer.wait()
 
     def close(self) -> None:
-        """Wait for the last asynchronous write, then free the writer's CPU copy of the state.
-
-        Called at the end of every run: the writer keeps its snapshot buffers for reuse between
-        saves, and would otherwise hold a copy of the model in host memory until the process exits.
-        """
+        """At the end of every run: wait for the last asynchronous write, then free the writer's snapshot
+        buffers (a CPU copy of the model, kept for reuse between saves, held until exit otherwise)."""
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
@@ -304,18 +295,12 @@ class CheckpointConnector:
         """
         t = self._trainer
         self.wait()
-        path = resolve_ckpt_path(self._trainer, ckpt_path, stage)
+        path = resolve_ckpt_path(t, ckpt_path, stage)
         if path is None:
             if stage is not None:
                 return None
             raise CheckpointError(f"ckpt_path={str(ckpt_path)!r}: no such checkpoint has been saved yet")
         t.run_state.ckpt_path = str(path)
-        self._read(path, full)
-        return path
-
-    def _read(self, path: Path, full: bool) -> None:
-        """Read ``path`` once and load what it holds (see :meth:`restore`)."""
-        t = self._trainer
         io = t.strategy.checkpoint_io
         if type(io) in DEFAULT_IO_TYPES:  # is_default_io, without a call into plugin_io on the resume walk
             state = read_any(path)
@@ -327,7 +312,7 @@ class CheckpointConnector:
             if full and t.is_global_zero:
                 print(f"{path} is a plain state dict: training starts from its weights, with fresh optimizer state")
             self._load_weights(path, state["state_dict"])
-            return
+            return path
         t.metric_router.no_log("on_load_checkpoint", t.module.on_load_checkpoint)(state)
         t.hooks.callbacks_only("on_load_checkpoint", state)
         if full:  # before anything is loaded: a mismatch is one message, not an error from inside torch
@@ -340,7 +325,7 @@ class CheckpointConnector:
         else:
             self._load_weights(path, state["state_dict"])
         if not full:
-            return
+            return path
         if sharded is None and t.strategy.lightning_restore_optimizer:
             t.strategy.load_optimizer_state_dict(state)  # Lightning's hook: the whole checkpoint
         resume.load_schedulers(path, state["lr_schedulers"], t)
@@ -361,6 +346,7 @@ class CheckpointConnector:
         rngs = state.get("rng", [])
         if rngs:
             set_rng_state(rngs[min(t.global_rank, len(rngs) - 1)])
+        return path
 
     def take_resume_epoch_rng(self) -> dict[str, Any] | None:
         """The restored epoch order, once (the first epoch after a resume replays it)."""

@@ -43,14 +43,15 @@ __all__ = [
 ]
 
 
-def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str], sync_dir: bool = True) -> Path:
+def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
     """Put the checkpoint ``source`` (a file or a sharded directory) also at ``path``: hard links where possible.
 
     A link costs no second write. It is made atomically: linked under a temporary name in ``path``'s
     folder (a directory's files into ``.<name>.partial``), renamed over ``path``; a reader sees the
     old ``path`` or the new one. The names share inodes, which is safe because geartrain never writes
     into an existing checkpoint file (every save renames a new file over the name). Where the
-    filesystem refuses links (another device, FAT, some network mounts) the files are copied.
+    filesystem refuses links (another device, FAT, some network mounts) the files are copied. The
+    caller syncs the folder (:func:`finish_save`, once for all the save's names).
     """
     source, path = Path(source), Path(path)
     if source.resolve() == path.resolve():
@@ -69,8 +70,6 @@ def place_checkpoint(source: str | os.PathLike[str], path: str | os.PathLike[str
     except OSError as err:
         remove_checkpoint(tmp)
         raise CheckpointError(f"Could not place checkpoint {path}: {err}") from err
-    if sync_dir:
-        fsync_dir(path.parent)
     return path
 
 
@@ -109,7 +108,7 @@ def finish_save(path: Path, also_at: Sequence[Path], replaces: Iterable[str | os
     superseded checkpoint that cannot be deleted only warns: nothing is lost by keeping it.
     """
     for other in also_at:
-        place_checkpoint(path, other, sync_dir=False)
+        place_checkpoint(path, other)
     for folder in dict.fromkeys(p.parent for p in (path, *also_at)):
         fsync_dir(folder)
     keep = {p.resolve() for p in (path, *also_at)}
@@ -345,27 +344,22 @@ def write_failure(path: Path, err: BaseException) -> str:
     torch reports a write the disk refused as ``enforce fail at inline_container.cc ... unexpected
     pos``; the ``OSError`` underneath (or the free space left) says what happened.
     """
+    try:
+        free: int | None = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    free_space = "" if free is None else f"; {free / 2**20:.1f} MiB free in {path.parent}"
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"{os.strerror(seen.errno)} (the disk is full){_free_space(path)}"
+            return f"{os.strerror(seen.errno)} (the disk is full){free_space}"
         if isinstance(seen, OSError) and seen.errno is not None:
             return f"{os.strerror(seen.errno)} ({seen})"
         seen = seen.__cause__ or seen.__context__
     if "unexpected pos" in str(err) or "inline_container" in str(err):
-        try:
-            full = shutil.disk_usage(path.parent).free < 1 << 20
-        except OSError:
-            full = False
+        full = free is not None and free < 1 << 20
         reason = (
             "the disk is full" if full else f"the file could not be written completely (torch: {first_reason(err)})"
         )
-        return reason + _free_space(path)
+        return reason + free_space
     return str(err)
-
-
-def _free_space(path: Path) -> str:
-    try:
-        return f"; {shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free in {path.parent}"
-    except OSError:
-        return ""

@@ -1,10 +1,9 @@
 """Lightning's checkpoint IO plugins over geartrain's own writing and reading.
 
-``TorchCheckpointIO`` is what geartrain does anyway (the writer's atomic write, the reader's
-``weights_only=True`` read, only our own files removed); ``AsyncCheckpointIO`` writes another IO's
-files in a thread. A :class:`CheckpointIO` of the user's own (``Trainer(plugins=[MyIO()])``, or a
-strategy's ``checkpoint_io=``) writes, reads and removes the run's checkpoint files instead of
-geartrain (:func:`save_with`); what it writes is then its business (atomicity included).
+``TorchCheckpointIO`` is what geartrain does anyway; ``AsyncCheckpointIO`` writes another IO's files in
+a thread. A :class:`CheckpointIO` of the user's own (``Trainer(plugins=[MyIO()])``, or a strategy's
+``checkpoint_io=``) writes, reads and removes the run's checkpoint files instead of geartrain
+(:func:`save_with`); what it writes is then its business (atomicity included).
 """
 
 from __future__ import annotations
@@ -13,9 +12,7 @@ import abc
 import os
 from typing import Any
 
-from trainer.checkpoint.files import AsyncCheckpointWriter, snapshot_state
-from trainer.checkpoint.files import remove_checkpoint as remove_ours
-from trainer.checkpoint.files import write_checkpoint as write_atomically
+from trainer.checkpoint import files
 
 __all__ = [
     "DEFAULT_IO_TYPES",
@@ -67,7 +64,7 @@ class TorchCheckpointIO(CheckpointIO):
                 f"TorchCheckpointIO.save_checkpoint takes no storage_options (got {storage_options!r}): "
                 "it writes a local file; give a CheckpointIO of your own for other storage"
             )
-        write_atomically(checkpoint, path)  # its folder made if missing
+        files.write_checkpoint(checkpoint, path)  # atomic; its folder made if missing
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """Read ``path`` with ``torch.load(weights_only=True)``; ``weights_only=False`` is refused (not safe)."""
@@ -81,7 +78,7 @@ class TorchCheckpointIO(CheckpointIO):
         return read_checkpoint(path, map_location if map_location is not None else "cpu")
 
     def remove_checkpoint(self, path: Any) -> None:
-        remove_ours(path)
+        files.remove_checkpoint(path)
 
 
 class _WrappingCheckpointIO(CheckpointIO):
@@ -124,20 +121,19 @@ class _WrappingCheckpointIO(CheckpointIO):
 class AsyncCheckpointIO(_WrappingCheckpointIO):
     """Lightning's ``AsyncCheckpointIO``: the state copied into CPU memory in the caller, written in a thread.
 
-    The writer's background thread (:class:`~trainer.checkpoint.files.AsyncCheckpointWriter`) runs the
-    wrapped IO's save: one at a time, in order; :meth:`teardown` (the end of every run) waits for the
-    last one and re-raises a failed write's error, as does the next save.
+    The thread is the writer's (:class:`~trainer.checkpoint.files.AsyncCheckpointWriter`, which keeps
+    saves in order and re-raises a failure); :meth:`teardown`, at the end of every run, waits for the last.
     """
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
-        self._writer: AsyncCheckpointWriter | None = None
+        self._writer: files.AsyncCheckpointWriter | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if self._writer is None:
-            self._writer = AsyncCheckpointWriter()
+            self._writer = files.AsyncCheckpointWriter()
         # Fresh memory, not the writer's reused buffers: the wrapped IO may keep what it was given.
-        snapshot = snapshot_state(checkpoint)
+        snapshot = files.snapshot_state(checkpoint)
         base = self._base()
         self._writer.run(lambda: base.save_checkpoint(snapshot, path, storage_options))
 

@@ -74,15 +74,12 @@ def save_sharded(
     also_at: Iterable[str | os.PathLike[str]] = (),
     replaces: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
-    """Write checkpoint ``state`` as a sharded directory at ``path``; a collective of every rank.
+    """Write checkpoint ``state`` as a sharded directory at ``path`` (the module docstring's layout); a collective.
 
-    ``state["state_dict"]`` and ``state["optimizer_states"]`` (this rank's shards) go through
-    ``dcp.save``; the rest of ``state`` becomes :data:`TRAINER_STATE`, written by rank 0. The
-    directory is written into ``.<name>.partial`` and renamed into place once complete; then copies
-    are placed at ``also_at`` (hard links) and the directories ``replaces`` names are removed, in
-    that order, so a failure loses nothing. With ``background`` (the writer's
-    :meth:`~trainer.checkpoint.files.AsyncCheckpointWriter.run`), tensors are staged to CPU memory now
-    and written by DCP in the background; the writer's thread waits for them and does the renames.
+    Once in place it ends as a file's save (:func:`~trainer.checkpoint.files.finish_save`). With
+    ``background`` (the writer's :meth:`~trainer.checkpoint.files.AsyncCheckpointWriter.run`), tensors
+    are staged to CPU memory now and written by DCP in the background; the writer's thread waits for
+    them and does the renames.
     """
     import torch.distributed.checkpoint as dcp
 
@@ -158,9 +155,7 @@ def load_sharded(
 ) -> None:
     """Load a sharded checkpoint's model (and ``optimizers``) into ``module``'s current layout; a collective.
 
-    ``module`` may be plain, FSDP2-sharded or tensor-parallel over any number of ranks: the
-    directory is resharded into what each rank holds now. Optimizer state is matched by parameter
-    name; an optimizer saved before its first step stays as it is.
+    Optimizer state is matched by parameter name; an optimizer saved before its first step stays as it is.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (

@@ -159,8 +159,7 @@ def safe_reader(path: str | os.PathLike[str]) -> Any:
 def safe_planner(base: type[Any] | None = None) -> Any:
     """A DCP load planner (``base``, default ``DefaultLoadPlanner``) reading values with ``weights_only=True``.
 
-    DCP saves non-tensor values (an optimizer's learning rate, betas) as small ``torch.save`` blobs;
-    its default planner loads them with ``weights_only=False``, this one never does.
+    The values are what DCP saves as small ``torch.save`` blobs: non-tensors, such as an optimizer's betas.
     """
     from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint._nested_dict import set_element
