@@ -11,7 +11,6 @@ import torch
 from typing_extensions import override
 
 from callbacks._checkpoint_files import CheckpointNaming, default_dirpath
-from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
 
@@ -25,7 +24,7 @@ __all__ = ["ModelCheckpoint"]
 _BUILT_IN = ("epoch", "step")
 
 
-class ModelCheckpoint(CheckpointNaming, SaveSchedule):
+class ModelCheckpoint(CheckpointNaming):
     """Save checkpoints during training; remember the best by a monitored metric.
 
     Files are written atomically by rank 0; the bookkeeping (which files are the k best) is part of
