@@ -109,10 +109,7 @@ class CheckpointNaming(SaveSchedule):
         return trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``0``, as Lightning writes it).
-
-        With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
-        """
+        """``filename`` filled from ``metrics`` (:meth:`_fill`), with ``FILE_EXTENSION``."""
         return self._fill(self.filename, metrics) + self.FILE_EXTENSION
 
     def format_checkpoint_name(

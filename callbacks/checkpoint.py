@@ -306,12 +306,7 @@ class ModelCheckpoint(CheckpointNaming):
         return path
 
     def _confirm(self, trainer: Trainer) -> None:
-        """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.
-
-        The bookkeeping moved to the new file when the save was made (each checkpoint holds it);
-        here it moves back if that file never reached the disk, so ``best_model_path`` and
-        ``best_k_models`` name only files that exist.
-        """
+        """With ``async_save``: wait for the write in flight; if it failed, roll the bookkeeping back and raise."""
         previous, self._unconfirmed = self._unconfirmed, None
         if previous is None:
             return
