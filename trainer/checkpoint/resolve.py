@@ -48,10 +48,7 @@ def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
     path = Path(path)
     if path.is_dir():
         return all((path / m).is_file() for m in SHARDED_MARKERS)
-    try:
-        return path.is_file() and zipfile.is_zipfile(path)
-    except OSError:
-        return False
+    return path.is_file() and zipfile.is_zipfile(path)  # an unreadable file is no zip archive (False)
 
 
 def newest_complete_checkpoint(folder: str | os.PathLike[str], say: str | None) -> tuple[Path | None, list[str]]:
