@@ -33,10 +33,9 @@ _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 def default_dirpath(trainer: Trainer) -> str:
     """Lightning's default folder: ``<save_dir>/<name>/<version>/checkpoints`` of the first logger
     (``version_N`` for a number), else ``<default_root_dir>/checkpoints``: each run its own folder."""
-    loggers = list(getattr(trainer, "loggers", None) or [])
-    if not loggers:
+    if not trainer.loggers:
         return str(trainer.checkpointing.default_directory())
-    logger = loggers[0]
+    logger: Any = trainer.loggers[0]  # a logger callback: name, version, save_dir
     save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
     version = logger.version
     version = version if isinstance(version, str) else f"version_{version}"

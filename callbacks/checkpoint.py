@@ -298,9 +298,9 @@ class ModelCheckpoint(CheckpointNaming):
             raise
         self._written.update([path] if named else [])
         self._written.update([self.last_model_path] if self.save_last else [])
-        for cb in trainer.callbacks:  # Lightning's logger.after_save_checkpoint(self)
-            if getattr(cb, "is_logger", False) and hasattr(cb, "after_save_checkpoint"):
-                cb.after_save_checkpoint(self)
+        for logger in trainer.loggers:  # Lightning's logger.after_save_checkpoint(self)
+            if hasattr(logger, "after_save_checkpoint"):
+                logger.after_save_checkpoint(self)
         if self.async_save:
             self._unconfirmed = previous
         return path
