@@ -42,11 +42,9 @@ def claim_run_dir(base: Path) -> Path:
         base.parent.mkdir(parents=True, exist_ok=True)
         for n in range(1, 10_000):
             candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
-            try:
+            with contextlib.suppress(FileExistsError):  # another process's: try the next name
                 candidate.mkdir()
-            except FileExistsError:
-                continue
-            return candidate
+                return candidate
     except OSError as err:
         raise unwritable(base, err) from err
     raise ConfigError(f"could not create a run directory next to {base}: 10000 names are taken")
