@@ -175,13 +175,9 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def same_line(mine: Sequence[str], theirs: Sequence[str]) -> bool:
-    """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
-
-    Every override equal, except those that only say how far to train, from where, and the task
-    (``ckpt_path``, ``task``, ``trainer.max_epochs``, ...): another strategy, device count, seed
-    or learning rate is another job, whose state this run must never continue (in a sweep: job 1
-    never takes job 0's).
-    """
+    """Whether a run started with ``theirs`` is the same job as one started with ``mine``: every override but
+    ``_RESUME_KEYS`` and ``hydra.*`` equal. Another strategy, device count, seed or learning rate is another job,
+    whose state this run must never continue (in a sweep: job 1 never takes job 0's)."""
 
     def job(overrides: Sequence[str]) -> dict[str, str]:
         pairs = (item.lstrip("+~").partition("=") for item in overrides if "=" in item)  # not a flag's value
