@@ -320,7 +320,7 @@ class ModelCheckpoint(CheckpointNaming):
     @override
     def state_dict(self) -> dict[str, Any]:
         # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's. Scores are
-        # 0-d tensors, as Lightning's (the properties below): a metric compares as it was logged.
+        # 0-d tensors, as Lightning's (CheckpointNaming's properties): a metric compares as it was logged.
         return {
             "monitor": self.monitor,
             "best_model_score": self.best_model_score,
