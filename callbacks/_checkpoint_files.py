@@ -1,7 +1,7 @@
 """``ModelCheckpoint``'s files as Lightning names and ranks them: templates, ``-vN`` versions, the last file,
 the top k and its scores (Lightning's attributes), which files a save may delete.
 
-A mixin of :class:`~callbacks.ModelCheckpoint` (which holds the options these methods read): users
+The base of :class:`~callbacks.ModelCheckpoint` (which holds the options these methods read): users
 override ``CHECKPOINT_NAME_LAST``, ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` and
 ``CHECKPOINT_EQUALS_CHAR`` on a subclass, as in Lightning, and every name follows them. Beside it,
 Lightning's default folder. How the files reach the disk (and the ``last`` link) is the trainer's
@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks._checkpoint_schedule import SaveSchedule
+
 if TYPE_CHECKING:
-    from callbacks._monitor import Monitor
     from trainer.trainer import Trainer
 
 __all__ = ["CheckpointNaming", "default_dirpath", "score_of"]
@@ -32,10 +33,9 @@ _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 def default_dirpath(trainer: Trainer) -> str:
     """Lightning's default folder: ``<save_dir>/<name>/<version>/checkpoints`` of the first logger
     (``version_N`` for a number), else ``<default_root_dir>/checkpoints``: each run its own folder."""
-    loggers = list(getattr(trainer, "loggers", None) or [])
-    if not loggers:
+    if not trainer.loggers:
         return str(trainer.checkpointing.default_directory())
-    logger = loggers[0]
+    logger: Any = trainer.loggers[0]  # a logger callback: name, version, save_dir
     save_dir = getattr(logger, "save_dir", None) or trainer.default_root_dir
     version = logger.version
     version = version if isinstance(version, str) else f"version_{version}"
@@ -70,8 +70,8 @@ class _Score:
         setattr(checkpoint, self._attr, None if value is None else score_of(value))
 
 
-class CheckpointNaming:
-    """Lightning's naming and ranking of checkpoint files, for :class:`~callbacks.ModelCheckpoint`."""
+class CheckpointNaming(SaveSchedule):
+    """Lightning's naming and ranking of checkpoint files, for :class:`~callbacks.ModelCheckpoint` (on its schedule)."""
 
     CHECKPOINT_JOIN_CHAR = "-"
     CHECKPOINT_EQUALS_CHAR = "="
@@ -81,12 +81,10 @@ class CheckpointNaming:
 
     dirpath: str | None
     filename: str
-    monitor: str | None
     mode: str
     save_top_k: int
     auto_insert_metric_name: bool
     enable_version_counter: bool
-    _monitor: Monitor | None
 
     def _init_files(self) -> None:
         """No file kept or written yet (set by the callback's constructor, once ``mode`` is known)."""
@@ -110,10 +108,7 @@ class CheckpointNaming:
         return trainer.checkpointing.last_files(self.dirpath, self.CHECKPOINT_NAME_LAST, self.FILE_EXTENSION)
 
     def format_filename(self, metrics: dict[str, Any]) -> str:
-        """Fill ``filename`` from ``metrics`` (a missing metric is written as ``0``, as Lightning writes it).
-
-        With ``auto_insert_metric_name=False`` a field gives its value only (``"{epoch}"`` -> ``3``).
-        """
+        """``filename`` filled from ``metrics`` (:meth:`_fill`), with ``FILE_EXTENSION``."""
         return self._fill(self.filename, metrics) + self.FILE_EXTENSION
 
     def format_checkpoint_name(

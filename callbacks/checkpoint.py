@@ -11,7 +11,6 @@ import torch
 from typing_extensions import override
 
 from callbacks._checkpoint_files import CheckpointNaming, default_dirpath
-from callbacks._checkpoint_schedule import SaveSchedule
 from callbacks._monitor import Monitor
 from trainer.common.errors import UserError, refuse_url
 
@@ -25,7 +24,7 @@ __all__ = ["ModelCheckpoint"]
 _BUILT_IN = ("epoch", "step")
 
 
-class ModelCheckpoint(CheckpointNaming, SaveSchedule):
+class ModelCheckpoint(CheckpointNaming):
     """Save checkpoints during training; remember the best by a monitored metric.
 
     Files are written atomically by rank 0; the bookkeeping (which files are the k best) is part of
@@ -299,20 +298,15 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
             raise
         self._written.update([path] if named else [])
         self._written.update([self.last_model_path] if self.save_last else [])
-        for cb in trainer.callbacks:  # Lightning's logger.after_save_checkpoint(self)
-            if getattr(cb, "is_logger", False) and hasattr(cb, "after_save_checkpoint"):
-                cb.after_save_checkpoint(self)
+        for logger in trainer.loggers:  # Lightning's logger.after_save_checkpoint(self)
+            if hasattr(logger, "after_save_checkpoint"):
+                logger.after_save_checkpoint(self)
         if self.async_save:
             self._unconfirmed = previous
         return path
 
     def _confirm(self, trainer: Trainer) -> None:
-        """With ``async_save``: wait for the write in flight; if it failed, roll back and raise its error.
-
-        The bookkeeping moved to the new file when the save was made (each checkpoint holds it);
-        here it moves back if that file never reached the disk, so ``best_model_path`` and
-        ``best_k_models`` name only files that exist.
-        """
+        """With ``async_save``: wait for the write in flight; if it failed, roll the bookkeeping back and raise."""
         previous, self._unconfirmed = self._unconfirmed, None
         if previous is None:
             return
@@ -326,7 +320,7 @@ class ModelCheckpoint(CheckpointNaming, SaveSchedule):
     @override
     def state_dict(self) -> dict[str, Any]:
         # Lightning's entries (its ModelCheckpoint restores from them), then the schedule's. Scores are
-        # 0-d tensors, as Lightning's (the properties below): a metric compares as it was logged.
+        # 0-d tensors, as Lightning's (CheckpointNaming's properties): a metric compares as it was logged.
         return {
             "monitor": self.monitor,
             "best_model_score": self.best_model_score,

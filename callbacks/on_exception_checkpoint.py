@@ -62,8 +62,6 @@ class OnExceptionCheckpoint(Checkpoint):
         self._raised = True
         if trainer.world_size == 1:
             if trainer.checkpointing.in_accumulation_window:
-                # The window's gradients cannot be saved: the file resumes at the window's first batch and
-                # trains the window again (as ModelCheckpoint(save_on_exception=True) does).
                 start = trainer.checkpointing.rewind_open_window()
                 warnings.warn(
                     f"OnExceptionCheckpoint: {type(exception).__name__} raised inside an accumulation window; its "

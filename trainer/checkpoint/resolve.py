@@ -48,24 +48,20 @@ def is_complete_checkpoint(path: str | os.PathLike[str]) -> bool:
     path = Path(path)
     if path.is_dir():
         return all((path / m).is_file() for m in SHARDED_MARKERS)
-    try:
-        return path.is_file() and zipfile.is_zipfile(path)
-    except OSError:
-        return False
+    return path.is_file() and zipfile.is_zipfile(path)  # an unreadable file is no zip archive (False)
 
 
-def newest_complete_checkpoint(folder: str | os.PathLike[str], say: str | None) -> tuple[Path | None, list[str]]:
-    """``folder/last.ckpt`` when it is complete; else the newest complete checkpoint in ``folder``, and why.
+def newest_complete_checkpoint(folder: str | os.PathLike[str], say: str | None) -> Path | None:
+    """``folder/last.ckpt`` when it is complete; else the newest complete checkpoint in ``folder`` (None: none).
 
-    Returns the path to load (None when the folder holds no complete checkpoint) and one-line
-    notices for what was recovered or skipped: ``last.ckpt`` missing after a kill between a save's two
-    renames (its ``.last.ckpt.old`` is the checkpoint that was there), a link to a deleted checkpoint,
-    a directory that was never completed. Each notice is also printed after ``say`` (None: not printed).
+    What was recovered or skipped is printed after ``say`` (None: not printed), a line each: ``last.ckpt``
+    missing after a kill between a save's two renames (its ``.last.ckpt.old`` is the checkpoint that was
+    there), a link to a deleted checkpoint, a directory that was never completed.
     """
     folder = Path(folder)
     wanted = folder / "last.ckpt"
     if is_complete_checkpoint(wanted):
-        return wanted, []
+        return wanted
     notices: list[str] = []
     if wanted.is_symlink():
         notices.append(f"{wanted} links to {os.readlink(wanted)}, which is gone")
@@ -88,7 +84,7 @@ def newest_complete_checkpoint(folder: str | os.PathLike[str], say: str | None) 
     if say is not None:
         for notice in notices:
             print(f"{say}: {notice}")
-    return found, notices
+    return found
 
 
 class BestCheckpointMissing(CheckpointError, ValueError):
@@ -163,7 +159,7 @@ def last_of_folder(trainer: Trainer, callback: Any) -> str | None:
         # What a kill left: last.ckpt's set-aside .old, or the newest complete checkpoint when
         # last.ckpt is a link to an evicted one or a directory never completed. With no last file
         # at all (save_last=False), "last" means none, as in Lightning: not the newest top-k file.
-        newest, _ = newest_complete_checkpoint(folder, "ckpt_path='last'" if trainer.is_global_zero else None)
+        newest = newest_complete_checkpoint(folder, "ckpt_path='last'" if trainer.is_global_zero else None)
         found = str(newest) if newest is not None else None
     return found
 
@@ -178,13 +174,9 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def same_line(mine: Sequence[str], theirs: Sequence[str]) -> bool:
-    """Whether a run started with ``theirs`` is the same job as one started with ``mine``.
-
-    Every override equal, except those that only say how far to train, from where, and the task
-    (``ckpt_path``, ``task``, ``trainer.max_epochs``, ...): another strategy, device count, seed
-    or learning rate is another job, whose state this run must never continue (in a sweep: job 1
-    never takes job 0's).
-    """
+    """Whether a run started with ``theirs`` is the same job as one started with ``mine``: every override but
+    ``_RESUME_KEYS`` and ``hydra.*`` equal. Another strategy, device count, seed or learning rate is another job,
+    whose state this run must never continue (in a sweep: job 1 never takes job 0's)."""
 
     def job(overrides: Sequence[str]) -> dict[str, str]:
         pairs = (item.lstrip("+~").partition("=") for item in overrides if "=" in item)  # not a flag's value
@@ -199,10 +191,10 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
     that :func:`same_line` accepts (``sweep`` or not). The choice is printed, so a resume never silently picks a file.
     """
-    own, notices = newest_complete_checkpoint(run_dir / "checkpoints", "ckpt_path=last")
+    own = newest_complete_checkpoint(run_dir / "checkpoints", "ckpt_path=last")
     if own is not None:
         return str(own)
-    if notices:  # this run saved checkpoints, none complete: never another run's in their place
+    if os.path.lexists(run_dir / "checkpoints" / "last.ckpt"):  # this run's, incomplete: never another run's instead
         raise ConfigError(
             f"ckpt_path=last: {run_dir / 'checkpoints'} holds no complete checkpoint (see above). "
             "Give one: ckpt_path=path/to/file.ckpt"
@@ -230,7 +222,7 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str],
 
 def run_folder_checkpoint(run_dir: Path) -> str:
     """``ckpt_path=<a run folder>``: that run's ``checkpoints/last.ckpt``, else its newest complete checkpoint."""
-    found, _ = newest_complete_checkpoint(run_dir / "checkpoints", f"ckpt_path={run_dir}")
+    found = newest_complete_checkpoint(run_dir / "checkpoints", f"ckpt_path={run_dir}")
     if found is None:
         raise ConfigError(
             f"ckpt_path={run_dir}: the run folder's checkpoints/ holds no complete checkpoint. "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from trainer.cli.run_dirs import LOCK_FILE as LOCK_NAME
-from trainer.cli.run_dirs import in_use, open_lock, release_lock, same_file, unwritable
+from trainer.cli.run_dirs import open_lock, release_lock, same_file, unwritable
 
 __all__ = ["RunDirGuard", "current_guard", "guarded_run_dir", "hydra_written_files", "job_held"]
 
@@ -118,14 +118,12 @@ def guarded_run_dir(folder: Path, claimed: bool = False) -> Iterator[RunDirGuard
         if claimed and folder not in created and not any(folder.iterdir()):
             created.append(folder)
         had_lock = os.path.lexists(lock)
-        held, handle = open_lock(lock)
+        handle = open_lock(lock)
     except OSError as err:
         for path in reversed(created):
             with contextlib.suppress(OSError):
                 path.rmdir()
         raise unwritable(folder, err) from err
-    if held is None:
-        raise in_use(folder, handle)
     try:
         if not had_lock:
             created.append(lock)

@@ -25,7 +25,6 @@ __all__ = [
     "LOCK_FILE",
     "claim_run_dir",
     "held_folder",
-    "in_use",
     "open_lock",
     "release_lock",
     "same_file",
@@ -43,11 +42,9 @@ def claim_run_dir(base: Path) -> Path:
         base.parent.mkdir(parents=True, exist_ok=True)
         for n in range(1, 10_000):
             candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
-            try:
+            with contextlib.suppress(FileExistsError):  # another process's: try the next name
                 candidate.mkdir()
-            except FileExistsError:
-                continue
-            return candidate
+                return candidate
     except OSError as err:
         raise unwritable(base, err) from err
     raise ConfigError(f"could not create a run directory next to {base}: 10000 names are taken")
@@ -93,19 +90,8 @@ def held_folder(argv: Sequence[str]) -> Path | None:
     return Path(values[-1].strip("'\""))
 
 
-def in_use(folder: Path, handle: IO[str]) -> ConfigError:
-    """The error for a run folder whose lock a live run holds (``handle``, the lock file, is closed here)."""
-    handle.seek(0)
-    holder = handle.read().strip() or "another process"
-    handle.close()
-    return ConfigError(
-        f"run directory {folder} is in use by another live run ({holder}). Give this run its own "
-        "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
-    )
-
-
-def open_lock(lock: Path) -> tuple[IO[str] | None, IO[str]]:
-    """Open and ``flock`` the lock file ``lock``: ``(handle, handle)`` when taken, ``(None, handle)`` when a live run holds it.
+def open_lock(lock: Path) -> IO[str]:
+    """Open and ``flock`` ``lock`` (in a run folder): refused, naming the holder, when a live run holds it.
 
     A run removes its lock file as it ends, while still holding it. A process that opened the file
     just before that would lock a file no longer in the folder, so the lock counts only when the
@@ -118,9 +104,15 @@ def open_lock(lock: Path) -> tuple[IO[str] | None, IO[str]]:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return None, handle
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ConfigError(
+                f"run directory {lock.parent} is in use by another live run ({holder}). Give this run its own "
+                "folder (leave hydra.run.dir unset, or set another), or wait for that run to end"
+            ) from None
         if same_file(lock, handle):
-            return handle, handle
+            return handle
         handle.close()  # the run that held it removed it as it ended: lock the folder's new file
 
 
