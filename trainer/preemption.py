@@ -2,10 +2,10 @@
 
 On SIGTERM, SIGUSR1 or SIGINT (a Ctrl-C; a second one stops at once in one process) and, under several
 processes, SIGHUP (a closed terminal must not stop one rank in the middle of a collective) the handler
-only notes the signal. The training loop asks :meth:`Preemption.due`
-after every optimizer step (a plain attribute test in one process), and, when due,
-:meth:`Preemption.requested`: under several processes a small all-reduce at a step every rank agreed
-on, so that every rank stops after the same step. The trainer then saves ``last.ckpt`` where
+only notes the signal. After every optimizer step the training loop tests whether one was noted (in
+one process) or whether this is the step the ranks agreed on (:attr:`Preemption.next_check`, under
+several), and then asks :meth:`Preemption.requested`: under several processes a small all-reduce, so
+that every rank stops after the same step. The trainer then saves ``last.ckpt`` where
 ``ckpt_path="last"`` finds it, asks Slurm to requeue the job on SIGUSR1, and stops.
 """
 
@@ -105,10 +105,6 @@ class Preemption:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-
-    def due(self, global_step: int) -> bool:
-        """Whether :meth:`requested` must be asked after this step (cheap: runs every step)."""
-        return global_step >= self.next_check if self.agree else self.signal is not None
 
     def requested(self, global_step: int) -> bool:
         """True when a signal arrived here or (under several processes) on any rank, on every rank alike."""

@@ -278,9 +278,9 @@ def train_epoch(
                     router.keep_logged(pending)
                 pending.clear()
                 # Only after an optimizer step (gradients of a half-accumulated window are not in
-                # checkpoints). One process: an attribute test (Preemption.due written out: it runs
-                # every step); several: a small all-reduce about every PREEMPT_CHECK_SECONDS, at a
-                # step the ranks agreed on.
+                # checkpoints). Whether to ask Preemption.requested, tested here on every step: in one
+                # process, whether a signal was noted; under several, whether this is the step the
+                # ranks agreed on for their next small all-reduce (about every PREEMPT_CHECK_SECONDS).
                 if (
                     global_step >= preemption.next_check if agree else preemption.signal is not None
                 ) and preemption.requested(global_step):
