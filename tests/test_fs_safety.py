@@ -156,7 +156,7 @@ def test_ckpt_path_last_takes_this_runs_set_aside_checkpoint_not_an_older_run(
     _sharded_fit(run, 1)
     last = run / "checkpoints" / "last.ckpt"
     os.replace(last, last.parent / ".last.ckpt.old")  # a kill between a save's two renames
-    chosen = resolve_last_checkpoint(tmp_path, run, [], sweep=False)
+    chosen = resolve_last_checkpoint(tmp_path, run, [])
     assert chosen == str(last.parent / ".last.ckpt.old")
     assert "was being replaced" in capsys.readouterr().out
 
@@ -169,7 +169,7 @@ def test_ckpt_path_last_with_a_dangling_link_takes_this_runs_newest_checkpoint(
     run = tmp_path / "outputs" / "2026-01-02" / "10-00-00"
     _a_checkpoint(run / "checkpoints" / "epoch=0-step=10.ckpt")
     os.symlink("epoch=9-step=99.ckpt", run / "checkpoints" / "last.ckpt")  # names an evicted file
-    chosen = resolve_last_checkpoint(tmp_path, run, [], sweep=False)
+    chosen = resolve_last_checkpoint(tmp_path, run, [])
     assert chosen == str(run / "checkpoints" / "epoch=0-step=10.ckpt")
     out = capsys.readouterr().out
     assert "which is gone" in out and str(older) not in out

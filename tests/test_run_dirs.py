@@ -138,10 +138,8 @@ def test_ckpt_path_last_in_a_sweep_takes_only_the_same_job(tmp_path: Path) -> No
     job0 = _fake_run(sweep / "0", ["optim.lr=0.1", "ckpt_path=last"])
     job1_now = tmp_path / "multirun" / "2026-12-01" / "11-00-00" / "1"
     with pytest.raises(ConfigError, match=r"no last\.ckpt of a run with the same overrides"):
-        resolve_last_checkpoint(tmp_path, job1_now, ["optim.lr=0.2", "ckpt_path=last"], sweep=True)
-    again = resolve_last_checkpoint(
-        tmp_path, job1_now, ["optim.lr=0.1", "ckpt_path=last", "trainer.max_epochs=9"], sweep=True
-    )
+        resolve_last_checkpoint(tmp_path, job1_now, ["optim.lr=0.2", "ckpt_path=last"])
+    again = resolve_last_checkpoint(tmp_path, job1_now, ["optim.lr=0.1", "ckpt_path=last", "trainer.max_epochs=9"])
     assert again == str(job0)
 
 
@@ -150,9 +148,7 @@ def test_ckpt_path_last_never_takes_another_experiment(tmp_path: Path) -> None:
     time.sleep(0.01)
     _fake_run(tmp_path / "outputs" / "d" / "2", ["experiment=charlm"])  # newer, another experiment
     here = tmp_path / "outputs" / "d" / "3"
-    assert resolve_last_checkpoint(tmp_path, here, ["ckpt_path=last", "trainer.max_epochs=5"], sweep=False) == str(
-        digits
-    )
+    assert resolve_last_checkpoint(tmp_path, here, ["ckpt_path=last", "trainer.max_epochs=5"]) == str(digits)
 
 
 @pytest.mark.slow
@@ -215,13 +211,13 @@ def test_ckpt_path_last_never_continues_another_jobs_run(tmp_path: Path, monkeyp
     ddp = _fake_run(tmp_path / "outputs" / "d" / "2", ["strategy=ddp", "trainer.devices=2", "trainer.max_epochs=3"])
     here = tmp_path / "outputs" / "d" / "3"
     with pytest.raises(ConfigError, match=rf"no last\.ckpt of a run with the same overrides.*{ddp.parent.parent}"):
-        resolve_last_checkpoint(tmp_path, here, ["trainer.max_epochs=6", "ckpt_path=last"], sweep=False)
+        resolve_last_checkpoint(tmp_path, here, ["trainer.max_epochs=6", "ckpt_path=last"])
     monkeypatch.chdir(tmp_path)
     with pytest.warns(UserWarning, match=r"training starts from scratch.*outputs"):
         assert resolve_ckpt_path("last", here, fresh_if_no_last=True) is None
     same = _fake_run(tmp_path / "outputs" / "d" / "1", ["trainer.max_epochs=2"])  # the same job, older budget
     os.utime(ddp, (time.time() + 60, time.time() + 60))  # the other job's file is the newest
-    assert resolve_last_checkpoint(tmp_path, here, ["ckpt_path=last", "trainer.max_epochs=6"], sweep=False) == str(same)
+    assert resolve_last_checkpoint(tmp_path, here, ["ckpt_path=last", "trainer.max_epochs=6"]) == str(same)
 
 
 def test_ckpt_path_naming_a_run_folder_takes_that_runs_last(tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def resume_dir_overrides(args: Sequence[str], base: Path) -> list[str]:
     nowhere = base / "outputs" / ".geartrain-no-run"  # has no last.ckpt of its own
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: said below, once
-            found = Path(resolve_last_checkpoint(base, nowhere, overrides, sweep=False))
+            found = Path(resolve_last_checkpoint(base, nowhere, overrides))
     except ConfigError:
         return []  # nothing to resume: the run itself says so
     run_dir = found.parent.parent

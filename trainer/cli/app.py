@@ -200,15 +200,12 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path, fresh_if_no_last: bo
 
             return run_folder_checkpoint(path)
         return str(path)
-    from hydra.types import RunMode
-
     from trainer.checkpoint.resolve import resolve_last_checkpoint
 
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     overrides = list(hydra_cfg.overrides.task) if hydra_cfg is not None else []
-    sweep = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        return resolve_last_checkpoint(base, run_dir, overrides, sweep)
+        return resolve_last_checkpoint(base, run_dir, overrides)
     except ConfigError as err:
         if not fresh_if_no_last:
             raise
