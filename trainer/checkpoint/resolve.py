@@ -189,7 +189,8 @@ def resolve_last_checkpoint(base: Path, run_dir: Path, overrides: Sequence[str])
     """The ``last.ckpt`` that ``ckpt_path=last`` means for a run in ``run_dir`` started with ``overrides``.
 
     This run's own, else the newest of earlier runs under ``base/outputs`` and ``base/multirun``
-    that :func:`same_line` accepts (a sweep's job or a single run alike). The choice is printed, so a resume never silently picks a file.
+    that :func:`same_line` accepts (a sweep's job or a single run alike). The choice is printed, so a
+    resume never silently picks a file.
     """
     own = newest_complete_checkpoint(run_dir / "checkpoints", "ckpt_path=last")
     if own is not None:
